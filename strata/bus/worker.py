@@ -1,0 +1,253 @@
+"""Consumer-group workers: at-least-once, commit after success, dead-letter instead of blocking.
+
+The loop has the vLLM engine shape: (1) poll a batch, (2) hand each event to its handler, (3)
+commit the offsets of what is done. Per event the outcome is one of:
+
+* handled                   -> counted, offset committed after the batch;
+* undecodable (poison)      -> original bytes to ``<topic>.dlq`` (acknowledged), offset committed;
+* handler failed            -> retried with exponential backoff, the partition paused meanwhile
+                               (other partitions keep flowing); after ``max_delivery_attempts``
+                               the event is dead-lettered and the partition moves on;
+* transient (infra outage)  -> retried with backoff for as long as it takes, never dead-lettered:
+                               a Redis outage is not the message's fault.
+
+Offsets are only committed for events that were handled or dead-lettered, so a worker killed at any
+point redelivers the rest to whoever takes its partitions. Handlers must therefore be idempotent
+(by content hash). ``stop`` lets the current event finish, commits, and leaves the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic
+
+from kafka import KafkaConsumer
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import CommitFailedError, KafkaError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from strata.bus.producer import Publisher
+from strata.bus.serde import PoisonMessageError, decode
+from strata.bus.topics import M, Topic
+from strata.config import StrataSettings
+from strata.telemetry import BUS_CONSUMED, BUS_DEAD_LETTERED, BUS_HANDLER_SECONDS, BUS_RETRIES
+
+log = logging.getLogger(__name__)
+
+
+class TransientError(Exception):
+    """Raised by a handler when a dependency is down: retry later, never dead-letter."""
+
+
+# Errors that mean "the world is broken", not "the message is broken". ConnectionError covers
+# redis-py's ConnectionError and the content store's StoreUnavailableError.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (TransientError, ConnectionError, TimeoutError, KafkaError)
+
+
+@dataclass(frozen=True)
+class Delivery(Generic[M]):
+    """One decoded event handed to a handler."""
+
+    topic: Topic[M]
+    message: M
+    key: bytes | None
+    partition: int
+    offset: int
+    attempt: int          # 1 on first delivery to this worker
+    timestamp_ms: int     # broker timestamp of the record
+
+
+Handler = Callable[[Delivery[Any]], None]
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self._worker._forget(revoked)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        log.info("group %s: assigned %s", self._worker.group_id,
+                 ", ".join(f"{tp.topic}[{tp.partition}]" for tp in assigned) or "nothing")
+
+
+class Worker:
+    """Consume ``handlers``' topics in consumer group ``group_id``."""
+
+    def __init__(
+        self,
+        settings: StrataSettings,
+        group_id: str,
+        handlers: Mapping[Topic[Any], Handler],
+        publisher: Publisher,
+        client_id: str | None = None,
+    ) -> None:
+        if not handlers:
+            raise ValueError("a worker needs at least one topic handler")
+        self.group_id = group_id
+        self._settings = settings
+        self._handlers = {topic.name: (topic, handler) for topic, handler in handlers.items()}
+        self._publisher = publisher
+        self._client_id = client_id or group_id
+        self._consumer: KafkaConsumer | None = None
+        self._attempts: dict[tuple[str, int, int], int] = {}
+        self._paused_until: dict[TopicPartition, float] = {}
+        self.handled = 0
+        self.dead_lettered = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        s = self._settings
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=s.kafka_address,
+            group_id=self.group_id,
+            client_id=self._client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=s.consumer_session_timeout_ms,
+            heartbeat_interval_ms=s.consumer_heartbeat_interval_ms,
+            max_poll_interval_ms=s.consumer_max_poll_interval_ms,
+            max_poll_records=s.consumer_max_poll_records,
+        )
+        self._consumer.subscribe(topics=list(self._handlers), listener=_Rebalance(self))
+
+    def close(self) -> None:
+        """Leave the group without committing anything not already committed."""
+        if self._consumer is not None:
+            self._consumer.close(autocommit=False)
+            self._consumer = None
+
+    def run(self, stop: threading.Event, poll_timeout_s: float = 0.5) -> None:
+        """Poll until ``stop`` is set, then leave the group cleanly."""
+        if self._consumer is None:
+            self.connect()
+        try:
+            while not stop.is_set():
+                self.poll_once(poll_timeout_s, stop)
+        finally:
+            self.close()
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def poll_once(self, timeout_s: float = 0.5, stop: threading.Event | None = None) -> int:
+        """Poll one batch, handle it, commit what is done. Returns events handled or dead-lettered."""
+        consumer = self._require_consumer()
+        self._resume_due_partitions()
+        batches = consumer.poll(timeout_ms=int(timeout_s * 1000))
+        done: dict[TopicPartition, OffsetAndMetadata] = {}
+        count = 0
+        for tp, records in batches.items():
+            for record in records:
+                if stop is not None and stop.is_set():
+                    consumer.seek(tp, record.offset)  # not ours to finish; keep it for the next owner
+                    break
+                if not self._process(tp, record):
+                    break  # retry later from this record; later records of tp wait behind it
+                done[tp] = OffsetAndMetadata(record.offset + 1, "", -1)
+                count += 1
+        if done:
+            self._commit(done)
+        return count
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _require_consumer(self) -> KafkaConsumer:
+        if self._consumer is None:
+            raise RuntimeError("worker is not connected; call connect() or run()")
+        return self._consumer
+
+    def _process(self, tp: TopicPartition, record: Any) -> bool:
+        """Handle one record. True when finished with it (handled or dead-lettered)."""
+        topic, handler = self._handlers[record.topic]
+        attempt_key = (record.topic, record.partition, record.offset)
+        attempt = self._attempts.get(attempt_key, 0) + 1
+        try:
+            message = decode(topic, record.value, record.key)
+        except PoisonMessageError as exc:
+            self._dead_letter(topic, record, "decode", str(exc), attempt)
+            return True
+        delivery = Delivery(topic, message, record.key, record.partition, record.offset, attempt, record.timestamp)
+        started = time.perf_counter()
+        try:
+            handler(delivery)
+        except PoisonMessageError as exc:
+            self._dead_letter(topic, record, "handler", str(exc), attempt)
+            return True
+        except TRANSIENT_ERRORS as exc:
+            log.warning("%s[%d]@%d: transient failure (attempt %d), will retry: %s",
+                        record.topic, record.partition, record.offset, attempt, exc)
+            self._retry_later(tp, record.offset, attempt_key, attempt)
+            return False
+        except Exception as exc:
+            if attempt >= self._settings.max_delivery_attempts:
+                log.exception("%s[%d]@%d: handler failed %d times, dead-lettering",
+                              record.topic, record.partition, record.offset, attempt)
+                self._dead_letter(topic, record, "handler", f"{type(exc).__name__}: {exc}", attempt)
+                return True
+            log.warning("%s[%d]@%d: handler failed (attempt %d of %d), will retry: %s: %s",
+                        record.topic, record.partition, record.offset, attempt,
+                        self._settings.max_delivery_attempts, type(exc).__name__, exc)
+            self._retry_later(tp, record.offset, attempt_key, attempt)
+            return False
+        BUS_HANDLER_SECONDS.labels(topic=record.topic, group=self.group_id).observe(time.perf_counter() - started)
+        BUS_CONSUMED.labels(topic=record.topic, group=self.group_id).inc()
+        self._attempts.pop(attempt_key, None)
+        self.handled += 1
+        return True
+
+    def _retry_later(self, tp: TopicPartition, offset: int, attempt_key: tuple[str, int, int], attempt: int) -> None:
+        consumer = self._require_consumer()
+        self._attempts[attempt_key] = attempt
+        BUS_RETRIES.labels(topic=tp.topic, group=self.group_id).inc()
+        s = self._settings
+        backoff = min(s.retry_backoff_max_s, s.retry_backoff_initial_s * 2 ** (attempt - 1))
+        consumer.seek(tp, offset)
+        consumer.pause(tp)
+        self._paused_until[tp] = time.monotonic() + backoff
+
+    def _resume_due_partitions(self) -> None:
+        now = time.monotonic()
+        due = [tp for tp, until in self._paused_until.items() if until <= now]
+        if due:
+            self._require_consumer().resume(*due)
+            for tp in due:
+                del self._paused_until[tp]
+
+    def _forget(self, partitions: Any) -> None:
+        """Partitions left us: their retry state belongs to the next owner."""
+        gone = set(partitions)
+        for tp in gone:
+            self._paused_until.pop(tp, None)
+        self._attempts = {k: v for k, v in self._attempts.items() if TopicPartition(k[0], k[1]) not in gone}
+
+    def _dead_letter(self, topic: Topic[Any], record: Any, stage: str, reason: str, attempt: int) -> None:
+        headers = [
+            ("strata-dlq-source-topic", record.topic.encode()),
+            ("strata-dlq-source-partition", str(record.partition).encode()),
+            ("strata-dlq-source-offset", str(record.offset).encode()),
+            ("strata-dlq-stage", stage.encode()),
+            ("strata-dlq-error", reason[:2000].encode("utf-8", "replace")),
+            ("strata-dlq-attempts", str(attempt).encode()),
+            ("strata-dlq-group", self.group_id.encode()),
+        ]
+        # Waits for the acknowledgement: the offset is committed only once the DLQ copy is durable.
+        self._publisher.publish_raw(topic.dlq, record.key, record.value, headers)
+        BUS_DEAD_LETTERED.labels(topic=record.topic, group=self.group_id, stage=stage).inc()
+        self._attempts.pop((record.topic, record.partition, record.offset), None)
+        self.dead_lettered += 1
+        log.error("%s[%d]@%d dead-lettered to %s (%s): %s",
+                  record.topic, record.partition, record.offset, topic.dlq, stage, reason)
+
+    def _commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        try:
+            self._require_consumer().commit(offsets)
+        except CommitFailedError as exc:
+            # The group rebalanced under us: the new owner will redeliver; handlers are idempotent.
+            log.warning("group %s: commit failed after a rebalance, events will be redelivered: %s",
+                        self.group_id, exc)

@@ -1,0 +1,81 @@
+"""Typed settings shared by every Strata process.
+
+One frozen settings object per process, read from ``STRATA_*`` environment variables (and flags,
+passed as keyword arguments, which win over the environment). Each service subclasses
+:class:`StrataSettings` with its own fields, so ``STRATA_KAFKA_BOOTSTRAP`` means the same thing
+everywhere. Settings are logged at start and stored with every artifact (see ``as_log_dict``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "strata"
+
+
+class StrataSettings(BaseSettings):
+    """Infrastructure addresses, local-infra ports and bus behaviour."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_", frozen=True, extra="ignore")
+
+    # Addresses. Unset means "the local single-node Kafka / Redis that `strata infra up` manages";
+    # set them to point at existing clusters, and then nothing is started locally.
+    kafka_bootstrap: str | None = Field(None, description="host:port[,host:port] of an existing Kafka")
+    redis_url: str | None = Field(None, description="redis://host:port/db of an existing Redis")
+
+    # Local infrastructure (used only when the addresses above are unset).
+    state_dir: Path = Field(Path(".strata"), description="runtime state: Kafka log dir, Redis data, pids, logs")
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Kafka jars, model zoo (outside the checkout)")
+    kafka_port: int = Field(19092, ge=1, le=65535)
+    kafka_controller_port: int = Field(19093, ge=1, le=65535)
+    kafka_heap: str = Field("512m", description="-Xmx of the local broker")
+    redis_port: int = Field(16379, ge=1, le=65535)
+    infra_start_timeout_s: float = Field(90.0, gt=0)
+
+    # Topics.
+    topic_partitions: int = Field(6, ge=1, description="partitions per topic: the most replicas of one stage")
+
+    # Consumers. kafka-python's defaults (45 s session, 300 s poll interval) let a dead member hold
+    # its partitions for minutes; these are tighter so a crashed worker's partitions move quickly.
+    consumer_session_timeout_ms: int = Field(10_000, ge=1_000)
+    consumer_heartbeat_interval_ms: int = Field(3_000, ge=100)
+    consumer_max_poll_interval_ms: int = Field(120_000, ge=1_000)
+    consumer_max_poll_records: int = Field(64, ge=1)
+    # Delivery: a message whose handler keeps failing goes to <topic>.dlq after this many attempts.
+    max_delivery_attempts: int = Field(5, ge=1)
+    retry_backoff_initial_s: float = Field(0.2, gt=0)
+    retry_backoff_max_s: float = Field(10.0, gt=0)
+
+    # Content store.
+    content_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="lifetime of texts and token ids")
+    content_max_bytes: int = Field(1 << 20, ge=1, description="largest text or token array accepted")
+
+    log_level: str = Field("INFO")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port; unset: none")
+
+    @property
+    def kafka_managed(self) -> bool:
+        """True when Strata starts Kafka itself (no external bootstrap configured)."""
+        return self.kafka_bootstrap is None
+
+    @property
+    def redis_managed(self) -> bool:
+        return self.redis_url is None
+
+    @property
+    def kafka_address(self) -> str:
+        return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def redis_address(self) -> str:
+        return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def as_log_dict(self) -> dict[str, Any]:
+        """Resolved settings, JSON-friendly, for the start-up log line and artifact metadata."""
+        return {key: (str(value) if isinstance(value, Path) else value) for key, value in self.model_dump().items()}

@@ -1,0 +1,144 @@
+"""Small process utilities for the local infrastructure: pid files, ports, tools, waiting."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+class InfraError(Exception):
+    """Something the user must fix to bring the infrastructure up (printed without traceback)."""
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def read_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def process_cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def owned_pid(pid_file: Path, marker: str) -> int | None:
+    """The pid in ``pid_file`` if that process is alive and its command line contains ``marker``.
+
+    The marker check keeps ``down`` from signalling an unrelated process that reused the pid.
+    """
+    pid = read_pid(pid_file)
+    if pid is None:
+        return None
+    cmdline = process_cmdline(pid)
+    if not cmdline or marker not in cmdline:
+        return None
+    # A zombie (exited, not yet reaped by its parent) is not running.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    return None if state == "Z" else pid
+
+
+def start_detached(argv: list[str], log_file: Path, pid_file: Path, env: dict[str, str] | None = None) -> int:
+    """Start ``argv`` in its own session (it outlives the CLI), output appended to ``log_file``."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, env=env, close_fds=True,
+        )
+    pid_file.write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def stop_pid(pid: int, timeout_s: float) -> bool:
+    """SIGTERM, wait up to ``timeout_s``, then SIGKILL. True when it stopped gracefully."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not process_alive(pid):
+            return True
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (zombies and reaped children count as gone)."""
+    try:
+        # Reap it if it is our child (a CLI that started and stops in one process, e.g. tests).
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str,
+               abort: Callable[[], str | None] | None = None, interval_s: float = 0.25) -> None:
+    """Poll ``check`` until true; ``abort`` returns a reason to give up early (process died)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if check():
+            return
+        if abort is not None and (reason := abort()):
+            raise InfraError(f"{what}: {reason}")
+        if time.monotonic() > deadline:
+            raise InfraError(f"{what}: not ready after {timeout_s:.0f} s")
+        time.sleep(interval_s)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def ensure_tool(binary: str, apt_package: str, purpose: str, hint: str) -> str:
+    """Path of ``binary``; installs ``apt_package`` when missing and running as root with apt."""
+    found = shutil.which(binary)
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "--no-install-recommends", apt_package]
+        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+            subprocess.run(["apt-get", "update"], env=env, capture_output=True)
+            result = subprocess.run(install, env=env, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise InfraError(f"{binary} is missing and `apt-get install {apt_package}` failed:\n"
+                                 f"{result.stderr[-800:]}")
+        found = shutil.which(binary)
+        if found:
+            return found
+    raise InfraError(f"{binary} not found ({purpose}). {hint}")

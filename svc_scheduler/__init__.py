@@ -1,0 +1,1 @@
+"""svc_scheduler: the front door; embedding-based routing with Redis and FAISS (R9-R12)."""
