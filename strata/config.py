@@ -31,7 +31,9 @@ class StrataSettings(BaseSettings):
 
     # Local infrastructure (used only when the addresses above are unset).
     state_dir: Path = Field(Path(".strata"), description="runtime state: Kafka log dir, Redis data, pids, logs")
-    cache_dir: Path = Field(default_factory=default_cache_dir, description="Kafka jars, model zoo (outside the checkout)")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir, description="Kafka jars, model zoo (outside the checkout)"
+    )
     kafka_port: int = Field(19092, ge=1, le=65535)
     kafka_controller_port: int = Field(19093, ge=1, le=65535)
     kafka_heap: str = Field("512m", description="-Xmx of the local broker")

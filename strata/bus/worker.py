@@ -123,6 +123,10 @@ class Worker:
             self._consumer.close(autocommit=False)
             self._consumer = None
 
+    def assignment(self) -> set[TopicPartition]:
+        """Partitions this worker owns right now (empty until the group has balanced)."""
+        return set(self._require_consumer().assignment())
+
     def run(self, stop: threading.Event, poll_timeout_s: float = 0.5) -> None:
         """Poll until ``stop`` is set, then leave the group cleanly."""
         if self._consumer is None:

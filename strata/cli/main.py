@@ -20,6 +20,7 @@ from strata.telemetry import setup_logging
 # dependency) must not take the whole CLI down, so they are imported lazily here.
 COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.infra_cmd",
+    "strata.cli.demo_cmd",
     "strata.cli.models_cmd",
     "strata.cli.bench_cmd",
 )

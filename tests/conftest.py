@@ -1,0 +1,100 @@
+"""Session fixtures: the real Kafka and Redis every integration test runs against.
+
+Order of preference:
+1. ``STRATA_KAFKA_BOOTSTRAP`` / ``STRATA_REDIS_URL`` set: use those clusters, start nothing;
+2. ``STRATA_TEST_INFRA=testcontainers`` and a Docker engine: Kafka and Redis containers;
+3. otherwise: ``strata infra up`` on free ports with a throw-away state dir (Maven jars and
+   Debian's redis-server), stopped at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from strata.bus.admin import ensure_topics
+from strata.bus.topics import Topic
+from strata.config import StrataSettings
+from strata.infra import down, up
+from strata.v1 import events_pb2
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _testcontainers_settings(stack: list) -> StrataSettings:
+    from testcontainers.kafka import KafkaContainer
+    from testcontainers.redis import RedisContainer
+
+    kafka = KafkaContainer("apache/kafka:4.1.1").with_kraft()
+    redis_container = RedisContainer("redis:7")
+    for container in (kafka, redis_container):
+        container.start()
+        stack.append(container)
+    host = redis_container.get_container_host_ip()
+    port = redis_container.get_exposed_port(6379)
+    return StrataSettings(kafka_bootstrap=kafka.get_bootstrap_server(), redis_url=f"redis://{host}:{port}/0",
+                          topic_partitions=3)
+
+
+@pytest.fixture(scope="session")
+def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StrataSettings]:
+    """Settings pointing at a running Kafka and Redis, with Strata's topics created."""
+    configured = StrataSettings()
+    if not configured.kafka_managed and not configured.redis_managed:
+        up(configured)
+        yield configured
+        return
+    if os.environ.get("STRATA_TEST_INFRA") == "testcontainers":
+        containers: list = []
+        try:
+            settings = _testcontainers_settings(containers)
+            up(settings)
+            yield settings
+        finally:
+            for container in containers:
+                container.stop()
+        return
+    state_dir = Path(tmp_path_factory.mktemp("strata-state"))
+    settings = StrataSettings(
+        state_dir=state_dir,
+        kafka_port=free_port(),
+        kafka_controller_port=free_port(),
+        redis_port=free_port(),
+        topic_partitions=3,
+        # Tests restart consumers often; a dead member should not hold partitions for long.
+        consumer_session_timeout_ms=6_000,
+        consumer_heartbeat_interval_ms=1_000,
+        retry_backoff_initial_s=0.05,
+        retry_backoff_max_s=0.2,
+        max_delivery_attempts=3,
+    )
+    up(settings)
+    try:
+        yield settings
+    finally:
+        down(settings, purge=True)
+
+
+@pytest.fixture
+def redis_client(infra: StrataSettings) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(infra.redis_address)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fresh_topic(infra: StrataSettings) -> Topic[events_pb2.PromptRouted]:
+    """A topic of PromptRouted events used by one test only (and its .dlq twin)."""
+    topic = Topic(f"test.{uuid.uuid4().hex[:10]}", events_pb2.PromptRouted)
+    ensure_topics(infra.kafka_address, infra.topic_partitions, topics=[topic])
+    return topic

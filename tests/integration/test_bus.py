@@ -1,0 +1,190 @@
+"""The bus against the real broker: delivery, commit-after-success, redelivery, dead letters."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from kafka import KafkaConsumer
+
+from strata.bus import Delivery, Publisher, Topic, TransientError, Worker
+from strata.config import StrataSettings
+from strata.hashing import content_hash
+from strata.v1 import common_pb2, events_pb2
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 60.0
+
+
+def routed(text: str) -> events_pb2.PromptRouted:
+    message = events_pb2.PromptRouted(prompt_hash=content_hash(text), tier=common_pb2.TIER_LEVEL_1, n_samples=1)
+    message.routed_at.GetCurrentTime()
+    return message
+
+
+@pytest.fixture
+def publisher(infra: StrataSettings) -> Iterator[Publisher]:
+    pub = Publisher(infra.kafka_address, client_id="test")
+    yield pub
+    pub.close()
+
+
+def poll_until(worker: Worker, done: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> None:
+    """Drive the worker's loop until ``done()``; fail after the timeout (no sleeps)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        worker.poll_once(0.2)
+
+
+def make_worker(infra: StrataSettings, topic: Topic, group: str, handler, publisher: Publisher) -> Worker:
+    worker = Worker(infra, group, {topic: handler}, publisher)
+    worker.connect()
+    return worker
+
+
+def read_dlq(infra: StrataSettings, topic: Topic, count: int) -> list:
+    consumer = KafkaConsumer(topic.dlq, bootstrap_servers=infra.kafka_address, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=int(TIMEOUT_S * 1000))
+    records = []
+    try:
+        for record in consumer:
+            records.append(record)
+            if len(records) == count:
+                break
+    finally:
+        consumer.close()
+    return records
+
+
+def test_published_event_reaches_the_group(infra, publisher, fresh_topic) -> None:
+    sent = [routed(f"prompt {i} {uuid.uuid4()}") for i in range(5)]
+    for message in sent:
+        publisher.publish(fresh_topic, message)
+    publisher.flush()
+    seen: list[Delivery] = []
+    worker = make_worker(infra, fresh_topic, f"g-{uuid.uuid4().hex[:6]}", seen.append, publisher)
+    try:
+        poll_until(worker, lambda: len(seen) == len(sent))
+    finally:
+        worker.close()
+    assert sorted(d.message.prompt_hash for d in seen) == sorted(m.prompt_hash for m in sent)
+    assert all(d.key == d.message.prompt_hash.encode() for d in seen)
+    assert all(d.attempt == 1 for d in seen)
+
+
+def test_failed_handler_leaves_offset_uncommitted_and_committed_is_not_redelivered(
+    infra, publisher, fresh_topic
+) -> None:
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    ok_message, failing_message = routed(f"ok {uuid.uuid4()}"), routed(f"fails {uuid.uuid4()}")
+    publisher.publish_and_wait(fresh_topic, ok_message)
+    publisher.publish_and_wait(fresh_topic, failing_message)
+
+    handled: list[str] = []
+    failures: list[str] = []
+
+    def flaky(delivery: Delivery) -> None:
+        if delivery.message.prompt_hash == failing_message.prompt_hash:
+            failures.append(delivery.message.prompt_hash)
+            raise TransientError("Redis is down")  # an outage: retried, never dead-lettered
+        handled.append(delivery.message.prompt_hash)
+
+    first = make_worker(infra, fresh_topic, group, flaky, publisher)
+    try:
+        poll_until(first, lambda: handled == [ok_message.prompt_hash] and len(failures) >= 2)
+    finally:
+        first.close()  # "crash": leaves the group with the failing offset uncommitted
+
+    redelivered: list[Delivery] = []
+    second = make_worker(infra, fresh_topic, group, redelivered.append, publisher)
+    try:
+        poll_until(second, lambda: len(redelivered) >= 1)
+        # A few more polls while owning every partition: the committed message must not come back.
+        assert len(second.assignment()) == infra.topic_partitions
+        for _ in range(5):
+            second.poll_once(0.2)
+    finally:
+        second.close()
+    assert [d.message.prompt_hash for d in redelivered] == [failing_message.prompt_hash]
+    assert first.dead_lettered == 0
+
+
+def test_undecodable_message_goes_to_dlq_and_the_next_is_processed(infra, publisher, fresh_topic) -> None:
+    poison_key = content_hash(f"poison {uuid.uuid4()}").encode()
+    publisher.publish_raw(fresh_topic.name, poison_key, b"\xff\xff\xff\xff not protobuf")
+    good = routed(f"after poison {uuid.uuid4()}")
+    # Same key, same partition: the good message is behind the poison one.
+    good.prompt_hash = poison_key.decode()
+    publisher.publish_and_wait(fresh_topic, good)
+
+    seen: list[Delivery] = []
+    worker = make_worker(infra, fresh_topic, f"g-{uuid.uuid4().hex[:6]}", seen.append, publisher)
+    try:
+        poll_until(worker, lambda: len(seen) == 1)
+    finally:
+        worker.close()
+    assert seen[0].message == good
+    assert worker.dead_lettered == 1
+
+    [dead] = read_dlq(infra, fresh_topic, 1)
+    headers = dict(dead.headers)
+    assert dead.value == b"\xff\xff\xff\xff not protobuf"
+    assert dead.key == poison_key
+    assert headers["strata-dlq-stage"] == b"decode"
+    assert headers["strata-dlq-source-topic"] == fresh_topic.name.encode()
+    assert b"not a PromptRouted" in headers["strata-dlq-error"]
+
+
+def test_handler_that_keeps_failing_is_dead_lettered_after_max_attempts(infra, publisher, fresh_topic) -> None:
+    bad, good = routed(f"bug {uuid.uuid4()}"), routed(f"fine {uuid.uuid4()}")
+    good.prompt_hash = bad.prompt_hash  # same partition, behind the bad one
+    good.n_samples = 2
+    publisher.publish_and_wait(fresh_topic, bad)
+    publisher.publish_and_wait(fresh_topic, good)
+    attempts: list[int] = []
+    handled: list[Delivery] = []
+
+    def buggy(delivery: Delivery) -> None:
+        if delivery.message.n_samples == 1:
+            attempts.append(delivery.attempt)
+            raise ValueError("handler bug")
+        handled.append(delivery)
+
+    worker = make_worker(infra, fresh_topic, f"g-{uuid.uuid4().hex[:6]}", buggy, publisher)
+    try:
+        poll_until(worker, lambda: len(handled) == 1)
+    finally:
+        worker.close()
+    assert attempts == list(range(1, infra.max_delivery_attempts + 1))
+    [dead] = read_dlq(infra, fresh_topic, 1)
+    assert dict(dead.headers)["strata-dlq-stage"] == b"handler"
+    assert dict(dead.headers)["strata-dlq-attempts"] == str(infra.max_delivery_attempts).encode()
+
+
+def test_run_stops_on_event_and_commits(infra, publisher, fresh_topic) -> None:
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    message = routed(f"run {uuid.uuid4()}")
+    publisher.publish_and_wait(fresh_topic, message)
+    stop = threading.Event()
+    seen: list[Delivery] = []
+
+    def handle(delivery: Delivery) -> None:
+        seen.append(delivery)
+        stop.set()
+
+    Worker(infra, group, {fresh_topic: handle}, publisher).run(stop)  # returns once stopped
+    assert len(seen) == 1
+    again: list[Delivery] = []
+    follower = make_worker(infra, fresh_topic, group, again.append, publisher)
+    try:
+        poll_until(follower, lambda: len(follower.assignment()) == infra.topic_partitions)
+        for _ in range(5):
+            follower.poll_once(0.3)
+    finally:
+        follower.close()
+    assert again == []

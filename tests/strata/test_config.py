@@ -1,0 +1,43 @@
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from strata.config import StrataSettings
+
+
+def test_defaults_manage_local_infra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("STRATA_KAFKA_BOOTSTRAP", "STRATA_REDIS_URL", "STRATA_KAFKA_PORT", "STRATA_REDIS_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    settings = StrataSettings()
+    assert settings.kafka_managed and settings.redis_managed
+    assert settings.kafka_address == "127.0.0.1:19092"
+    assert settings.redis_address == "redis://127.0.0.1:16379/0"
+
+
+def test_env_points_at_existing_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", "kafka-1:9092,kafka-2:9092")
+    monkeypatch.setenv("STRATA_REDIS_URL", "redis://cache:6379/2")
+    settings = StrataSettings()
+    assert not settings.kafka_managed and not settings.redis_managed
+    assert settings.kafka_address == "kafka-1:9092,kafka-2:9092"
+    assert settings.redis_address == "redis://cache:6379/2"
+
+
+def test_flags_win_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_TOPIC_PARTITIONS", "12")
+    assert StrataSettings().topic_partitions == 12
+    assert StrataSettings(topic_partitions=3).topic_partitions == 3
+
+
+def test_bad_values_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_KAFKA_PORT", "99999")
+    with pytest.raises(ValidationError, match="kafka_port"):
+        StrataSettings()
+
+
+def test_settings_are_frozen_and_loggable() -> None:
+    settings = StrataSettings(state_dir=Path("/tmp/x"))
+    with pytest.raises(ValidationError):
+        settings.topic_partitions = 1  # type: ignore[misc]
+    assert settings.as_log_dict()["state_dir"] == "/tmp/x"

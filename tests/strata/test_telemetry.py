@@ -1,0 +1,28 @@
+import logging
+
+import pytest
+
+from strata.hashing import content_hash
+from strata.telemetry import Sensitive, setup_logging
+
+PROMPT = "What dose of ibuprofen is safe for my child?"
+
+
+def test_sensitive_renders_as_hash_only() -> None:
+    rendered = str(Sensitive(PROMPT))
+    assert PROMPT not in rendered
+    assert content_hash(PROMPT)[:12] in rendered
+
+
+@pytest.mark.parametrize(("debug_rollout", "level", "shows_text"), [
+    (False, logging.INFO, False), (False, logging.DEBUG, False), (True, logging.INFO, False), (True, logging.DEBUG, True),
+])
+def test_text_reaches_logs_only_at_debug_in_debug_rollout_mode(
+    capsys: pytest.CaptureFixture[str], debug_rollout: bool, level: int, shows_text: bool
+) -> None:
+    setup_logging("DEBUG", debug_rollout=debug_rollout)
+    logging.getLogger("strata.test").log(level, "rollout prompt=%s reward=%.2f", Sensitive(PROMPT), 3.5)
+    err = capsys.readouterr().err
+    assert "reward=3.50" in err
+    assert (PROMPT in err) is shows_text
+    setup_logging("INFO")
