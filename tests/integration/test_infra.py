@@ -99,7 +99,7 @@ def test_external_unreachable_cluster_is_reported(tmp_path) -> None:
 
     external = StrataSettings(state_dir=tmp_path, kafka_bootstrap=f"127.0.0.1:{free_port()}",
                               redis_url=f"redis://127.0.0.1:{free_port()}/0")
-    with pytest.raises(InfraError, match="STRATA_REDIS_URL.*does not answer"):
+    with pytest.raises(InfraError, match=r"STRATA_REDIS_URL.*does not answer"):
         up(external)
     rows = status(external)
     assert [(row.managed, row.state) for row in rows] == [(False, "unreachable"), (False, "unreachable")]

@@ -41,7 +41,9 @@ def test_rollout_events_carry_hash_versions_and_time(message_type: type) -> None
     fields = message_type.DESCRIPTOR.fields_by_name
     assert "prompt_hash" in fields
     assert "policy_version" in fields
-    timestamps = [f for f in fields.values() if f.message_type and f.message_type.full_name == "google.protobuf.Timestamp"]
+    timestamps = [
+        f for f in fields.values() if f.message_type and f.message_type.full_name == "google.protobuf.Timestamp"
+    ]
     assert timestamps, f"{message_type.__name__} has no timestamp"
 
 

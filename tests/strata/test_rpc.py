@@ -12,10 +12,10 @@ from strata.v1 import learner_pb2, learner_pb2_grpc
 
 
 class _Learner(learner_pb2_grpc.LearnerServicer):
-    def Status(self, request, context):  # noqa: N802 (gRPC method name)
+    def Status(self, request, context):
         return learner_pb2.LearnerStatus(policy_version=4, step=40)
 
-    def Checkpoint(self, request, context):  # noqa: N802
+    def Checkpoint(self, request, context):
         abort_invalid(context, "checkpoint_dir", "not configured")
 
 

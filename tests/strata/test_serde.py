@@ -39,7 +39,7 @@ def test_wrong_message_type_is_refused() -> None:
 
 
 def test_missing_key_field_is_refused() -> None:
-    with pytest.raises(ValueError, match="PromptRouted.prompt_hash must be set"):
+    with pytest.raises(ValueError, match=r"PromptRouted\.prompt_hash must be set"):
         encode(topics.PROMPTS_LEVEL1, events_pb2.PromptRouted())
 
 

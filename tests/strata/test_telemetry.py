@@ -14,9 +14,15 @@ def test_sensitive_renders_as_hash_only() -> None:
     assert content_hash(PROMPT)[:12] in rendered
 
 
-@pytest.mark.parametrize(("debug_rollout", "level", "shows_text"), [
-    (False, logging.INFO, False), (False, logging.DEBUG, False), (True, logging.INFO, False), (True, logging.DEBUG, True),
-])
+@pytest.mark.parametrize(
+    ("debug_rollout", "level", "shows_text"),
+    [
+        (False, logging.INFO, False),
+        (False, logging.DEBUG, False),
+        (True, logging.INFO, False),
+        (True, logging.DEBUG, True),
+    ],
+)
 def test_text_reaches_logs_only_at_debug_in_debug_rollout_mode(
     capsys: pytest.CaptureFixture[str], debug_rollout: bool, level: int, shows_text: bool
 ) -> None:
