@@ -9,7 +9,7 @@ everywhere. Settings are logged at start and stored with every artifact (see ``a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +17,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "strata"
+
+
+S = TypeVar("S", bound=BaseSettings)
 
 
 class StrataSettings(BaseSettings):
@@ -81,3 +84,55 @@ class StrataSettings(BaseSettings):
     def as_log_dict(self) -> dict[str, Any]:
         """Resolved settings, JSON-friendly, for the start-up log line and artifact metadata."""
         return {key: (str(value) if isinstance(value, Path) else value) for key, value in self.model_dump().items()}
+
+
+# -- flags --------------------------------------------------------------------------------------------
+
+_FLAG_TYPES = (str, int, float, Path)
+
+
+def _flag_type(annotation: Any) -> Any:
+    """The argparse type of a settings field (``int | None`` -> ``int``); None when not flaggable."""
+    import types
+    import typing
+
+    if annotation in (*_FLAG_TYPES, bool):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1 and args[0] in (*_FLAG_TYPES, bool):
+            return args[0]
+    if origin is typing.Literal:
+        return str
+    return None
+
+
+def add_settings_flags(parser: Any, settings_type: type[BaseSettings]) -> None:
+    """Add ``--field-name`` for every simple field of ``settings_type`` (flags win over env vars).
+
+    Defaults are left as None so that an absent flag does not override the environment.
+    """
+    import argparse
+
+    for name, field in settings_type.model_fields.items():
+        flag_type = _flag_type(field.annotation)
+        if flag_type is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        env = f"STRATA_{name.upper()}"
+        help_text = f"{field.description or name} (env {env}; default {field.get_default(call_default_factory=True)!s})"
+        if flag_type is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, type=flag_type, default=None, help=help_text)
+
+
+def settings_from_flags(settings_type: type[S], args: Any) -> S:
+    """Settings from the environment, overridden by the flags that were given."""
+    given = {
+        name: getattr(args, name)
+        for name in settings_type.model_fields
+        if getattr(args, name, None) is not None
+    }
+    return settings_type(**given)

@@ -62,6 +62,11 @@ class Delivery(Generic[M]):
 
 
 Handler = Callable[[Delivery[Any]], None]
+# A batch handler gets every decoded event of one poll for its topic (across partitions, in partition
+# order) and handles them together, e.g. one generation batch. It is all or nothing: when it raises,
+# the worker falls back to handling the events one by one, so that only a bad event is retried and
+# dead-lettered and the rest still go through.
+BatchHandler = Callable[[list[Delivery[Any]]], None]
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -83,15 +88,26 @@ class Worker:
         self,
         settings: StrataSettings,
         group_id: str,
-        handlers: Mapping[Topic[Any], Handler],
-        publisher: Publisher,
+        handlers: Mapping[Topic[Any], Handler] | None = None,
+        publisher: Publisher | None = None,
         client_id: str | None = None,
+        batch_handlers: Mapping[Topic[Any], BatchHandler] | None = None,
     ) -> None:
-        if not handlers:
+        handlers = dict(handlers or {})
+        batch_handlers = dict(batch_handlers or {})
+        if not handlers and not batch_handlers:
             raise ValueError("a worker needs at least one topic handler")
+        if publisher is None:
+            raise ValueError("a worker needs a publisher for its dead-letter topics")
+        if overlap := {t.name for t in handlers} & {t.name for t in batch_handlers}:
+            raise ValueError(f"topics with both a handler and a batch handler: {sorted(overlap)}")
         self.group_id = group_id
         self._settings = settings
         self._handlers = {topic.name: (topic, handler) for topic, handler in handlers.items()}
+        self._batch_handlers = {topic.name: handler for topic, handler in batch_handlers.items()}
+        for topic, batch_handler in batch_handlers.items():
+            # One-by-one fallback of a batch handler (see BatchHandler).
+            self._handlers[topic.name] = (topic, lambda delivery, fn=batch_handler: fn([delivery]))
         self._publisher = publisher
         self._client_id = client_id or group_id
         self._consumer: KafkaConsumer | None = None
@@ -146,11 +162,20 @@ class Worker:
         batches = consumer.poll(timeout_ms=int(timeout_s * 1000))
         done: dict[TopicPartition, OffsetAndMetadata] = {}
         count = 0
+        dead_lettered: set[tuple[str, int, int]] = set()
+        if self._batch_handlers and (stop is None or not stop.is_set()):
+            count += self._process_batches(batches, done, dead_lettered)
         for tp, records in batches.items():
+            if tp in done:
+                continue  # handled as a batch
             for record in records:
                 if stop is not None and stop.is_set():
                     consumer.seek(tp, record.offset)  # not ours to finish; keep it for the next owner
                     break
+                if (record.topic, record.partition, record.offset) in dead_lettered:
+                    done[tp] = OffsetAndMetadata(record.offset + 1, "", -1)
+                    count += 1
+                    continue
                 if not self._process(tp, record):
                     break  # retry later from this record; later records of tp wait behind it
                 done[tp] = OffsetAndMetadata(record.offset + 1, "", -1)
@@ -165,6 +190,52 @@ class Worker:
         if self._consumer is None:
             raise RuntimeError("worker is not connected; call connect() or run()")
         return self._consumer
+
+    def _process_batches(self, batches: Mapping[TopicPartition, list[Any]],
+                         done: dict[TopicPartition, OffsetAndMetadata],
+                         dead_lettered: set[tuple[str, int, int]]) -> int:
+        """Hand each batch topic's fresh events to its batch handler; fills ``done`` on success.
+
+        Undecodable events are dead-lettered first and recorded in ``dead_lettered``.
+        """
+        count = 0
+        for topic_name, batch_handler in self._batch_handlers.items():
+            topic = self._handlers[topic_name][0]
+            # Partitions with an event under retry take the one-by-one path until it is resolved.
+            parts = {
+                tp: records for tp, records in batches.items()
+                if tp.topic == topic_name and records
+                and not any((tp.topic, tp.partition, r.offset) in self._attempts for r in records)
+            }
+            if not parts:
+                continue
+            deliveries: list[Delivery[Any]] = []
+            for records in parts.values():
+                for record in records:
+                    try:
+                        message = decode(topic, record.value, record.key)
+                    except PoisonMessageError as exc:
+                        self._dead_letter(topic, record, "decode", str(exc), 1)
+                        dead_lettered.add((record.topic, record.partition, record.offset))
+                        continue
+                    deliveries.append(Delivery(topic, message, record.key, record.partition, record.offset, 1,
+                                               record.timestamp))
+            started = time.perf_counter()
+            try:
+                if deliveries:
+                    batch_handler(deliveries)
+            except Exception as exc:
+                log.warning("%s: batch of %d failed (%s: %s); handling its events one by one",
+                            topic_name, len(deliveries), type(exc).__name__, exc)
+                continue  # the per-record loop takes these partitions
+            if deliveries:
+                BUS_HANDLER_SECONDS.labels(topic=topic_name, group=self.group_id).observe(time.perf_counter() - started)
+                BUS_CONSUMED.labels(topic=topic_name, group=self.group_id).inc(len(deliveries))
+            self.handled += len(deliveries)
+            for tp, records in parts.items():
+                done[tp] = OffsetAndMetadata(records[-1].offset + 1, "", -1)
+                count += len(records)
+        return count
 
     def _process(self, tp: TopicPartition, record: Any) -> bool:
         """Handle one record. True when finished with it (handled or dead-lettered)."""

@@ -188,3 +188,35 @@ def test_run_stops_on_event_and_commits(infra, publisher, fresh_topic) -> None:
     finally:
         follower.close()
     assert again == []
+
+
+def test_batch_handler_gets_events_together_and_a_bad_one_is_isolated(infra, publisher, fresh_topic) -> None:
+    messages = [routed(f"batch {i} {uuid.uuid4()}") for i in range(6)]
+    bad = messages[3]
+    poison_key = content_hash(f"poison {uuid.uuid4()}").encode()
+    for message in messages:
+        publisher.publish(fresh_topic, message)
+    publisher.publish_raw(fresh_topic.name, poison_key, b"\xff\xff\xff")
+    publisher.flush()
+
+    batch_sizes: list[int] = []
+    handled: list[str] = []
+
+    def handle_batch(deliveries: list[Delivery]) -> None:
+        batch_sizes.append(len(deliveries))
+        if any(d.message.prompt_hash == bad.prompt_hash for d in deliveries):
+            raise ValueError("one bad event in the batch")
+        handled.extend(d.message.prompt_hash for d in deliveries)
+
+    worker = Worker(infra, f"g-{uuid.uuid4().hex[:6]}", publisher=publisher, batch_handlers={fresh_topic: handle_batch})
+    worker.connect()
+    try:
+        poll_until(worker, lambda: len(handled) == len(messages) - 1 and worker.dead_lettered == 2)
+    finally:
+        worker.close()
+    assert max(batch_sizes) > 1, "events that arrived together were not handled as one batch"
+    assert sorted(handled) == sorted(m.prompt_hash for m in messages if m is not bad)
+    dead = read_dlq(infra, fresh_topic, 2)
+    stages = sorted(dict(r.headers)["strata-dlq-stage"] for r in dead)
+    assert stages == [b"decode", b"handler"]
+    assert {r.key for r in dead} == {poison_key, bad.prompt_hash.encode()}
