@@ -104,7 +104,7 @@ def _flag_type(annotation: Any) -> Any:
         if len(args) == 1 and args[0] in (*_FLAG_TYPES, bool):
             return args[0]
     if origin is typing.Literal:
-        return str
+        return type(typing.get_args(annotation)[0])
     return None
 
 

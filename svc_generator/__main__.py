@@ -1,0 +1,62 @@
+"""``python -m svc_generator --tier 1 --model PATH``: one generator deployment."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import redis
+
+from strata.bus import Publisher, Worker
+from strata.config import add_settings_flags, settings_from_flags
+from strata.content_store import ContentStore
+from strata.rpc import ServiceBinding
+from strata.service import ServiceParts, run_service
+from strata.telemetry import setup_logging
+from strata.v1 import generator_pb2, generator_pb2_grpc
+from svc_generator.backends import create_backend
+from svc_generator.batcher import DynamicBatcher
+from svc_generator.config import GeneratorSettings
+from svc_generator.policy_watch import PolicyWatcher
+from svc_generator.servicer import GeneratorServicer
+from svc_generator.worker import GeneratorWorker
+
+
+def default_model_path(settings: GeneratorSettings) -> str:
+    from strata.zoo.build import ensure_zoo
+
+    paths = ensure_zoo(settings)
+    return str(paths.level1 if settings.tier == 1 else paths.level2)
+
+
+def build(settings: GeneratorSettings) -> ServiceParts:
+    """Wire the service: backend, batcher, servicer, worker, policy watcher."""
+    backend = create_backend(settings, settings.model or default_model_path(settings))
+    batcher = DynamicBatcher(backend, settings.max_batch_size, settings.max_wait_ms / 1000, settings.policy_version)
+    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+    publisher = Publisher(settings.kafka_address, client_id=f"svc-generator-l{settings.tier}")
+    handler = GeneratorWorker(settings, batcher, store, client, publisher, backend.tokenizer_id)
+    worker = Worker(settings, settings.consumer_group, publisher=publisher,
+                    batch_handlers={handler.topic: handler.handle_batch})
+    loops = [batcher.run]
+    if settings.follows_policy:
+        loops.append(PolicyWatcher(settings.kafka_address, batcher).run)
+    servicer = GeneratorServicer(settings, batcher, store, backend.tokenizer_id)
+    binding = ServiceBinding(generator_pb2_grpc.add_GeneratorServicer_to_server, servicer,
+                             generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name)
+    return ServiceParts(f"svc_generator[l{settings.tier}]", settings, [binding], settings.resolved_grpc_port,
+                        workers=[worker], loops=loops, on_stop=[publisher.close, client.close])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m svc_generator", description=__doc__)
+    add_settings_flags(parser, GeneratorSettings)
+    settings = settings_from_flags(GeneratorSettings, parser.parse_args(argv))
+    setup_logging(settings.log_level)
+    return run_service(build(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

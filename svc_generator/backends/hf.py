@@ -1,0 +1,107 @@
+"""Hugging Face transformers backend (CPU or GPU): batched ``model.generate`` per sampling group."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from strata.models.loading import LoadedModel, load_causal_lm
+from strata.sampling import Sampling
+from strata.zoo.template import format_prompt
+from svc_generator.backends.base import GenerationOutput, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+
+def _group_key(sampling: Sampling) -> tuple:
+    # model.generate takes one sampling configuration (and one RNG state) per call.
+    return (sampling.temperature, sampling.top_p, sampling.max_new_tokens, sampling.seed, sampling.rollout_dropout)
+
+
+@contextmanager
+def rollout_dropout(model: torch.nn.Module, p: float | None) -> Iterator[None]:
+    """Dropout on during generation (R17): only the dropout modules switch to training mode."""
+    if p is None:
+        yield
+        return
+    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    saved = [(m.p, m.training) for m in dropouts]
+    for module in dropouts:
+        module.p = p
+        module.train(True)
+    try:
+        yield
+    finally:
+        for module, (old_p, training) in zip(dropouts, saved, strict=True):
+            module.p = old_p
+            module.train(training)
+
+
+class HfBackend:
+    def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto") -> None:
+        self._lm: LoadedModel = load_causal_lm(model_path, device=device, dtype=dtype)
+        self.model_id = str(self._lm.path)
+        vocab = self._lm.tokenizer.get_vocab()
+        digest = hashlib.sha256(repr(sorted(vocab.items())).encode()).hexdigest()[:12]
+        self.tokenizer_id = f"{self._lm.path.name}-{digest}"
+
+    @property
+    def lm(self) -> LoadedModel:
+        return self._lm
+
+    def load_weights(self, path: str) -> None:
+        fresh = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                     dtype=next(self._lm.model.parameters()).dtype)
+        self._lm.model.load_state_dict(fresh.state_dict())
+        self._lm.model.eval()
+        self.model_id = path
+        log.info("loaded weights from %s", path)
+
+    def release_memory(self) -> None:
+        if self._lm.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    @torch.no_grad()
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        outputs: dict[int, GenerationOutput] = {}
+        order = sorted(range(len(requests)), key=lambda i: _group_key(requests[i].sampling))
+        for _key, members in itertools.groupby(order, key=lambda i: _group_key(requests[i].sampling)):
+            indices = list(members)
+            for index, output in zip(indices, self._generate_group([requests[i] for i in indices]), strict=True):
+                outputs[index] = output
+        return [outputs[i] for i in range(len(requests))]
+
+    def _generate_group(self, group: list[GenerationRequest]) -> list[GenerationOutput]:
+        tokenizer, model = self._lm.tokenizer, self._lm.model
+        sampling = group[0].sampling
+        texts = [format_prompt(r.prompt, r.directions) for r in group]
+        batch = tokenizer(texts, return_tensors="pt", padding=True).to(self._lm.device)  # left padding
+        prompt_lengths = batch["attention_mask"].sum(dim=1).tolist()
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        with rollout_dropout(model, sampling.rollout_dropout):
+            generated = model.generate(
+                **batch,
+                max_new_tokens=sampling.max_new_tokens,
+                do_sample=True,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=0,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )  # (B, T_prompt + T_new)
+        new_tokens = generated[:, batch["input_ids"].shape[1]:].tolist()  # (B, T_new)
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        results = []
+        for row, prompt_length in zip(new_tokens, prompt_lengths, strict=True):
+            finished = eos in row
+            row = row[: row.index(eos) + 1] if finished else row
+            text = tokenizer.decode([t for t in row if t not in (eos, pad)], skip_special_tokens=True).strip()
+            results.append(GenerationOutput(text, tuple(row), int(prompt_length), finished))
+        return results

@@ -1,0 +1,67 @@
+"""Settings of one generator deployment (one tier)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from strata.config import StrataSettings
+from strata.sampling import Sampling, SamplingBounds
+
+
+class GeneratorSettings(StrataSettings):
+    """``python -m svc_generator --tier 1 --model PATH``; every field is also ``STRATA_<NAME>``."""
+
+    tier: Literal[1, 2] = Field(1, description="which tier this deployment serves (Level-1 or Level-2)")
+    model: str | None = Field(None, description="local model directory; unset = the zoo's model for the tier")
+    backend: Literal["hf", "vllm"] = Field("hf", description="hf (transformers, CPU or GPU) or vllm (GPU)")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
+    grpc_port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 = 50053 for tier 1, 50054 for tier 2")
+
+    # Dynamic batching (R15): requests that arrive together are generated in one batch.
+    max_batch_size: int = Field(16, ge=1, description="most sequences per generate call")
+    max_wait_ms: float = Field(20.0, ge=0, description="how long the first request waits for company")
+
+    # Sampling defaults and the R16 bounds.
+    temperature: float = Field(0.8, description="default sampling temperature")
+    top_p: float = Field(0.9, description="default nucleus sampling threshold")
+    max_new_tokens: int = Field(64, ge=1, description="default response length limit")
+    min_temperature: float = Field(0.3, description="temperature must be above this (R16)")
+    max_top_p: float = Field(0.95, description="top_p must be below this (R16)")
+    max_new_tokens_limit: int = Field(512, ge=1, description="largest max_new_tokens a request may ask")
+    allow_out_of_range_sampling: bool = Field(False, description="accept R16 violations with a warning")
+    rollout_dropout_enabled: bool = Field(False, description="keep dropout on during rollout (R17)")
+    rollout_dropout: float = Field(0.1, ge=0, lt=1, description="dropout probability when enabled (R17)")
+
+    # Request limits.
+    max_prompt_chars: int = Field(8000, ge=1, description="longest prompt accepted")
+    max_samples_per_request: int = Field(16, ge=1, description="largest n_samples accepted")
+
+    # Weights.
+    policy_version: int = Field(0, ge=0, description="version stamped on rollouts until a policy update")
+    follow_policy_updates: bool | None = Field(
+        None, description="load weights from policy-updated events; unset = yes for tier 1, no for tier 2"
+    )
+    group_id: str | None = Field(None, description="consumer group; unset = svc-generator-l<tier>")
+
+    @property
+    def resolved_grpc_port(self) -> int:
+        return self.grpc_port or (50053 if self.tier == 1 else 50054)
+
+    @property
+    def follows_policy(self) -> bool:
+        return self.tier == 1 if self.follow_policy_updates is None else self.follow_policy_updates
+
+    @property
+    def consumer_group(self) -> str:
+        return self.group_id or f"svc-generator-l{self.tier}"
+
+    def sampling_defaults(self) -> Sampling:
+        return Sampling(self.temperature, self.top_p, self.max_new_tokens, None,
+                        self.rollout_dropout if self.rollout_dropout_enabled else None)
+
+    def sampling_bounds(self) -> SamplingBounds:
+        return SamplingBounds(self.min_temperature, 2.0, self.max_top_p, self.max_new_tokens_limit,
+                              self.allow_out_of_range_sampling)

@@ -1,0 +1,69 @@
+"""Weight sync, generator side (R13): follow ``strata.policy.updated`` and load new weights.
+
+Every replica must see every update, so this is not a consumer group: each replica reads the single
+partition from the beginning (the newest version wins) and hands verified checkpoints to the batcher,
+which swaps them in between batches. The event carries a path and a checksum, never tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from pathlib import Path
+
+from kafka import KafkaConsumer, TopicPartition
+
+from strata.bus import PoisonMessageError, decode, topics
+from svc_generator.batcher import DynamicBatcher
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def weights_checksum(checkpoint_dir: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(Path(checkpoint_dir) / WEIGHTS_FILE, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class PolicyWatcher:
+    def __init__(self, bootstrap: str, batcher: DynamicBatcher) -> None:
+        self._bootstrap = bootstrap
+        self._batcher = batcher
+        self.latest_seen = -1
+
+    def run(self, stop: threading.Event) -> None:
+        consumer = KafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+                                 auto_offset_reset="earliest", group_id=None)
+        consumer.assign([TopicPartition(topics.POLICY_UPDATED.name, 0)])
+        try:
+            while not stop.is_set():
+                for records in consumer.poll(timeout_ms=500).values():
+                    for record in records:
+                        self._on_record(record.value, record.key)
+        finally:
+            consumer.close()
+
+    def _on_record(self, value: bytes, key: bytes | None) -> None:
+        try:
+            event = decode(topics.POLICY_UPDATED, value, key)
+        except PoisonMessageError as exc:
+            log.error("ignoring an undecodable policy update: %s", exc)
+            return
+        if event.policy_version <= self.latest_seen:
+            return
+        self.latest_seen = event.policy_version
+        try:
+            actual = weights_checksum(event.checkpoint_path)
+        except OSError as exc:
+            log.error("policy v%d: cannot read %s: %s", event.policy_version, event.checkpoint_path, exc)
+            return
+        if event.checksum and actual != event.checksum:
+            log.error("policy v%d: checksum mismatch at %s (event %s, file %s); not loading",
+                      event.policy_version, event.checkpoint_path, event.checksum[:12], actual[:12])
+            return
+        self._batcher.request_weights(event.checkpoint_path, event.policy_version)

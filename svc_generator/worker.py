@@ -1,0 +1,104 @@
+"""Kafka side of the generator: routed prompts of this tier in, rollout-generated events out.
+
+Exactly-once effect on top of at-least-once delivery: each sample of a routed prompt has a claim key
+in Redis. The first attempt that finishes a sample stores the response, then claims the key with the
+serialised event (SET NX); a redelivered prompt (worker killed before its commit, or a rebalance)
+finds the claim and re-publishes the *same* event instead of generating a new response. Downstream
+consumers dedupe by (tier, prompt hash, response hash, request). The cost ledger is written once,
+by the winner of the claim.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+
+from strata import ledger
+from strata.bus import Delivery, PoisonMessageError, Publisher, topics
+from strata.content_store import ContentNotFoundError, ContentStore
+from strata.v1 import common_pb2, events_pb2
+from strata.validation import RequestError, check_directions, sampling_from_proto, sampling_to_proto
+from svc_generator.backends.base import GenerationRequest
+from svc_generator.batcher import DynamicBatcher
+from svc_generator.config import GeneratorSettings
+
+log = logging.getLogger(__name__)
+
+TIER_ENUM = {1: common_pb2.TIER_LEVEL_1, 2: common_pb2.TIER_LEVEL_2}  # GeneratorSettings.tier -> wire enum
+
+
+def request_key(message: events_pb2.PromptRouted) -> str:
+    """Identity of one routed request (a resubmitted prompt is a new request)."""
+    return message.request_id or f"t{message.routed_at.seconds}.{message.routed_at.nanos}"
+
+
+def claim_key(tier: int, message: events_pb2.PromptRouted, sample_index: int) -> str:
+    return f"strata:gen:claim:{tier}:{message.prompt_hash}:{request_key(message)}:{sample_index}"
+
+
+@dataclass
+class _Job:
+    routed: events_pb2.PromptRouted
+    sample_index: int
+    key: str
+    request: GenerationRequest
+
+
+class GeneratorWorker:
+    """The batch handler of the tier's prompt topic."""
+
+    def __init__(self, settings: GeneratorSettings, batcher: DynamicBatcher, store: ContentStore,
+                 client: redis.Redis, publisher: Publisher, tokenizer_id: str) -> None:
+        self._settings = settings
+        self._batcher = batcher
+        self._store = store
+        self._redis = client
+        self._publisher = publisher
+        self._tokenizer_id = tokenizer_id
+        self.topic = topics.prompts_topic(TIER_ENUM[settings.tier])
+
+    def handle_batch(self, deliveries: list[Delivery[events_pb2.PromptRouted]]) -> None:
+        ready: list[events_pb2.RolloutGenerated] = []
+        jobs: list[_Job] = []
+        for delivery in deliveries:
+            routed = delivery.message
+            try:
+                prompt = self._store.get_text(routed.prompt_hash)
+                sampling = sampling_from_proto(routed.sampling, self._settings.sampling_defaults(),
+                                               self._settings.sampling_bounds()).sampling
+                directions = check_directions([d.name for d in routed.directions])
+            except (ContentNotFoundError, RequestError) as exc:
+                raise PoisonMessageError(f"prompt {routed.prompt_hash[:12]}: {exc}") from exc
+            for index in range(routed.n_samples or 1):
+                key = claim_key(self._settings.tier, routed, index)
+                claimed = self._redis.get(key)
+                if claimed is not None:  # redelivery: the sample exists, publish it again
+                    ready.append(events_pb2.RolloutGenerated.FromString(claimed))
+                    continue
+                jobs.append(_Job(routed, index, key, GenerationRequest(prompt, directions, sampling)))
+        futures = self._batcher.submit([job.request for job in jobs])
+        for job, future in zip(jobs, futures, strict=True):
+            result = future.result()
+            output = result.output
+            response_hash = self._store.put(output.text, output.token_ids, self._tokenizer_id)
+            event = events_pb2.RolloutGenerated(
+                prompt_hash=job.routed.prompt_hash, response_hash=response_hash, tier=TIER_ENUM[self._settings.tier],
+                policy_version=result.policy_version, model_id=result.model_id, sample_index=job.sample_index,
+                prompt_tokens=output.prompt_tokens, response_tokens=len(output.token_ids),
+                device_seconds=result.device_seconds, sampling=sampling_to_proto(job.request.sampling),
+                directions=job.routed.directions, caution=job.routed.caution,
+                escalated_from=job.routed.escalated_from, request_id=request_key(job.routed),
+            )
+            event.routed_at.CopyFrom(job.routed.routed_at)
+            event.generated_at.GetCurrentTime()
+            if self._redis.set(job.key, event.SerializeToString(), nx=True, ex=self._settings.content_ttl_s):
+                ledger.record_rollout(self._redis, self._settings.tier, len(output.token_ids), result.device_seconds)
+            else:  # another attempt won the claim meanwhile: its event is the one
+                event = events_pb2.RolloutGenerated.FromString(self._redis.get(job.key))
+            ready.append(event)
+        self._publisher.wait([self._publisher.publish(topics.ROLLOUTS_GENERATED, event) for event in ready])
+        for event in ready:
+            log.info("rollout tier=%d prompt=%s response=%s tokens=%d policy=v%d", self._settings.tier,
+                     event.prompt_hash[:12], event.response_hash[:12], event.response_tokens, event.policy_version)
