@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import redis
 
 _KEY = "strata:ledger:tier:{tier}"
-_COUNTS_KEY = "strata:ledger:counts"
+COUNTS_KEY = "strata:ledger:counts"
 TIERS = (1, 2)
 
 
@@ -51,7 +51,7 @@ def record_rollout(client: redis.Redis, tier: int, tokens: int, device_seconds: 
 
 
 def count(client: redis.Redis, name: str, amount: int = 1) -> None:
-    client.hincrby(_COUNTS_KEY, name, amount)
+    client.hincrby(COUNTS_KEY, name, amount)
 
 
 def summarise(tiers: list[TierCost], counts: Mapping[str, int], level2_seconds_per_token: float | None = None
@@ -73,5 +73,5 @@ def read(client: redis.Redis, level2_seconds_per_token: float | None = None) -> 
         raw = {k.decode(): v.decode() for k, v in client.hgetall(_KEY.format(tier=tier)).items()}
         tiers.append(TierCost(tier, int(raw.get("rollouts", 0)), int(raw.get("tokens", 0)),
                               float(raw.get("device_seconds", 0.0))))
-    counts = {k.decode(): int(v) for k, v in client.hgetall(_COUNTS_KEY).items()}
+    counts = {k.decode(): int(v) for k, v in client.hgetall(COUNTS_KEY).items()}
     return summarise(tiers, counts, level2_seconds_per_token)

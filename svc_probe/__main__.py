@@ -1,0 +1,68 @@
+"""``python -m svc_probe``: the Level-0 probe service."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from collections.abc import Sequence
+
+import redis
+
+from strata.bus import Publisher, Worker, topics
+from strata.config import add_settings_flags, settings_from_flags
+from strata.content_store import ContentStore
+from strata.models.loading import load_causal_lm
+from strata.rpc import ServiceBinding
+from strata.service import ServiceParts, run_service
+from strata.telemetry import setup_logging
+from strata.v1 import probe_pb2, probe_pb2_grpc
+from svc_probe.config import ProbeSettings
+from svc_probe.core import ProbeResult, ProbeRules, probe
+from svc_probe.servicer import ProbeServicer
+from svc_probe.worker import ProbeFn, ProbeWorker
+
+
+def make_probe_fn(settings: ProbeSettings) -> ProbeFn:
+    if settings.model:
+        path = settings.model
+    else:
+        from strata.zoo.build import ensure_zoo
+
+        path = str(ensure_zoo(settings).probe)
+    lm = load_causal_lm(path, device=settings.device, dtype=settings.dtype)
+    rules = ProbeRules(settings.top_k, settings.min_confidence, settings.risk_threshold, settings.keywords())
+    lock = threading.Lock()  # one forward at a time: gRPC threads and the worker share the model
+
+    def probe_fn(prompts: Sequence[str]) -> list[ProbeResult]:
+        with lock:
+            return probe(lm, prompts, rules, settings.max_prompt_tokens)
+
+    return probe_fn
+
+
+def build(settings: ProbeSettings) -> ServiceParts:
+    probe_fn = make_probe_fn(settings)
+    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+    publisher = Publisher(settings.kafka_address, client_id="svc-probe")
+    handler = ProbeWorker(probe_fn, store, publisher)
+    worker = Worker(settings, settings.group_id, publisher=publisher,
+                    batch_handlers={topics.PROMPTS_LEVEL0: handler.handle_batch})
+    servicer = ProbeServicer(probe_fn, settings.max_prompt_chars, settings.top_k)
+    binding = ServiceBinding(probe_pb2_grpc.add_ProbeServicer_to_server, servicer,
+                             probe_pb2.DESCRIPTOR.services_by_name["Probe"].full_name)
+    return ServiceParts("svc_probe", settings, [binding], settings.grpc_port, workers=[worker],
+                        on_stop=[publisher.close, client.close])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m svc_probe", description=__doc__)
+    add_settings_flags(parser, ProbeSettings)
+    settings = settings_from_flags(ProbeSettings, parser.parse_args(argv))
+    setup_logging(settings.log_level)
+    return run_service(build(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Settings of the Level-0 probe (R1)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from strata.config import StrataSettings
+
+# Safety net beside the model's own risk head: words that put a prompt on a high-risk topic (R3).
+DEFAULT_RISK_KEYWORDS = (
+    "dose,dosage,medication,medicine,prescription,symptom,diagnos,pregnan,overdose,antibiotic,ibuprofen,"
+    "insulin,blood pressure,chest pain,fever,lawsuit,sue,lawyer,attorney,court,contract,custody,divorce,"
+    "eviction,lease,police,arrest,visa,immigration,will and testament"
+)
+
+
+class ProbeSettings(StrataSettings):
+    """``python -m svc_probe``; every field is also ``STRATA_<NAME>``."""
+
+    model: str | None = Field(None, description="local causal-LM directory; unset = the zoo's probe")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
+    grpc_port: int = Field(50052, ge=0, le=65535)
+    top_k: int = Field(3, ge=1, description="directions returned per prompt (R1: 3)")
+    min_confidence: float = Field(
+        0.3, ge=0, le=1, description="below this top-direction probability the probe is cautious (low confidence)"
+    )
+    risk_threshold: float = Field(0.5, ge=0, le=1, description="P(risk) above which the prompt is cautious")
+    risk_keywords: str = Field(DEFAULT_RISK_KEYWORDS, description="comma-separated risk-topic keywords")
+    max_prompt_chars: int = Field(8000, ge=1)
+    max_prompt_tokens: int = Field(128, ge=8, description="prompt tokens the probe reads (the rest is cut)")
+    group_id: str = Field("svc-probe", description="consumer group of the Level-0 topic")
+
+    def keywords(self) -> tuple[str, ...]:
+        return tuple(k.strip().lower() for k in self.risk_keywords.split(",") if k.strip())

@@ -1,0 +1,56 @@
+"""Kafka side of the probe: Level-0 prompts in; Level-1 (with directions) or Level-2 (cautious) out."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from strata.bus import Delivery, PoisonMessageError, Publisher, topics
+from strata.content_store import ContentNotFoundError, ContentStore
+from strata.v1 import common_pb2, events_pb2
+from svc_probe.core import ProbeResult
+
+log = logging.getLogger(__name__)
+
+ProbeFn = Callable[[Sequence[str]], list[ProbeResult]]
+
+
+def forward(routed: events_pb2.PromptRouted, result: ProbeResult) -> events_pb2.PromptRouted:
+    """The event the probe sends on: same request, now with directions and the next tier. Pure."""
+    out = events_pb2.PromptRouted()
+    out.CopyFrom(routed)
+    del out.directions[:]
+    out.directions.extend(common_pb2.Direction(name=n, score=s) for n, s in result.directions)
+    if result.caution:
+        out.tier = common_pb2.TIER_LEVEL_2
+        out.decision = common_pb2.DECISION_LEVEL_2
+        out.escalated_from = common_pb2.TIER_LEVEL_0
+        out.caution = True
+        out.reason = f"probe caution: {result.caution_reason}"
+    else:
+        out.tier = common_pb2.TIER_LEVEL_1
+    out.routed_at.GetCurrentTime()
+    return out
+
+
+class ProbeWorker:
+    def __init__(self, probe_fn: ProbeFn, store: ContentStore, publisher: Publisher) -> None:
+        self._probe = probe_fn
+        self._store = store
+        self._publisher = publisher
+
+    def handle_batch(self, deliveries: list[Delivery[events_pb2.PromptRouted]]) -> None:
+        prompts = []
+        for delivery in deliveries:
+            try:
+                prompts.append(self._store.get_text(delivery.message.prompt_hash))
+            except ContentNotFoundError as exc:
+                raise PoisonMessageError(str(exc)) from exc
+        results = self._probe(prompts)
+        futures = []
+        for delivery, result in zip(deliveries, results, strict=True):
+            out = forward(delivery.message, result)
+            futures.append(self._publisher.publish(topics.prompts_topic(out.tier), out))
+            log.info("probe prompt=%s -> tier=%s directions=%s caution=%s", out.prompt_hash[:12],
+                     common_pb2.Tier.Name(out.tier), ",".join(n for n, _ in result.directions), result.caution)
+        self._publisher.wait(futures)

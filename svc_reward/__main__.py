@@ -1,0 +1,63 @@
+"""``python -m svc_reward``: the reward service."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import redis
+
+from strata.bus import Publisher, Worker, topics
+from strata.config import add_settings_flags, settings_from_flags
+from strata.content_store import ContentStore
+from strata.rpc import ServiceBinding
+from strata.service import ServiceParts, run_service
+from strata.telemetry import setup_logging
+from strata.v1 import reward_pb2, reward_pb2_grpc
+from svc_reward.config import RewardSettings
+from svc_reward.models import RewardModels
+from svc_reward.servicer import RewardServicer
+from svc_reward.worker import RewardWorker
+
+
+def load_models(settings: RewardSettings) -> RewardModels:
+    light, strong = settings.light_rm, settings.strong_rm
+    if light is None or strong is None:
+        from strata.zoo.build import ensure_zoo
+
+        paths = ensure_zoo(settings)
+        light = light or str(paths.light_rm)
+        strong = strong or str(paths.strong_rm)
+    return RewardModels(
+        [p.strip() for p in light.split(",") if p.strip()], strong, settings.device, settings.dtype,
+        settings.temperature, settings.aggregation, settings.score_batch_size, settings.max_length,
+        settings.light_rm_version, settings.strong_rm_version,
+    )
+
+
+def build(settings: RewardSettings) -> ServiceParts:
+    models = load_models(settings)
+    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+    publisher = Publisher(settings.kafka_address, client_id="svc-reward")
+    handler = RewardWorker(settings, models, store, client, publisher)
+    worker = Worker(settings, settings.group_id, publisher=publisher,
+                    batch_handlers={topics.ROLLOUTS_GENERATED: handler.handle_batch})
+    servicer = RewardServicer(models, settings.max_items_per_request, settings.max_text_chars)
+    binding = ServiceBinding(reward_pb2_grpc.add_RewardServicer_to_server, servicer,
+                             reward_pb2.DESCRIPTOR.services_by_name["Reward"].full_name)
+    return ServiceParts("svc_reward", settings, [binding], settings.grpc_port, workers=[worker],
+                        on_stop=[publisher.close, client.close])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m svc_reward", description=__doc__)
+    add_settings_flags(parser, RewardSettings)
+    settings = settings_from_flags(RewardSettings, parser.parse_args(argv))
+    setup_logging(settings.log_level)
+    return run_service(build(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""What a reward means for its rollout (R2, R3): final, or escalate to Level-2. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    final: bool        # this reward is the prompt's answer (goes to the rollout log and the learner)
+    escalate: bool     # send the prompt to Level-2
+    annotate: bool     # ask for human annotation
+    reason: str
+
+
+def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_on_caution: bool = True,
+           annotate_level2: bool = True) -> Outcome:
+    """``tier`` is 1 or 2 (the generator tier that produced the sample)."""
+    if tier == 2:
+        return Outcome(final=True, escalate=False, annotate=annotate_level2, reason="level-2 sample")
+    if reward < threshold:
+        return Outcome(False, True, False, f"light RM reward {reward:.2f} < {threshold}")
+    if caution and escalate_on_caution:
+        return Outcome(False, True, False, "probe flagged caution")
+    return Outcome(True, False, False, f"light RM reward {reward:.2f} >= {threshold}")

@@ -1,0 +1,88 @@
+"""The reward models in service: light RM (or ensemble) and strong RM, each with its version (R7).
+
+Scoring happens under a lock so that a later hot swap (``swap_light``) takes effect between batches:
+a batch is scored entirely by one version, and every reward carries the version that produced it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from strata.models.loading import LoadedModel, load_reward_model
+from strata.models.reward import reward_logits
+from svc_reward.scoring import aggregate, tempered_reward
+
+
+def model_version(prefix: str, path: str | Path) -> str:
+    """``<prefix>-<sha256 of the weights, 12 hex>``: same weights, same version."""
+    directory = Path(path)
+    digest = hashlib.sha256()
+    for weights in sorted(directory.glob("*.safetensors")) or sorted(directory.glob("*.bin")):
+        digest.update(weights.read_bytes())
+    return f"{prefix}-{digest.hexdigest()[:12]}"
+
+
+@dataclass(frozen=True)
+class Scores:
+    rewards: list[float]
+    spreads: list[float]
+    version: str
+
+
+@dataclass
+class _Scorer:
+    members: list[LoadedModel]
+    version: str
+
+
+class RewardModels:
+    def __init__(self, light_paths: Sequence[str], strong_path: str | None, device: str, dtype: str,
+                 temperature: float, aggregation: str, batch_size: int, max_length: int,
+                 light_version: str | None = None, strong_version: str | None = None) -> None:
+        self._device, self._dtype = device, dtype
+        self._temperature, self._aggregation = temperature, aggregation
+        self._batch_size, self._max_length = batch_size, max_length
+        self._lock = threading.Lock()
+        self._light = self._load(light_paths, light_version, "light")
+        self._strong = self._load([strong_path], strong_version, "strong") if strong_path else None
+
+    def _load(self, paths: Sequence[str], version: str | None, prefix: str) -> _Scorer:
+        members = [load_reward_model(p, device=self._device, dtype=self._dtype) for p in paths]
+        if version is None:
+            version = "+".join(model_version(prefix, p) for p in paths)
+        return _Scorer(members, version)
+
+    @property
+    def light_version(self) -> str:
+        return self._light.version
+
+    @property
+    def strong_version(self) -> str | None:
+        return self._strong.version if self._strong else None
+
+    @property
+    def has_strong(self) -> bool:
+        return self._strong is not None
+
+    def swap_light(self, paths: Sequence[str], version: str) -> None:
+        """Load a new light RM version, then switch to it between two batches (R7)."""
+        fresh = self._load(paths, version, "light")
+        with self._lock:
+            self._light = fresh
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str], strong: bool = False) -> Scores:
+        with self._lock:
+            scorer = self._strong if strong else self._light
+            if scorer is None:
+                raise LookupError("no strong reward model is configured (--strong-rm)")
+            member_rewards = [
+                tempered_reward(reward_logits(m, prompts, responses, self._batch_size, self._max_length),
+                                self._temperature)
+                for m in scorer.members
+            ]
+            rewards, spreads = aggregate(member_rewards, self._aggregation)
+            return Scores(rewards.tolist(), spreads.tolist(), scorer.version)

@@ -1,0 +1,113 @@
+"""Kafka side of the reward service: rollouts in; rewards, escalations, annotations and the rollout
+log out.
+
+Idempotent by (tier, prompt hash, response hash, request, sample): a done key is set in Redis after
+everything of a rollout is acknowledged by Kafka, and a redelivered rollout with a done key is
+skipped. An escalation is published once per (prompt, request), claimed with SET NX.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import redis
+
+from strata import ledger
+from strata.bus import Delivery, PoisonMessageError, Publisher, topics
+from strata.content_store import ContentNotFoundError, ContentStore
+from strata.v1 import common_pb2, events_pb2
+from svc_reward.config import RewardSettings
+from svc_reward.decide import decide
+from svc_reward.models import RewardModels
+
+log = logging.getLogger(__name__)
+
+TIER_NUMBER = {common_pb2.TIER_LEVEL_1: 1, common_pb2.TIER_LEVEL_2: 2}
+
+
+def done_key(event: events_pb2.RolloutGenerated) -> str:
+    return (f"strata:reward:done:{event.tier}:{event.prompt_hash}:{event.response_hash}:"
+            f"{event.request_id}:{event.sample_index}")
+
+
+def escalation_key(event: events_pb2.RolloutGenerated) -> str:
+    return f"strata:reward:escalated:{event.prompt_hash}:{event.request_id}"
+
+
+class RewardWorker:
+    def __init__(self, settings: RewardSettings, models: RewardModels, store: ContentStore,
+                 client: redis.Redis, publisher: Publisher) -> None:
+        self._settings = settings
+        self._models = models
+        self._store = store
+        self._redis = client
+        self._publisher = publisher
+
+    def handle_batch(self, deliveries: list[Delivery[events_pb2.RolloutGenerated]]) -> None:
+        todo = [d.message for d in deliveries if not self._redis.exists(done_key(d.message))]
+        by_tier: dict[int, list[events_pb2.RolloutGenerated]] = defaultdict(list)
+        for event in todo:
+            if event.tier not in TIER_NUMBER:
+                raise PoisonMessageError(f"rollout of unknown tier {event.tier}")
+            by_tier[TIER_NUMBER[event.tier]].append(event)
+        futures = []
+        finals: list[int] = []
+        for tier, events in by_tier.items():
+            try:
+                prompts = [self._store.get_text(e.prompt_hash) for e in events]
+                responses = [self._store.get_text(e.response_hash) for e in events]
+            except ContentNotFoundError as exc:
+                raise PoisonMessageError(str(exc)) from exc
+            scores = self._models.score(prompts, responses, strong=(tier == 2 and self._models.has_strong))
+            scorer = common_pb2.SCORER_STRONG if tier == 2 and self._models.has_strong else common_pb2.SCORER_LIGHT
+            for event, reward, spread in zip(events, scores.rewards, scores.spreads, strict=True):
+                futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals))
+        self._publisher.wait(futures)
+        if todo:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for event in todo:
+                    pipe.set(done_key(event), b"1", ex=self._settings.content_ttl_s)
+                for tier in finals:
+                    pipe.hincrby(ledger.COUNTS_KEY, f"final_tier{tier}", 1)
+                pipe.execute()
+
+    def _emit(self, tier: int, event: events_pb2.RolloutGenerated, reward: float, spread: float, version: str,
+              scorer: int, finals: list[int]) -> list:
+        s = self._settings
+        outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
+                         s.annotate_level2)
+        scored = events_pb2.RewardScored(
+            prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
+            policy_version=event.policy_version, rm_version=version, reward=reward, reward_std=spread,
+            scorer=scorer, final=outcome.final, escalated=outcome.escalate, sample_index=event.sample_index,
+            response_tokens=event.response_tokens, request_id=event.request_id,
+        )
+        scored.generated_at.CopyFrom(event.generated_at)
+        scored.scored_at.GetCurrentTime()
+        futures = [self._publisher.publish(topics.REWARDS_SCORED, scored)]
+        if outcome.final:
+            futures.append(self._publisher.publish(topics.ROLLOUT_LOG, events_pb2.RolloutLogRecord(
+                prompt_hash=event.prompt_hash, response_hash=event.response_hash, reward=reward)))
+            finals.append(tier)  # counted once the batch is acknowledged
+        if outcome.escalate and self._redis.set(escalation_key(event), b"1", nx=True, ex=s.content_ttl_s):
+            escalation = events_pb2.PromptRouted(
+                prompt_hash=event.prompt_hash, tier=common_pb2.TIER_LEVEL_2, decision=common_pb2.DECISION_LEVEL_2,
+                reason=f"escalated: {outcome.reason}", sampling=event.sampling, n_samples=1,
+                directions=event.directions, caution=event.caution, escalated_from=common_pb2.TIER_LEVEL_1,
+                policy_version=event.policy_version, request_id=event.request_id,
+            )
+            escalation.submitted_at.CopyFrom(event.routed_at)
+            escalation.routed_at.GetCurrentTime()
+            futures.append(self._publisher.publish(topics.PROMPTS_LEVEL2, escalation))
+            ledger.count(self._redis, "escalations")
+        if outcome.annotate:
+            request = events_pb2.AnnotationRequested(
+                prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
+                policy_version=event.policy_version, rm_version=version, model_reward=reward, reason=outcome.reason,
+            )
+            request.requested_at.GetCurrentTime()
+            futures.append(self._publisher.publish(topics.ANNOTATIONS_REQUESTED, request))
+        log.info("reward tier=%d prompt=%s response=%s reward=%.3f rm=%s final=%s escalate=%s", tier,
+                 event.prompt_hash[:12], event.response_hash[:12], reward, version, outcome.final, outcome.escalate)
+        return futures

@@ -1,0 +1,66 @@
+import math
+
+import pytest
+import torch
+
+from svc_reward.decide import decide
+from svc_reward.scoring import aggregate, tempered_reward
+
+
+def test_expected_score_over_bins() -> None:
+    logits = torch.tensor([[0.0, 0.0, 0.0], [10.0, -10.0, -10.0]])  # bins 0, 2.5, 5
+    rewards = tempered_reward(logits)
+    assert rewards[0].item() == pytest.approx(2.5)
+    assert rewards[1].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_low_temperature_moves_the_reward_toward_the_mode() -> None:
+    # Mode at 5 with a fat tail at 0: T < 1 shrinks the tail's pull.
+    logits = torch.log(torch.tensor([[0.3, 0.0001, 0.6999]]))
+    plain = tempered_reward(logits, 1.0).item()
+    sharp = tempered_reward(logits, 0.3).item()
+    assert plain == pytest.approx(0.6999 * 5 + 0.0001 * 2.5, rel=1e-4)
+    assert plain < sharp < 5.0
+
+
+def test_regression_head_passes_through_clamped() -> None:
+    assert tempered_reward(torch.tensor([[3.3], [7.0]]), 0.3).tolist() == pytest.approx([3.3, 5.0])
+
+
+def test_temperature_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        tempered_reward(torch.zeros(1, 3), 0.0)
+
+
+def test_ensemble_mean_median_and_spread() -> None:
+    members = [torch.tensor([1.0, 4.0]), torch.tensor([2.0, 4.0]), torch.tensor([6.0, 4.0])]
+    mean, spread = aggregate(members, "mean")
+    assert mean.tolist() == pytest.approx([3.0, 4.0])
+    assert spread[0].item() == pytest.approx(math.sqrt(((1 - 3) ** 2 + (2 - 3) ** 2 + (6 - 3) ** 2) / 3))
+    assert spread[1].item() == 0.0
+    median, _ = aggregate(members, "median")
+    assert median.tolist() == pytest.approx([2.0, 4.0])
+    single, single_spread = aggregate(members[:1])
+    assert single.tolist() == [1.0, 4.0]
+    assert single_spread.tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        aggregate(members, "vote")
+
+
+@pytest.mark.parametrize(
+    ("tier", "reward", "caution", "final", "escalate", "annotate"),
+    [
+        (1, 3.5, False, True, False, False),
+        (1, 3.2, False, True, False, False),   # at the threshold: not under it
+        (1, 3.19, False, False, True, False),
+        (1, 4.8, True, False, True, False),    # caution escalates whatever the score
+        (2, 0.5, False, True, False, True),    # Level-2 is final and goes to annotation
+    ],
+)
+def test_decide(tier: int, reward: float, caution: bool, final: bool, escalate: bool, annotate: bool) -> None:
+    outcome = decide(tier, reward, caution, threshold=3.2)
+    assert (outcome.final, outcome.escalate, outcome.annotate) == (final, escalate, annotate)
+
+
+def test_caution_escalation_can_be_turned_off() -> None:
+    assert decide(1, 4.8, True, 3.2, escalate_on_caution=False).final
