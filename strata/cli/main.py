@@ -21,6 +21,7 @@ from strata.telemetry import setup_logging
 COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.infra_cmd",
     "strata.cli.demo_cmd",
+    "strata.cli.report_cmd",
     "strata.cli.models_cmd",
     "strata.cli.bench_cmd",
 )

@@ -1,0 +1,89 @@
+"""``strata bench generator``: what dynamic batching buys (R15).
+
+Same model, same prompts, one run: (a) sequential ``model.generate`` calls in-process, one prompt at
+a time — the baseline; (b) the generator service (gRPC servicer + dynamic batcher, in-process on a
+free port) with 16 concurrent clients. Throughput is response tokens per second of wall time.
+Last line: ``generator batch_speedup=<(b)/(a)>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from strata.rpc import ServiceBinding, start_server
+from strata.v1 import common_pb2, generator_pb2, generator_pb2_grpc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--model", default=None, help="causal LM directory (default: the zoo's Level-1)")
+    parser.add_argument("--tier", type=int, default=1, choices=(1, 2))
+
+
+def run(args: argparse.Namespace) -> int:
+    from strata.sampling import Sampling
+    from strata.zoo.suite import load_suite
+    from svc_generator.__main__ import default_model_path
+    from svc_generator.backends.base import GenerationRequest
+    from svc_generator.backends.hf import HfBackend
+    from svc_generator.batcher import DynamicBatcher
+    from svc_generator.config import GeneratorSettings
+    from svc_generator.servicer import GeneratorServicer
+
+    settings = GeneratorSettings(tier=args.tier, model=args.model, device="cpu", max_batch_size=args.clients,
+                                 max_new_tokens=args.max_new_tokens)
+    backend = HfBackend(settings.model or default_model_path(settings), device="cpu")
+    prompts = [r.text for r in load_suite("eval")[: args.prompts]]
+    sampling = Sampling(settings.temperature, settings.top_p, args.max_new_tokens)
+
+    # (a) sequential in-process generate, one prompt at a time.
+    backend.generate([GenerationRequest(prompts[0], (), sampling)])  # warm-up
+    started = time.perf_counter()
+    sequential_tokens = sum(len(backend.generate([GenerationRequest(p, (), sampling)])[0].token_ids)
+                            for p in prompts)
+    sequential_s = time.perf_counter() - started
+    sequential_tps = sequential_tokens / sequential_s
+    print(f"sequential: {len(prompts)} prompts, {sequential_tokens} tokens in {sequential_s:.1f} s "
+          f"= {sequential_tps:.0f} tokens/s")
+
+    # (b) the service with concurrent clients.
+    batcher = DynamicBatcher(backend, settings.max_batch_size, settings.max_wait_ms / 1000)
+    stop = threading.Event()
+    loop = threading.Thread(target=batcher.run, args=(stop,), daemon=True)
+    loop.start()
+    servicer = GeneratorServicer(settings, batcher, None, backend.tokenizer_id)
+    server = start_server([ServiceBinding(generator_pb2_grpc.add_GeneratorServicer_to_server, servicer,
+                                          generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name)],
+                          port=0, host="127.0.0.1", max_workers=args.clients + 4)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = generator_pb2_grpc.GeneratorStub(channel)
+            params = common_pb2.SamplingParams(max_new_tokens=args.max_new_tokens)
+
+            def call(prompt: str) -> int:
+                reply = stub.Generate(generator_pb2.GenerateRequest(prompt=prompt, sampling=params), timeout=600)
+                return sum(g.response_tokens for g in reply.generations)
+
+            call(prompts[0])  # warm-up
+            batches_before = batcher.batches
+            started = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=args.clients) as pool:
+                service_tokens = sum(pool.map(call, prompts))
+            service_s = time.perf_counter() - started
+            batches = batcher.batches - batches_before
+    finally:
+        server.stop(0)
+        stop.set()
+        loop.join()
+    service_tps = service_tokens / service_s
+    print(f"service ({args.clients} concurrent clients): {service_tokens} tokens in {service_s:.1f} s "
+          f"= {service_tps:.0f} tokens/s, {batches} batches (mean {len(prompts) / max(batches, 1):.1f} per batch)")
+    print(f"generator batch_speedup={service_tps / sequential_tps:.2f}")
+    return 0

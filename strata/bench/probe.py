@@ -1,0 +1,70 @@
+"""``strata bench probe``: latency of the Level-0 probe per prompt through its gRPC API (R1: < 50 ms).
+
+Measured in one run on this machine: the probe service in-process on a free port, one client calling
+``Directions`` for each eval prompt after a warm-up. Also reports how often the top direction is the
+prompt's intent and how many risk prompts were flagged cautious. Last line: ``probe p99_ms=<n>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import grpc
+
+from strata.rpc import ServiceBinding, start_server
+from strata.v1 import probe_pb2, probe_pb2_grpc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", type=int, default=200, help="eval prompts to time")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--model", default=None, help="probe directory (default: the zoo's probe)")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def run(args: argparse.Namespace) -> int:
+    from strata.zoo.suite import load_suite
+    from svc_probe.__main__ import make_probe_fn
+    from svc_probe.config import ProbeSettings
+    from svc_probe.servicer import ProbeServicer
+
+    settings = ProbeSettings(model=args.model, device="cpu")
+    probe_fn = make_probe_fn(settings)
+    server = start_server([ServiceBinding(probe_pb2_grpc.add_ProbeServicer_to_server,
+                                          ProbeServicer(probe_fn, settings.max_prompt_chars, settings.top_k),
+                                          probe_pb2.DESCRIPTOR.services_by_name["Probe"].full_name)],
+                          port=0, host="127.0.0.1")
+    records = load_suite("eval")[: args.prompts]
+    latencies_ms: list[float] = []
+    top1 = cautious_risk = risk_total = cautious_safe = 0
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = probe_pb2_grpc.ProbeStub(channel)
+            for record in records[: args.warmup]:
+                stub.Directions(probe_pb2.DirectionsRequest(prompt=record.text), timeout=30)
+            for record in records:
+                started = time.perf_counter()
+                reply = stub.Directions(probe_pb2.DirectionsRequest(prompt=record.text), timeout=30)
+                latencies_ms.append(1000 * (time.perf_counter() - started))
+                top1 += reply.directions[0].name == record.intent
+                if record.risk:
+                    risk_total += 1
+                    cautious_risk += reply.caution
+                else:
+                    cautious_safe += reply.caution
+    finally:
+        server.stop(0)
+    n = len(records)
+    print(f"prompts={n} top1_direction_accuracy={top1 / n:.3f} "
+          f"risk_flagged={cautious_risk}/{risk_total} safe_flagged={cautious_safe}/{n - risk_total}")
+    print(f"latency ms: mean={statistics.mean(latencies_ms):.2f} p50={percentile(latencies_ms, 50):.2f} "
+          f"p99={percentile(latencies_ms, 99):.2f} (budget 50 ms, R1)")
+    print(f"probe p99_ms={percentile(latencies_ms, 99):.2f}")
+    return 0

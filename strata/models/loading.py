@@ -1,0 +1,150 @@
+"""Load Hugging Face models from local paths: generators and probe (causal LMs), reward models.
+
+The same functions load the zoo's tiny models and a user's own checkpoints: anything saved with
+``save_pretrained`` (or a downloaded hub snapshot) works. Nothing is downloaded at run time: loading
+always passes ``local_files_only=True``, so ``HF_HUB_OFFLINE=1`` holds whether it is set or not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+logger = logging.getLogger(__name__)
+
+ZOO_INFO_FILE = "strata_zoo.json"  # resolved build config stored next to every zoo model
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+
+
+class ModelLoadError(ValueError):
+    """A model path that cannot be loaded; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: PreTrainedModel  # in eval mode, on ``device``
+    tokenizer: PreTrainedTokenizerBase  # has a pad token
+    device: torch.device
+    path: Path
+    zoo_info: dict[str, Any] | None  # contents of strata_zoo.json for zoo models, else None
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """``auto`` (first GPU if any, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    spec = spec.strip().lower()
+    if spec == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda" or spec.startswith("cuda:"):
+        index = 0 if spec == "cuda" else spec.split(":", 1)[1]
+        if not str(index).isdigit():
+            raise ModelLoadError(f"bad device {spec!r}: use auto, cpu, cuda or cuda:N")
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {spec!r} requested but no CUDA GPU is visible; use cpu or auto")
+        if int(index) >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {spec!r} requested but only {torch.cuda.device_count()} GPU(s) are visible")
+        return torch.device(f"cuda:{index}")
+    raise ModelLoadError(f"bad device {spec!r}: use auto, cpu, cuda or cuda:N")
+
+
+def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+    """``auto`` (float32 on CPU; bfloat16 on a GPU that supports it, else float16) or a dtype name."""
+    spec = spec.strip().lower()
+    if spec == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if spec not in _DTYPES:
+        raise ModelLoadError(f"bad dtype {spec!r}: use auto or one of {', '.join(sorted(_DTYPES))}")
+    return _DTYPES[spec]
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """The model directory as a ``Path``, or a ``ModelLoadError`` saying why it is not one."""
+    model_dir = Path(path).expanduser()
+    if not model_dir.exists():
+        looks_like_hub_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", str(path)) is not None
+        hint = (
+            " (if that is a hub id: Strata never downloads at run time; download the model first and"
+            " pass its local directory)"
+            if looks_like_hub_id
+            else ""
+        )
+        raise ModelLoadError(f"no model at {model_dir}: the path does not exist{hint}")
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"no model at {model_dir}: expected a directory written by save_pretrained, got a file")
+    if not (model_dir / "config.json").is_file():
+        raise ModelLoadError(
+            f"no model at {model_dir}: config.json is missing (expected a save_pretrained directory; "
+            "build the zoo with `strata models build` or point to your own checkpoint)"
+        )
+    return model_dir
+
+
+def _read_zoo_info(model_dir: Path) -> dict[str, Any] | None:
+    info = model_dir / ZOO_INFO_FILE
+    return json.loads(info.read_text()) if info.is_file() else None
+
+
+def _load_tokenizer(model_dir: Path, padding_side: str) -> PreTrainedTokenizerBase:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"no usable tokenizer in {model_dir}: {exc}") from exc
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelLoadError(f"the tokenizer in {model_dir} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def _load(auto_class: Any, kind: str, path: str | Path, device: str, dtype: str, padding_side: str) -> LoadedModel:
+    model_dir = check_model_dir(path)
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    tokenizer = _load_tokenizer(model_dir, padding_side)
+    try:
+        model = auto_class.from_pretrained(model_dir, local_files_only=True, dtype=torch_dtype)
+    except ValueError as exc:  # config of a model type the auto class has no head for
+        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "unknown")
+        raise ModelLoadError(f"{model_dir} holds a {model_type!r} model that cannot be loaded as a {kind}: {exc}") from exc
+    except OSError as exc:  # missing or unreadable weights
+        raise ModelLoadError(f"cannot read the weights in {model_dir}: {exc}") from exc
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id  # sequence classifiers need it for batches
+    model.to(torch_device).eval()
+    logger.info("loaded %s from %s on %s (%s)", kind, model_dir, torch_device, torch_dtype)
+    return LoadedModel(model, tokenizer, torch_device, model_dir, _read_zoo_info(model_dir))
+
+
+def load_causal_lm(path: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """A generator or probe: any ``AutoModelForCausalLM`` checkpoint (left padding for generation)."""
+    return _load(AutoModelForCausalLM, "causal LM", path, device, dtype, padding_side="left")
+
+
+def load_reward_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """A reward model: any ``AutoModelForSequenceClassification`` checkpoint (see ``strata.models.reward``)."""
+    return _load(AutoModelForSequenceClassification, "sequence-classification reward model", path, device, dtype, "right")

@@ -1,0 +1,74 @@
+"""Reward models as sequence classifiers: score bins, expected reward, batched scoring.
+
+A Strata reward model has ``num_labels = n_bins`` logits over evenly spaced scores on [0, 5] (11 bins:
+0, 0.5, ..., 5). Its reward is the expected score under the softmax, and the full distribution is
+what a light RM is distilled onto (KL between strong and light logits, R6). A user's regression RM
+(``num_labels = 1``) also works: its single logit is taken as the reward as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from strata.models.loading import LoadedModel
+from strata.zoo.template import format_rm_input
+
+MAX_SCORE = 5.0
+
+
+def score_bins(n_bins: int, max_score: float = MAX_SCORE) -> torch.Tensor:
+    """Bin centres, evenly spaced from 0 to ``max_score``: (n_bins,)."""
+    if n_bins < 2:
+        raise ValueError("a binned reward model needs at least 2 bins")
+    return torch.linspace(0.0, max_score, n_bins)
+
+
+def expected_reward(logits: torch.Tensor, max_score: float = MAX_SCORE) -> torch.Tensor:
+    """(B, n_bins) logits -> (B,) expected score; (B, 1) regression logits pass through."""
+    if logits.shape[-1] == 1:
+        return logits[..., 0]
+    bins = score_bins(logits.shape[-1], max_score).to(logits.device, logits.dtype)
+    return torch.softmax(logits, dim=-1) @ bins
+
+
+def two_hot(scores: torch.Tensor, n_bins: int, max_score: float = MAX_SCORE) -> torch.Tensor:
+    """(B,) scores -> (B, n_bins) target distributions whose expected value is the score.
+
+    The mass is split between the two nearest bins (linear interpolation), as in MuZero's value
+    targets, so cross-entropy training makes ``expected_reward`` regress the score.
+    """
+    position = scores.clamp(0.0, max_score) / max_score * (n_bins - 1)  # (B,) in bin units
+    lower = position.floor().long().clamp(max=n_bins - 2)
+    upper_weight = position - lower.to(position.dtype)  # (B,)
+    target = torch.zeros(scores.shape[0], n_bins, dtype=scores.dtype, device=scores.device)
+    target.scatter_(1, lower[:, None], (1.0 - upper_weight)[:, None])
+    target.scatter_add_(1, (lower + 1)[:, None], upper_weight[:, None])
+    return target
+
+
+@torch.no_grad()
+def reward_logits(
+    rm: LoadedModel, prompts: Sequence[str], responses: Sequence[str], batch_size: int = 32, max_length: int = 256
+) -> torch.Tensor:
+    """Raw RM logits for (prompt, response) pairs: (N, num_labels), on the CPU, float32."""
+    if len(prompts) != len(responses):
+        raise ValueError("prompts and responses must have the same length")
+    texts = [format_rm_input(p, r) for p, r in zip(prompts, responses, strict=True)]
+    out = []
+    for start in range(0, len(texts), batch_size):
+        batch = rm.tokenizer(
+            texts[start : start + batch_size], return_tensors="pt", padding=True, truncation=True, max_length=max_length
+        ).to(rm.device)
+        out.append(rm.model(**batch).logits.float().cpu())  # (b, num_labels)
+    if not out:
+        return torch.zeros(0, rm.model.config.num_labels)
+    return torch.cat(out)
+
+
+def score_responses(
+    rm: LoadedModel, prompts: Sequence[str], responses: Sequence[str], batch_size: int = 32, max_length: int = 256
+) -> list[float]:
+    """Rewards for (prompt, response) pairs (expected score over the RM's bins)."""
+    return expected_reward(reward_logits(rm, prompts, responses, batch_size, max_length)).tolist()

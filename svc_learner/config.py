@@ -1,0 +1,115 @@
+"""Settings of the learner: one frozen object, from ``STRATA_*`` env vars and ``--flags``.
+
+Defaults follow CleanRL / TRL where the brief says nothing; the two rules of R17 (KL warm-up,
+KL-adaptive clip) are named fields. ``ppo_config()`` hands the math its part; the whole resolved
+object is stored in every checkpoint (``as_log_dict``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from strata.config import StrataSettings
+from svc_learner.ppo import PPOConfig
+
+
+class LearnerSettings(StrataSettings):
+    """PPO hyperparameters, staleness policy, checkpoints and the service's port."""
+
+    # Model.
+    policy_model_path: Path | None = Field(
+        None, description="local directory of the initial policy (any HF causal LM); required to start the service"
+    )
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    dtype: str = Field("float32", description="training dtype of the policy (float32 keeps Adam simple on CPU)")
+
+    # Returns and advantages.
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount per token (1.0: one response = one episode)")
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE λ")
+    norm_adv: bool = Field(True, description="whiten advantages over the batch's response tokens")
+
+    # Clipping (R17 rule 2: adaptive clip).
+    clip_mode: Literal["fixed", "adaptive"] = Field(
+        "adaptive", description="fixed: ε = clip_coef; adaptive: ε from the batch KL to the reference (R17)"
+    )
+    clip_coef: float = Field(0.2, gt=0.0, lt=1.0, description="ε of the fixed clip mode (CleanRL default 0.2)")
+    clip_eps_low: float = Field(0.02, gt=0.0, lt=1.0, description="adaptive ε when the batch KL <= clip_kl_low")
+    clip_eps_high: float = Field(0.1, gt=0.0, lt=1.0, description="adaptive ε when the batch KL >= clip_kl_high")
+    clip_kl_low: float = Field(0.02, ge=0.0, description="batch KL (per token, k3) at and under which ε = eps_low")
+    clip_kl_high: float = Field(0.1, gt=0.0, description="batch KL (per token, k3) at and over which ε = eps_high")
+    vf_clip_coef: float = Field(0.2, gt=0.0, description="value clip range, in reward units (TRL cliprange_value)")
+    clip_vloss: bool = Field(True, description="clip the value loss around the old values (CleanRL clip_vloss)")
+
+    # KL penalty against the frozen reference (R17 rule 1: warm-up).
+    kl_coef: float = Field(0.05, ge=0.0, description="target β of the per-token KL penalty to the reference model")
+    kl_warmup_updates: int = Field(100, ge=0, description="β rises linearly from 0 to kl_coef over this many updates")
+
+    # Loss weights and optimisation.
+    ent_coef: float = Field(0.0, ge=0.0, description="entropy bonus weight (0: the KL penalty already regularises)")
+    vf_coef: float = Field(0.1, ge=0.0, description="value loss weight (TRL's 0.1: the value head shares the trunk)")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="global gradient-norm clip per minibatch step")
+    learning_rate: float = Field(1e-5, gt=0.0, description="Adam learning rate (tiny CPU models want ~1e-4..1e-3)")
+    adam_eps: float = Field(1e-5, gt=0.0, description="Adam ε (CleanRL uses 1e-5 rather than torch's 1e-8)")
+    update_epochs: int = Field(4, ge=1, description="PPO epochs over each batch")
+    minibatch_size: int = Field(8, ge=1, description="sequences per gradient step")
+    batch_size: int = Field(32, ge=1, description="samples (scored responses) per PPO update")
+    target_kl: float | None = Field(None, gt=0.0, description="stop an update's epochs once approx_kl exceeds it")
+
+    # Staleness (R13).
+    max_staleness: int = Field(
+        2, ge=0, description="refuse samples more than this many policy versions behind the current one (counted)"
+    )
+    is_truncation: float = Field(
+        1.0, gt=0.0, description="c̄ of the truncated importance weights min(c̄, π_old/π_behaviour) of stale samples"
+    )
+
+    # Rollout dropout (R17, seed §5.2): applied by the generators, recorded with the policy.
+    rollout_dropout_enabled: bool = Field(False, description="keep dropout on while sampling rollouts")
+    rollout_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout probability during rollout when enabled")
+
+    # Checkpoints and serving.
+    checkpoint_dir: Path = Field(Path(".strata/learner/checkpoints"), description="where v<version>/ dirs are written")
+    keep_checkpoints: int = Field(5, ge=1, description="newest checkpoints kept on disk (>= max_staleness + 1)")
+    grpc_port: int = Field(50055, ge=0, le=65535, description="port of the Learner gRPC service (0: any free port)")
+    seed: int = Field(0, description="seed of torch and of the minibatch shuffling")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LearnerSettings:
+        if self.clip_eps_low > self.clip_eps_high:
+            raise ValueError("clip_eps_low must be <= clip_eps_high")
+        if self.clip_kl_low >= self.clip_kl_high:
+            raise ValueError("clip_kl_low must be < clip_kl_high")
+        if self.minibatch_size > self.batch_size:
+            raise ValueError("minibatch_size must be <= batch_size")
+        if self.keep_checkpoints < self.max_staleness + 1:
+            raise ValueError("keep_checkpoints must be >= max_staleness + 1 (stale samples need their checkpoint)")
+        return self
+
+    def ppo_config(self) -> PPOConfig:
+        """The part of the settings that ``ppo_update`` reads."""
+        return PPOConfig(
+            gamma=self.gamma,
+            gae_lambda=self.gae_lambda,
+            clip_mode=self.clip_mode,
+            clip_coef=self.clip_coef,
+            clip_eps_low=self.clip_eps_low,
+            clip_eps_high=self.clip_eps_high,
+            clip_kl_low=self.clip_kl_low,
+            clip_kl_high=self.clip_kl_high,
+            kl_coef=self.kl_coef,
+            kl_warmup_updates=self.kl_warmup_updates,
+            ent_coef=self.ent_coef,
+            vf_coef=self.vf_coef,
+            clip_vloss=self.clip_vloss,
+            vf_clip_coef=self.vf_clip_coef,
+            max_grad_norm=self.max_grad_norm,
+            update_epochs=self.update_epochs,
+            minibatch_size=self.minibatch_size,
+            norm_adv=self.norm_adv,
+            target_kl=self.target_kl,
+            is_truncation=self.is_truncation,
+            seed=self.seed,
+        )

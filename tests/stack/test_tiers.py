@@ -1,0 +1,197 @@
+"""Issue 4 acceptance on real Kafka and Redis with the zoo's models: Level-0 -> probe -> Level-1 /
+Level-2 generators -> reward service -> final rewards, escalations and the three-field rollout log;
+and a generator killed mid-stream (SIGKILL) loses nothing and duplicates nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from strata.bus import Publisher, topics
+from strata.config import StrataSettings
+from strata.content_store import ContentStore
+from strata.service import ServiceParts, start_service, stop_service
+from strata.v1 import common_pb2, events_pb2
+from strata.zoo.suite import load_suite
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 240.0
+
+
+class Tail:
+    """Reads a topic from "now" on, across all partitions, without a consumer group."""
+
+    def __init__(self, infra: StrataSettings, topic: topics.Topic) -> None:
+        self.topic = topic
+        self.consumer = KafkaConsumer(bootstrap_servers=infra.kafka_address, enable_auto_commit=False, group_id=None)
+        partitions = self.consumer.partitions_for_topic(topic.name)
+        assignment = [TopicPartition(topic.name, p) for p in sorted(partitions)]
+        self.consumer.assign(assignment)
+        self.consumer.seek_to_end(*assignment)
+        for tp in assignment:
+            self.consumer.position(tp)  # resolve "end" now, before anything is published
+
+    def read(self, until, timeout_s: float = TIMEOUT_S) -> list:
+        seen: list = []
+        deadline = time.monotonic() + timeout_s
+        while not until(seen):
+            assert time.monotonic() < deadline, f"{self.topic.name}: condition not reached; saw {len(seen)} events"
+            for records in self.consumer.poll(timeout_ms=500).values():
+                seen.extend(self.topic.message_type.FromString(r.value) for r in records)
+        return seen
+
+    def drain(self, seconds: float) -> list:
+        """Everything that arrives within ``seconds`` (to catch late duplicates)."""
+        seen: list = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for records in self.consumer.poll(timeout_ms=250).values():
+                seen.extend(self.topic.message_type.FromString(r.value) for r in records)
+        return seen
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def service_settings(infra: StrataSettings, **extra) -> dict:
+    return {"kafka_bootstrap": infra.kafka_address, "redis_url": infra.redis_address, "device": "cpu",
+            "consumer_session_timeout_ms": 6000, "consumer_heartbeat_interval_ms": 1000, **extra}
+
+
+@pytest.fixture(scope="module")
+def stack(infra: StrataSettings, zoo) -> Iterator[dict]:
+    """Probe, both generators and the reward service, in-process on free ports."""
+    from svc_reward.config import RewardSettings
+
+    from svc_generator.__main__ import build as build_generator
+    from svc_generator.config import GeneratorSettings
+    from svc_probe.__main__ import build as build_probe
+    from svc_probe.config import ProbeSettings
+    from svc_reward.__main__ import build as build_reward
+
+    parts: list[ServiceParts] = [
+        build_probe(ProbeSettings(**service_settings(infra, model=str(zoo.probe), grpc_port=0))),
+        build_generator(GeneratorSettings(**service_settings(infra, tier=1, model=str(zoo.level1), grpc_port=0,
+                                                             max_new_tokens=40))),
+        build_generator(GeneratorSettings(**service_settings(infra, tier=2, model=str(zoo.level2), grpc_port=0,
+                                                             max_new_tokens=40))),
+        build_reward(RewardSettings(**service_settings(infra, light_rm=str(zoo.light_rm),
+                                                       strong_rm=str(zoo.strong_rm), grpc_port=0))),
+    ]
+    running = [start_service(p) for p in parts]
+    yield {"parts": parts, "running": running}
+    for p, r in zip(parts, running, strict=True):
+        stop_service(p, r, grace_s=0)
+
+
+def submit(infra: StrataSettings, texts: list[str], tier: int = common_pb2.TIER_LEVEL_0) -> dict[str, str]:
+    """Store prompts and publish them to a tier's topic; returns request_id -> prompt hash."""
+    store = ContentStore.from_url(infra.redis_address, infra.content_ttl_s, infra.content_max_bytes)
+    publisher = Publisher(infra.kafka_address, client_id="test-submit")
+    requests = {}
+    try:
+        for text in texts:
+            routed = events_pb2.PromptRouted(prompt_hash=store.put(text), tier=tier, n_samples=1,
+                                             request_id=uuid.uuid4().hex, decision=common_pb2.DECISION_LEVEL_1)
+            routed.routed_at.GetCurrentTime()
+            publisher.publish(topics.prompts_topic(tier), routed)
+            requests[routed.request_id] = routed.prompt_hash
+        publisher.flush()
+    finally:
+        publisher.close()
+    return requests
+
+
+def finals_by_request(events: list[events_pb2.RewardScored], requests: dict[str, str]) -> dict[str, list]:
+    finals: dict[str, list] = defaultdict(list)
+    for event in events:
+        if event.request_id in requests and event.final:
+            finals[event.request_id].append(event)
+    return finals
+
+
+def test_level0_prompts_come_out_as_final_rewards_with_escalations_and_hash_only_log(infra, stack) -> None:
+    records = load_suite("eval")
+    texts = [r.text for r in records if not r.risk][:10] + [r.text for r in records if r.risk][:3]
+    rewards, log_tail = Tail(infra, topics.REWARDS_SCORED), Tail(infra, topics.ROLLOUT_LOG)
+    try:
+        requests = submit(infra, texts)
+        seen = rewards.read(lambda evs: len(finals_by_request(evs, requests)) == len(requests))
+        log_records = log_tail.read(lambda recs: sum(r.prompt_hash in requests.values() for r in recs)
+                                    >= len(requests))
+    finally:
+        rewards.close()
+        log_tail.close()
+    ours = [e for e in seen if e.request_id in requests]
+    finals = finals_by_request(seen, requests)
+    assert all(len(v) == 1 for v in finals.values()), "a prompt got more than one final reward"
+    level1 = [e for e in ours if e.tier == common_pb2.TIER_LEVEL_1]
+    # Every Level-1 reward under the threshold escalated, and its prompt's final reward is Level-2.
+    for event in level1:
+        if event.reward < 3.2 or event.caution:
+            assert event.escalated, f"Level-1 reward {event.reward:.2f} did not escalate"
+        else:
+            assert not event.escalated and event.final
+        if event.escalated:
+            assert not event.final
+            assert finals[event.request_id][0].tier == common_pb2.TIER_LEVEL_2
+            assert finals[event.request_id][0].scorer == common_pb2.SCORER_STRONG
+    assert any(e.escalated for e in level1), "no Level-1 sample escalated"
+    assert any(e.final for e in level1), "no Level-1 sample was final"
+    assert all(e.rm_version for e in ours)
+    # The rollout log: exactly prompt hash, response hash and reward, one per final reward.
+    ours_log = [r for r in log_records if r.prompt_hash in requests.values()]
+    assert [f.name for f in events_pb2.RolloutLogRecord.DESCRIPTOR.fields] == ["prompt_hash", "response_hash", "reward"]
+    final_triples = {(v[0].prompt_hash, v[0].response_hash, round(v[0].reward, 6)) for v in finals.values()}
+    assert {(r.prompt_hash, r.response_hash, round(r.reward, 6)) for r in ours_log} == final_triples
+
+
+def test_generator_killed_mid_stream_loses_nothing_and_doubles_nothing(infra, stack, zoo, tmp_path) -> None:
+    # Stop the in-process Level-1 generator and run one as a real process that we SIGKILL.
+    parts, running = stack["parts"], stack["running"]
+    stop_service(parts[1], running[1], grace_s=0)
+    env = {**os.environ, "STRATA_KAFKA_BOOTSTRAP": infra.kafka_address, "STRATA_REDIS_URL": infra.redis_address,
+           "STRATA_CONSUMER_SESSION_TIMEOUT_MS": "6000", "STRATA_CONSUMER_HEARTBEAT_INTERVAL_MS": "1000"}
+    argv = [sys.executable, "-m", "svc_generator", "--tier", "1", "--model", str(zoo.level1), "--device", "cpu",
+            "--grpc-port", "0", "--max-new-tokens", "40", "--max-batch-size", "4"]
+
+    def spawn(name: str) -> subprocess.Popen:
+        return subprocess.Popen(argv, env=env, stdout=open(tmp_path / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
+
+    texts = [r.text for r in load_suite("eval") if not r.risk][10:26]
+    rewards, rollouts = Tail(infra, topics.REWARDS_SCORED), Tail(infra, topics.ROLLOUTS_GENERATED)
+    first = spawn("first")
+    try:
+        requests = submit(infra, texts)
+        # Kill the generator as soon as it has published part of the work (mid-stream).
+        rollouts.read(lambda evs: any(e.request_id in requests for e in evs))
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        second = spawn("second")
+        try:
+            seen = rewards.read(lambda evs: len(finals_by_request(evs, requests)) == len(requests))
+            # A little longer: a duplicate final would show up now.
+            seen += rewards.drain(seconds=5)
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(60) == 0, (tmp_path / "second.log").read_text()[-2000:]
+        finally:
+            if second.poll() is None:
+                second.kill()
+    finally:
+        if first.poll() is None:
+            first.kill()
+        rewards.close()
+        rollouts.close()
+    finals = finals_by_request(seen, requests)
+    assert set(finals) == set(requests)
+    assert all(len(v) == 1 for v in finals.values()), {k: len(v) for k, v in finals.items() if len(v) != 1}

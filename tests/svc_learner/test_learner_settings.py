@@ -1,0 +1,62 @@
+"""LearnerSettings: defaults of the brief's rules, env and flags, consistency checks, the PPO view."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+from pydantic import ValidationError
+
+from strata.config import StrataSettings, add_settings_flags, settings_from_flags
+from svc_learner.config import LearnerSettings
+from svc_learner.ppo import PPOConfig
+
+
+def test_defaults_carry_the_brief_rules() -> None:
+    settings = LearnerSettings()
+    assert settings.kl_warmup_updates == 100
+    assert settings.clip_mode == "adaptive"
+    assert (settings.clip_eps_low, settings.clip_eps_high) == (0.02, 0.1)
+    assert (settings.clip_kl_low, settings.clip_kl_high) == (0.02, 0.1)
+    assert settings.rollout_dropout == 0.1 and not settings.rollout_dropout_enabled
+    assert settings.grpc_port == 50055
+
+
+def test_every_learner_field_is_described() -> None:
+    own = set(LearnerSettings.model_fields) - set(StrataSettings.model_fields)
+    undescribed = sorted(name for name in own if not LearnerSettings.model_fields[name].description)
+    assert undescribed == []
+
+
+def test_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_CLIP_MODE", "fixed")
+    monkeypatch.setenv("STRATA_MAX_STALENESS", "1")
+    assert LearnerSettings().clip_mode == "fixed"
+    parser = argparse.ArgumentParser()
+    add_settings_flags(parser, LearnerSettings)
+    settings = settings_from_flags(LearnerSettings, parser.parse_args(["--clip-coef", "0.3", "--kl-coef", "0.1"]))
+    assert (settings.clip_mode, settings.clip_coef, settings.kl_coef, settings.max_staleness) == ("fixed", 0.3, 0.1, 1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"clip_mode": "sometimes"}, "clip_mode"),
+        ({"clip_eps_low": 0.2, "clip_eps_high": 0.1}, "clip_eps_low"),
+        ({"clip_kl_low": 0.1, "clip_kl_high": 0.1}, "clip_kl_low"),
+        ({"minibatch_size": 64, "batch_size": 32}, "minibatch_size"),
+        ({"max_staleness": 5, "keep_checkpoints": 3}, "keep_checkpoints"),
+        ({"gamma": 1.5}, "gamma"),
+    ],
+)
+def test_inconsistent_settings_are_refused(kwargs: dict, problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        LearnerSettings(**kwargs)
+
+
+def test_ppo_config_copies_every_ppo_field() -> None:
+    settings = LearnerSettings(gamma=0.99, clip_mode="fixed", clip_coef=0.15, kl_coef=0.2, target_kl=0.05, seed=7)
+    config = settings.ppo_config()
+    for field in dataclasses.fields(PPOConfig):
+        assert getattr(config, field.name) == getattr(settings, field.name), field.name
