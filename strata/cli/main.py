@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.infra_cmd",
     "strata.cli.demo_cmd",
     "strata.cli.report_cmd",
+    "strata.cli.stack_cmd",
     "strata.cli.models_cmd",
     "strata.cli.bench_cmd",
 )
