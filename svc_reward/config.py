@@ -1,0 +1,35 @@
+"""Settings of the reward service (R2, R3, R5-R8)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from strata.config import StrataSettings
+
+
+class RewardSettings(StrataSettings):
+    """``python -m svc_reward``; every field is also ``STRATA_<NAME>``."""
+
+    light_rm: str | None = Field(
+        None, description="light RM directory, or several separated by commas for an ensemble (R8); unset = zoo"
+    )
+    strong_rm: str | None = Field(None, description="strong RM directory (Level-2); unset = the zoo's")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
+    grpc_port: int = Field(50056, ge=0, le=65535)
+    escalation_threshold: float = Field(3.2, description="Level-1 rewards under this escalate to Level-2 (R3)")
+    escalate_on_caution: bool = Field(True, description="a cautious Level-1 sample escalates whatever its score")
+    temperature: float = Field(
+        1.0, gt=0, description="scoring temperature on the RM's score bins; < 1 sharpens (R8 suggests 0.3)"
+    )
+    aggregation: Literal["mean", "median"] = Field("mean", description="how ensemble members are combined (R8)")
+    annotate_level2: bool = Field(True, description="request human annotation for Level-2 samples (R3)")
+    light_rm_version: str | None = Field(None, description="version label of the light RM; unset = from checksum")
+    strong_rm_version: str | None = Field(None, description="version label of the strong RM; unset = from checksum")
+    max_items_per_request: int = Field(256, ge=1, description="largest Score request")
+    max_text_chars: int = Field(16000, ge=1, description="longest prompt or response scored")
+    score_batch_size: int = Field(32, ge=1, description="RM forward batch size")
+    max_length: int = Field(256, ge=16, description="tokens of (prompt, response) the RM reads")
+    group_id: str = Field("svc-reward", description="consumer group of the rollout-generated topic")
