@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.demo_cmd",
     "strata.cli.report_cmd",
     "strata.cli.stack_cmd",
+    "strata.cli.health_cmd",
     "strata.cli.models_cmd",
     "strata.cli.bench_cmd",
 )

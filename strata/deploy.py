@@ -1,0 +1,160 @@
+"""Static validation of ``compose.yaml`` (there is no Docker engine in CI, so we check what we can).
+
+Checks: each GPU service pinned to exactly one GPU and no GPU shared; ``CUDA_VISIBLE_DEVICES`` and
+the service's device flag agree with the pinning; a gRPC health check on the service's own port;
+named volumes declared; every command is a module that exists and whose flags its settings accept;
+every ``STRATA_*`` variable is read by that service's settings; scalable services have neither a
+``container_name`` nor host ports. ``strata deploy check`` runs it; tests run it on broken copies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from strata.config import StrataSettings, add_settings_flags
+
+SETTINGS_OF_MODULE = {
+    "svc_scheduler": "svc_scheduler.settings:SchedulerSettings",
+    "svc_probe": "svc_probe.config:ProbeSettings",
+    "svc_generator": "svc_generator.config:GeneratorSettings",
+    "svc_reward": "svc_reward.config:RewardSettings",
+    "svc_learner": "svc_learner.config:LearnerSettings",
+}
+EXPECTED_SERVICES = ("svc_scheduler", "svc_probe", "svc_generator_l1", "svc_generator_l2", "svc_reward",
+                     "svc_learner")
+SCALABLE_SERVICES = ("svc_probe", "svc_generator_l1", "svc_generator_l2", "svc_reward")
+DEVICE_FLAGS = ("--device", "--encoder-device")
+# Variables that are not settings but are read by libraries inside the container.
+NON_SETTINGS_ENV = {"HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES", "TRANSFORMERS_OFFLINE"}
+
+_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+
+
+def read_env_file(path: str | Path) -> dict[str, str]:
+    env = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            env[key.strip()] = value.strip()
+    return env
+
+
+def interpolate(value: Any, env: Mapping[str, str]) -> Any:
+    """Compose-style ``${VAR}`` / ``${VAR:-default}`` substitution, recursively."""
+    if isinstance(value, str):
+        return _VAR.sub(lambda m: env.get(m.group(1), m.group(2) or ""), value)
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    return value
+
+
+def load(path: str | Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    return interpolate(yaml.safe_load(Path(path).read_text()), env or {})
+
+
+def _settings_class(module: str) -> type[StrataSettings] | None:
+    target = SETTINGS_OF_MODULE.get(module)
+    if target is None:
+        return None
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def _flag_value(command: list[str], flags: tuple[str, ...]) -> str | None:
+    for i, word in enumerate(command[:-1]):
+        if word in flags:
+            return command[i + 1]
+    return None
+
+
+def _check_command(name: str, command: list[str], environment: Mapping[str, Any], errors: list[str]) -> None:
+    if command[:2] != ["python", "-m"] or len(command) < 3:
+        errors.append(f"{name}: command must be `python -m <service module> ...`, got {command}")
+        return
+    module = command[2]
+    if importlib.util.find_spec(module) is None or importlib.util.find_spec(f"{module}.__main__") is None:
+        errors.append(f"{name}: module {module!r} of its command does not exist or has no __main__")
+        return
+    settings_class = _settings_class(module)
+    if settings_class is None:
+        errors.append(f"{name}: {module} is not a Strata service module")
+        return
+    parser = argparse.ArgumentParser(prog=module, add_help=False, exit_on_error=False)
+    add_settings_flags(parser, settings_class)
+    try:
+        _, unknown = parser.parse_known_args(command[3:])
+    except argparse.ArgumentError as exc:
+        errors.append(f"{name}: bad flag value in its command: {exc}")
+        return
+    if unknown:
+        errors.append(f"{name}: flags not read by {settings_class.__name__}: {unknown}")
+    fields = set(settings_class.model_fields)
+    for key in environment:
+        if key.startswith("STRATA_") and key[len("STRATA_"):].lower() not in fields:
+            errors.append(f"{name}: environment variable {key} is not read by {settings_class.__name__}")
+        elif not key.startswith("STRATA_") and key not in NON_SETTINGS_ENV:
+            errors.append(f"{name}: environment variable {key} is not used by Strata")
+
+
+def validate(compose: Mapping[str, Any]) -> list[str]:
+    """Problems found in an (interpolated) compose file; empty when it is fine."""
+    errors: list[str] = []
+    services: Mapping[str, Any] = compose.get("services") or {}
+    declared_volumes = set((compose.get("volumes") or {}).keys())
+    for expected in EXPECTED_SERVICES:
+        if expected not in services:
+            errors.append(f"service {expected} is missing")
+    gpu_owner: dict[str, str] = {}
+    for name, service in services.items():
+        for volume in service.get("volumes") or []:
+            source = str(volume).split(":")[0]
+            if not source.startswith((".", "/")) and source not in declared_volumes:
+                errors.append(f"{name}: volume {source!r} is not declared under top-level volumes")
+        if name not in EXPECTED_SERVICES:
+            continue
+        command = [str(c) for c in service.get("command") or []]
+        environment = service.get("environment") or {}
+        _check_command(name, command, environment, errors)
+        devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices")
+        if not isinstance(devices, list) or len(devices) != 1:
+            errors.append(f"{name}: needs exactly one deploy.resources.reservations.devices entry (one GPU)")
+        else:
+            device = devices[0] or {}
+            ids = device.get("device_ids")
+            if device.get("driver") != "nvidia" or "gpu" not in (device.get("capabilities") or []):
+                errors.append(f"{name}: the device reservation needs driver nvidia and capabilities [gpu]")
+            if not isinstance(ids, list) or len(ids) != 1 or not str(ids[0]).strip():
+                errors.append(f"{name}: device_ids must name exactly one GPU, got {ids!r}")
+            else:
+                gpu = str(ids[0]).strip()
+                if gpu in gpu_owner:
+                    errors.append(f"{name} and {gpu_owner[gpu]} are both pinned to GPU {gpu}")
+                gpu_owner.setdefault(gpu, name)
+            if str(environment.get("CUDA_VISIBLE_DEVICES")) != "0":
+                errors.append(f"{name}: CUDA_VISIBLE_DEVICES must be 0 (the one reserved GPU inside the container)")
+            if _flag_value(command, DEVICE_FLAGS) != "cuda:0":
+                errors.append(f"{name}: its command must select --device cuda:0 (the reserved GPU)")
+        port = _flag_value(command, ("--grpc-port",))
+        test = [str(t) for t in ((service.get("healthcheck") or {}).get("test") or [])]
+        if port is None:
+            errors.append(f"{name}: its command must set --grpc-port")
+        elif "strata" not in test or "health" not in test or f"127.0.0.1:{port}" not in test:
+            errors.append(f"{name}: healthcheck must be the gRPC health check on its port ({port}): "
+                          f"[CMD, strata, health, 127.0.0.1:{port}]")
+        if name in SCALABLE_SERVICES:
+            if "container_name" in service:
+                errors.append(f"{name}: a scalable service must not set container_name")
+            if service.get("ports"):
+                errors.append(f"{name}: a scalable service must not publish host ports")
+    return errors
