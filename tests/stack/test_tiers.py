@@ -8,17 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from stackutil import Tail, spawn, submit
 
-from strata.bus import Publisher, topics
+from strata.bus import topics
 from strata.config import StrataSettings
-from strata.content_store import ContentStore
 from strata.service import ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2, events_pb2
 from strata.zoo.suite import load_suite
@@ -26,41 +23,6 @@ from strata.zoo.suite import load_suite
 pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 240.0
-
-
-class Tail:
-    """Reads a topic from "now" on, across all partitions, without a consumer group."""
-
-    def __init__(self, infra: StrataSettings, topic: topics.Topic) -> None:
-        self.topic = topic
-        self.consumer = KafkaConsumer(bootstrap_servers=infra.kafka_address, enable_auto_commit=False, group_id=None)
-        partitions = self.consumer.partitions_for_topic(topic.name)
-        assignment = [TopicPartition(topic.name, p) for p in sorted(partitions)]
-        self.consumer.assign(assignment)
-        self.consumer.seek_to_end(*assignment)
-        for tp in assignment:
-            self.consumer.position(tp)  # resolve "end" now, before anything is published
-
-    def read(self, until, timeout_s: float = TIMEOUT_S) -> list:
-        seen: list = []
-        deadline = time.monotonic() + timeout_s
-        while not until(seen):
-            assert time.monotonic() < deadline, f"{self.topic.name}: condition not reached; saw {len(seen)} events"
-            for records in self.consumer.poll(timeout_ms=500).values():
-                seen.extend(self.topic.message_type.FromString(r.value) for r in records)
-        return seen
-
-    def drain(self, seconds: float) -> list:
-        """Everything that arrives within ``seconds`` (to catch late duplicates)."""
-        seen: list = []
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for records in self.consumer.poll(timeout_ms=250).values():
-                seen.extend(self.topic.message_type.FromString(r.value) for r in records)
-        return seen
-
-    def close(self) -> None:
-        self.consumer.close()
 
 
 def service_settings(infra: StrataSettings, **extra) -> dict:
@@ -71,13 +33,12 @@ def service_settings(infra: StrataSettings, **extra) -> dict:
 @pytest.fixture(scope="module")
 def stack(infra: StrataSettings, zoo) -> Iterator[dict]:
     """Probe, both generators and the reward service, in-process on free ports."""
-    from svc_reward.config import RewardSettings
-
     from svc_generator.__main__ import build as build_generator
     from svc_generator.config import GeneratorSettings
     from svc_probe.__main__ import build as build_probe
     from svc_probe.config import ProbeSettings
     from svc_reward.__main__ import build as build_reward
+    from svc_reward.config import RewardSettings
 
     parts: list[ServiceParts] = [
         build_probe(ProbeSettings(**service_settings(infra, model=str(zoo.probe), grpc_port=0))),
@@ -92,24 +53,6 @@ def stack(infra: StrataSettings, zoo) -> Iterator[dict]:
     yield {"parts": parts, "running": running}
     for p, r in zip(parts, running, strict=True):
         stop_service(p, r, grace_s=0)
-
-
-def submit(infra: StrataSettings, texts: list[str], tier: int = common_pb2.TIER_LEVEL_0) -> dict[str, str]:
-    """Store prompts and publish them to a tier's topic; returns request_id -> prompt hash."""
-    store = ContentStore.from_url(infra.redis_address, infra.content_ttl_s, infra.content_max_bytes)
-    publisher = Publisher(infra.kafka_address, client_id="test-submit")
-    requests = {}
-    try:
-        for text in texts:
-            routed = events_pb2.PromptRouted(prompt_hash=store.put(text), tier=tier, n_samples=1,
-                                             request_id=uuid.uuid4().hex, decision=common_pb2.DECISION_LEVEL_1)
-            routed.routed_at.GetCurrentTime()
-            publisher.publish(topics.prompts_topic(tier), routed)
-            requests[routed.request_id] = routed.prompt_hash
-        publisher.flush()
-    finally:
-        publisher.close()
-    return requests
 
 
 def finals_by_request(events: list[events_pb2.RewardScored], requests: dict[str, str]) -> dict[str, list]:
@@ -165,19 +108,19 @@ def test_generator_killed_mid_stream_loses_nothing_and_doubles_nothing(infra, st
     argv = [sys.executable, "-m", "svc_generator", "--tier", "1", "--model", str(zoo.level1), "--device", "cpu",
             "--grpc-port", "0", "--max-new-tokens", "40", "--max-batch-size", "4"]
 
-    def spawn(name: str) -> subprocess.Popen:
-        return subprocess.Popen(argv, env=env, stdout=open(tmp_path / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
+    def start(name: str) -> subprocess.Popen:
+        return spawn(argv, env, tmp_path / f"{name}.log")
 
     texts = [r.text for r in load_suite("eval") if not r.risk][10:26]
     rewards, rollouts = Tail(infra, topics.REWARDS_SCORED), Tail(infra, topics.ROLLOUTS_GENERATED)
-    first = spawn("first")
+    first = start("first")
     try:
         requests = submit(infra, texts)
         # Kill the generator as soon as it has published part of the work (mid-stream).
         rollouts.read(lambda evs: any(e.request_id in requests for e in evs))
         first.send_signal(signal.SIGKILL)
         first.wait(30)
-        second = spawn("second")
+        second = start("second")
         try:
             seen = rewards.read(lambda evs: len(finals_by_request(evs, requests)) == len(requests))
             # A little longer: a duplicate final would show up now.
