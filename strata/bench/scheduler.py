@@ -326,7 +326,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"scheduler bench: Redis {settings.redis_address} (keys under {settings.redis_prefix}:*), "
           f"k={settings.k}, skip if >= {settings.min_low_variance_neighbours} neighbours with variance < "
           f"{settings.low_variance_threshold}, cosine floor {settings.min_similarity}", flush=True)
-    encoder = Encoder(settings.encoder_path, settings.encoder_device, settings.encoder_batch_size)
+    encoder = Encoder(
+        settings.encoder_path, settings.encoder_device, settings.encoder_batch_size, settings.encoder_threads
+    )
     cached = CachedEncoder(encoder)
     try:
         everything, greso, knn = run_routing(args, settings, cached, client)

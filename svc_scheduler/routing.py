@@ -1,0 +1,235 @@
+"""The routing rules R10-R12 as pure functions over plain dataclasses. No I/O.
+
+For a new prompt the scheduler hands :func:`decide` the k nearest historical prompts (with their
+cosine similarity, reward statistics and high-uncertainty mark), the risk match of the prompt and
+the current policy / reward-model versions. The rules, in order:
+
+1. **Risk topic** (medical, legal: keywords or closeness to exemplars)          -> Level-2 (R3).
+2. **The prompt itself was flagged unsafe** (a neighbour with its own hash)     -> Level-2 (R12).
+3. **High-uncertainty neighbourhood**: at least ``min_marked_neighbours`` similar neighbours are
+   marked (their reward variance went over ``high_variance_threshold``), or show such a variance
+   now                                                                          -> Level-2 (R11).
+4. **Known reward**: at least ``min_low_variance_neighbours`` of the k neighbours are *usable* and
+   have a variance under ``low_variance_threshold``                             -> skip, reuse (R10).
+5. Otherwise                                                                    -> Level-0 probe, then Level-1.
+
+A neighbour is *usable* only if it is similar enough (cosine >= ``min_similarity``: a neighbour's
+similarity, not only its rank, decides whether its reward says anything about this prompt), has at
+least ``min_samples_per_neighbour`` final rewards, statistics younger than ``stats_ttl_s``, made by
+the current reward model (``rm_version_policy``) and a policy at most ``max_policy_lag`` versions
+old, and was never flagged unsafe (R12). Every other neighbour still counts in the denominator k:
+"7 of the 10 nearest", not "7 of those that happen to be usable".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.stats import RewardStats, marks_high_uncertainty
+
+
+class Route(Enum):
+    SKIP = "skip"  # no rollout: the neighbours' mean reward is reused
+    LEVEL_1 = "level_1"  # Level-0 probe, then Level-1 generation and the light RM
+    LEVEL_2 = "level_2"  # straight to Level-2: large model, strong RM, human review
+
+
+@dataclass(frozen=True)
+class VersionState:
+    """What the scheduler knows of the versions currently in use."""
+
+    policy_version: int  # newest policy version seen (0: none seen yet)
+    rm_version: str | None  # reward model currently promoted (None: none known yet: any is accepted)
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """One historical prompt returned by the index for a new prompt."""
+
+    prompt_hash: str
+    similarity: float  # cosine similarity to the new prompt (normalised embeddings, inner product)
+    stats: RewardStats | None  # its reward statistics; None: never scored (or expired from Redis)
+    marked_at: float | None = None  # unix seconds its neighbourhood was marked high-uncertainty; None: not
+
+
+@dataclass(frozen=True)
+class RiskMatch:
+    topic: str  # "medical" or "legal"
+    evidence: str  # "keyword 'dose'" or "close to exemplar (cosine 0.71)"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the scheduler decided for one prompt, and why (returned to the user by Submit)."""
+
+    route: Route  # skip / Level-1 / Level-2
+    reason: str  # one human-readable sentence; carried on the routed event and in SubmitResponse
+    reused_reward: float | None  # SKIP: similarity-weighted mean reward of the low-variance neighbours
+    reused_reward_std: float | None  # SKIP: spread of that estimate (pooled within + between neighbours)
+    reused_rm_version: str | None  # SKIP: reward-model version of the reused statistics (the most common)
+    neighbours: int  # neighbours the index returned (at most k)
+    similar_neighbours: int  # of those, at or above the similarity floor
+    low_variance_neighbours: int  # usable neighbours with variance under low_variance_threshold
+    marked_neighbours: int  # similar neighbours in a high-uncertainty neighbourhood
+    risk: RiskMatch | None  # the risk topic that sent the prompt to Level-2, if any
+    ignored: Mapping[str, int]  # neighbours not usable, by reason ("below similarity floor": 3, ...)
+
+    @property
+    def caution(self) -> bool:
+        """Flag the routed event: the generator and reward model should be careful (risk, uncertainty)."""
+        return self.route is Route.LEVEL_2
+
+
+# -- risk topics -------------------------------------------------------------------------------------
+
+_KEYWORD_PATTERNS: dict[tuple[str, ...], re.Pattern[str]] = {}
+
+
+def _keyword_pattern(keywords: tuple[str, ...]) -> re.Pattern[str]:
+    """One case-insensitive whole-word alternation per keyword list (compiled once, cached)."""
+    pattern = _KEYWORD_PATTERNS.get(keywords)
+    if pattern is None:
+        alternatives = "|".join(re.escape(k.strip()) for k in sorted(keywords, key=len, reverse=True) if k.strip())
+        pattern = re.compile(rf"\b(?:{alternatives})\b", re.IGNORECASE) if alternatives else re.compile(r"(?!)")
+        _KEYWORD_PATTERNS[keywords] = pattern
+    return pattern
+
+
+def detect_risk(
+    text: str, exemplar_similarity: Mapping[str, float], settings: SchedulerSettings
+) -> RiskMatch | None:
+    """Is ``text`` on a high-risk topic? Keywords first, then closeness to the topic's exemplars.
+
+    ``exemplar_similarity`` maps a topic ("medical", "legal") to the prompt's highest cosine with
+    that topic's exemplar prompts (computed by the encoder; empty when there are no exemplars).
+    """
+    keywords = {"medical": settings.risk_keywords_medical, "legal": settings.risk_keywords_legal}
+    for topic, words in keywords.items():
+        match = _keyword_pattern(tuple(words)).search(text)
+        if match:
+            return RiskMatch(topic, f"keyword '{match.group(0).lower()}'")
+    best = max(exemplar_similarity.items(), key=lambda item: item[1], default=None)
+    if best is not None and best[1] >= settings.risk_exemplar_min_similarity:
+        return RiskMatch(best[0], f"close to a {best[0]} exemplar (cosine {best[1]:.2f})")
+    return None
+
+
+# -- neighbours --------------------------------------------------------------------------------------
+
+
+def unusable_reason(
+    neighbour: Neighbour, now: float, versions: VersionState, settings: SchedulerSettings
+) -> str | None:
+    """Why this neighbour's reward says nothing about the new prompt; None when it is usable."""
+    if neighbour.similarity < settings.min_similarity:
+        return "below similarity floor"
+    stats = neighbour.stats
+    if stats is None:
+        return "no rewards yet"
+    if stats.unsafe:
+        return "flagged unsafe"
+    if now - stats.updated_at > settings.stats_ttl_s:
+        return "expired"
+    if settings.rm_version_policy == "current" and versions.rm_version is not None and (
+        stats.rm_version != versions.rm_version
+    ):
+        return "older reward model"
+    if versions.policy_version - stats.policy_version > settings.max_policy_lag:
+        return "older policy"
+    if stats.count < settings.min_samples_per_neighbour:
+        return "too few samples"
+    return None
+
+
+def is_high_uncertainty(neighbour: Neighbour, now: float, usable: bool, settings: SchedulerSettings) -> bool:
+    """A similar neighbour whose neighbourhood is marked (and the mark is fresh), or whose usable
+    statistics show a variance over the threshold right now (the mark may not have landed yet)."""
+    if neighbour.similarity < settings.min_similarity:
+        return False
+    if neighbour.marked_at is not None and now - neighbour.marked_at <= settings.mark_ttl_s:
+        return True
+    return usable and neighbour.stats is not None and marks_high_uncertainty(
+        neighbour.stats, settings.min_samples_per_neighbour, settings.high_variance_threshold
+    )
+
+
+def _reused_reward(low: Sequence[Neighbour]) -> tuple[float, float]:
+    """Similarity-weighted mean of the neighbours' means, and the pooled standard deviation."""
+    weights = [max(n.similarity, 1e-6) for n in low]
+    total = sum(weights)
+    means = [n.stats.mean for n in low if n.stats is not None]
+    variances = [n.stats.variance for n in low if n.stats is not None]
+    mean = sum(w * m for w, m in zip(weights, means, strict=True)) / total
+    within = sum(w * v for w, v in zip(weights, variances, strict=True)) / total
+    between = sum(w * (m - mean) ** 2 for w, m in zip(weights, means, strict=True)) / total
+    return mean, math.sqrt(within + between)
+
+
+# -- the decision ------------------------------------------------------------------------------------
+
+
+def decide(
+    prompt_hash: str,
+    neighbours: Sequence[Neighbour],
+    risk: RiskMatch | None,
+    now: float,
+    versions: VersionState,
+    settings: SchedulerSettings,
+) -> Decision:
+    """Route one prompt (rules 1-5 of the module docstring)."""
+    considered = list(neighbours)[: settings.k]
+    similar = [n for n in considered if n.similarity >= settings.min_similarity]
+    reasons = {n.prompt_hash: unusable_reason(n, now, versions, settings) for n in considered}
+    ignored = Counter(r for r in reasons.values() if r is not None)
+    usable = [n for n in considered if reasons[n.prompt_hash] is None]
+    low = [n for n in usable if n.stats is not None and n.stats.variance < settings.low_variance_threshold]
+    marked = [n for n in considered if is_high_uncertainty(n, now, reasons[n.prompt_hash] is None, settings)]
+
+    def make(route: Route, reason: str, reused: tuple[float, float] | None = None) -> Decision:
+        return Decision(
+            route=route,
+            reason=reason,
+            reused_reward=None if reused is None else reused[0],
+            reused_reward_std=None if reused is None else reused[1],
+            reused_rm_version=None if reused is None else Counter(
+                n.stats.rm_version for n in low if n.stats is not None
+            ).most_common(1)[0][0],
+            neighbours=len(considered),
+            similar_neighbours=len(similar),
+            low_variance_neighbours=len(low),
+            marked_neighbours=len(marked),
+            risk=risk if route is Route.LEVEL_2 else None,
+            ignored=dict(ignored),
+        )
+
+    if risk is not None:
+        return make(Route.LEVEL_2, f"Level-2: high-risk topic ({risk.topic}: {risk.evidence})")
+    itself = next((n for n in considered if n.prompt_hash == prompt_hash), None)
+    if itself is not None and itself.stats is not None and itself.stats.unsafe:
+        return make(Route.LEVEL_2, "Level-2: a response to this prompt was flagged unsafe; its reward is never reused")
+    if len(marked) >= settings.min_marked_neighbours:
+        return make(
+            Route.LEVEL_2,
+            f"Level-2: {len(marked)} of the {len(considered)} nearest prompts are in a high-uncertainty "
+            f"neighbourhood (reward variance > {settings.high_variance_threshold:g})",
+        )
+    if len(low) >= settings.min_low_variance_neighbours:
+        reused = _reused_reward(low)
+        return make(
+            Route.SKIP,
+            f"skip: {len(low)} of the {len(considered)} nearest prompts (cosine >= {settings.min_similarity:g}) "
+            f"have reward variance < {settings.low_variance_threshold:g}; reusing their mean reward {reused[0]:.3f}",
+            reused,
+        )
+    why = ", ".join(f"{count} {reason}" for reason, count in sorted(ignored.items()))
+    return make(
+        Route.LEVEL_1,
+        f"Level-1: {len(low)} of the {len(considered)} nearest prompts have a known low-variance reward "
+        f"(need {settings.min_low_variance_neighbours})" + (f"; not usable: {why}" if why else ""),
+    )

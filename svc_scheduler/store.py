@@ -1,0 +1,255 @@
+"""The scheduler's state in Redis: embeddings, reward statistics, high-uncertainty marks, versions.
+
+Everything a scheduler replica needs to make its decisions lives here, so a restarted replica
+rebuilds its FAISS index from Redis and decides exactly as before, and replicas share one state.
+Keys (``<p>`` is ``redis_prefix``, ``<h>`` a prompt hash):
+
+    <p>:encoder          the encoder id the stored vectors belong to (vectors of two encoders never mix)
+    <p>:emb:<h>          embedding, float32 little-endian bytes (no TTL: the index keeps all history)
+    <p>:indexed          sorted set of indexed prompt hashes, scored by insertion time (rebuild order)
+    <p>:stats:<h>        reward statistics (JSON), expire stats_ttl_s after the last update (R12)
+    <p>:mark:<h>         high-uncertainty mark: unix seconds it was set, expires after mark_ttl_s (R11)
+    <p>:seen:<h>:<r>:<v> a processed reward event (prompt, response, RM version): idempotent updates
+    <p>:versions         hash: policy_version (newest seen), rm_version (currently promoted)
+    <p>:counters         hash: submitted, decision:<route>, high_uncertainty_marks
+
+Redis errors surface as :class:`StoreUnavailableError` (a ``ConnectionError``): the servicer answers
+UNAVAILABLE, the Kafka worker retries without dead-lettering. Timeouts are short
+(``redis_timeout_s``) so Submit fails fast while Redis is down, and the connection pool reconnects
+on its own when it is back.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from strata.content_store import StoreUnavailableError
+from svc_scheduler.routing import VersionState
+from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.stats import RewardObservation, RewardStats, apply_reward, flag_unsafe, marks_high_uncertainty
+
+T = TypeVar("T")
+
+# Versions only move forward: the newest policy version, and the RM version of the latest promotion.
+_UPDATE_VERSIONS = """
+local policy = tonumber(ARGV[1])
+if policy and policy >= 0 and policy > tonumber(redis.call('HGET', KEYS[1], 'policy_version') or '-1') then
+  redis.call('HSET', KEYS[1], 'policy_version', policy)
+end
+if ARGV[2] ~= '' and tonumber(ARGV[3]) >= tonumber(redis.call('HGET', KEYS[1], 'rm_at') or '-1') then
+  redis.call('HSET', KEYS[1], 'rm_version', ARGV[2], 'rm_at', ARGV[3])
+end
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class RewardUpdate:
+    """What folding one reward event into Redis did."""
+
+    applied: bool  # False: this (prompt, response, RM version) was processed before
+    stats: RewardStats | None  # the prompt's statistics afterwards
+    newly_marked: bool  # this update marked the prompt's neighbourhood high-uncertainty
+
+
+@dataclass(frozen=True)
+class StoreSummary:
+    counters: Mapping[str, int]
+    indexed: int
+
+
+def connect(settings: SchedulerSettings) -> redis.Redis:
+    """A client with short timeouts and one immediate retry (a stale pooled connection after a
+    Redis restart fails once and is replaced); no long backoff: callers must fail fast."""
+    timeout = settings.redis_timeout_s
+    return redis.Redis.from_url(
+        settings.redis_address, socket_timeout=timeout, socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 1), health_check_interval=30,
+    )
+
+
+@contextmanager
+def _available() -> Iterator[None]:
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailableError(f"the scheduler's Redis is unavailable: {exc}") from exc
+
+
+def _stats_to_json(stats: RewardStats) -> bytes:
+    return json.dumps(asdict(stats), separators=(",", ":")).encode()
+
+
+def _stats_from_json(raw: bytes | None) -> RewardStats | None:
+    return None if raw is None else RewardStats(**json.loads(raw))
+
+
+def _float32_bytes(vector: np.ndarray) -> bytes:
+    data = np.ascontiguousarray(vector, dtype="<f4")
+    return data.tobytes()
+
+
+def _vector(raw: bytes) -> np.ndarray:
+    vector = np.frombuffer(raw, dtype="<f4")
+    return vector.astype(np.float32) if sys.byteorder != "little" else vector
+
+
+class SchedulerStore:
+    def __init__(self, client: redis.Redis, settings: SchedulerSettings) -> None:
+        self.client = client
+        self._s = settings
+        p = settings.redis_prefix
+        self._encoder_key = f"{p}:encoder"
+        self._indexed_key = f"{p}:indexed"
+        self._versions_key = f"{p}:versions"
+        self._counters_key = f"{p}:counters"
+        self._update_versions = client.register_script(_UPDATE_VERSIONS)
+
+    def _key(self, kind: str, prompt_hash: str) -> str:
+        return f"{self._s.redis_prefix}:{kind}:{prompt_hash}"
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        with _available():
+            return fn()
+
+    def ping(self) -> None:
+        self._call(self.client.ping)
+
+    # -- embeddings ------------------------------------------------------------------------------------
+
+    def claim_encoder(self, encoder_id: str) -> None:
+        """Tie the stored vectors to one encoder; refuse to mix vector spaces."""
+        with _available():
+            self.client.set(self._encoder_key, encoder_id, nx=True)
+            stored = self.client.get(self._encoder_key)
+        if stored is not None and stored.decode() != encoder_id:
+            raise RuntimeError(
+                f"Redis prefix {self._s.redis_prefix!r} holds vectors of encoder {stored.decode()!r}, not "
+                f"{encoder_id!r}; use another --redis-prefix or the same encoder"
+            )
+
+    def index_prompts(self, hashes: Sequence[str], vectors: np.ndarray) -> None:
+        """Persist embeddings and add the hashes to the ordered set of indexed prompts."""
+        if not hashes:
+            return
+        now_us = time.time() * 1e6
+        with _available(), self.client.pipeline(transaction=False) as pipe:
+            for i, (digest, vector) in enumerate(zip(hashes, vectors, strict=True)):
+                pipe.set(self._key("emb", digest), _float32_bytes(vector))
+                pipe.zadd(self._indexed_key, {digest: now_us + i}, nx=True)
+            pipe.execute()
+
+    def get_embeddings(self, hashes: Sequence[str]) -> list[np.ndarray | None]:
+        with _available():
+            raws = self.client.mget([self._key("emb", h) for h in hashes]) if hashes else []
+        return [None if raw is None else _vector(raw) for raw in raws]
+
+    def iter_index(self, chunk: int = 2000) -> Iterator[tuple[list[str], np.ndarray]]:
+        """Every indexed prompt in insertion order, as (hashes, (n, D) vectors) chunks."""
+        with _available():
+            members = [m.decode() for m in self.client.zrange(self._indexed_key, 0, -1)]
+        for start in range(0, len(members), chunk):
+            part = members[start : start + chunk]
+            vectors = self.get_embeddings(part)
+            kept = [(h, v) for h, v in zip(part, vectors, strict=True) if v is not None]
+            if kept:
+                yield [h for h, _ in kept], np.stack([v for _, v in kept])
+
+    # -- what a decision reads -------------------------------------------------------------------------
+
+    def neighbour_state(
+        self, hashes: Sequence[str]
+    ) -> tuple[dict[str, RewardStats | None], dict[str, float | None], VersionState]:
+        """Statistics and marks of ``hashes`` and the current versions, in one round trip."""
+        with _available(), self.client.pipeline(transaction=False) as pipe:
+            pipe.mget([self._key("stats", h) for h in hashes] or [self._key("stats", "-")])
+            pipe.mget([self._key("mark", h) for h in hashes] or [self._key("mark", "-")])
+            pipe.hgetall(self._versions_key)
+            raw_stats, raw_marks, raw_versions = pipe.execute()
+        stats = {h: _stats_from_json(raw) for h, raw in zip(hashes, raw_stats, strict=False)}
+        marks = {h: None if raw is None else float(raw) for h, raw in zip(hashes, raw_marks, strict=False)}
+        return stats, marks, _versions(raw_versions)
+
+    def versions(self) -> VersionState:
+        return _versions(self._call(lambda: self.client.hgetall(self._versions_key)))
+
+    def get_stats(self, prompt_hash: str) -> RewardStats | None:
+        return _stats_from_json(self._call(lambda: self.client.get(self._key("stats", prompt_hash))))
+
+    def get_mark(self, prompt_hash: str) -> float | None:
+        raw = self._call(lambda: self.client.get(self._key("mark", prompt_hash)))
+        return None if raw is None else float(raw)
+
+    # -- what the stats worker writes ------------------------------------------------------------------
+
+    def apply_reward(
+        self, prompt_hash: str, response_hash: str, obs: RewardObservation, now: float, fold: bool = True
+    ) -> RewardUpdate:
+        """Fold one final reward into the prompt's statistics, once per (prompt, response, RM version).
+        ``fold=False`` only records the unsafe flag (a non-final reward flagged unsafe).
+
+        Optimistic transaction (WATCH/MULTI): the dedupe key, the statistics and the mark change
+        together or not at all, and a concurrent update of the same prompt retries.
+        """
+        s = self._s
+        stats_key, mark_key = self._key("stats", prompt_hash), self._key("mark", prompt_hash)
+        seen_key = f"{s.redis_prefix}:seen:{prompt_hash}:{response_hash}:{obs.rm_version}"
+        with _available(), self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(stats_key, seen_key)
+                    if pipe.exists(seen_key):
+                        pipe.unwatch()
+                        return RewardUpdate(False, _stats_from_json(pipe.get(stats_key)), False)
+                    old = _stats_from_json(pipe.get(stats_key))
+                    new = apply_reward(old, obs, s.stats_ttl_s, s.max_policy_lag) if fold else flag_unsafe(old, obs)
+                    mark = fold and marks_high_uncertainty(new, s.min_samples_per_neighbour, s.high_variance_threshold)
+                    newly_marked = mark and not pipe.exists(mark_key)
+                    pipe.multi()
+                    pipe.set(stats_key, _stats_to_json(new), ex=s.stats_ttl_s)
+                    pipe.set(seen_key, b"1", ex=s.dedupe_ttl_s)
+                    if mark:
+                        pipe.set(mark_key, repr(now), ex=s.mark_ttl_s)
+                    if newly_marked:
+                        pipe.hincrby(self._counters_key, "high_uncertainty_marks", 1)
+                    pipe.execute()
+                    return RewardUpdate(True, new, newly_marked)
+                except redis.WatchError:
+                    continue
+
+    def update_versions(self, policy_version: int | None = None, rm_version: str = "", at: float = 0.0) -> None:
+        """Advance the newest policy version and/or record a promoted RM version (only forward)."""
+        args = [-1 if policy_version is None else policy_version, rm_version, repr(at)]
+        self._call(lambda: self._update_versions(keys=[self._versions_key], args=args))
+
+    # -- counters --------------------------------------------------------------------------------------
+
+    def count(self, increments: Mapping[str, int]) -> None:
+        with _available(), self.client.pipeline(transaction=False) as pipe:
+            for name, value in increments.items():
+                pipe.hincrby(self._counters_key, name, value)
+            pipe.execute()
+
+    def summary(self) -> StoreSummary:
+        with _available(), self.client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self._counters_key)
+            pipe.zcard(self._indexed_key)
+            counters, indexed = pipe.execute()
+        return StoreSummary({k.decode(): int(v) for k, v in counters.items()}, int(indexed))
+
+
+def _versions(raw: Mapping[bytes, Any]) -> VersionState:
+    policy = raw.get(b"policy_version")
+    rm = raw.get(b"rm_version")
+    return VersionState(int(policy) if policy is not None else 0, rm.decode() if rm else None)

@@ -1,0 +1,72 @@
+"""A non-group Kafka reader: every partition of some topics, from a chosen point, never committing.
+
+Each scheduler replica needs *every* event of a few topics, not a share of them: Watch streams any
+prompt's events, and every replica's index needs every newly indexed prompt. A consumer group would
+split the partitions between replicas, so this reader assigns all partitions to itself (manual
+assignment, no group, nothing committed) and positions itself by time or at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from kafka import KafkaConsumer
+from kafka.structs import TopicPartition
+
+from strata.bus.serde import PoisonMessageError, decode
+from strata.bus.topics import Topic
+from strata.config import StrataSettings
+
+log = logging.getLogger(__name__)
+
+
+class TailReader:
+    def __init__(self, settings: StrataSettings, topics: Sequence[Topic[Any]], client_id: str) -> None:
+        self._topics = {t.name: t for t in topics}
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False,
+            client_id=client_id, auto_offset_reset="latest",
+        )
+        self.partitions = [
+            TopicPartition(name, p)
+            for name in self._topics
+            for p in sorted(self._consumer.partitions_for_topic(name))
+        ]
+        if not self.partitions:
+            raise RuntimeError(f"no partitions for {sorted(self._topics)}; `strata infra up` creates the topics")
+        self._consumer.assign(self.partitions)
+
+    def seek_to_end(self) -> None:
+        """Start after everything published so far (positions resolved now, not at the first poll)."""
+        self._consumer.seek_to_end(*self.partitions)
+        for tp in self.partitions:
+            self._consumer.position(tp)
+
+    def seek_to_time(self, timestamp_ms: int) -> None:
+        """Start at the first event at or after ``timestamp_ms`` (the end where there is none)."""
+        found = self._consumer.offsets_for_times(dict.fromkeys(self.partitions, max(0, timestamp_ms)))
+        for tp in self.partitions:
+            offset = found.get(tp)
+            if offset is None:
+                self._consumer.seek_to_end(tp)
+                self._consumer.position(tp)
+            else:
+                self._consumer.seek(tp, offset.offset)
+
+    def poll(self, timeout_s: float) -> list[tuple[Topic[Any], Any]]:
+        """Decoded events in partition order; undecodable ones are logged and skipped (the groups
+        that own these topics dead-letter them)."""
+        events = []
+        for tp, records in self._consumer.poll(timeout_ms=int(timeout_s * 1000)).items():
+            topic = self._topics[tp.topic]
+            for record in records:
+                try:
+                    events.append((topic, decode(topic, record.value, record.key)))
+                except PoisonMessageError as exc:
+                    log.debug("%s[%d]@%d skipped: %s", tp.topic, tp.partition, record.offset, exc)
+        return events
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)

@@ -1,0 +1,109 @@
+"""The scheduler's Kafka side: reward statistics (one shared group) and replica index sync (every replica).
+
+**Statistics** (group ``svc-scheduler-stats``, shared by all replicas so each event updates Redis
+once; redeliveries are harmless because updates are idempotent by (prompt, response, RM version)):
+
+- ``strata.rewards.scored``: a *final* reward from a real scorer folds into the prompt's Welford
+  statistics; a non-final reward (it triggered an escalation, R3) does not, and reused rewards
+  (``SCORER_REUSED``, published by the scheduler for its own skips) never do — they would feed the
+  statistics with their own echo. An unsafe flag is recorded whatever the reward (R12). A variance
+  over the threshold marks the neighbourhood high-uncertainty (R11). Every reward also advances the
+  newest policy version seen.
+- ``strata.policy.updated`` / ``strata.rm.updated``: the current policy and reward-model versions
+  that reused statistics must match (R12).
+
+**Index sync** (every replica, no group): ``strata.scheduler.indexed`` announces a prompt another
+replica indexed; this replica reads its embedding from Redis and adds it. The reader is positioned
+at the end *before* the index is rebuilt from Redis, so nothing announced in between is missed
+(adding is idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from strata.bus import Delivery, topics
+from strata.v1 import common_pb2, events_pb2
+from svc_scheduler.engine import SchedulerEngine
+from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.stats import RewardObservation
+from svc_scheduler.store import SchedulerStore
+from svc_scheduler.tail import TailReader
+
+log = logging.getLogger(__name__)
+
+
+def observation(message: events_pb2.RewardScored) -> RewardObservation:
+    scored_at = message.scored_at.ToNanoseconds() / 1e9 if message.HasField("scored_at") else 0.0
+    return RewardObservation(message.reward, message.policy_version, message.rm_version, scored_at, message.unsafe)
+
+
+class StatsUpdater:
+    """Handlers of the statistics worker (thin: decode has been done, the rules are in ``stats``)."""
+
+    def __init__(self, store: SchedulerStore, settings: SchedulerSettings) -> None:
+        self.store = store
+        self.settings = settings
+
+    def handlers(self) -> dict:
+        return {
+            topics.REWARDS_SCORED: self.on_reward,
+            topics.POLICY_UPDATED: self.on_policy,
+            topics.RM_UPDATED: self.on_rm,
+        }
+
+    def on_reward(self, delivery: Delivery[events_pb2.RewardScored]) -> None:
+        self.apply(delivery.message)
+
+    def apply(self, message: events_pb2.RewardScored) -> bool:
+        """Fold one reward event into Redis; True when it changed the statistics."""
+        if message.scorer == common_pb2.SCORER_REUSED:
+            return False
+        obs = observation(message)
+        if message.policy_version:
+            self.store.update_versions(policy_version=message.policy_version)
+        if not message.final and not message.unsafe:
+            return False
+        update = self.store.apply_reward(
+            message.prompt_hash, message.response_hash, obs, now=obs.scored_at, fold=message.final
+        )
+        if update.newly_marked:
+            log.info("prompt %s marked high-uncertainty (variance %.3f over %d rewards)",
+                     message.prompt_hash[:12], update.stats.variance if update.stats else float("nan"),
+                     update.stats.count if update.stats else 0)
+        return update.applied
+
+    def on_policy(self, delivery: Delivery[events_pb2.PolicyUpdated]) -> None:
+        self.store.update_versions(policy_version=delivery.message.policy_version)
+
+    def on_rm(self, delivery: Delivery[events_pb2.RewardModelUpdated]) -> None:
+        message = delivery.message
+        at = message.published_at.ToNanoseconds() / 1e9 if message.HasField("published_at") else 0.0
+        self.store.update_versions(rm_version=message.rm_version, at=at or delivery.timestamp_ms / 1000)
+        log.info("reward model %s is current: statistics of other RM versions are no longer reused",
+                 message.rm_version)
+
+
+class IndexSync:
+    """Loop adding prompts indexed by other replicas (a ``ServiceParts`` loop)."""
+
+    def __init__(self, settings: SchedulerSettings, engine: SchedulerEngine, client_id: str) -> None:
+        self.engine = engine
+        self._reader = TailReader(settings, [topics.PROMPTS_INDEXED], client_id)
+        self._reader.seek_to_end()  # before the engine rebuilds from Redis (see module docstring)
+
+    def poll_once(self, timeout_s: float = 0.5) -> int:
+        hashes = [message.prompt_hash for _topic, message in self._reader.poll(timeout_s)]
+        try:
+            return self.engine.add_indexed(hashes)
+        except ConnectionError as exc:  # Redis down: the hashes stay pending and are retried
+            log.warning("index sync: %d prompts pending, Redis unavailable: %s", len(hashes), exc)
+            return 0
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                self.poll_once()
+        finally:
+            self._reader.close()

@@ -1,0 +1,180 @@
+"""The routing rules R10-R12 on constructed neighbourhoods (pure, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from svc_scheduler.routing import Neighbour, Route, VersionState, decide, detect_risk, unusable_reason
+from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.stats import RewardStats
+
+NOW = 1_000_000.0
+SETTINGS = SchedulerSettings()
+VERSIONS = VersionState(policy_version=10, rm_version="rm-1")
+LOW, MID, HIGH = 0.1, 0.5, 0.9  # variances: low (< 0.3), in between, high (> 0.8)
+
+
+def stats(variance: float, mean: float = 3.0, count: int = 5, age_s: float = 60.0, rm: str = "rm-1",
+          policy: int = 10, unsafe: bool = False) -> RewardStats:
+    return RewardStats(count, mean, variance * (count - 1), policy, rm, NOW - age_s, unsafe)
+
+
+def neighbours(n_low: int, k: int = 10, other: float = MID, similarity: float = 0.9) -> list[Neighbour]:
+    return [
+        Neighbour(f"h{i}", similarity - i * 0.001, stats(LOW if i < n_low else other, mean=3.0 + 0.1 * (i % 3)))
+        for i in range(k)
+    ]
+
+
+def route(ns: list[Neighbour], text: str = "Explain how binary search works.", prompt_hash: str = "self",
+          settings: SchedulerSettings = SETTINGS, versions: VersionState = VERSIONS, exemplars=None):
+    risk = detect_risk(text, exemplars or {}, settings)
+    return decide(prompt_hash, ns, risk, NOW, versions, settings)
+
+
+def test_exactly_seven_of_ten_low_variance_neighbours_skip_and_reuse_their_mean() -> None:
+    decision = route(neighbours(7))
+    assert decision.route is Route.SKIP
+    assert decision.low_variance_neighbours == 7 and decision.neighbours == 10
+    low_means = [3.0 + 0.1 * (i % 3) for i in range(7)]
+    assert min(low_means) <= decision.reused_reward <= max(low_means)
+    assert decision.reused_reward == pytest.approx(sum(low_means) / 7, abs=1e-3)  # near-equal weights
+    assert decision.reused_rm_version == "rm-1"
+    assert "7 of the 10" in decision.reason
+
+
+def test_six_of_ten_do_not_skip() -> None:
+    decision = route(neighbours(6))
+    assert decision.route is Route.LEVEL_1
+    assert decision.reused_reward is None
+    assert "6 of the 10" in decision.reason and "need 7" in decision.reason
+
+
+def test_reused_reward_is_similarity_weighted() -> None:
+    ns = [Neighbour(f"h{i}", 0.9, stats(LOW, mean=2.0)) for i in range(7)]
+    ns[0] = Neighbour("h0", 1.0, stats(LOW, mean=4.0))
+    decision = route(ns)
+    assert decision.reused_reward == pytest.approx((4.0 * 1.0 + 2.0 * 0.9 * 6) / (1.0 + 0.9 * 6))
+
+
+def test_variance_over_point_eight_marks_and_escalates() -> None:
+    ns = neighbours(7, other=HIGH)  # 3 neighbours with variance 0.9: a high-uncertainty neighbourhood
+    decision = route(ns)
+    assert decision.route is Route.LEVEL_2
+    assert decision.marked_neighbours == 3
+    exactly = route(neighbours(6, other=0.8))  # 0.8 is not "over 0.8"
+    assert exactly.route is Route.LEVEL_1 and exactly.marked_neighbours == 0
+
+
+def test_marked_neighbourhood_goes_straight_to_level_2() -> None:
+    ns = neighbours(10)  # would skip ...
+    for i in range(SETTINGS.min_marked_neighbours):  # ... but enough neighbours are marked
+        ns[i] = Neighbour(f"h{i}", 0.88, stats(LOW), marked_at=NOW - 3600)
+    decision = route(ns)
+    assert decision.route is Route.LEVEL_2
+    assert "high-uncertainty" in decision.reason
+    ns[0] = Neighbour("h0", 0.88, stats(LOW))  # one mark fewer: the known reward is reused
+    assert route(ns).route is Route.SKIP
+    assert route(ns, settings=SchedulerSettings(min_marked_neighbours=1)).route is Route.LEVEL_2
+
+
+def test_expired_mark_and_dissimilar_mark_do_not_escalate() -> None:
+    one = SchedulerSettings(min_marked_neighbours=1)
+    ns = neighbours(10)
+    ns[4] = Neighbour("h4", 0.88, stats(LOW), marked_at=NOW - one.mark_ttl_s - 1)
+    ns[9] = Neighbour("h9", 0.5, stats(LOW), marked_at=NOW)  # marked but not similar enough
+    assert route(ns, settings=one).route is Route.SKIP
+
+
+def test_unsafe_is_never_reused() -> None:
+    ns = neighbours(7)
+    ns[0] = Neighbour("h0", 0.95, stats(LOW, unsafe=True))
+    decision = route(ns)
+    assert decision.route is Route.LEVEL_1
+    assert decision.ignored == {"flagged unsafe": 1}
+    assert decision.low_variance_neighbours == 6
+
+
+def test_prompt_flagged_unsafe_itself_goes_to_level_2() -> None:
+    ns = neighbours(10)
+    ns[0] = Neighbour("self", 1.0, stats(LOW, unsafe=True))
+    decision = route(ns, prompt_hash="self")
+    assert decision.route is Route.LEVEL_2
+    assert "unsafe" in decision.reason
+
+
+def test_expired_stats_are_ignored() -> None:
+    ns = neighbours(7)
+    ns[3] = Neighbour("h3", 0.9, stats(LOW, age_s=SETTINGS.stats_ttl_s + 1))
+    decision = route(ns)
+    assert decision.route is Route.LEVEL_1
+    assert decision.ignored == {"expired": 1}
+
+
+def test_neighbours_need_min_samples() -> None:
+    ns = neighbours(7)
+    ns[2] = Neighbour("h2", 0.9, stats(LOW, count=SETTINGS.min_samples_per_neighbour - 1))
+    assert route(ns).route is Route.LEVEL_1
+    ns[2] = Neighbour("h2", 0.9, stats(LOW, count=SETTINGS.min_samples_per_neighbour))
+    assert route(ns).route is Route.SKIP
+
+
+def test_similarity_floor_counts_not_only_rank() -> None:
+    ns = neighbours(7)
+    ns[6] = Neighbour("h6", SETTINGS.min_similarity - 0.01, stats(LOW))
+    decision = route(ns)
+    assert decision.route is Route.LEVEL_1
+    assert decision.ignored == {"below similarity floor": 1}
+    assert decision.similar_neighbours == 9
+
+
+def test_fewer_than_k_neighbours_still_need_seven() -> None:
+    assert route(neighbours(7, k=7)).route is Route.SKIP
+    assert route(neighbours(6, k=6)).route is Route.LEVEL_1
+    assert route([]).route is Route.LEVEL_1
+
+
+def test_stats_of_another_reward_model_or_an_old_policy_are_ignored() -> None:
+    ns = neighbours(7)
+    ns[1] = Neighbour("h1", 0.9, stats(LOW, rm="rm-0"))
+    assert route(ns).route is Route.LEVEL_1
+    assert route(ns, settings=SchedulerSettings(rm_version_policy="any")).route is Route.SKIP
+    assert route(ns, versions=VersionState(10, None)).route is Route.SKIP  # no RM promoted yet: any
+    ns = neighbours(7)
+    ns[1] = Neighbour("h1", 0.9, stats(LOW, policy=10 - SETTINGS.max_policy_lag - 1))
+    decision = route(ns)
+    assert decision.route is Route.LEVEL_1 and decision.ignored == {"older policy": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "topic"),
+    [
+        ("What dose of ibuprofen is safe for a child?", "medical"),
+        ("Can my LANDLORD keep the deposit after I leave?", "legal"),
+        ("Should I hire an attorney?", "legal"),
+    ],
+)
+def test_risk_keywords_go_to_level_2_even_when_the_reward_is_known(text: str, topic: str) -> None:
+    decision = route(neighbours(10), text=text)
+    assert decision.route is Route.LEVEL_2
+    assert decision.risk is not None and decision.risk.topic == topic
+    assert "high-risk" in decision.reason
+
+
+def test_risk_keywords_match_whole_words_only() -> None:
+    assert detect_risk("I have an issue with my lawnmower.", {}, SETTINGS) is None  # "sue" in "issue"
+    assert detect_risk("Explain how binary search works.", {}, SETTINGS) is None
+
+
+def test_risk_exemplar_similarity() -> None:
+    floor = SETTINGS.risk_exemplar_min_similarity
+    match = detect_risk("my kid is burning up", {"medical": floor, "legal": 0.1}, SETTINGS)
+    assert match is not None and match.topic == "medical" and "exemplar" in match.evidence
+    assert detect_risk("my kid is burning up", {"medical": floor - 0.01}, SETTINGS) is None
+
+
+def test_unusable_reason_order() -> None:
+    far = Neighbour("x", 0.1, None)
+    assert unusable_reason(far, NOW, VERSIONS, SETTINGS) == "below similarity floor"
+    assert unusable_reason(Neighbour("x", 0.9, None), NOW, VERSIONS, SETTINGS) == "no rewards yet"
+    assert unusable_reason(Neighbour("x", 0.9, stats(LOW)), NOW, VERSIONS, SETTINGS) is None

@@ -1,0 +1,340 @@
+"""The scheduler in-process (gRPC on port 0) against the real Kafka and Redis."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+import redis
+
+from strata.bus import Publisher, topics
+from strata.cli import submit_cmd
+from strata.config import StrataSettings
+from strata.content_store import ContentStore
+from strata.hashing import content_hash
+from strata.service import RunningService, ServiceParts, start_service, stop_service
+from strata.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
+from svc_scheduler.__main__ import build_parts
+from svc_scheduler.encoder import Encoder
+from svc_scheduler.engine import SchedulerEngine
+from svc_scheduler.routing import Route
+from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.stats import RewardObservation
+from svc_scheduler.tail import TailReader
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 60.0
+
+# Close paraphrases of one request (pairwise cosine well above the 0.75 floor under MiniLM).
+PARAPHRASES = [
+    "Explain how binary search works.",
+    "Please explain how binary search works.",
+    "Can you explain how binary search works?",
+    "Explain to me how binary search works.",
+    "Explain how the binary search algorithm works.",
+    "Explain briefly how binary search works.",
+    "Explain how binary search works, please.",
+]
+QUERY = "Could you explain how binary search works?"
+
+
+def eventually(condition: Callable[[], object], what: str, timeout_s: float = TIMEOUT_S) -> object:
+    """Re-check ``condition`` until it is truthy; each check waits on real I/O (Redis, Kafka)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)  # poll interval of a condition read from Redis, not a stand-in for sync
+
+
+class Replica:
+    def __init__(self, settings: SchedulerSettings, encoder: Encoder) -> None:
+        self.settings = settings
+        self.parts, self.engine = build_parts(settings, encoder)
+        self.running: RunningService = start_service(self.parts)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.running.port}")
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+
+    def stop(self) -> None:
+        self.channel.close()
+        stop_service(self.parts, self.running, grace_s=0.5)
+
+
+def scheduler_settings(infra: StrataSettings, **overrides: object) -> SchedulerSettings:
+    base = infra.model_dump()
+    base.update(grpc_port=0, redis_prefix=f"test:sched:{uuid.uuid4().hex[:8]}",
+                stats_group_id=f"test-sched-stats-{uuid.uuid4().hex[:8]}", watch_lookback_s=30.0)
+    base.update(overrides)
+    return SchedulerSettings(**base)
+
+
+@pytest.fixture(scope="module")
+def settings(infra: StrataSettings) -> SchedulerSettings:
+    return scheduler_settings(infra)
+
+
+@pytest.fixture(scope="module")
+def replica(settings: SchedulerSettings, encoder: Encoder) -> Iterator[Replica]:
+    running = Replica(settings, encoder)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def publisher(infra: StrataSettings) -> Iterator[Publisher]:
+    pub = Publisher(infra.kafka_address, client_id="test-scheduler")
+    yield pub
+    pub.close()
+
+
+def reward(prompt_hash: str, value: float, i: int, final: bool = True, rm: str = "rm-test",
+           scorer: int = common_pb2.SCORER_LIGHT, unsafe: bool = False) -> events_pb2.RewardScored:
+    message = events_pb2.RewardScored(
+        prompt_hash=prompt_hash, response_hash=content_hash(f"response {i} of {prompt_hash}"),
+        tier=common_pb2.TIER_LEVEL_1, policy_version=1, rm_version=rm, reward=value, scorer=scorer, final=final,
+        unsafe=unsafe, sample_index=i,
+    )
+    message.scored_at.GetCurrentTime()
+    return message
+
+
+def submit(stub, prompt: str, **fields) -> scheduler_pb2.SubmitResponse:
+    return stub.Submit(scheduler_pb2.SubmitRequest(prompt=prompt, **fields), timeout=30)
+
+
+def invalid(call: Callable[[], object]) -> str:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    return caught.value.details()
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+
+def test_bad_inputs_get_invalid_argument_naming_the_field(replica: Replica) -> None:
+    stub = replica.stub
+    assert invalid(lambda: submit(stub, "")).startswith("prompt: must not be empty")
+    assert invalid(lambda: submit(stub, "x" * (replica.settings.max_prompt_chars + 1))).startswith("prompt: is ")
+    assert invalid(lambda: submit(stub, "binary\x00\x01\x02")).startswith("prompt: contains a control")
+    too_cold = common_pb2.SamplingParams(temperature=0.2)
+    assert invalid(lambda: submit(stub, "ok", sampling=too_cold)).startswith("sampling.temperature:")
+    too_wide = common_pb2.SamplingParams(top_p=0.99)
+    assert invalid(lambda: submit(stub, "ok", sampling=too_wide)).startswith("sampling.top_p:")
+    assert invalid(lambda: submit(stub, "ok", n_samples=10_000)).startswith("n_samples:")
+    assert invalid(lambda: list(stub.Watch(scheduler_pb2.WatchRequest(prompt_hash="nope"), timeout=5))).startswith(
+        "prompt_hash:")
+    raw_submit = replica.channel.unary_unary("/strata.v1.Scheduler/Submit")  # bytes in, bytes out
+    assert invalid(lambda: raw_submit(b"\x0a\x03\xff\xfeA", timeout=10)).startswith("prompt: is not valid UTF-8")
+
+
+def test_batch_reports_errors_per_prompt(replica: Replica) -> None:
+    batch = scheduler_pb2.SubmitBatchRequest(requests=[
+        scheduler_pb2.SubmitRequest(prompt=f"Summarize the history of the printing press {uuid.uuid4()}"),
+        scheduler_pb2.SubmitRequest(prompt=""),
+    ])
+    results = replica.stub.SubmitBatch(batch, timeout=30).results
+    assert results[0].WhichOneof("result") == "response"
+    assert results[0].response.decision == common_pb2.DECISION_LEVEL_1
+    assert results[1].error == "requests[1].prompt: must not be empty"
+
+
+# -- routing through Kafka ----------------------------------------------------------------------------
+
+def test_submit_publishes_to_the_decided_topic_and_watch_streams_it(replica: Replica, infra) -> None:
+    reader = TailReader(infra, [topics.PROMPTS_LEVEL0, topics.PROMPTS_LEVEL2], client_id="test-tail")
+    reader.seek_to_end()
+    try:
+        plain = submit(replica.stub, f"Give me an example of recursion {uuid.uuid4()}", request_id="r-1")
+        risky = submit(replica.stub, f"What dose of ibuprofen should I take? {uuid.uuid4()}")
+        assert plain.decision == common_pb2.DECISION_LEVEL_1 and plain.tier == common_pb2.TIER_LEVEL_1
+        assert risky.decision == common_pb2.DECISION_LEVEL_2 and "medical" in risky.reason
+        seen: dict[str, tuple[str, events_pb2.PromptRouted]] = {}
+
+        def both_seen() -> bool:
+            for topic, message in reader.poll(0.2):
+                seen[message.prompt_hash] = (topic.name, message)
+            return plain.prompt_hash in seen and risky.prompt_hash in seen
+
+        eventually(both_seen, "the routed events")
+    finally:
+        reader.close()
+    topic, message = seen[plain.prompt_hash]
+    assert topic == topics.PROMPTS_LEVEL0.name
+    assert message.tier == common_pb2.TIER_LEVEL_0 and message.decision == common_pb2.DECISION_LEVEL_1
+    assert message.request_id == "r-1" and message.n_samples == replica.settings.default_n_samples
+    assert seen[risky.prompt_hash][0] == topics.PROMPTS_LEVEL2.name and seen[risky.prompt_hash][1].caution
+    # The text is in the content store, keyed by the hash the client got back.
+    assert replica.engine.content.contains(plain.prompt_hash)
+    # Watch after Submit still sees the routed event (replayed from the hub's buffer).
+    stream = replica.stub.Watch(scheduler_pb2.WatchRequest(prompt_hash=plain.prompt_hash), timeout=TIMEOUT_S)
+    first = next(iter(stream))
+    stream.cancel()
+    assert first.WhichOneof("event") == "routed" and first.routed.prompt_hash == plain.prompt_hash
+
+
+def test_reward_events_update_redis_once_and_only_when_final(replica: Replica, publisher: Publisher) -> None:
+    store = replica.engine.store
+    prompt_hash = submit(replica.stub, f"Compare quicksort and merge sort {uuid.uuid4()}").prompt_hash
+    events = [reward(prompt_hash, r, i) for i, r in enumerate([3.0, 3.5, 4.0, 3.5])]
+    for message in events:
+        publisher.publish(topics.REWARDS_SCORED, message)
+    publisher.publish(topics.REWARDS_SCORED, events[0])  # a redelivered duplicate
+    publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, 0.0, 7, final=False))  # escalated: not final
+    publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, 0.0, 8, scorer=common_pb2.SCORER_REUSED))
+    publisher.publish_and_wait(topics.REWARDS_SCORED, reward(prompt_hash, 3.0, 9))  # last, same partition
+    stats = eventually(lambda: (s := store.get_stats(prompt_hash)) and s.count >= 5 and s, "stats")
+    assert stats.count == 5
+    assert stats.mean == pytest.approx(3.4) and stats.variance == pytest.approx(0.175)
+    assert stats.rm_version == "rm-test" and not stats.unsafe
+    assert store.versions().policy_version >= 1
+    # An unsafe response flags the prompt (never reused) even on a non-final reward, without counting.
+    publisher.publish_and_wait(topics.REWARDS_SCORED, reward(prompt_hash, 0.5, 10, final=False, unsafe=True))
+    flagged = eventually(lambda: (s := store.get_stats(prompt_hash)) and s.unsafe and s, "the unsafe flag")
+    assert (flagged.count, flagged.mean) == (5, pytest.approx(3.4))
+
+
+def test_high_variance_marks_the_neighbourhood_and_later_prompts_escalate(replica, publisher) -> None:
+    base = f"Summarize the key points about the French revolution {uuid.uuid4().hex[:6]}."
+    cluster = [base, base + " Thanks!", base + " Keep it short."][: replica.settings.min_marked_neighbours]
+    hashes = [submit(replica.stub, prompt).prompt_hash for prompt in cluster]
+    for prompt_hash in hashes:
+        for i, value in enumerate([0.5, 4.5, 1.0, 4.0]):
+            publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, value, i))
+    publisher.flush()
+    for prompt_hash in hashes:
+        eventually(lambda h=prompt_hash: replica.engine.store.get_mark(h), "the high-uncertainty marks")
+    again = submit(replica.stub, base + " Please.")  # its nearest neighbours are marked
+    assert again.decision == common_pb2.DECISION_LEVEL_2 and "high-uncertainty" in again.reason
+    assert replica.stub.Stats(scheduler_pb2.StatsRequest(), timeout=10).high_uncertainty_marks >= 1
+
+
+def seed_paraphrases(engine: SchedulerEngine, stub) -> list[str]:
+    """Submit the paraphrases (each rolled out and indexed) and give each stable rewards."""
+    hashes = [submit(stub, text).prompt_hash for text in PARAPHRASES]
+    now = time.time()
+    for digest in hashes:
+        for i, value in enumerate([3.9, 4.0, 4.1]):
+            engine.store.apply_reward(digest, f"resp-{i}", RewardObservation(value, 1, "rm-test", now), now)
+    return hashes
+
+
+def test_known_neighbourhood_skips_and_reused_reward_reaches_watch(replica: Replica) -> None:
+    seed_paraphrases(replica.engine, replica.stub)
+    response = submit(replica.stub, QUERY, request_id="skip-1")
+    assert response.decision == common_pb2.DECISION_SKIP, response.reason
+    assert response.low_variance_neighbours >= 7 and response.HasField("reused_reward")
+    assert response.reused_reward == pytest.approx(4.0, abs=1e-6)
+    stream = replica.stub.Watch(scheduler_pb2.WatchRequest(prompt_hash=response.prompt_hash), timeout=TIMEOUT_S)
+    event = next(iter(stream))
+    stream.cancel()
+    assert event.WhichOneof("event") == "reward"
+    assert event.reward.scorer == common_pb2.SCORER_REUSED and event.reward.final
+    assert event.reward.reward == pytest.approx(4.0) and event.reward.request_id == "skip-1"
+    assert response.prompt_hash not in replica.engine.index  # skipped prompts are not indexed
+    stats = replica.stub.Stats(scheduler_pb2.StatsRequest(), timeout=10)
+    assert stats.decisions["skip"] >= 1 and 0 < stats.skip_rate < 1 and stats.index_size == len(replica.engine.index)
+
+
+def test_strata_submit_prints_decision_and_the_final_reward(replica: Replica, tmp_path, capsys) -> None:
+    parser = argparse.ArgumentParser()
+    submit_cmd.register(parser.add_subparsers())
+    address = f"127.0.0.1:{replica.running.port}"
+    args = parser.parse_args(["submit", "--address", address, "--timeout", "30", QUERY])
+    assert args.func(args) == 0  # a known neighbourhood: skipped, its reused reward is final at once
+    out = capsys.readouterr().out
+    assert "decision=skip" in out and "final_reward=4.000" in out
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Give me the gist of the Roman empire."}\n{"prompt": ""}\n', encoding="utf-8")
+    args = parser.parse_args(["submit", "--address", address, "--no-wait", "--file", str(prompts)])
+    assert args.func(args) == 1  # one refused
+    out = capsys.readouterr().out
+    assert "decision=level-1 tier=level-1" in out and "refused: requests[1].prompt: must not be empty" in out
+
+
+# -- state in Redis: restart and replicas -------------------------------------------------------------
+
+def test_restart_from_redis_makes_the_same_decisions(replica: Replica, encoder: Encoder) -> None:
+    probes = [QUERY, PARAPHRASES[0], "What dose of ibuprofen should I take?", "Write code to reverse a linked list."]
+    before = replica.engine.route(probes)
+    restarted = Replica(replica.settings, encoder)  # a fresh process would see exactly this: Redis only
+    try:
+        assert len(restarted.engine.index) == len(replica.engine.index)
+        after = restarted.engine.route(probes)
+    finally:
+        restarted.stop()
+    assert [r.decision for r in after] == [r.decision for r in before]
+    assert before[0].decision.route is Route.SKIP
+
+
+def test_two_replicas_share_new_prompts(replica: Replica, encoder: Encoder) -> None:
+    other = Replica(replica.settings, encoder)
+    try:
+        new = submit(replica.stub, f"Walk me through planting tomatoes {uuid.uuid4()}").prompt_hash
+        eventually(lambda: new in other.engine.index, "the prompt in the other replica's index")
+        back = submit(other.stub, f"Walk me through pruning roses {uuid.uuid4()}").prompt_hash
+        eventually(lambda: back in replica.engine.index, "the prompt in the first replica's index")
+    finally:
+        other.stop()
+
+
+# -- faults -------------------------------------------------------------------------------------------
+
+def test_redis_down_fails_fast_with_unavailable_and_recovers(infra: StrataSettings, encoder: Encoder,
+                                                            tmp_path) -> None:
+    port = free_port()
+    settings = scheduler_settings(infra, redis_url=f"redis://127.0.0.1:{port}/0")
+    down = Replica(settings, encoder)
+    server = None
+    try:
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as caught:
+            submit(down.stub, "Explain how a hash map works.")
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "Redis is unavailable" in caught.value.details()
+        assert time.monotonic() - started < 5.0
+        # Redis comes back on the same port: the next Submit rebuilds the index and is accepted.
+        server = subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=port)
+        eventually(lambda: _answers(client), "the restarted Redis")
+        client.close()
+        response = submit(down.stub, "Explain how a hash map works.")
+        assert response.decision == common_pb2.DECISION_LEVEL_1
+        assert ContentStore(redis.Redis(port=port), 60, 1 << 20).contains(response.prompt_hash)
+    finally:
+        down.stop()
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_service_parts_shape(replica: Replica) -> None:
+    parts: ServiceParts = replica.parts
+    assert parts.name == "svc_scheduler" and len(parts.workers) == 1
+    assert parts.workers[0].group_id == replica.settings.stats_group_id
