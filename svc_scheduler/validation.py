@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
+import uuid
 from dataclasses import dataclass
 
 from svc_scheduler.settings import SchedulerSettings
@@ -100,4 +101,6 @@ def validate(
         raise InvalidField("request_id", f"is {len(request_id)} characters, over {settings.max_request_id_chars}")
     if any(unicodedata.category(c) == "Cc" for c in request_id):
         raise InvalidField("request_id", "contains control characters")
-    return PromptRequest(prompt, sampling, n_samples or settings.default_n_samples, request_id)
+    # Every accepted submission is its own request: downstream idempotency keys include this id,
+    # so a client retry with the same id is deduplicated and two plain submits are not.
+    return PromptRequest(prompt, sampling, n_samples or settings.default_n_samples, request_id or uuid.uuid4().hex)
