@@ -8,6 +8,7 @@ everywhere. Settings are logged at start and stored with every artifact (see ``a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +21,12 @@ def default_cache_dir() -> Path:
 
 
 S = TypeVar("S", bound=BaseSettings)
+
+_URL_PASSWORD = re.compile(r"(//[^:/@\s]*:)[^@/\s]+@")
+
+
+def _mask_secrets(value: Any) -> Any:
+    return _URL_PASSWORD.sub(r"\1***@", value) if isinstance(value, str) else value
 
 
 class StrataSettings(BaseSettings):
@@ -82,8 +89,13 @@ class StrataSettings(BaseSettings):
         return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
 
     def as_log_dict(self) -> dict[str, Any]:
-        """Resolved settings, JSON-friendly, for the start-up log line and artifact metadata."""
-        return {key: (str(value) if isinstance(value, Path) else value) for key, value in self.model_dump().items()}
+        """Resolved settings, JSON-friendly, for the start-up log line and artifact metadata.
+
+        Passwords in URLs (``redis://user:secret@host``) are masked: this dict lands in logs and
+        in every checkpoint.
+        """
+        return {key: _mask_secrets(str(value) if isinstance(value, Path) else value)
+                for key, value in self.model_dump().items()}
 
 
 # -- flags --------------------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ class DynamicBatcher:
         self._queue: queue.Queue[_Pending] = queue.Queue()
         self._policy_version = policy_version
         self._pending_weights: tuple[str, int] | None = None
+        self._any_version_next = False
         self._lock = threading.Lock()
         self.batches = 0
         POLICY_VERSION.set(policy_version)
@@ -74,11 +75,19 @@ class DynamicBatcher:
         QUEUE_DEPTH.set(self._queue.qsize())
         return futures
 
+    def reset_version_floor(self) -> None:
+        """A new lineage (training run) began: its first version loads even if its number is lower."""
+        with self._lock:
+            self._pending_weights = None
+            self._any_version_next = True
+
     def request_weights(self, path: str, version: int) -> None:
         """Load ``path`` before the next batch; later rollouts carry ``version``."""
         with self._lock:
-            if version > max(self._policy_version, self._pending_weights[1] if self._pending_weights else -1):
+            floor = self._pending_weights[1] if self._pending_weights else self._policy_version
+            if self._any_version_next or version > floor:
                 self._pending_weights = (path, version)
+                self._any_version_next = False
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

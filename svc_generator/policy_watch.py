@@ -15,6 +15,7 @@ from pathlib import Path
 from kafka import KafkaConsumer, TopicPartition
 
 from strata.bus import PoisonMessageError, decode, topics
+from strata.v1 import events_pb2
 from svc_generator.batcher import DynamicBatcher
 
 log = logging.getLogger(__name__)
@@ -31,29 +32,37 @@ def weights_checksum(checkpoint_dir: str | Path) -> str:
 
 
 class PolicyWatcher:
-    def __init__(self, bootstrap: str, batcher: DynamicBatcher) -> None:
+    def __init__(self, bootstrap: str, batcher: DynamicBatcher,
+                 topic: topics.Topic[events_pb2.PolicyUpdated] = topics.POLICY_UPDATED) -> None:
         self._bootstrap = bootstrap
         self._batcher = batcher
+        self._topic = topic
         self.latest_seen = -1
+        self.lineage = ""
 
     def run(self, stop: threading.Event) -> None:
         consumer = KafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
                                  auto_offset_reset="earliest", group_id=None)
-        consumer.assign([TopicPartition(topics.POLICY_UPDATED.name, 0)])
+        consumer.assign([TopicPartition(self._topic.name, 0)])
         try:
             while not stop.is_set():
                 for records in consumer.poll(timeout_ms=500).values():
                     for record in records:
-                        self._on_record(record.value, record.key)
+                        self.on_record(record.value, record.key)
         finally:
             consumer.close()
 
-    def _on_record(self, value: bytes, key: bytes | None) -> None:
+    def on_record(self, value: bytes, key: bytes | None) -> None:
         try:
-            event = decode(topics.POLICY_UPDATED, value, key)
+            event = decode(self._topic, value, key)
         except PoisonMessageError as exc:
             log.error("ignoring an undecodable policy update: %s", exc)
             return
+        if event.lineage != self.lineage:
+            # A new training run: its versions start again, so the old high-water mark does not apply.
+            log.info("policy lineage %s -> %s", self.lineage or "-", event.lineage or "-")
+            self.lineage, self.latest_seen = event.lineage, -1
+            self._batcher.reset_version_floor()
         if event.policy_version <= self.latest_seen:
             return
         self.latest_seen = event.policy_version

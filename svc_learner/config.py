@@ -76,6 +76,35 @@ class LearnerSettings(StrataSettings):
     grpc_port: int = Field(50055, ge=0, le=65535, description="port of the Learner gRPC service (0: any free port)")
     seed: int = Field(0, description="seed of torch and of the minibatch shuffling")
 
+    # The service around the math (svc_learner.service / worker).
+    group_id: str = Field("svc-learner", description="consumer group on strata.rewards.scored (one learner per group)")
+    train_tiers: str = Field(
+        "1",
+        description="comma-separated tiers whose final rewards train the policy (Level-2 samples come from another "
+        "model: off-policy in a way importance weights cannot fix)",
+    )
+    tokenizer_id: str | None = Field(
+        None, description="key of the response token ids in the content store; unset: derived from the initial "
+        "policy directory exactly as the HF generator derives it (<dir name>-<vocab sha>)"
+    )  # fmt: skip
+    checkpoint_every_updates: int = Field(
+        1, ge=1, description="PPO updates per checkpoint; each checkpoint is a policy version published to generators"
+    )
+    max_pending_samples: int = Field(
+        256, ge=1, description="accepted samples held in memory at most; beyond it the intake pauses (backpressure)"
+    )
+    measure_sync: bool = Field(
+        True, description="tail strata.rollouts.generated to time publish -> first rollout on the new version"
+    )
+    dedupe_ttl_s: int = Field(
+        7 * 24 * 3600, ge=1, description="how long applied sample ids stay in Redis to refuse duplicate events"
+    )
+
+    @property
+    def trained_tiers(self) -> frozenset[int]:
+        """The tiers of ``train_tiers`` as numbers (1 = Level-1, 2 = Level-2)."""
+        return frozenset(int(part) for part in self.train_tiers.split(",") if part.strip())
+
     @model_validator(mode="after")
     def _consistent(self) -> LearnerSettings:
         if self.clip_eps_low > self.clip_eps_high:
@@ -86,6 +115,11 @@ class LearnerSettings(StrataSettings):
             raise ValueError("minibatch_size must be <= batch_size")
         if self.keep_checkpoints < self.max_staleness + 1:
             raise ValueError("keep_checkpoints must be >= max_staleness + 1 (stale samples need their checkpoint)")
+        tiers = [part.strip() for part in self.train_tiers.split(",") if part.strip()]
+        if not tiers or any(part not in ("1", "2") for part in tiers):
+            raise ValueError(f"train_tiers must list tiers 1 and/or 2, got {self.train_tiers!r}")
+        if self.max_pending_samples < self.batch_size:
+            raise ValueError("max_pending_samples must be >= batch_size (a batch must fit in memory)")
         return self
 
     def ppo_config(self) -> PPOConfig:

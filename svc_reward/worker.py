@@ -81,7 +81,7 @@ class RewardWorker:
             prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
             policy_version=event.policy_version, rm_version=version, reward=reward, reward_std=spread,
             scorer=scorer, final=outcome.final, escalated=outcome.escalate, sample_index=event.sample_index,
-            response_tokens=event.response_tokens, request_id=event.request_id,
+            response_tokens=event.response_tokens, request_id=event.request_id, directions=event.directions,
         )
         scored.generated_at.CopyFrom(event.generated_at)
         scored.scored_at.GetCurrentTime()

@@ -77,7 +77,7 @@ class RolloutGenerated(_message.Message):
     def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., model_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., response_tokens: _Optional[int] = ..., device_seconds: _Optional[float] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., request_id: _Optional[str] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RewardScored(_message.Message):
-    __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "rm_version", "reward", "reward_std", "scorer", "final", "escalated", "unsafe", "sample_index", "response_tokens", "request_id", "generated_at", "scored_at")
+    __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "rm_version", "reward", "reward_std", "scorer", "final", "escalated", "unsafe", "sample_index", "response_tokens", "request_id", "generated_at", "scored_at", "directions")
     PROMPT_HASH_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_HASH_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class RewardScored(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
     SCORED_AT_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIONS_FIELD_NUMBER: _ClassVar[int]
     prompt_hash: str
     response_hash: str
     tier: _common_pb2.Tier
@@ -110,10 +111,11 @@ class RewardScored(_message.Message):
     request_id: str
     generated_at: _timestamp_pb2.Timestamp
     scored_at: _timestamp_pb2.Timestamp
-    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., reward: _Optional[float] = ..., reward_std: _Optional[float] = ..., scorer: _Optional[_Union[_common_pb2.Scorer, str]] = ..., final: _Optional[bool] = ..., escalated: _Optional[bool] = ..., unsafe: _Optional[bool] = ..., sample_index: _Optional[int] = ..., response_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scored_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    directions: _containers.RepeatedCompositeFieldContainer[_common_pb2.Direction]
+    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., reward: _Optional[float] = ..., reward_std: _Optional[float] = ..., scorer: _Optional[_Union[_common_pb2.Scorer, str]] = ..., final: _Optional[bool] = ..., escalated: _Optional[bool] = ..., unsafe: _Optional[bool] = ..., sample_index: _Optional[int] = ..., response_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scored_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ...) -> None: ...
 
 class PolicyUpdated(_message.Message):
-    __slots__ = ("policy_version", "step", "checkpoint_path", "checksum", "metrics", "published_at")
+    __slots__ = ("policy_version", "step", "checkpoint_path", "checksum", "metrics", "published_at", "lineage")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -127,13 +129,15 @@ class PolicyUpdated(_message.Message):
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     step: int
     checkpoint_path: str
     checksum: str
     metrics: _containers.ScalarMap[str, float]
     published_at: _timestamp_pb2.Timestamp
-    def __init__(self, policy_version: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., checksum: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    lineage: str
+    def __init__(self, policy_version: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., checksum: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lineage: _Optional[str] = ...) -> None: ...
 
 class RewardModelUpdated(_message.Message):
     __slots__ = ("rm_version", "path", "ensemble_paths", "checksum", "metrics", "published_at")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 from collections.abc import Iterator, Sequence
@@ -12,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from strata.models.loading import LoadedModel, load_causal_lm
+from strata.models.tokens import tokenizer_id
 from strata.sampling import Sampling
 from strata.zoo.template import format_prompt
 from svc_generator.backends.base import GenerationOutput, GenerationRequest
@@ -47,9 +47,7 @@ class HfBackend:
     def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto") -> None:
         self._lm: LoadedModel = load_causal_lm(model_path, device=device, dtype=dtype)
         self.model_id = str(self._lm.path)
-        vocab = self._lm.tokenizer.get_vocab()
-        digest = hashlib.sha256(repr(sorted(vocab.items())).encode()).hexdigest()[:12]
-        self.tokenizer_id = f"{self._lm.path.name}-{digest}"
+        self.tokenizer_id = tokenizer_id(self._lm.tokenizer)
 
     @property
     def lm(self) -> LoadedModel:

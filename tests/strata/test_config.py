@@ -41,3 +41,11 @@ def test_settings_are_frozen_and_loggable() -> None:
     with pytest.raises(ValidationError):
         settings.topic_partitions = 1  # type: ignore[misc]
     assert settings.as_log_dict()["state_dir"] == "/tmp/x"
+
+
+def test_log_dict_masks_url_passwords() -> None:
+    settings = StrataSettings(redis_url="redis://user:s3cret@cache:6379/0", kafka_bootstrap="k:9092")
+    logged = settings.as_log_dict()
+    assert logged["redis_url"] == "redis://user:***@cache:6379/0"
+    assert "s3cret" not in str(logged)
+    assert logged["kafka_bootstrap"] == "k:9092"

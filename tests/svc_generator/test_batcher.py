@@ -129,3 +129,16 @@ def test_run_fails_waiting_requests_on_shutdown() -> None:
     batcher.run(stop)
     with pytest.raises(RuntimeError, match="shutting down"):
         pending[0].result(1)
+
+
+def test_a_new_lineage_loads_its_first_version_even_if_lower() -> None:
+    backend = RecordingBackend()
+    batcher = DynamicBatcher(backend, max_batch_size=8, max_wait_s=0.0)
+    batcher.request_weights("/run-a/v7", 7)
+    batcher.step(poll_timeout_s=0)
+    batcher.request_weights("/run-a/v3", 3)  # same lineage, older: ignored
+    batcher.reset_version_floor()
+    batcher.request_weights("/run-b/v1", 1)
+    batcher.step(poll_timeout_s=0)
+    assert backend.loaded == ["/run-a/v7", "/run-b/v1"]
+    assert batcher.policy_version == 1

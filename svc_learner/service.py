@@ -1,0 +1,120 @@
+"""Wiring of the learner service: engine, reward intake, update loop, rollout tail, gRPC.
+
+``build_learner`` returns every piece (tests and benches drive them directly: ``worker.poll_once``,
+``loop.step``, ``tail.poll_once``); ``Learner.parts()`` hands them to ``strata.service`` to run.
+
+Start-up order: (1) resume from the latest checkpoint or write ``v0`` from the initial policy;
+(2) re-offer rewards committed but not yet learned (``recover_pending``); (3) start the consumer
+group, the update loop, the rollout tail and the gRPC server. Nothing is published until an update
+produces a new version (generators and learner agree on ``v0``, the initial policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from strata.bus import Publisher, Worker
+from strata.content_store import ContentStore
+from strata.models.tokens import tokenizer_id as shared_tokenizer_id
+from strata.rpc import ServiceBinding
+from strata.service import ServiceParts
+from strata.v1 import learner_pb2, learner_pb2_grpc
+from svc_learner import metrics
+from svc_learner.config import LearnerSettings
+from svc_learner.engine import LearnerEngine
+from svc_learner.servicer import LearnerServicer
+from svc_learner.worker import (
+    AppliedMarks,
+    LearnerTopics,
+    RewardIntake,
+    RolloutTail,
+    UpdateLoop,
+    lineage_of,
+    recover_pending,
+    start_offsets,
+)
+
+
+class LearnerSetupError(ValueError):
+    """The learner cannot start; the message says what to set."""
+
+
+def initial_policy_path(settings: LearnerSettings) -> Path:
+    """``policy_model_path``, else the zoo's Level-1 model (the generators' initial policy)."""
+    if settings.policy_model_path is not None:
+        return settings.policy_model_path
+    try:
+        from strata.zoo.build import ensure_zoo  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise LearnerSetupError(
+            "no initial policy: pass --policy-model-path DIR (STRATA_POLICY_MODEL_PATH), the same model the "
+            "Level-1 generator starts from (the zoo's ensure_zoo is not available in this checkout)"
+        ) from exc
+    return Path(ensure_zoo(settings).level1)
+
+
+@dataclass
+class Learner:
+    settings: LearnerSettings
+    topics: LearnerTopics
+    engine: LearnerEngine
+    intake: RewardIntake
+    loop: UpdateLoop
+    tail: RolloutTail | None
+    worker: Worker
+    servicer: LearnerServicer
+    publisher: Publisher
+    client: redis.Redis
+    tokenizer_id: str
+
+    def parts(self) -> ServiceParts:
+        binding = ServiceBinding(learner_pb2_grpc.add_LearnerServicer_to_server, self.servicer,
+                                 learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name)  # fmt: skip
+        loops = [self.loop.run] + ([self.tail.run] if self.tail is not None else [])
+        return ServiceParts("svc_learner", self.settings, [binding], self.settings.grpc_port, workers=[self.worker],
+                            loops=loops, on_stop=[self.close])  # fmt: skip
+
+    def close(self) -> None:
+        """Release clients (the worker and the tail close themselves when their loops stop)."""
+        self.worker.close()
+        if self.tail is not None:
+            self.tail.close()
+        self.publisher.close()
+        self.client.close()
+
+
+def build_learner(settings: LearnerSettings, learner_topics: LearnerTopics | None = None,
+                  recover: bool = True) -> Learner:  # fmt: skip
+    """Load or create the policy, recover pending rewards, and wire every piece (nothing runs yet)."""
+    learner_topics = learner_topics or LearnerTopics()
+    model_dir = initial_policy_path(settings)
+    offsets = start_offsets(settings, learner_topics.rewards)
+    engine = LearnerEngine.start(
+        settings, model_dir,
+        initial_offsets={(learner_topics.rewards.name, p): offset for p, offset in offsets.items()},
+        extra_config={"initial_policy": str(model_dir)},
+    )  # fmt: skip
+    tokenizer_id = settings.tokenizer_id or shared_tokenizer_id(engine.tokenizer)
+    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+    publisher = Publisher(settings.kafka_address, client_id="svc-learner")
+    lineage = lineage_of(settings)
+    marks = AppliedMarks(client, lineage, settings.dedupe_ttl_s)
+    intake = RewardIntake(settings, engine, store, client, marks, tokenizer_id)
+    loop = UpdateLoop(engine, publisher, marks, learner_topics.policy, lineage)
+    if recover:
+        recover_pending(settings, learner_topics.rewards, intake, engine, loop)
+    worker = Worker(settings, settings.group_id, publisher=publisher,
+                    batch_handlers={learner_topics.rewards: intake.handle_batch})  # fmt: skip
+    tail = RolloutTail(settings, engine, learner_topics.rollouts) if settings.measure_sync else None
+    servicer = LearnerServicer(engine.status, loop.checkpoint_now)
+    metrics.expose(engine.status)
+    return Learner(settings, learner_topics, engine, intake, loop, tail, worker, servicer, publisher, client,
+                   tokenizer_id)  # fmt: skip
+
+
+def build(settings: LearnerSettings) -> ServiceParts:
+    return build_learner(settings).parts()

@@ -1,0 +1,361 @@
+"""Kafka side of the learner: final rewards in, policy-updated events out, rollouts tailed for sync.
+
+Three pieces, each thin around :class:`~svc_learner.engine.LearnerEngine`:
+
+* :class:`RewardIntake` — batch handler of ``strata.rewards.scored`` (consumer group ``svc-learner``):
+  keeps final rewards of generated rollouts of the trained tiers, fetches the prompt text and the
+  response token ids from the content store, re-tokenizes the generator's prompt context, offers
+  the sample to the engine;
+* :class:`UpdateLoop` — when a batch is full: PPO update, checkpoint, ``PolicyUpdated`` published
+  with ``publish_and_wait`` (path + checksum, never tensors), applied sample ids marked in Redis;
+* :class:`RolloutTail` — reads ``strata.rollouts.generated`` from "now" without a group and times
+  publish -> first rollout stamped with the new version (weight-sync seconds).
+
+Offsets: the bus worker commits an event once the intake returns, i.e. once the sample is *pending*
+in memory, not yet learned. What is learned is recorded in the checkpoint (``AppliedBatches``: per
+partition, the first offset not yet applied). A learner that stops with pending samples therefore
+loses nothing: at start, :func:`recover_pending` re-reads each partition from the checkpoint's
+offset up to the group's committed offset and offers those events again (refusing whatever the
+checkpoint already holds). Kafka offsets cover redelivery of the same record; the sample identity
+(prompt hash, response hash, request id, sample index), remembered in memory and, once checkpointed,
+in Redis, covers the same sample published twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import redis
+from kafka import KafkaConsumer, TopicPartition
+
+from strata.bus import Delivery, PoisonMessageError, Publisher, Topic, TransientError, decode, topics
+from strata.content_store import ContentNotFoundError, ContentStore
+from strata.v1 import common_pb2, events_pb2
+from strata.zoo.template import format_prompt
+from svc_learner import metrics
+from svc_learner.config import LearnerSettings
+from svc_learner.engine import LearnerEngine, NewCheckpoint, Outcome, Sample, Source, UpdateResult
+
+log = logging.getLogger(__name__)
+
+TIER_NUMBER = {common_pb2.TIER_LEVEL_1: 1, common_pb2.TIER_LEVEL_2: 2}
+
+
+@dataclass(frozen=True)
+class LearnerTopics:
+    """The topics the learner reads and writes (tests and benches pass fresh ones)."""
+
+    rewards: Topic[events_pb2.RewardScored] = topics.REWARDS_SCORED
+    policy: Topic[events_pb2.PolicyUpdated] = topics.POLICY_UPDATED
+    rollouts: Topic[events_pb2.RolloutGenerated] = topics.ROLLOUTS_GENERATED
+
+
+def sample_key(event: events_pb2.RewardScored) -> str:
+    """Identity of one sample, whatever offset it arrives at."""
+    return f"{event.prompt_hash}:{event.response_hash}:{event.request_id}:{event.sample_index}"
+
+
+def skip_reason(event: events_pb2.RewardScored, trained_tiers: frozenset[int]) -> Outcome | None:
+    """Why a reward event gives no gradient, or None when it is a candidate sample."""
+    if event.scorer == common_pb2.SCORER_REUSED or not event.response_hash:
+        return Outcome.REUSED  # a skipped prompt: neighbours' reward, no response was generated
+    if not event.final:
+        return Outcome.NOT_FINAL  # escalated to Level 2: the final reward comes later, from another model
+    if TIER_NUMBER.get(event.tier) not in trained_tiers:
+        return Outcome.OTHER_TIER
+    return None
+
+
+class AppliedMarks:
+    """Sample ids already inside a checkpoint, in Redis, so duplicates are refused across restarts."""
+
+    def __init__(self, client: redis.Redis, lineage: str, ttl_s: int) -> None:
+        self._redis = client
+        self._prefix = f"strata:learner:applied:{lineage}:"
+        self._ttl_s = ttl_s
+
+    def _key(self, sample: str) -> str:
+        return self._prefix + hashlib.sha256(sample.encode()).hexdigest()[:32]
+
+    def which(self, samples: Sequence[str]) -> set[str]:
+        if not samples:
+            return set()
+        with self._redis.pipeline(transaction=False) as pipe:
+            for sample in samples:
+                pipe.exists(self._key(sample))
+            found = pipe.execute()
+        return {sample for sample, hit in zip(samples, found, strict=True) if hit}
+
+    def mark(self, samples: Sequence[str]) -> None:
+        if not samples:
+            return
+        with self._redis.pipeline(transaction=False) as pipe:
+            for sample in samples:
+                pipe.set(self._key(sample), b"1", ex=self._ttl_s)
+            pipe.execute()
+
+
+LINEAGE_FILE = "LINEAGE"
+
+
+def lineage_of(settings: LearnerSettings) -> str:
+    """One learner lineage = one checkpoint directory's life: its dedupe marks do not leak into another,
+    and generators know that versions restarted (``PolicyUpdated.lineage``). A directory deleted and
+    recreated is a new lineage."""
+    directory = settings.checkpoint_dir
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LINEAGE_FILE
+    if not path.exists():
+        path.write_text(uuid.uuid4().hex[:16] + "\n")
+    return path.read_text().strip()
+
+
+class RewardIntake:
+    """The batch handler of the rewards topic."""
+
+    def __init__(self, settings: LearnerSettings, engine: LearnerEngine, store: ContentStore, client: redis.Redis,
+                 marks: AppliedMarks, tokenizer_id: str) -> None:  # fmt: skip
+        self._settings = settings
+        self._engine = engine
+        self._store = store
+        self._redis = client
+        self._marks = marks
+        self._tokenizer_id = tokenizer_id
+        self._tiers = settings.trained_tiers
+
+    def handle_batch(self, deliveries: list[Delivery[events_pb2.RewardScored]]) -> None:
+        pending = self._engine.pending_count()
+        if pending >= self._settings.max_pending_samples:
+            # Backpressure: the bus pauses the partitions and retries later; nothing is lost or dead-lettered.
+            raise TransientError(f"learner busy: {pending} samples wait for an update")
+        candidates = [sample_key(d.message) for d in deliveries if skip_reason(d.message, self._tiers) is None]
+        marked = self._marks.which(candidates)
+        for delivery in deliveries:
+            event = delivery.message
+            source = Source(delivery.topic.name, delivery.partition, delivery.offset)
+            key = sample_key(event)
+            refusal = skip_reason(event, self._tiers) or self._engine.classify(key, event.policy_version, source)
+            if refusal is None and key in marked:
+                refusal = Outcome.DUPLICATE  # learned in an earlier run, arriving again at a new offset
+            if refusal is not None:
+                self._engine.discard(source, refusal)
+                continue
+            try:
+                prompt_ids, response_ids = self._tokens(event)
+            except ContentNotFoundError as exc:
+                log.warning("reward for prompt %s: %s; dropped", event.prompt_hash[:12], exc)
+                self._engine.discard(source, Outcome.MISSING)
+                continue
+            except ValueError as exc:  # e.g. a direction the template does not know
+                log.warning("reward for prompt %s: unusable rollout context: %s", event.prompt_hash[:12], exc)
+                self._engine.discard(source, Outcome.UNUSABLE)
+                continue
+            sample = Sample(key, source, prompt_ids, response_ids, event.reward, event.policy_version)
+            outcome = self._engine.offer(sample)
+            log.debug("reward prompt=%s response=%s v%d: %s", event.prompt_hash[:12], event.response_hash[:12],
+                      event.policy_version, outcome.value)  # fmt: skip
+
+    def _tokens(self, event: events_pb2.RewardScored) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Prompt context and response as token ids, exactly as the generator saw and wrote them."""
+        response_ids = self._store.get_tokens(event.response_hash, self._tokenizer_id)
+        prompt = self._store.get_text(event.prompt_hash)
+        directions = self._directions(event)
+        prompt_ids = self._engine.tokenizer(format_prompt(prompt, directions))["input_ids"]
+        return tuple(prompt_ids), tuple(response_ids)
+
+    @staticmethod
+    def _directions(event: events_pb2.RewardScored) -> tuple[str, ...]:
+        """The directions the generator conditioned on (carried from the rollout by svc_reward)."""
+        return tuple(d.name for d in event.directions)
+
+
+class UpdateLoop:
+    """Runs updates when a batch is full and announces each new policy version."""
+
+    def __init__(self, engine: LearnerEngine, publisher: Publisher, marks: AppliedMarks,
+                 topic: Topic[events_pb2.PolicyUpdated] = topics.POLICY_UPDATED,
+                 lineage: str = "") -> None:
+        self._lineage = lineage
+        self._engine = engine
+        self._publisher = publisher
+        self._marks = marks
+        self._topic = topic
+        self._publish_lock = threading.Lock()  # versions go out in order (update loop vs Checkpoint RPC)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            if self._engine.wait_ready(0.5):
+                self.step()
+
+    def step(self) -> UpdateResult | None:
+        """One update if a batch is full (None otherwise); publishes the checkpoint it produced."""
+        started = time.perf_counter()
+        result = self._engine.update()
+        if result is None:
+            return None
+        metrics.UPDATE_SECONDS.observe(result.metrics.get("perf/update_seconds", time.perf_counter() - started))
+        if result.checkpoint is not None:
+            self.announce(result.checkpoint)
+        return result
+
+    def checkpoint_now(self) -> events_pb2.PolicyUpdated:
+        """``Learner.Checkpoint``: write the current weights if they changed, and (re)publish them."""
+        new, info = self._engine.checkpoint_now()
+        if new is not None:
+            return self.announce(new)
+        return self._publish(info.version, info.step, str(info.path), info.checksum, info.metrics, new_version=False)
+
+    def announce(self, checkpoint: NewCheckpoint) -> events_pb2.PolicyUpdated:
+        info = checkpoint.info
+        event = self._publish(info.version, info.step, str(info.path), info.checksum, info.metrics, new_version=True)
+        # After the checkpoint is durable: a duplicate of these samples is refused even after a restart.
+        self._marks.mark(checkpoint.applied_keys)
+        return event
+
+    def _publish(self, version: int, step: int, path: str, checksum: str, update_metrics: Mapping[str, float],
+                 new_version: bool) -> events_pb2.PolicyUpdated:  # fmt: skip
+        started = time.perf_counter()
+        event = events_pb2.PolicyUpdated(policy_version=version, step=step, checkpoint_path=path, checksum=checksum,
+                                         metrics=dict(update_metrics), lineage=self._lineage)
+        event.published_at.GetCurrentTime()
+        with self._publish_lock:
+            if new_version:  # a re-publish of a known version is not a weight sync to time
+                self._engine.sync.published(version, time.monotonic())
+            self._publisher.publish_and_wait(self._topic, event)
+        metrics.CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
+        log.info("published policy v%d (step %d) %s", version, step, path)
+        return event
+
+
+class RolloutTail:
+    """Weight-sync timing: the first rollout of a trained tier stamped with each new version."""
+
+    def __init__(self, settings: LearnerSettings, engine: LearnerEngine,
+                 topic: Topic[events_pb2.RolloutGenerated] = topics.ROLLOUTS_GENERATED) -> None:  # fmt: skip
+        self._settings = settings
+        self._engine = engine
+        self._topic = topic
+        self._consumer: KafkaConsumer | None = None
+
+    def connect(self) -> None:
+        """Assign every partition at its end now: only rollouts produced from here on count."""
+        consumer = KafkaConsumer(bootstrap_servers=self._settings.kafka_address, group_id=None,
+                                 enable_auto_commit=False)  # fmt: skip
+        partitions = consumer.partitions_for_topic(self._topic.name) or set()
+        assignment = [TopicPartition(self._topic.name, p) for p in sorted(partitions)]
+        consumer.assign(assignment)
+        consumer.seek_to_end(*assignment)
+        for tp in assignment:
+            consumer.position(tp)  # resolve "end" before anything new is published
+        self._consumer = consumer
+
+    def poll_once(self, timeout_s: float = 0.2) -> int:
+        if self._consumer is None:
+            self.connect()
+        assert self._consumer is not None
+        seen = 0
+        for records in self._consumer.poll(timeout_ms=int(timeout_s * 1000)).values():
+            arrived = time.monotonic()
+            for record in records:
+                try:
+                    rollout = decode(self._topic, record.value, record.key)
+                except PoisonMessageError:
+                    continue
+                seen += 1
+                if TIER_NUMBER.get(rollout.tier) not in self._settings.trained_tiers:
+                    continue
+                for version, seconds in self._engine.sync.observed(rollout.policy_version, arrived):
+                    metrics.SYNC_SECONDS.observe(seconds)
+                    log.info("weight sync: first rollout on policy v%d %.2f s after publish", version, seconds)
+        return seen
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                self.poll_once(0.2)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+# -- offsets at start ------------------------------------------------------------------------------
+
+
+def start_offsets(settings: LearnerSettings, topic: Topic) -> dict[int, int]:
+    """Per partition, where the group resumes: its committed offset, else the partition's beginning."""
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=settings.group_id,
+                             enable_auto_commit=False)  # fmt: skip
+    try:
+        partitions = [TopicPartition(topic.name, p) for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
+        beginning = consumer.beginning_offsets(partitions)
+        offsets = {}
+        for tp in partitions:
+            committed = consumer.committed(tp)
+            offsets[tp.partition] = committed if committed is not None else beginning[tp]
+        return offsets
+    finally:
+        consumer.close(autocommit=False)
+
+
+def recover_pending(settings: LearnerSettings, topic: Topic[events_pb2.RewardScored], intake: RewardIntake,
+                    engine: LearnerEngine, loop: UpdateLoop, timeout_s: float = 60.0) -> int:  # fmt: skip
+    """Re-offer events committed by a previous run but not inside the checkpoint; returns how many.
+
+    For each partition: from the checkpoint's first unapplied offset up to the group's committed
+    offset. Batches that fill up on the way are learned at once (``loop.step``).
+    """
+    applied = engine.applied()
+    committed = start_offsets(settings, topic)
+    ranges = {
+        p: (applied.offsets[f"{topic.name}:{p}"], end)
+        for p, end in committed.items()
+        if f"{topic.name}:{p}" in applied.offsets and applied.offsets[f"{topic.name}:{p}"] < end
+    }
+    if not ranges:
+        return 0
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False)
+    recovered = 0
+    try:
+        assignment = [TopicPartition(topic.name, p) for p in ranges]
+        consumer.assign(assignment)
+        for tp in assignment:
+            consumer.seek(tp, ranges[tp.partition][0])
+        remaining = set(assignment)
+        deadline = time.monotonic() + timeout_s
+        while remaining:
+            if time.monotonic() > deadline:
+                raise TransientError(f"could not re-read {topic.name} up to the committed offsets in {timeout_s} s")
+            deliveries = []
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                end = ranges[tp.partition][1]
+                for record in records:
+                    if record.offset >= end:
+                        break
+                    try:
+                        message = decode(topic, record.value, record.key)
+                    except PoisonMessageError:
+                        continue  # dead-lettered by the run that committed it
+                    deliveries.append(Delivery(topic, message, record.key, record.partition, record.offset, 1,
+                                               record.timestamp))  # fmt: skip
+            for tp in list(remaining):
+                if consumer.position(tp) >= ranges[tp.partition][1]:
+                    remaining.discard(tp)
+            for start in range(0, len(deliveries), settings.batch_size):
+                intake.handle_batch(deliveries[start : start + settings.batch_size])
+                recovered += len(deliveries[start : start + settings.batch_size])
+                while loop.step() is not None:
+                    pass
+    finally:
+        consumer.close()
+    log.info("recovered %d events of %s committed before the last checkpoint", recovered, topic.name)
+    return recovered

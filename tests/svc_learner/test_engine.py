@@ -1,0 +1,95 @@
+"""The learner's core without Kafka: offset bookkeeping, staleness at batch time, weight-sync timing."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from strata.bench.learner import build_tiny_policy
+from svc_learner.checkpoint import verify_checkpoint
+from svc_learner.config import LearnerSettings
+from svc_learner.engine import LearnerEngine, Outcome, Sample, Source, WeightSync
+
+TOPIC = "rewards"
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny")
+
+
+def engine_for(policy_dir: Path, tmp_path: Path, **extra: object) -> LearnerEngine:
+    settings = LearnerSettings(policy_model_path=policy_dir, checkpoint_dir=tmp_path / "ckpt", device="cpu",
+                               batch_size=2, minibatch_size=2, update_epochs=1, **extra)  # fmt: skip
+    return LearnerEngine.start(settings, policy_dir, initial_offsets={(TOPIC, 0): 5, (TOPIC, 1): 0})
+
+
+def sample(partition: int, offset: int, version: int = 0) -> Sample:
+    return Sample(f"p{partition}:r{offset}:q:0", Source(TOPIC, partition, offset), (5, 6, 7), (8, 9), 1.0, version)
+
+
+def test_start_writes_v0_with_the_starting_offsets(policy_dir: Path, tmp_path: Path) -> None:
+    engine = engine_for(policy_dir, tmp_path)
+    info = verify_checkpoint(tmp_path / "ckpt" / "v0")
+    assert (engine.version, engine.step, info.version) == (0, 0, 0)
+    assert dict(info.applied.offsets) == {f"{TOPIC}:0": 5, f"{TOPIC}:1": 0}
+    assert engine.classify("any", 0, Source(TOPIC, 0, 4)) is Outcome.APPLIED  # below where this lineage starts
+    assert engine.classify("any", 0, Source(TOPIC, 0, 5)) is None
+
+
+def test_applied_offsets_stop_at_the_first_sample_still_pending(policy_dir: Path, tmp_path: Path) -> None:
+    engine = engine_for(policy_dir, tmp_path)
+    assert engine.offer(sample(0, 5)) is Outcome.ACCEPTED
+    engine.discard(Source(TOPIC, 1, 0), Outcome.REUSED)
+    assert engine.offer(sample(1, 1)) is Outcome.ACCEPTED
+    assert engine.offer(sample(0, 6)) is Outcome.ACCEPTED  # pending after the batch
+    engine.discard(Source(TOPIC, 0, 7), Outcome.NOT_FINAL)
+    engine.discard(Source(TOPIC, 1, 2), Outcome.NOT_FINAL)
+    assert engine.offer(sample(0, 5)) is Outcome.DUPLICATE  # same id, pending
+
+    result = engine.update()
+    assert result is not None and result.checkpoint is not None and result.samples == 2
+    # Partition 0: offset 6 is still pending, so 6 (not 8) is the first offset not applied.
+    # Partition 1: everything seen (0, 1, 2) was learned or skipped.
+    assert dict(result.checkpoint.info.applied.offsets) == {f"{TOPIC}:0": 6, f"{TOPIC}:1": 3}
+    assert [s.source.offset for s in engine.pending()] == [6]
+    assert engine.classify("p0:r5:q:0", 1, Source(TOPIC, 0, 99)) is Outcome.DUPLICATE  # learned recently
+    assert engine.update() is None  # one sample pending: no batch
+
+
+def test_pending_samples_that_became_stale_are_dropped_when_the_batch_forms(policy_dir: Path, tmp_path: Path) -> None:
+    engine = engine_for(policy_dir, tmp_path, max_staleness=0, keep_checkpoints=1)
+    for offset in (5, 6, 7):
+        engine.offer(sample(0, offset, version=0))
+    assert engine.update() is not None and engine.version == 1  # the v0 sample at offset 7 waits
+    assert engine.offer(sample(1, 0, version=1)) is Outcome.ACCEPTED
+    assert engine.update() is None  # offset 7 is now one version behind, over max_staleness = 0
+    counts = engine.status().counts
+    assert (counts["accepted"], counts["dropped_stale"]) == (4, 1)
+    assert engine.classify("new", 0, Source(TOPIC, 1, 5)) is Outcome.STALE
+    assert engine.classify("new", 2, Source(TOPIC, 1, 5)) is Outcome.FUTURE
+
+
+def test_a_lagging_sample_is_refused_when_its_checkpoint_is_gone(policy_dir: Path, tmp_path: Path) -> None:
+    engine = engine_for(policy_dir, tmp_path, max_staleness=1, keep_checkpoints=2)
+    for version in range(2):  # v1, then v2 (v0 pruned: keep 2)
+        engine.offer(sample(0, 5 + 2 * version, version))
+        engine.offer(sample(1, 2 * version, version))
+        assert engine.update() is not None
+    assert engine.version == 2 and not (tmp_path / "ckpt" / "v0").exists()
+    assert engine.classify("new", 1, Source(TOPIC, 1, 9)) is None  # lag 1: corrected with v1's log-probs
+    shutil.rmtree(tmp_path / "ckpt" / "v1")  # e.g. removed by hand: the behaviour policy is gone
+    assert engine.classify("new", 1, Source(TOPIC, 1, 9)) is Outcome.STALE
+    assert engine.classify("new", 2, Source(TOPIC, 1, 9)) is None
+
+
+def test_weight_sync_is_publish_to_first_rollout_on_the_version() -> None:
+    sync = WeightSync()
+    sync.published(3, at=10.0)
+    sync.published(4, at=12.0)
+    assert sync.observed(2, at=10.5) == []  # an older version does not complete it
+    assert sync.observed(4, at=13.0) == [(3, 3.0), (4, 1.0)]  # a generator may skip a version
+    assert sync.observed(4, at=14.0) == []  # only the first rollout counts
+    assert (sync.last_version, sync.last_seconds) == (4, 1.0)
