@@ -26,9 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 from strata.bus import topics
+from strata.bus.tail import TailReader
 from strata.v1 import scheduler_pb2
 from svc_scheduler.settings import SchedulerSettings
-from svc_scheduler.tail import TailReader
 
 log = logging.getLogger(__name__)
 

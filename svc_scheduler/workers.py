@@ -24,12 +24,12 @@ import logging
 import threading
 
 from strata.bus import Delivery, topics
+from strata.bus.tail import TailReader
 from strata.v1 import common_pb2, events_pb2
 from svc_scheduler.engine import SchedulerEngine
 from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.stats import RewardObservation
 from svc_scheduler.store import SchedulerStore
-from svc_scheduler.tail import TailReader
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.stack_cmd",
     "strata.cli.health_cmd",
     "strata.cli.submit_cmd",
+    "strata.cli.train_cmd",
     "strata.cli.models_cmd",
     "strata.cli.bench_cmd",
 )

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from strata.bus import Publisher, topics
+from strata.bus.tail import TailReader
 from strata.cli import submit_cmd
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
@@ -27,7 +28,6 @@ from svc_scheduler.engine import SchedulerEngine
 from svc_scheduler.routing import Route
 from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.stats import RewardObservation
-from svc_scheduler.tail import TailReader
 
 pytestmark = pytest.mark.integration
 

@@ -1,0 +1,227 @@
+"""``strata train``: drive the whole loop on the zoo's task through the running services.
+
+Each round submits a batch of training prompts to the scheduler (gRPC ``SubmitBatch``), follows the
+rewards topic until their final rewards are in, and watches the learner's version advance (the
+learner updates on its own when it has a batch, and generators pick up new weights between batches).
+Before and after, the current policy answers held-out prompts (probe directions + Level-1 generator)
+scored by the light RM and the oracle. Writes a reward curve (PNG) and a JSON summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+
+from strata.bus import topics
+from strata.bus.tail import TailReader
+from strata.config import StrataSettings
+from strata.content_store import ContentStore
+from strata.v1 import (
+    common_pb2,
+    generator_pb2,
+    generator_pb2_grpc,
+    learner_pb2,
+    learner_pb2_grpc,
+    probe_pb2,
+    probe_pb2_grpc,
+    reward_pb2,
+    reward_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+from strata.zoo.oracle import oracle_score
+from strata.zoo.suite import PromptRecord, load_suite
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Addresses:
+    scheduler: str = "127.0.0.1:50051"
+    probe: str = "127.0.0.1:50052"
+    generator: str = "127.0.0.1:50053"
+    learner: str = "127.0.0.1:50055"
+    reward: str = "127.0.0.1:50056"
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    updates: int = 5                 # stop after the learner advanced this many versions
+    prompts_per_round: int = 16
+    n_samples: int = 4               # rollouts per prompt (variance for the scheduler, batch for PPO)
+    eval_prompts: int = 32
+    round_timeout_s: float = 300.0
+    max_rounds: int = 50
+    report_dir: Path = Path(".strata/reports")
+    seed: int = 0
+
+
+@dataclass
+class RoundStats:
+    round: int
+    policy_version: int                  # learner version at the end of the round
+    submitted: int
+    decisions: dict[str, int]
+    finals: int
+    level1_finals: int
+    mean_reward: float | None            # final rewards of Level-1 samples (light RM)
+    mean_oracle: float | None            # oracle score of those responses
+    seconds: float
+
+
+@dataclass
+class Evaluation:
+    policy_version: int
+    mean_reward: float
+    mean_oracle: float
+
+
+@dataclass
+class TrainSummary:
+    start_version: int
+    end_version: int
+    rounds: list[RoundStats] = field(default_factory=list)
+    before: Evaluation | None = None
+    after: Evaluation | None = None
+    weight_sync_s: float | None = None
+    png: str | None = None
+
+    @property
+    def reward_gain(self) -> float | None:
+        if not self.before or not self.after or self.before.mean_reward == 0:
+            return None
+        return self.after.mean_reward / self.before.mean_reward - 1.0
+
+
+def _learner_status(stub: learner_pb2_grpc.LearnerStub) -> learner_pb2.LearnerStatus:
+    return stub.Status(learner_pb2.LearnerStatusRequest(), timeout=10)
+
+
+def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], version: int) -> Evaluation:
+    """The current policy on held-out prompts: probe directions -> Level-1 generation -> light RM + oracle."""
+    probe = probe_pb2_grpc.ProbeStub(channels["probe"])
+    generator = generator_pb2_grpc.GeneratorStub(channels["generator"])
+    reward = reward_pb2_grpc.RewardStub(channels["reward"])
+    responses = []
+    for record in records:
+        directions = probe.Directions(probe_pb2.DirectionsRequest(prompt=record.text), timeout=30).directions
+        reply = generator.Generate(generator_pb2.GenerateRequest(prompt=record.text, directions=directions),
+                                   timeout=300)
+        responses.append(reply.generations[0].response)
+    scores = reward.Score(reward_pb2.ScoreRequest(items=[
+        reward_pb2.ScoreItem(prompt=r.text, response=resp) for r, resp in zip(records, responses, strict=True)
+    ]), timeout=300).scores
+    return Evaluation(version, statistics.fmean(s.reward for s in scores),
+                      statistics.fmean(oracle_score(r, resp) for r, resp in zip(records, responses, strict=True)))
+
+
+def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses = Addresses(),
+          progress: Callable[[RoundStats, int], None] | None = None) -> TrainSummary:
+    channels = {name: grpc.insecure_channel(getattr(addresses, name)) for name in asdict(addresses)}
+    store = ContentStore.from_url(settings.redis_address, settings.content_ttl_s, settings.content_max_bytes)
+    scheduler = scheduler_pb2_grpc.SchedulerStub(channels["scheduler"])
+    learner = learner_pb2_grpc.LearnerStub(channels["learner"])
+    train_records = [r for r in load_suite("train") if not r.risk]
+    eval_records = [r for r in load_suite("eval") if not r.risk][: options.eval_prompts]
+    by_text = {r.text: r for r in train_records}
+    try:
+        start_version = _learner_status(learner).policy_version
+        summary = TrainSummary(start_version, start_version)
+        summary.before = evaluate(channels, eval_records, start_version)
+        tail = TailReader(settings, [topics.REWARDS_SCORED], client_id="strata-train")
+        tail.seek_to_end()
+        cursor = (options.seed * 997) % len(train_records)
+        try:
+            for round_index in range(options.max_rounds):
+                if summary.end_version - start_version >= options.updates:
+                    break
+                started = time.monotonic()
+                batch = [train_records[(cursor + i) % len(train_records)] for i in range(options.prompts_per_round)]
+                cursor += options.prompts_per_round
+                reply = scheduler.SubmitBatch(scheduler_pb2.SubmitBatchRequest(requests=[
+                    scheduler_pb2.SubmitRequest(prompt=r.text, n_samples=options.n_samples) for r in batch
+                ]), timeout=120)
+                decisions: dict[str, int] = {}
+                expected: dict[str, int] = {}
+                prompt_of: dict[str, str] = {}
+                for result, record in zip(reply.results, batch, strict=True):
+                    if result.WhichOneof("result") != "response":
+                        log.warning("prompt refused by the scheduler: %s", result.error)
+                        continue
+                    response = result.response
+                    name = common_pb2.Decision.Name(response.decision).removeprefix("DECISION_").lower()
+                    decisions[name] = decisions.get(name, 0) + 1
+                    expected[response.request_id] = 1 if response.decision == common_pb2.DECISION_SKIP \
+                        else options.n_samples
+                    prompt_of[response.prompt_hash] = record.text
+                finals: dict[str, list] = {rid: [] for rid in expected}
+                deadline = time.monotonic() + options.round_timeout_s
+                while time.monotonic() < deadline and any(len(finals[r]) < n for r, n in expected.items()):
+                    for _topic, event in tail.poll(0.5):
+                        if event.request_id in finals and event.final:
+                            finals[event.request_id].append(event)
+                level1 = [e for events in finals.values() for e in events
+                          if e.tier == common_pb2.TIER_LEVEL_1 and e.scorer != common_pb2.SCORER_REUSED]
+                oracle = []
+                for event in level1:
+                    record = by_text.get(prompt_of.get(event.prompt_hash, ""))
+                    if record is not None:
+                        oracle.append(oracle_score(record, store.get_text(event.response_hash)))
+                status = _learner_status(learner)
+                summary.end_version = status.policy_version
+                if "sync/seconds" in status.metrics:
+                    summary.weight_sync_s = status.metrics["sync/seconds"]
+                stats = RoundStats(
+                    round_index, status.policy_version, len(batch), decisions,
+                    sum(len(v) for v in finals.values()), len(level1),
+                    statistics.fmean(e.reward for e in level1) if level1 else None,
+                    statistics.fmean(oracle) if oracle else None, time.monotonic() - started,
+                )
+                summary.rounds.append(stats)
+                if progress:
+                    progress(stats, status.policy_version - start_version)
+        finally:
+            tail.close()
+        summary.after = evaluate(channels, eval_records, summary.end_version)
+    finally:
+        for channel in channels.values():
+            channel.close()
+    summary.png = str(write_report(summary, options.report_dir))
+    return summary
+
+
+def write_report(summary: TrainSummary, report_dir: Path) -> Path:
+    """Reward and oracle curves (PNG) and the JSON summary, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    png = report_dir / f"train-{stamp}.png"
+    rounds = [r for r in summary.rounds if r.mean_reward is not None]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot([r.round for r in rounds], [r.mean_reward for r in rounds], marker="o", label="light RM reward (Level-1)")
+    ax.plot([r.round for r in rounds], [r.mean_oracle for r in rounds], marker="s", label="oracle score")
+    for r in summary.rounds[1:]:
+        previous = summary.rounds[r.round - 1] if r.round else None
+        if previous is not None and r.policy_version != previous.policy_version:
+            ax.axvline(r.round, color="grey", alpha=0.2)
+    ax.set_xlabel("round (grey lines: new policy version)")
+    ax.set_ylabel("score (0-5)")
+    ax.set_title(f"strata train: policy v{summary.start_version} -> v{summary.end_version}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    payload = {**asdict(summary), "reward_gain": summary.reward_gain}
+    png.with_suffix(".json").write_text(json.dumps(payload, indent=2, default=str))
+    return png
