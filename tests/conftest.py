@@ -14,6 +14,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -23,6 +24,9 @@ from strata.bus.topics import Topic
 from strata.config import StrataSettings
 from strata.infra import down, up
 from strata.v1 import events_pb2
+
+if TYPE_CHECKING:
+    from strata.zoo.build import ZooPaths
 
 
 def free_port() -> int:
@@ -98,3 +102,12 @@ def fresh_topic(infra: StrataSettings) -> Topic[events_pb2.PromptRouted]:
     topic = Topic(f"test.{uuid.uuid4().hex[:10]}", events_pb2.PromptRouted)
     ensure_topics(infra.kafka_address, infra.topic_partitions, topics=[topic])
     return topic
+
+
+@pytest.fixture(scope="session")
+def zoo() -> ZooPaths:
+    """The model zoo's small ``ci`` preset (built once into the cache, then reused)."""
+    from strata.zoo.build import ZooSettings, ensure_zoo
+
+    preset = os.environ.get("STRATA_TEST_ZOO_PRESET", "ci")
+    return ensure_zoo(ZooSettings(zoo_preset=preset), progress=False)

@@ -11,7 +11,7 @@ from strata.infra import InfraError
 from strata.infra import down as infra_down
 from strata.infra import up as infra_up
 from strata.stack import control
-from strata.stack.spec import default_services
+from strata.stack.spec import ServiceSpec, default_services
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     logs.set_defaults(func=_logs)
 
 
-def _services(only: str):
+def _services(only: str) -> list[ServiceSpec]:
     services = default_services()
     if only:
         wanted = {name.strip() for name in only.split(",") if name.strip()}

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def health(port: int, timeout_s: float = 1.0) -> bool:
 
 
 def start(settings: StrataSettings, services: list[ServiceSpec], service_args: dict[str, list[str]],
-          timeout_s: float, progress=print) -> None:
+          timeout_s: float, progress: Callable[[str], object] = print) -> None:
     """Start the supervisor (if not running) and wait until every service answers its health check."""
     if supervisor_pid(settings) is None:
         argv = [sys.executable, "-m", _SUPERVISOR_MODULE, "--state-dir", str(settings.state_dir.resolve()),
