@@ -1,79 +1,126 @@
-"""``strata demo``: what `make demo` runs.
+"""``strata demo`` (what ``make demo`` runs): the whole loop on tiny models, then a report.
 
-At this stage of the project it brings up the local Kafka and Redis, stores a prompt in the content
-store, publishes it to the Level-0 topic and reads it back through a consumer-group worker, printing
-each step. The full loop (tiers, rewards, PPO, report) replaces this as the services land.
+1. Kafka and Redis (``strata infra up``); 2. the model zoo (built once, then reused); 3. every
+service as its own process (``strata up``); 4. the suite's training prompts through the scheduler's
+gRPC API in rounds while the learner runs PPO on the rewards (``strata train``); 5. a report: tier
+mix, skip rate, escalations, cost saving against all-Level-2, reward and oracle curves, the rollout
+log's size. A second run reuses the zoo, the running stack and the data.
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
+import os
 import time
-import uuid
 
-from strata.bus import Delivery, Publisher, Worker, topics
+import grpc
+from kafka import KafkaConsumer, TopicPartition
+from tqdm import tqdm
+
+from strata import ledger
+from strata.bus import topics
 from strata.cli.main import CliError
 from strata.config import StrataSettings
-from strata.content_store import ContentStore
-from strata.infra import InfraError, up
-from strata.v1 import common_pb2, events_pb2
+from strata.infra import InfraError
+from strata.infra import up as infra_up
+from strata.stack import control
+from strata.stack.spec import default_services
+from strata.train import Addresses, RoundStats, TrainOptions, train
+from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+# The tiny CPU models learn at rates real models would not survive (see docs/learner.md).
+DEMO_SERVICE_ARGS = {"learner": ["--learning-rate", "5e-4", "--batch-size", "32", "--minibatch-size", "8"]}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="bring up the stack and push a prompt through it")
-    parser.add_argument("--prompt", default="Explain the principle of backpropagation in two sentences.")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the event")
+    parser = subparsers.add_parser("demo", help="the whole loop on tiny models, then a report (make demo)")
+    parser.add_argument("--updates", type=int, default=3, help="PPO updates to run")
+    parser.add_argument("--prompts-per-round", type=int, default=24)
+    parser.add_argument("--n-samples", type=int, default=2, help="rollouts per prompt")
+    parser.add_argument("--eval-prompts", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the services")
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    settings = StrataSettings()
-    print("1/4 starting Kafka and Redis (strata infra up) ...", flush=True)
+def rollout_log_size(settings: StrataSettings) -> int:
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False)
     try:
-        rows = up(settings)
+        partitions = [TopicPartition(topics.ROLLOUT_LOG.name, p)
+                      for p in consumer.partitions_for_topic(topics.ROLLOUT_LOG.name) or ()]
+        begin, end = consumer.beginning_offsets(partitions), consumer.end_offsets(partitions)
+        return sum(end[tp] - begin[tp] for tp in partitions)
+    finally:
+        consumer.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    # The demo uses the zoo's small preset unless told otherwise (the default preset takes ~15 min).
+    os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
+    settings = StrataSettings()
+    started = time.monotonic()
+    try:
+        print("[1/5] Kafka and Redis", flush=True)
+        for row in infra_up(settings):
+            print(f"      {row.name:<6} {row.state:<4} {row.address}")
+        print(f"[2/5] model zoo (preset {os.environ['STRATA_ZOO_PRESET']}; built once, then reused)", flush=True)
+        from strata.zoo.build import ensure_zoo
+
+        paths = ensure_zoo(settings)
+        print(f"      {paths.root}")
+        print("[3/5] services (strata up)", flush=True)
+        control.start(settings, default_services(), DEMO_SERVICE_ARGS, args.timeout,
+                      progress=lambda line: print("     ", line, flush=True))
     except InfraError as exc:
         raise CliError(str(exc)) from exc
-    for row in rows:
-        print(f"    {row.name:<6} {row.state:<4} {row.address}")
 
-    store = ContentStore.from_url(settings.redis_address, settings.content_ttl_s, settings.content_max_bytes)
-    prompt_hash = store.put(args.prompt)
-    print(f"2/4 stored the prompt in the content store: sha256 {prompt_hash[:16]}...")
+    print(f"[4/5] training: suite prompts -> scheduler -> tiers -> rewards -> PPO ({args.updates} updates)",
+          flush=True)
+    bar = tqdm(total=args.updates, desc="      policy updates", unit="update")
 
-    event = events_pb2.PromptRouted(
-        prompt_hash=prompt_hash, tier=common_pb2.TIER_LEVEL_0, decision=common_pb2.DECISION_LEVEL_1,
-        reason="demo", n_samples=1, request_id=uuid.uuid4().hex,
-    )
-    event.submitted_at.GetCurrentTime()
-    event.routed_at.GetCurrentTime()
-    publisher = Publisher(settings.kafka_address, client_id="strata-demo")
-    sent_at = time.perf_counter()
-    publisher.publish_and_wait(topics.PROMPTS_LEVEL0, event)
-    print(f"3/4 published PromptRouted to {topics.PROMPTS_LEVEL0.name} (acks=all)")
+    def progress(stats: RoundStats, advanced: int) -> None:
+        bar.n = min(advanced, args.updates)
+        reward = "-" if stats.mean_reward is None else f"{stats.mean_reward:.2f}"
+        bar.set_postfix_str(f"round {stats.round} reward {reward} finals {stats.finals}")
+        bar.refresh()
 
-    received: list[Delivery] = []
-    stop = threading.Event()
-
-    def handle(delivery: Delivery) -> None:
-        if delivery.message.request_id == event.request_id:
-            received.append(delivery)
-            stop.set()
-
-    # A one-off group reads the topic from the beginning; stop after our event or the timeout.
-    worker = Worker(settings, f"strata-demo-{event.request_id[:8]}", {topics.PROMPTS_LEVEL0: handle}, publisher)
-    timer = threading.Timer(args.timeout, stop.set)
-    timer.start()
+    options = TrainOptions(updates=args.updates, prompts_per_round=args.prompts_per_round,
+                           n_samples=args.n_samples, eval_prompts=args.eval_prompts,
+                           report_dir=settings.state_dir / "reports")
     try:
-        worker.run(stop)
+        summary = train(settings, options, Addresses(), progress)
+    except grpc.RpcError as exc:
+        raise CliError(f"a service stopped answering ({exc.code().name}: {exc.details()}); "
+                       "see `strata status` and `strata logs`") from exc
     finally:
-        timer.cancel()
-        publisher.close()
-    if not received:
-        raise CliError(f"the event did not come back within {args.timeout:.0f} s; see .strata/kafka/logs")
-    text = store.get_text(received[0].message.prompt_hash)
-    print(f"4/4 consumed it back in {time.perf_counter() - sent_at:.2f} s "
-          f"(partition {received[0].partition}, offset {received[0].offset}); "
-          f"content store returns the prompt: {text == args.prompt}")
-    print("Kafka and Redis stay up; stop them with `.venv/bin/strata infra down`.")
+        bar.close()
+
+    print("[5/5] report", flush=True)
+    with grpc.insecure_channel(Addresses().scheduler) as channel:
+        stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=10)
+    import redis
+
+    client = redis.Redis.from_url(settings.redis_address)
+    cost = ledger.read(client)
+    client.close()
+    rollouts = sum(t.rollouts for t in cost.tiers)
+    print(f"      prompts submitted: {stats.submitted}   decisions: "
+          + ", ".join(f"{k.removeprefix('DECISION_').lower()}={v}" for k, v in sorted(stats.decisions.items())))
+    print(f"      skip rate: {stats.skip_rate:.1%}   index size: {stats.index_size}   "
+          f"high-uncertainty marks: {stats.high_uncertainty_marks}")
+    for tier in cost.tiers:
+        share = tier.rollouts / rollouts if rollouts else 0.0
+        print(f"      Level-{tier.tier}: {tier.rollouts} rollouts ({share:.0%}), {tier.tokens} tokens, "
+              f"{tier.device_seconds:.1f} device-s")
+    print(f"      escalations Level-1 -> Level-2: {cost.counts.get('escalations', 0)}")
+    if cost.saving is not None:
+        print(f"      cost: {cost.total_device_seconds:.1f} device-s vs {cost.all_level2_device_seconds:.1f} "
+              f"if all at Level-2 -> saving {cost.saving:.1%}")
+    if summary.before and summary.after:
+        print(f"      held-out reward {summary.before.mean_reward:.3f} -> {summary.after.mean_reward:.3f}, "
+              f"oracle {summary.before.mean_oracle:.3f} -> {summary.after.mean_oracle:.3f} "
+              f"(policy v{summary.start_version} -> v{summary.end_version})")
+    print(f"      rollout log: {rollout_log_size(settings)} records (prompt hash, response hash, reward)")
+    print(f"      curves: {summary.png}")
+    print(f"done in {time.monotonic() - started:.0f} s. The stack keeps running: `strata status`, "
+          "`strata report`, `strata down`.")
     return 0
