@@ -81,10 +81,10 @@ def test_level0_prompts_come_out_as_final_rewards_with_escalations_and_hash_only
     level1 = [e for e in ours if e.tier == common_pb2.TIER_LEVEL_1]
     # Every Level-1 reward under the threshold escalated, and its prompt's final reward is Level-2.
     for event in level1:
-        if event.reward < 3.2 or event.caution:
+        if event.reward < 3.2:
             assert event.escalated, f"Level-1 reward {event.reward:.2f} did not escalate"
-        else:
-            assert not event.escalated and event.final
+        if not event.escalated:
+            assert event.final and event.reward >= 3.2
         if event.escalated:
             assert not event.final
             assert finals[event.request_id][0].tier == common_pb2.TIER_LEVEL_2
