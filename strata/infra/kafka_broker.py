@@ -9,6 +9,7 @@ the broker runs as ``kafka.Kafka`` with a generated ``server.properties``. Data 
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import shutil
@@ -143,14 +144,13 @@ def format_storage(paths: KafkaPaths) -> None:
         cluster_id = paths.cluster_id_file.read_text().strip()
     else:
         # Kafka cluster ids are 16 random bytes, URL-safe base64 without padding.
-        import base64
-
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         paths.cluster_id_file.write_text(cluster_id + "\n")
     result = subprocess.run(
         [_java(), "-cp", _classpath(paths), f"-Dlog4j2.configurationFile={_data_file('log4j2.properties')}",
          f"-Dkafka.logs.dir={paths.logs}", "kafka.tools.StorageTool", "format",
-         "-t", cluster_id, "-c", str(paths.properties), "--ignore-formatted"],
+         # "=" form: a base64 id may start with "-", which argparse would take for an option.
+         f"--cluster-id={cluster_id}", "-c", str(paths.properties), "--ignore-formatted"],
         capture_output=True, text=True,
     )
     if result.returncode != 0:
