@@ -96,7 +96,7 @@ def _lags(settings: StrataSettings, groups: set[str]) -> dict[str, int]:
         return lags
     try:
         for group in groups:
-            committed = admin.list_consumer_group_offsets(group)
+            committed = admin.list_group_offsets({group: None}).get(group) or {}
             if not committed:
                 continue
             ends = consumer.end_offsets(list(committed))

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import pytest
 from kafka import KafkaAdminClient
+from kafka.errors import KafkaError
 from stackutil import Tail, spawn, submit
 
 from strata.bus import topics
@@ -23,10 +24,13 @@ pytestmark = pytest.mark.integration
 
 
 def group_members(bootstrap: str, group: str) -> int:
+    """Members of a group that finished rebalancing (0 while it is still balancing)."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        [description] = admin.describe_consumer_groups([group])
-        return sum(1 for m in description.members if m.member_assignment and m.member_assignment.assignment)
+        description = admin.describe_groups([group])[group]
+        return len(description["members"]) if description["group_state"] == "Stable" else 0
+    except KafkaError:  # e.g. no coordinator yet for a group nobody joined
+        return 0
     finally:
         admin.close()
 
