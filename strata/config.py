@@ -70,6 +70,9 @@ class StrataSettings(BaseSettings):
 
     log_level: str = Field("INFO")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port; unset: none")
+    debug_rollout: bool = Field(
+        False, description="keep full samples in a separate store that never feeds training (strata.debug_store)"
+    )
 
     @property
     def kafka_managed(self) -> bool:

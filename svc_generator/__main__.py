@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m svc_generator", description=__doc__)
     add_settings_flags(parser, GeneratorSettings)
     settings = settings_from_flags(GeneratorSettings, parser.parse_args(argv))
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
     return run_service(build(settings))
 
 

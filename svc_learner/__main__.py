@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m svc_learner", description=__doc__)
     add_settings_flags(parser, LearnerSettings)
     settings = settings_from_flags(LearnerSettings, parser.parse_args(argv))
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
     hf_logging.disable_progress_bar()  # a checkpoint per update: no progress bars in the service log
     try:
         parts = build(settings)

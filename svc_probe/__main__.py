@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m svc_probe", description=__doc__)
     add_settings_flags(parser, ProbeSettings)
     settings = settings_from_flags(ProbeSettings, parser.parse_args(argv))
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
     return run_service(build(settings))
 
 

@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_settings_flags(parser, SchedulerSettings)
     args = parser.parse_args(argv)
     settings = settings_from_flags(SchedulerSettings, args)
-    setup_logging(settings.log_level, json_lines=args.json_logs)
+    setup_logging(settings.log_level, json_lines=args.json_logs, debug_rollout=settings.debug_rollout)
     parts, _engine = build_parts(settings)
     return run_service(parts)
 

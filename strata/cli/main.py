@@ -28,6 +28,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.train_cmd",
     "strata.cli.models_cmd",
     "strata.cli.bench_cmd",
+    "strata.cli.diagnose_cmd",
+    "strata.cli.rm_cmd",
 )
 
 
