@@ -23,6 +23,7 @@ from strata.bus import Worker
 from strata.config import StrataSettings
 from strata.lifecycle import stop_on_signals
 from strata.rpc import RunningServer, ServiceBinding, start_server
+from strata.rpc_metrics import register_device_memory_metrics
 from strata.telemetry import start_metrics_server
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ def start_service(parts: ServiceParts, stop: threading.Event | None = None) -> R
     stop = stop or threading.Event()
     log.info("%s starting with settings %s", parts.name, json.dumps(parts.settings.as_log_dict(), default=str))
     if parts.settings.metrics_port is not None:
+        register_device_memory_metrics()  # CUDA memory per device (the memory diagnostic reads it)
         port = start_metrics_server(parts.settings.metrics_port)
         log.info("%s metrics on :%d/metrics", parts.name, port)
     server = start_server(parts.bindings, parts.grpc_port, host=parts.grpc_host)

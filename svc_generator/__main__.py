@@ -11,6 +11,7 @@ import redis
 from strata.bus import Publisher, Worker
 from strata.config import add_settings_flags, settings_from_flags
 from strata.content_store import ContentStore
+from strata.debug_store import debug_store_for
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, run_service
 from strata.telemetry import setup_logging
@@ -37,7 +38,8 @@ def build(settings: GeneratorSettings) -> ServiceParts:
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings.kafka_address, client_id=f"svc-generator-l{settings.tier}")
-    handler = GeneratorWorker(settings, batcher, store, client, publisher, backend.tokenizer_id)
+    handler = GeneratorWorker(settings, batcher, store, client, publisher, backend.tokenizer_id,
+                              debug_store_for(settings, client))
     worker = Worker(settings, settings.consumer_group, publisher=publisher,
                     batch_handlers={handler.topic: handler.handle_batch})
     loops = [batcher.run]

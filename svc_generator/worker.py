@@ -14,10 +14,12 @@ import logging
 from dataclasses import dataclass
 
 import redis
+from prometheus_client import Counter
 
 from strata import ledger
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
+from strata.debug_store import DebugSample, DebugStore
 from strata.v1 import common_pb2, events_pb2
 from strata.validation import RequestError, check_directions, sampling_from_proto, sampling_to_proto
 from svc_generator.backends.base import GenerationRequest
@@ -25,6 +27,8 @@ from svc_generator.batcher import DynamicBatcher
 from svc_generator.config import GeneratorSettings
 
 log = logging.getLogger(__name__)
+
+ROLLOUTS = Counter("strata_generator_rollouts_total", "Rollouts generated and claimed (once per sample)", ["tier"])
 
 TIER_ENUM = {1: common_pb2.TIER_LEVEL_1, 2: common_pb2.TIER_LEVEL_2}  # GeneratorSettings.tier -> wire enum
 
@@ -50,7 +54,9 @@ class GeneratorWorker:
     """The batch handler of the tier's prompt topic."""
 
     def __init__(self, settings: GeneratorSettings, batcher: DynamicBatcher, store: ContentStore,
-                 client: redis.Redis, publisher: Publisher, tokenizer_id: str) -> None:
+                 client: redis.Redis, publisher: Publisher, tokenizer_id: str,
+                 debug_store: DebugStore | None = None) -> None:
+        self._debug_store = debug_store  # --debug-rollout only; never read by training
         self._settings = settings
         self._batcher = batcher
         self._store = store
@@ -95,6 +101,14 @@ class GeneratorWorker:
             event.generated_at.GetCurrentTime()
             if self._redis.set(job.key, event.SerializeToString(), nx=True, ex=self._settings.content_ttl_s):
                 ledger.record_rollout(self._redis, self._settings.tier, len(output.token_ids), result.device_seconds)
+                ROLLOUTS.labels(tier=str(self._settings.tier)).inc()
+                if self._debug_store is not None:
+                    sampling = job.request.sampling
+                    self._debug_store.record(DebugSample(
+                        job.request.prompt, output.text, self._settings.tier, result.policy_version,
+                        result.model_id, {"temperature": sampling.temperature, "top_p": sampling.top_p,
+                                          "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed},
+                    ))
             else:  # another attempt won the claim meanwhile: its event is the one
                 event = events_pb2.RolloutGenerated.FromString(self._redis.get(job.key))
             ready.append(event)

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 
 import redis
+from prometheus_client import Counter, Histogram
 
 from strata.bus import Publisher, Worker, topics
 from strata.config import add_settings_flags, settings_from_flags
@@ -22,6 +23,10 @@ from svc_probe.core import ProbeResult, ProbeRules, probe
 from svc_probe.servicer import ProbeServicer
 from svc_probe.worker import ProbeFn, ProbeWorker
 
+PROBE_SECONDS = Histogram("strata_probe_batch_seconds", "Probe forward time per batch (R1 budget: 50 ms/prompt)",
+                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
+CAUTIONS = Counter("strata_probe_cautions_total", "Prompts the probe sent to Level-2 (risk or low confidence)")
+
 
 def make_probe_fn(settings: ProbeSettings) -> ProbeFn:
     if settings.model:
@@ -35,8 +40,10 @@ def make_probe_fn(settings: ProbeSettings) -> ProbeFn:
     lock = threading.Lock()  # one forward at a time: gRPC threads and the worker share the model
 
     def probe_fn(prompts: Sequence[str]) -> list[ProbeResult]:
-        with lock:
-            return probe(lm, prompts, rules, settings.max_prompt_tokens)
+        with lock, PROBE_SECONDS.time():
+            results = probe(lm, prompts, rules, settings.max_prompt_tokens)
+        CAUTIONS.inc(sum(r.caution for r in results))
+        return results
 
     return probe_fn
 

@@ -12,6 +12,7 @@ import logging
 from collections import defaultdict
 
 import redis
+from prometheus_client import Counter, Histogram
 
 from strata import ledger
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
@@ -22,6 +23,11 @@ from svc_reward.decide import decide
 from svc_reward.models import RewardModels
 
 log = logging.getLogger(__name__)
+
+REWARDS = Histogram("strata_reward_score", "Rewards produced (0-5)", ["tier", "scorer"],
+                    buckets=(0.5, 1, 1.5, 2, 2.5, 3, 3.2, 3.5, 4, 4.5, 5))
+ESCALATIONS = Counter("strata_reward_escalations_total", "Level-1 prompts escalated to Level-2 (R3)")
+SCORE_SECONDS = Histogram("strata_reward_score_batch_seconds", "RM scoring time per batch", ["tier"])
 
 TIER_NUMBER = {common_pb2.TIER_LEVEL_1: 1, common_pb2.TIER_LEVEL_2: 2}
 
@@ -59,7 +65,8 @@ class RewardWorker:
                 responses = [self._store.get_text(e.response_hash) for e in events]
             except ContentNotFoundError as exc:
                 raise PoisonMessageError(str(exc)) from exc
-            scores = self._models.score(prompts, responses, strong=(tier == 2 and self._models.has_strong))
+            with SCORE_SECONDS.labels(tier=str(tier)).time():
+                scores = self._models.score(prompts, responses, strong=(tier == 2 and self._models.has_strong))
             scorer = common_pb2.SCORER_STRONG if tier == 2 and self._models.has_strong else common_pb2.SCORER_LIGHT
             for event, reward, spread in zip(events, scores.rewards, scores.spreads, strict=True):
                 futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals))
@@ -86,6 +93,7 @@ class RewardWorker:
         scored.generated_at.CopyFrom(event.generated_at)
         scored.scored_at.GetCurrentTime()
         futures = [self._publisher.publish(topics.REWARDS_SCORED, scored)]
+        REWARDS.labels(tier=str(tier), scorer=common_pb2.Scorer.Name(scorer)).observe(reward)
         if outcome.final:
             futures.append(self._publisher.publish(topics.ROLLOUT_LOG, events_pb2.RolloutLogRecord(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, reward=reward)))
@@ -101,6 +109,7 @@ class RewardWorker:
             escalation.routed_at.GetCurrentTime()
             futures.append(self._publisher.publish(topics.PROMPTS_LEVEL2, escalation))
             ledger.count(self._redis, "escalations")
+            ESCALATIONS.inc()
         if outcome.annotate:
             request = events_pb2.AnnotationRequested(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,

@@ -21,13 +21,16 @@ class ServiceSpec:
 def default_services(extra_args: dict[str, tuple[str, ...]] | None = None) -> list[ServiceSpec]:
     """Scheduler, probe, generator Level-1 and Level-2, reward and learner, each on its own port."""
     extra = extra_args or {}
+    # Prometheus endpoints on 9151-9156, as in compose.yaml (the diagnostics' defaults).
     specs = [
-        ServiceSpec("scheduler", "svc_scheduler", 50051, consumer_groups=("svc-scheduler-stats",)),
-        ServiceSpec("probe", "svc_probe", 50052, consumer_groups=("svc-probe",)),
-        ServiceSpec("generator-l1", "svc_generator", 50053, ("--tier", "1"), ("svc-generator-l1",)),
-        ServiceSpec("generator-l2", "svc_generator", 50054, ("--tier", "2"), ("svc-generator-l2",)),
-        ServiceSpec("reward", "svc_reward", 50056, consumer_groups=("svc-reward",)),
-        ServiceSpec("learner", "svc_learner", 50055, consumer_groups=("svc-learner",)),
+        ServiceSpec("scheduler", "svc_scheduler", 50051, ("--metrics-port", "9151"), ("svc-scheduler-stats",)),
+        ServiceSpec("probe", "svc_probe", 50052, ("--metrics-port", "9152"), ("svc-probe",)),
+        ServiceSpec("generator-l1", "svc_generator", 50053, ("--tier", "1", "--metrics-port", "9153"),
+                    ("svc-generator-l1",)),
+        ServiceSpec("generator-l2", "svc_generator", 50054, ("--tier", "2", "--metrics-port", "9154"),
+                    ("svc-generator-l2",)),
+        ServiceSpec("reward", "svc_reward", 50056, ("--metrics-port", "9156"), ("svc-reward",)),
+        ServiceSpec("learner", "svc_learner", 50055, ("--metrics-port", "9155"), ("svc-learner",)),
     ]
     return [ServiceSpec(s.name, s.module, s.port, s.args + extra.get(s.name, ()), s.consumer_groups, s.env)
             for s in specs]

@@ -21,7 +21,7 @@ from strata.bus import Publisher
 from strata.config import StrataSettings
 from strata.deploy import load
 from strata.diagnose.exporter import StackCollector
-from strata.diagnose.instrumentation import GRPC_REQUESTS, GRPC_SECONDS, GrpcMetricsInterceptor
+from strata.rpc_metrics import GRPC_REQUESTS, GRPC_SECONDS, GrpcMetricsInterceptor
 
 REPO = Path(__file__).resolve().parents[2]
 _SUFFIX = re.compile(r"_(bucket|sum|count|total|created)$")
