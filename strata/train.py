@@ -100,6 +100,22 @@ class TrainSummary:
         return self.after.mean_reward / self.before.mean_reward - 1.0
 
 
+def request_done(events: list, n_samples: int) -> bool:
+    """Whether a submitted request has all the rewards it will get.
+
+    A skip has one reused final. Otherwise each Level-1 sample ends final or escalated, and an
+    escalated request gets one Level-2 final; a request routed to Level-2 gets ``n_samples`` finals.
+    """
+    if any(e.scorer == common_pb2.SCORER_REUSED for e in events):
+        return True
+    level1 = [e for e in events if e.tier == common_pb2.TIER_LEVEL_1]
+    level2_finals = [e for e in events if e.tier == common_pb2.TIER_LEVEL_2 and e.final]
+    if len(level2_finals) >= n_samples:
+        return True
+    escalated = any(e.escalated for e in level1)
+    return len(level1) >= n_samples and (not escalated or bool(level2_finals))
+
+
 def _learner_status(stub: learner_pb2_grpc.LearnerStub) -> learner_pb2.LearnerStatus:
     return stub.Status(learner_pb2.LearnerStatusRequest(), timeout=10)
 
@@ -161,12 +177,15 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
                     expected[response.request_id] = 1 if response.decision == common_pb2.DECISION_SKIP \
                         else options.n_samples
                     prompt_of[response.prompt_hash] = record.text
-                finals: dict[str, list] = {rid: [] for rid in expected}
+                events_of: dict[str, list] = {rid: [] for rid in expected}
                 deadline = time.monotonic() + options.round_timeout_s
-                while time.monotonic() < deadline and any(len(finals[r]) < n for r, n in expected.items()):
+                while time.monotonic() < deadline and not all(
+                    request_done(events_of[r], n) for r, n in expected.items()
+                ):
                     for _topic, event in tail.poll(0.5):
-                        if event.request_id in finals and event.final:
-                            finals[event.request_id].append(event)
+                        if event.request_id in events_of:
+                            events_of[event.request_id].append(event)
+                finals = {rid: [e for e in events if e.final] for rid, events in events_of.items()}
                 level1 = [e for events in finals.values() for e in events
                           if e.tier == common_pb2.TIER_LEVEL_1 and e.scorer != common_pb2.SCORER_REUSED]
                 oracle = []
