@@ -70,8 +70,8 @@ class RoundStats:
     submitted: int
     decisions: dict[str, int]
     finals: int
-    level1_finals: int
-    mean_reward: float | None            # final rewards of Level-1 samples (light RM)
+    level1_samples: int                  # Level-1 samples scored this round
+    mean_reward: float | None            # light-RM rewards of every Level-1 sample (final or escalated)
     mean_oracle: float | None            # oracle score of those responses
     seconds: float
 
@@ -186,7 +186,9 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
                         if event.request_id in events_of:
                             events_of[event.request_id].append(event)
                 finals = {rid: [e for e in events if e.final] for rid, events in events_of.items()}
-                level1 = [e for events in finals.values() for e in events
+                # Every Level-1 sample, final or escalated: finals alone are cut at the escalation
+                # threshold and would hide what the policy actually writes.
+                level1 = [e for events in events_of.values() for e in events
                           if e.tier == common_pb2.TIER_LEVEL_1 and e.scorer != common_pb2.SCORER_REUSED]
                 oracle = []
                 for event in level1:
