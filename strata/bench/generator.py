@@ -43,17 +43,9 @@ def run(args: argparse.Namespace) -> int:
     prompts = [r.text for r in load_suite("eval")[: args.prompts]]
     sampling = Sampling(settings.temperature, settings.top_p, args.max_new_tokens)
 
-    # (a) sequential in-process generate, one prompt at a time.
-    backend.generate([GenerationRequest(prompts[0], (), sampling)])  # warm-up
-    started = time.perf_counter()
-    sequential_tokens = sum(len(backend.generate([GenerationRequest(p, (), sampling)])[0].token_ids)
-                            for p in prompts)
-    sequential_s = time.perf_counter() - started
-    sequential_tps = sequential_tokens / sequential_s
-    print(f"sequential: {len(prompts)} prompts, {sequential_tokens} tokens in {sequential_s:.1f} s "
-          f"= {sequential_tps:.0f} tokens/s")
-
-    # (b) the service with concurrent clients.
+    # Both sides run on the same prompts, interleaved in rounds, so that a change in machine load
+    # during the run hits both alike. (a) sequential in-process generate, one prompt at a time;
+    # (b) the service (gRPC + dynamic batcher) with concurrent clients.
     batcher = DynamicBatcher(backend, settings.max_batch_size, settings.max_wait_ms / 1000)
     stop = threading.Event()
     loop = threading.Thread(target=batcher.run, args=(stop,), daemon=True)
@@ -62,8 +54,11 @@ def run(args: argparse.Namespace) -> int:
     server = start_server([ServiceBinding(generator_pb2_grpc.add_GeneratorServicer_to_server, servicer,
                                           generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name)],
                           port=0, host="127.0.0.1", max_workers=args.clients + 4)
+    sequential_tokens = service_tokens = batches = 0
+    sequential_s = service_s = 0.0
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel, \
+                ThreadPoolExecutor(max_workers=args.clients) as pool:
             stub = generator_pb2_grpc.GeneratorStub(channel)
             params = common_pb2.SamplingParams(max_new_tokens=args.max_new_tokens)
 
@@ -71,17 +66,26 @@ def run(args: argparse.Namespace) -> int:
                 reply = stub.Generate(generator_pb2.GenerateRequest(prompt=prompt, sampling=params), timeout=600)
                 return sum(g.response_tokens for g in reply.generations)
 
-            call(prompts[0])  # warm-up
-            batches_before = batcher.batches
-            started = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=args.clients) as pool:
-                service_tokens = sum(pool.map(call, prompts))
-            service_s = time.perf_counter() - started
-            batches = batcher.batches - batches_before
+            backend.generate([GenerationRequest(prompts[0], (), sampling)])  # warm-up, both paths
+            call(prompts[0])
+            for start in range(0, len(prompts), args.clients):
+                chunk = prompts[start : start + args.clients]
+                started = time.perf_counter()
+                sequential_tokens += sum(len(backend.generate([GenerationRequest(p, (), sampling)])[0].token_ids)
+                                         for p in chunk)
+                sequential_s += time.perf_counter() - started
+                batches_before = batcher.batches
+                started = time.perf_counter()
+                service_tokens += sum(pool.map(call, chunk))
+                service_s += time.perf_counter() - started
+                batches += batcher.batches - batches_before
     finally:
         server.stop(0)
         stop.set()
         loop.join()
+    sequential_tps = sequential_tokens / sequential_s
+    print(f"sequential: {len(prompts)} prompts, {sequential_tokens} tokens in {sequential_s:.1f} s "
+          f"= {sequential_tps:.0f} tokens/s")
     service_tps = service_tokens / service_s
     print(f"service ({args.clients} concurrent clients): {service_tokens} tokens in {service_s:.1f} s "
           f"= {service_tps:.0f} tokens/s, {batches} batches (mean {len(prompts) / max(batches, 1):.1f} per batch)")

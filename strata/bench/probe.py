@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
                                           ProbeServicer(probe_fn, settings.max_prompt_chars, settings.top_k),
                                           probe_pb2.DESCRIPTOR.services_by_name["Probe"].full_name)],
                           port=0, host="127.0.0.1")
-    records = load_suite("eval")[: args.prompts]
+    everything = load_suite("eval")
+    records = everything[:: max(1, len(everything) // args.prompts)][: args.prompts]  # spread over topics
     latencies_ms: list[float] = []
     top1 = cautious_risk = risk_total = cautious_safe = 0
     try:
