@@ -17,6 +17,7 @@ from strata.telemetry import setup_logging
 from strata.v1 import reward_pb2, reward_pb2_grpc
 from svc_reward.config import RewardSettings
 from svc_reward.models import RewardModels
+from svc_reward.rm_watch import RmWatcher
 from svc_reward.servicer import RewardServicer
 from svc_reward.worker import RewardWorker
 
@@ -47,7 +48,14 @@ def build(settings: RewardSettings) -> ServiceParts:
     servicer = RewardServicer(models, settings.max_items_per_request, settings.max_text_chars)
     binding = ServiceBinding(reward_pb2_grpc.add_RewardServicer_to_server, servicer,
                              reward_pb2.DESCRIPTOR.services_by_name["Reward"].full_name)
-    return ServiceParts("svc_reward", settings, [binding], settings.grpc_port, workers=[worker],
+    loops = []
+    if settings.rm_watch:
+        # Hot swap (R7): load the newest promoted light RM before the first batch, then follow.
+        watcher = RmWatcher(settings.kafka_address, models, settings.rm_verify_checksum)
+        watcher.connect()
+        watcher.catch_up()
+        loops.append(watcher.run)
+    return ServiceParts("svc_reward", settings, [binding], settings.grpc_port, workers=[worker], loops=loops,
                         on_stop=[publisher.close, client.close])
 
 
@@ -55,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m svc_reward", description=__doc__)
     add_settings_flags(parser, RewardSettings)
     settings = settings_from_flags(RewardSettings, parser.parse_args(argv))
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
     return run_service(build(settings))
 
 

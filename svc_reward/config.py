@@ -33,3 +33,10 @@ class RewardSettings(StrataSettings):
     score_batch_size: int = Field(32, ge=1, description="RM forward batch size")
     max_length: int = Field(256, ge=16, description="tokens of (prompt, response) the RM reads")
     group_id: str = Field("svc-reward", description="consumer group of the rollout-generated topic")
+    # Hot swap (R7, svc_reward/rm_watch.py).
+    rm_watch: bool = Field(
+        True, description="follow strata.rm.updated: serve the promoted light RM, swapped in between batches"
+    )
+    rm_verify_checksum: bool = Field(
+        True, description="load a promoted RM only if its weights match the event's checksum"
+    )

@@ -73,4 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main: commands raise strata.cli.main.CliError, which would be a
+    # different class from this __main__ module's.
+    from strata.cli.main import main as _main
+
+    sys.exit(_main())

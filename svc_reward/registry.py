@@ -1,0 +1,189 @@
+"""Registry of reward-model versions, in Redis, and their promotion over Kafka (R7).
+
+A version is content-addressed: ``<kind>-<first 12 hex of its checksum>``, where the checksum is
+the SHA-256 of the members' weight files (``rm_checksum``). For one light RM this is exactly the
+version ``svc_reward`` reports when started on that directory (``svc_reward.models.model_version``),
+so a reward's ``rm_version`` names the same thing whichever way the model was loaded.
+
+Redis keys (``prefix`` = ``strata:rm``):
+
+    <prefix>:versions          ZSET  version -> registered_at (unix seconds)
+    <prefix>:version:<v>       STRING  JSON of the RmVersion (path, members, checksum, metrics, ...)
+    <prefix>:promoted          STRING  the light version promoted last
+    <prefix>:promotions        LIST  JSON {version, at}, newest first
+
+``promote`` publishes ``RewardModelUpdated`` on ``strata.rm.updated`` and waits for Kafka's
+acknowledgement; every svc_reward replica follows that topic (``svc_reward.rm_watch``) and swaps
+its light RM between two batches. Only light versions are promoted: they are what the hot path
+serves (the strong RM is a deployment setting, ``--strong-rm``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from strata.bus import Publisher, Topic, topics
+from strata.v1 import events_pb2
+
+KINDS: tuple[str, ...] = ("strong", "light")
+DEFAULT_PREFIX = "strata:rm"
+
+
+class RegistryError(Exception):
+    """A registry operation that cannot be done; the message says why."""
+
+
+class UnknownVersionError(RegistryError, KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown RM version"
+
+
+class ChecksumMismatchError(RegistryError):
+    """The weights on disk are not the ones that were registered."""
+
+
+def weight_files(model_dir: str | Path) -> list[Path]:
+    directory = Path(model_dir)
+    return sorted(directory.glob("*.safetensors")) or sorted(directory.glob("*.bin"))
+
+
+def rm_checksum(paths: Sequence[str | Path]) -> str:
+    """SHA-256 of the weight files of every member, in order (hex)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        files = weight_files(path)
+        if not files:
+            raise FileNotFoundError(f"no weights (*.safetensors or *.bin) in {path}")
+        for weights in files:
+            with open(weights, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
+def version_id(kind: str, checksum: str) -> str:
+    return f"{kind}-{checksum[:12]}"
+
+
+@dataclass(frozen=True)
+class RmVersion:
+    version: str
+    kind: str  # "strong" | "light"
+    paths: tuple[str, ...]  # model directories; several for an ensemble (R8)
+    checksum: str  # rm_checksum(paths)
+    metrics: dict[str, float] = field(default_factory=dict)  # e.g. "spearman/strong_eval"
+    parent: str | None = None  # the strong version a light one was distilled from
+    config: dict[str, Any] = field(default_factory=dict)  # resolved training config
+    registered_at: float = 0.0
+    promoted_at: float | None = None
+
+    @property
+    def path(self) -> str:
+        return self.paths[0]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, default=str)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> RmVersion:
+        data = json.loads(raw)
+        data["paths"] = tuple(data["paths"])
+        return cls(**data)
+
+
+def describe(kind: str, paths: Sequence[str | Path], metrics: dict[str, float] | None = None,
+             parent: str | None = None, config: dict[str, Any] | None = None) -> RmVersion:
+    """A version entry for model directories on disk (checksum computed here)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown RM kind {kind!r}; use one of {', '.join(KINDS)}")
+    if not paths:
+        raise ValueError("a version needs at least one model directory")
+    resolved = tuple(str(Path(p).expanduser().resolve()) for p in paths)
+    checksum = rm_checksum(resolved)
+    return RmVersion(version_id(kind, checksum), kind, resolved, checksum, dict(metrics or {}), parent,
+                     dict(config or {}))
+
+
+def update_event(entry: RmVersion) -> events_pb2.RewardModelUpdated:
+    """The ``strata.rm.updated`` event announcing ``entry``."""
+    event = events_pb2.RewardModelUpdated(
+        rm_version=entry.version, path=entry.path, ensemble_paths=list(entry.paths), checksum=entry.checksum,
+        metrics={k: float(v) for k, v in entry.metrics.items() if isinstance(v, int | float)},
+    )
+    event.published_at.GetCurrentTime()
+    return event
+
+
+class RmRegistry:
+    def __init__(self, client: redis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
+        self._redis = client
+        self._prefix = prefix
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self._prefix, *parts))
+
+    def register(self, entry: RmVersion) -> RmVersion:
+        """Store ``entry`` (idempotent: registering the same version again keeps the first entry)."""
+        stamped = RmVersion(**{**asdict(entry), "paths": entry.paths, "registered_at": time.time(),
+                               "promoted_at": None})
+        with self._redis.pipeline() as pipe:
+            pipe.set(self._key("version", entry.version), stamped.to_json(), nx=True)
+            pipe.zadd(self._key("versions"), {entry.version: stamped.registered_at}, nx=True)
+            created, _ = pipe.execute()
+        return stamped if created else self.get(entry.version)
+
+    def get(self, version: str) -> RmVersion:
+        raw = self._redis.get(self._key("version", version))
+        if raw is None:
+            raise UnknownVersionError(f"no RM version {version!r} in the registry (see `strata rm list`)")
+        return RmVersion.from_json(raw)
+
+    def list(self, kind: str | None = None) -> list[RmVersion]:
+        """Every version, newest first (optionally one kind)."""
+        names = [n.decode() for n in self._redis.zrevrange(self._key("versions"), 0, -1)]
+        raws = self._redis.mget([self._key("version", n) for n in names]) if names else []
+        entries = [RmVersion.from_json(r) for r in raws if r is not None]
+        return [e for e in entries if kind is None or e.kind == kind]
+
+    def promoted(self) -> str | None:
+        """The light version promoted last (what svc_reward serves once it has caught up)."""
+        raw = self._redis.get(self._key("promoted"))
+        return raw.decode() if raw is not None else None
+
+    def promote(self, version: str, publisher: Publisher, verify: bool = True,
+                topic: Topic[events_pb2.RewardModelUpdated] = topics.RM_UPDATED) -> events_pb2.RewardModelUpdated:
+        """Publish ``version`` on ``strata.rm.updated`` (durable on return), then record it.
+
+        With ``verify``, the weights on disk must still match the registered checksum (the replicas
+        check it again before loading).
+        """
+        entry = self.get(version)
+        if entry.kind != "light":
+            raise RegistryError(f"{version} is a {entry.kind} RM: only light versions are hot-swapped "
+                                "(set the strong RM with svc_reward's --strong-rm)")
+        if verify:
+            try:
+                actual = rm_checksum(entry.paths)
+            except OSError as exc:
+                raise RegistryError(f"cannot read the weights of {version}: {exc}") from exc
+            if actual != entry.checksum:
+                raise ChecksumMismatchError(f"the weights of {version} changed on disk since registration "
+                                            f"(registered {entry.checksum[:12]}, now {actual[:12]})")
+        event = update_event(entry)
+        publisher.publish_and_wait(topic, event)
+        now = time.time()
+        promoted = RmVersion(**{**asdict(entry), "paths": entry.paths, "promoted_at": now})
+        with self._redis.pipeline() as pipe:
+            pipe.set(self._key("version", version), promoted.to_json())
+            pipe.set(self._key("promoted"), version)
+            pipe.lpush(self._key("promotions"), json.dumps({"version": version, "at": now}))
+            pipe.execute()
+        return event

@@ -1,0 +1,236 @@
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from rmutil import N_BINS, TINY
+from transformers import PreTrainedTokenizerFast
+
+from strata.cli.main import CliError, main
+from strata.cli.rm_cmd import RM_INFO_FILE, read_pairs
+from strata.models.loading import load_reward_model
+from strata.models.reward import expected_reward
+from strata.zoo.train import new_reward_model
+from svc_reward.distill import (
+    DistillConfig,
+    collate,
+    comparison_metrics,
+    distill_loss,
+    in_length_order,
+    kl_per_pair,
+    length_buckets,
+    lr_at,
+    rank_metrics,
+    train_light,
+)
+from svc_reward.models import model_version
+from svc_reward.registry import describe
+
+
+def logits_of(*rows: list[float]) -> torch.Tensor:
+    return torch.log(torch.tensor(rows, dtype=torch.float64))
+
+
+def test_kl_is_zero_for_equal_distributions_whatever_the_logit_offset() -> None:
+    strong = logits_of([0.2, 0.3, 0.5])
+    assert kl_per_pair(strong, strong + 7.0).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_kl_by_hand() -> None:
+    strong, light = logits_of([0.5, 0.5]), logits_of([0.25, 0.75])
+    by_hand = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)  # 0.1438 nats
+    assert kl_per_pair(strong, light).item() == pytest.approx(by_hand, rel=1e-6)
+    # KL is not symmetric: the strong RM's distribution weighs the log ratio.
+    reverse = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    assert kl_per_pair(light, strong).item() == pytest.approx(reverse, rel=1e-6)
+    assert reverse != pytest.approx(by_hand)
+
+
+def test_kl_per_pair_is_per_row() -> None:
+    strong = logits_of([0.5, 0.5], [0.9, 0.1])
+    light = logits_of([0.25, 0.75], [0.9, 0.1])
+    kl = kl_per_pair(strong, light)
+    assert kl.shape == (2,)
+    assert kl[1].item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_temperature_softens_both_distributions() -> None:
+    strong, light = logits_of([0.5, 0.5]), logits_of([0.25, 0.75])
+    # At T = 2, softmax(log p / 2) is proportional to sqrt(p).
+    q = torch.tensor([0.25, 0.75], dtype=torch.float64).sqrt()
+    q = q / q.sum()
+    by_hand = 0.5 * math.log(0.5 / q[0].item()) + 0.5 * math.log(0.5 / q[1].item())
+    assert kl_per_pair(strong, light, temperature=2.0).item() == pytest.approx(by_hand, rel=1e-6)
+    assert kl_per_pair(strong, light, 2.0) < kl_per_pair(strong, light, 1.0)
+    assert kl_per_pair(strong, light, 1000.0).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_distill_loss_is_t_squared_times_the_mean_kl() -> None:
+    strong = logits_of([0.5, 0.5], [0.9, 0.1])
+    light = logits_of([0.25, 0.75], [0.6, 0.4])
+    kl = kl_per_pair(strong, light, 2.0)
+    assert distill_loss(strong, light, 2.0).item() == pytest.approx(4.0 * kl.mean().item(), rel=1e-9)
+
+
+def test_gradient_pulls_the_light_distribution_towards_the_strong_one() -> None:
+    # d KL(p || softmax(z)) / dz = softmax(z) - p, per row (T = 1).
+    strong = logits_of([0.1, 0.2, 0.7])
+    light = torch.zeros(1, 3, requires_grad=True)
+    kl_per_pair(strong, light).sum().backward()
+    expected = torch.tensor([[1 / 3 - 0.1, 1 / 3 - 0.2, 1 / 3 - 0.7]])
+    assert torch.allclose(light.grad, expected.float(), atol=1e-6)
+
+
+def test_loss_rejects_mismatched_bins_and_bad_temperature() -> None:
+    with pytest.raises(ValueError, match="same shape"):
+        kl_per_pair(torch.zeros(2, 11), torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="temperature"):
+        kl_per_pair(torch.zeros(1, 3), torch.zeros(1, 3), temperature=0.0)
+
+
+def test_rank_metrics() -> None:
+    x = [1.0, 2.0, 3.0, 4.0, 5.0]
+    convex = [v**3 for v in x]  # same order, not a straight line
+    metrics = rank_metrics(convex, x)
+    assert metrics["spearman"] == pytest.approx(1.0)
+    assert 0.9 < metrics["pearson"] < 1.0
+    assert rank_metrics(list(reversed(x)), x)["spearman"] == pytest.approx(-1.0)
+    assert math.isnan(rank_metrics([2.0] * 5, x)["spearman"])
+    with pytest.raises(ValueError):
+        rank_metrics([1.0], x)
+
+
+def test_comparison_metric_names() -> None:
+    light = {"eval": [1.0, 2.0, 3.0]}
+    strong = {"eval": [1.0, 2.5, 3.0]}
+    oracle = {"eval": [3.0, 2.0, 1.0]}
+    metrics = comparison_metrics(light, strong, oracle)
+    assert metrics["spearman/strong_eval"] == pytest.approx(1.0)
+    assert metrics["spearman/oracle_eval"] == pytest.approx(-1.0)
+    assert metrics["strong/spearman/oracle_eval"] == pytest.approx(-1.0)
+    assert {"pearson/strong_eval", "pearson/oracle_eval", "strong/pearson/oracle_eval"} <= set(metrics)
+
+
+def test_schedule_buckets_and_collate() -> None:
+    cfg = DistillConfig(steps=100, warmup_steps=10, lr=1.0)
+    assert lr_at(0, cfg) == pytest.approx(0.1)
+    assert lr_at(10, cfg) == pytest.approx(1.0)
+    assert lr_at(99, cfg) == pytest.approx(0.1, abs=0.01)
+    assert length_buckets([5, 1, 3, 2], 2) == [[1, 3], [2, 0]]
+    ids, mask = collate([[7, 8, 9], [4]], [0, 1], pad_id=0)
+    assert ids.tolist() == [[7, 8, 9], [4, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_in_length_order_returns_rows_in_the_original_order() -> None:
+    prompts, responses = ["ccc", "a", "bb"], ["", "", ""]
+    seen: list[list[str]] = []
+
+    def score(p: list[str], r: list[str]) -> torch.Tensor:
+        seen.append(p)
+        return torch.tensor([[float(len(x))] for x in p])
+
+    out = in_length_order(score, prompts, responses, chunk=2)
+    assert out[:, 0].tolist() == [3.0, 1.0, 2.0]
+    assert seen == [["a", "bb"], ["ccc"]]  # shortest first
+
+
+def test_training_fits_the_strong_distributions(tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    # Teacher: texts about bread score high (4.5), the others low (1.0), with some spread over bins.
+    texts = [f"Q: q{i}\nA: {'bread dough flour' if i % 2 else 'tea coffee calm'} {i}" for i in range(24)]
+    means = torch.tensor([4.5 if i % 2 else 1.0 for i in range(24)])
+    bins = torch.linspace(0, 5, N_BINS)
+    teacher = -((bins[None, :] - means[:, None]) ** 2) / 0.5  # (N, bins) logits around the mean
+    model = new_reward_model(tiny_tokenizer, TINY, n_positions=128, n_bins=N_BINS, seed=1)
+    cfg = DistillConfig(shape=TINY, steps=80, batch_size=8, lr=1e-2, warmup_steps=5, temperature=1.0, max_length=64)
+
+    def kl_now() -> float:
+        with torch.no_grad():
+            batch = tiny_tokenizer(texts, return_tensors="pt", padding=True)
+            return kl_per_pair(teacher, model(**batch).logits).mean().item()
+
+    before = kl_now()
+    losses: list[float] = []
+    final = train_light(model, tiny_tokenizer, texts, teacher, cfg, on_step=lambda step, loss: losses.append(loss))
+    assert len(losses) == cfg.steps and final == losses[-1]
+    after = kl_now()
+    assert after < before / 4
+    with torch.no_grad():
+        rewards = expected_reward(model(**tiny_tokenizer(texts, return_tensors="pt", padding=True)).logits)
+    assert rank_metrics(rewards.tolist(), means.tolist())["spearman"] > 0.8
+
+
+def test_training_refuses_other_bins(tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    model = new_reward_model(tiny_tokenizer, TINY, n_positions=128, n_bins=N_BINS, seed=1)
+    with pytest.raises(ValueError, match="bins"):
+        train_light(model, tiny_tokenizer, ["a"], torch.zeros(1, 5), DistillConfig(steps=1))
+    with pytest.raises(ValueError, match="one row"):
+        train_light(model, tiny_tokenizer, ["a", "b"], torch.zeros(1, N_BINS), DistillConfig(steps=1))
+
+
+# --- the CLI on tiny models (smoke runs, no zoo, no Kafka/Redis) ------------------------------------
+
+
+@pytest.fixture
+def tiny_strong(tmp_path: Path, tiny_tokenizer: PreTrainedTokenizerFast) -> Path:
+    out = tmp_path / "strong"
+    new_reward_model(tiny_tokenizer, TINY, n_positions=128, n_bins=N_BINS, seed=3).save_pretrained(out)
+    tiny_tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def pairs_file(tmp_path: Path) -> Path:
+    path = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": f"How do I bake bread {i}?", "response": f"First, check the flour. Then bake it {i}.",
+             "score": (i % 6) * 0.8} for i in range(12)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_cli_distill_writes_a_light_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_strong: Path,
+                                            pairs_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("STRATA_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "light"
+    code = main(["rm", "distill", "--strong", str(tiny_strong), "--no-zoo-pairs", "--data", str(pairs_file),
+                 "--no-rollout-log", "--steps", "3", "--n-embd", "32", "--n-layer", "1", "--max-length", "64",
+                 "--no-register", "--out", str(out), "--threads", "1"])
+    assert code == 0
+    info = json.loads((out / RM_INFO_FILE).read_text())
+    assert info["kind"] == "light" and info["version"] == model_version("light", out)
+    assert info["parent"] == describe("strong", [tiny_strong]).version
+    assert {"spearman/strong_eval", "pearson/oracle_fresh"} <= set(info["metrics"])
+    assert info["config"]["n_augmented"] > 0  # synonym and reorder copies by default
+    assert load_reward_model(out, "cpu").model.config.num_labels == N_BINS
+    assert f"light RM {info['version']}" in capsys.readouterr().out
+
+
+def test_cli_train_strong_from_a_user_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_strong: Path,
+                                           pairs_file: Path) -> None:
+    monkeypatch.setenv("STRATA_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "strong2"
+    code = main(["rm", "train-strong", "--data", str(pairs_file), "--init", str(tiny_strong), "--steps", "2",
+                 "--batch-size", "4", "--max-length", "64", "--no-pseudo-label", "--no-register", "--out", str(out),
+                 "--threads", "1"])
+    assert code == 0
+    info = json.loads((out / RM_INFO_FILE).read_text())
+    assert info["kind"] == "strong" and info["config"]["n_pairs"] == 12
+    assert info["version"] == describe("strong", [out]).version
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("not json", "not JSON"),
+        ('{"prompt": "p"}', "'response' must be a non-empty string"),
+        ('{"prompt": "p", "response": "r", "score": 7}', "'score' must be a number in [0, 5]"),
+        ('{"prompt": "p", "response": "r"}', "'score' must be a number"),
+    ],
+)
+def test_bad_training_data_is_a_clear_error(tmp_path: Path, line: str, problem: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "p", "response": "r", "score": 1}\n' + line + "\n")
+    with pytest.raises(CliError) as caught:
+        read_pairs(path, need_score=True)
+    assert str(caught.value).startswith(f"{path}:2: ") and problem in str(caught.value)

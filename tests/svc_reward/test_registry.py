@@ -1,0 +1,186 @@
+"""The RM version registry on the real Redis, promotion on the real Kafka."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from kafka import KafkaConsumer, TopicPartition
+
+from strata.bus import Publisher, Topic, decode, topics
+from strata.cli.main import main
+from strata.cli.rm_cmd import PSEUDO_LABELS_FILE, SourceUnavailableError, historical_rollouts
+from strata.config import StrataSettings
+from strata.content_store import ContentStore
+from strata.hashing import content_hash
+from strata.v1 import events_pb2
+from svc_reward.models import model_version
+from svc_reward.registry import (
+    ChecksumMismatchError,
+    RegistryError,
+    RmRegistry,
+    UnknownVersionError,
+    describe,
+    rm_checksum,
+)
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 30.0
+
+
+@pytest.fixture
+def registry(redis_client: redis.Redis) -> RmRegistry:
+    return RmRegistry(redis_client, prefix=f"test:rm:{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+def publisher(infra: StrataSettings) -> Iterator[Publisher]:
+    pub = Publisher(infra.kafka_address, client_id="test-rm-registry")
+    yield pub
+    pub.close()
+
+
+def read_all(infra: StrataSettings, topic: Topic, expected: int) -> list[events_pb2.RewardModelUpdated]:
+    """Every event of the single-partition ``topic``; waits until ``expected`` are there."""
+    consumer = KafkaConsumer(bootstrap_servers=infra.kafka_address, enable_auto_commit=False, group_id=None)
+    partition = TopicPartition(topic.name, 0)
+    consumer.assign([partition])
+    consumer.seek_to_beginning(partition)
+    events: list[events_pb2.RewardModelUpdated] = []
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while len(events) < expected:
+            assert time.monotonic() < deadline, f"only {len(events)} of {expected} events on {topic.name}"
+            for records in consumer.poll(timeout_ms=200).values():
+                events.extend(decode(topic, r.value, r.key) for r in records)
+        assert consumer.end_offsets([partition])[partition] == expected, "more events than expected"
+    finally:
+        consumer.close()
+    return events
+
+
+def test_versions_are_content_addressed_like_the_service_reports_them(make_rm: Callable[..., Path]) -> None:
+    a, b = make_rm("a", 3.5), make_rm("b", 4.5)
+    single = describe("light", [a], metrics={"spearman/strong_eval": 0.93})
+    assert single.version == model_version("light", a)  # what svc_reward calls the same weights
+    assert single.checksum == rm_checksum([a]) and len(single.checksum) == 64
+    ensemble = describe("light", [a, b])
+    assert ensemble.paths == (str(a.resolve()), str(b.resolve()))
+    assert ensemble.checksum not in (single.checksum, rm_checksum([b]))
+    assert describe("strong", [a]).version.startswith("strong-")
+    with pytest.raises(ValueError, match="kind"):
+        describe("medium", [a])
+    with pytest.raises(FileNotFoundError, match="no weights"):
+        describe("light", [a.parent])
+
+
+def test_register_get_list(registry: RmRegistry, make_rm: Callable[..., Path]) -> None:
+    strong = registry.register(describe("strong", [make_rm("s", 2.0)], metrics={"spearman/oracle_eval": 0.95}))
+    light = registry.register(describe("light", [make_rm("l", 3.5)], parent=strong.version,
+                                       config={"steps": 10}))
+    again = registry.register(describe("light", [make_rm("l", 3.5)], metrics={"other": 1.0}))
+    assert again == light  # idempotent: the first registration stays
+    assert registry.get(light.version).parent == strong.version
+    assert registry.get(light.version).config == {"steps": 10}
+    assert registry.get(strong.version).metrics == {"spearman/oracle_eval": 0.95}
+    assert [e.version for e in registry.list()] == [light.version, strong.version]  # newest first
+    assert [e.version for e in registry.list("strong")] == [strong.version]
+    assert registry.promoted() is None
+    with pytest.raises(UnknownVersionError, match="no RM version"):
+        registry.get("light-000000000000")
+
+
+def test_promote_publishes_a_durable_update_and_records_it(
+    infra: StrataSettings, registry: RmRegistry, publisher: Publisher, rm_topic: Topic,
+    make_rm: Callable[..., Path],
+) -> None:
+    a = registry.register(describe("light", [make_rm("a", 3.5)], metrics={"spearman/strong_eval": 0.91}))
+    b = registry.register(describe("light", [make_rm("b1", 4.5), make_rm("b2", 4.0)]))
+    registry.promote(a.version, publisher, topic=rm_topic)
+    registry.promote(b.version, publisher, topic=rm_topic)
+    first, second = read_all(infra, rm_topic, 2)
+    assert (first.rm_version, first.path, list(first.ensemble_paths)) == (a.version, a.path, list(a.paths))
+    assert first.checksum == a.checksum
+    assert dict(first.metrics) == pytest.approx({"spearman/strong_eval": 0.91})
+    assert first.published_at.seconds > 0
+    assert second.rm_version == b.version and list(second.ensemble_paths) == list(b.paths)
+    assert registry.promoted() == b.version
+    assert registry.get(b.version).promoted_at is not None
+
+
+def test_promote_refuses_strong_versions_and_changed_weights(
+    infra: StrataSettings, registry: RmRegistry, publisher: Publisher, rm_topic: Topic,
+    make_rm: Callable[..., Path],
+) -> None:
+    strong = registry.register(describe("strong", [make_rm("s", 2.0)]))
+    with pytest.raises(RegistryError, match="only light versions"):
+        registry.promote(strong.version, publisher, topic=rm_topic)
+    path = make_rm("l", 3.5)
+    light = registry.register(describe("light", [path]))
+    make_rm("l", 1.0)  # other weights written over the registered ones
+    with pytest.raises(ChecksumMismatchError, match="changed on disk"):
+        registry.promote(light.version, publisher, topic=rm_topic)
+    with pytest.raises(UnknownVersionError):
+        registry.promote("light-000000000000", publisher, topic=rm_topic)
+    assert registry.promoted() is None
+    assert read_all(infra, rm_topic, 0) == []  # nothing was published
+
+
+def test_historical_rollouts_come_from_the_rollout_log_and_the_content_store(
+    infra: StrataSettings, redis_client: redis.Redis, publisher: Publisher,
+) -> None:
+    # What `strata rm train-strong` pseudo-labels and `strata rm distill` trains on (R5, R6).
+    store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
+    tag = uuid.uuid4().hex[:8]
+    logged = []
+    for i in range(5):
+        prompt, response = f"historical prompt {tag} {i}", f"historical response {tag} {i}"
+        record = events_pb2.RolloutLogRecord(prompt_hash=store.put(prompt), response_hash=store.put(response),
+                                             reward=i / 2)
+        logged.append((prompt, response, i / 2))
+        publisher.publish(topics.ROLLOUT_LOG, record)
+    expired = events_pb2.RolloutLogRecord(prompt_hash=content_hash(f"gone {tag}"),
+                                          response_hash=content_hash(f"gone too {tag}"), reward=1.0)
+    publisher.publish(topics.ROLLOUT_LOG, expired)
+    publisher.publish(topics.ROLLOUT_LOG, events_pb2.RolloutLogRecord(  # logged twice: one pair
+        prompt_hash=content_hash(logged[0][0]), response_hash=content_hash(logged[0][1]), reward=0.0))
+    publisher.flush()
+    rows, n_expired = historical_rollouts(infra, limit=10_000)
+    ours = sorted((r["prompt"], r["response"], r["logged_reward"]) for r in rows if tag in r["prompt"])
+    assert ours == sorted(logged)
+    assert n_expired >= 1
+    with pytest.raises(SourceUnavailableError):
+        historical_rollouts(infra.model_copy(update={"kafka_bootstrap": "127.0.0.1:1"}), limit=10)
+
+
+def test_train_strong_pseudo_labels_logged_rollouts_and_registers(
+    infra: StrataSettings, redis_client: redis.Redis, publisher: Publisher, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, make_rm: Callable[..., Path],
+) -> None:
+    monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
+    monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
+    monkeypatch.setenv("STRATA_CACHE_DIR", str(tmp_path / "cache"))
+    store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
+    tag = uuid.uuid4().hex[:8]
+    publisher.publish_and_wait(topics.ROLLOUT_LOG, events_pb2.RolloutLogRecord(
+        prompt_hash=store.put(f"logged prompt {tag}"), response_hash=store.put(f"logged response {tag}"), reward=2.0))
+    data = tmp_path / "labelled.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"p{i}", "response": f"r{i}", "score": i / 2}) for i in range(8)))
+    out = tmp_path / "strong"
+    code = main(["rm", "train-strong", "--data", str(data), "--init", str(make_rm("init", 2.0)), "--steps", "2",
+                 "--batch-size", "4", "--max-length", "32", "--max-rollouts", "1000", "--out", str(out),
+                 "--threads", "1"])
+    assert code == 0
+    labels = [json.loads(line) for line in (out / PSEUDO_LABELS_FILE).read_text().splitlines()]
+    ours = [row for row in labels if row["prompt"] == f"logged prompt {tag}"]
+    assert len(ours) == 1 and ours[0]["logged_reward"] == 2.0
+    assert 0.0 <= ours[0]["score"] <= 5.0 and len(ours[0]["logits"]) == 11
+    entry = RmRegistry(redis_client).get(describe("strong", [out]).version)
+    assert entry.kind == "strong" and entry.config["n_pseudo_labelled"] == len(labels)
+    assert {"spearman/oracle_eval", "pearson/oracle_fresh"} <= set(entry.metrics)
