@@ -113,6 +113,9 @@ class Worker:
         self._consumer: KafkaConsumer | None = None
         self._attempts: dict[tuple[str, int, int], int] = {}
         self._paused_until: dict[TopicPartition, float] = {}
+        # Events already dead-lettered but not yet committed: a partition rewound for a retry must
+        # not send them to the DLQ twice. Pruned at each commit.
+        self._dead: set[tuple[str, int, int]] = set()
         self.handled = 0
         self.dead_lettered = 0
 
@@ -162,9 +165,8 @@ class Worker:
         batches = consumer.poll(timeout_ms=int(timeout_s * 1000))
         done: dict[TopicPartition, OffsetAndMetadata] = {}
         count = 0
-        dead_lettered: set[tuple[str, int, int]] = set()
         if self._batch_handlers and (stop is None or not stop.is_set()):
-            count += self._process_batches(batches, done, dead_lettered)
+            count += self._process_batches(batches, done)
         for tp, records in batches.items():
             if tp in done:
                 continue  # handled as a batch
@@ -172,7 +174,7 @@ class Worker:
                 if stop is not None and stop.is_set():
                     consumer.seek(tp, record.offset)  # not ours to finish; keep it for the next owner
                     break
-                if (record.topic, record.partition, record.offset) in dead_lettered:
+                if (record.topic, record.partition, record.offset) in self._dead:
                     done[tp] = OffsetAndMetadata(record.offset + 1, "", -1)
                     count += 1
                     continue
@@ -192,11 +194,10 @@ class Worker:
         return self._consumer
 
     def _process_batches(self, batches: Mapping[TopicPartition, list[Any]],
-                         done: dict[TopicPartition, OffsetAndMetadata],
-                         dead_lettered: set[tuple[str, int, int]]) -> int:
+                         done: dict[TopicPartition, OffsetAndMetadata]) -> int:
         """Hand each batch topic's fresh events to its batch handler; fills ``done`` on success.
 
-        Undecodable events are dead-lettered first and recorded in ``dead_lettered``.
+        Undecodable events are dead-lettered first (once: see ``_dead``).
         """
         count = 0
         for topic_name, batch_handler in self._batch_handlers.items():
@@ -212,11 +213,12 @@ class Worker:
             deliveries: list[Delivery[Any]] = []
             for records in parts.values():
                 for record in records:
+                    if (record.topic, record.partition, record.offset) in self._dead:
+                        continue
                     try:
                         message = decode(topic, record.value, record.key)
                     except PoisonMessageError as exc:
                         self._dead_letter(topic, record, "decode", str(exc), 1)
-                        dead_lettered.add((record.topic, record.partition, record.offset))
                         continue
                     deliveries.append(Delivery(topic, message, record.key, record.partition, record.offset, 1,
                                                record.timestamp))
@@ -299,6 +301,7 @@ class Worker:
         gone = set(partitions)
         for tp in gone:
             self._paused_until.pop(tp, None)
+        self._dead = {k for k in self._dead if TopicPartition(k[0], k[1]) not in gone}
         self._attempts = {k: v for k, v in self._attempts.items() if TopicPartition(k[0], k[1]) not in gone}
 
     def _dead_letter(self, topic: Topic[Any], record: Any, stage: str, reason: str, attempt: int) -> None:
@@ -315,6 +318,7 @@ class Worker:
         self._publisher.publish_raw(topic.dlq, record.key, record.value, headers)
         BUS_DEAD_LETTERED.labels(topic=record.topic, group=self.group_id, stage=stage).inc()
         self._attempts.pop((record.topic, record.partition, record.offset), None)
+        self._dead.add((record.topic, record.partition, record.offset))
         self.dead_lettered += 1
         log.error("%s[%d]@%d dead-lettered to %s (%s): %s",
                   record.topic, record.partition, record.offset, topic.dlq, stage, reason)
@@ -322,6 +326,8 @@ class Worker:
     def _commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         try:
             self._require_consumer().commit(offsets)
+            self._dead = {(t, p, o) for t, p, o in self._dead
+                          if TopicPartition(t, p) not in offsets or o >= offsets[TopicPartition(t, p)].offset}
         except CommitFailedError as exc:
             # The group rebalanced under us: the new owner will redeliver; handlers are idempotent.
             log.warning("group %s: commit failed after a rebalance, events will be redelivered: %s",

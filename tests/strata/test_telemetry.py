@@ -26,9 +26,16 @@ def test_sensitive_renders_as_hash_only() -> None:
 def test_text_reaches_logs_only_at_debug_in_debug_rollout_mode(
     capsys: pytest.CaptureFixture[str], debug_rollout: bool, level: int, shows_text: bool
 ) -> None:
-    setup_logging("DEBUG", debug_rollout=debug_rollout)
-    logging.getLogger("strata.test").log(level, "rollout prompt=%s reward=%.2f", Sensitive(PROMPT), 3.5)
-    err = capsys.readouterr().err
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    try:
+        setup_logging("DEBUG", debug_rollout=debug_rollout)
+        logging.getLogger("strata.test").log(level, "rollout prompt=%s reward=%.2f", Sensitive(PROMPT), 3.5)
+        err = capsys.readouterr().err
+    finally:
+        # The handler wrote to capsys' stream, which closes after the test: put pytest's back.
+        setup_logging("INFO")
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
     assert "reward=3.50" in err
     assert (PROMPT in err) is shows_text
-    setup_logging("INFO")
