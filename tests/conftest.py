@@ -10,7 +10,6 @@ Order of preference:
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,16 +22,11 @@ from strata.bus.admin import ensure_topics
 from strata.bus.topics import Topic
 from strata.config import StrataSettings
 from strata.infra import down, up
+from strata.infra.process import free_port
 from strata.v1 import events_pb2
 
 if TYPE_CHECKING:
     from strata.zoo.build import ZooPaths
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _testcontainers_settings(stack: list) -> StrataSettings:

@@ -77,6 +77,7 @@ class _Rebalance(ConsumerRebalanceListener):
         self._worker._forget(revoked)
 
     def on_partitions_assigned(self, assigned: Any) -> None:
+        self._worker._settle_pauses(assigned)
         log.info("group %s: assigned %s", self._worker.group_id,
                  ", ".join(f"{tp.topic}[{tp.partition}]" for tp in assigned) or "nothing")
 
@@ -134,7 +135,21 @@ class Worker:
             max_poll_interval_ms=s.consumer_max_poll_interval_ms,
             max_poll_records=s.consumer_max_poll_records,
         )
+        self._wait_for_topics(self._consumer)
         self._consumer.subscribe(topics=list(self._handlers), listener=_Rebalance(self))
+
+    def _wait_for_topics(self, consumer: KafkaConsumer, timeout_s: float = 30.0) -> None:
+        """Know every topic's partitions before joining the group.
+
+        A member that joins before its client has the metadata of a just-created topic is assigned
+        nothing and stays idle until the next metadata refresh.
+        """
+        deadline = time.monotonic() + timeout_s
+        for name in self._handlers:
+            while not consumer.partitions_for_topic(name):
+                if time.monotonic() > deadline:
+                    raise TransientError(f"topic {name} does not exist (create the topics: `strata infra up`)")
+                time.sleep(0.2)
 
     def close(self) -> None:
         """Leave the group without committing anything not already committed."""
@@ -292,17 +307,25 @@ class Worker:
         now = time.monotonic()
         due = [tp for tp, until in self._paused_until.items() if until <= now]
         if due:
-            self._require_consumer().resume(*due)
+            owned = self._require_consumer().assignment()
+            if mine := [tp for tp in due if tp in owned]:
+                self._require_consumer().resume(*mine)
             for tp in due:
                 del self._paused_until[tp]
 
+    def _settle_pauses(self, assigned: Any) -> None:
+        """After a rebalance: a partition we got (back) that is paused with no retry due is resumed,
+        so that no partition stays paused forever."""
+        consumer = self._require_consumer()
+        stuck = [tp for tp in assigned if tp in consumer.paused() and tp not in self._paused_until]
+        if stuck:
+            consumer.resume(*stuck)
+
     def _forget(self, partitions: Any) -> None:
-        """Partitions left us: their retry state belongs to the next owner."""
-        gone = set(partitions)
-        for tp in gone:
+        """Partitions left us. Attempt counts and dead-letter marks are kept (by offset): if a
+        partition comes back, its counting goes on; commits prune them."""
+        for tp in partitions:
             self._paused_until.pop(tp, None)
-        self._dead = {k for k in self._dead if TopicPartition(k[0], k[1]) not in gone}
-        self._attempts = {k: v for k, v in self._attempts.items() if TopicPartition(k[0], k[1]) not in gone}
 
     def _dead_letter(self, topic: Topic[Any], record: Any, stage: str, reason: str, attempt: int) -> None:
         headers = [
@@ -326,8 +349,12 @@ class Worker:
     def _commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         try:
             self._require_consumer().commit(offsets)
-            self._dead = {(t, p, o) for t, p, o in self._dead
-                          if TopicPartition(t, p) not in offsets or o >= offsets[TopicPartition(t, p)].offset}
+            def pending(key: tuple[str, int, int]) -> bool:
+                tp = TopicPartition(key[0], key[1])
+                return tp not in offsets or key[2] >= offsets[tp].offset
+
+            self._dead = {k for k in self._dead if pending(k)}
+            self._attempts = {k: v for k, v in self._attempts.items() if pending(k)}
         except CommitFailedError as exc:
             # The group rebalanced under us: the new owner will redeliver; handlers are idempotent.
             log.warning("group %s: commit failed after a rebalance, events will be redelivered: %s",

@@ -24,6 +24,13 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def read_pid(pid_file: Path) -> int | None:
     try:
         return int(pid_file.read_text().strip())

@@ -8,6 +8,7 @@ import redis
 from strata.config import StrataSettings
 from strata.content_store import ContentNotFoundError, ContentStore, ContentTooLargeError, StoreUnavailableError
 from strata.hashing import InvalidTextError, content_hash
+from strata.infra.process import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -80,8 +81,6 @@ def test_missing_items_raise_clearly(store: ContentStore) -> None:
 
 
 def test_redis_down_is_a_clear_unavailable_error(infra: StrataSettings) -> None:
-    from conftest import free_port
-
     store = ContentStore.from_url(f"redis://127.0.0.1:{free_port()}/0", ttl_s=60, max_bytes=1024)
     with pytest.raises(StoreUnavailableError, match=r"content store \(Redis\) unavailable"):
         store.put("hello")

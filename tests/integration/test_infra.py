@@ -15,6 +15,7 @@ from strata.cli.main import main as strata_main
 from strata.config import StrataSettings
 from strata.hashing import content_hash
 from strata.infra import InfraError, down, status, up
+from strata.infra.process import free_port
 from strata.v1 import events_pb2
 
 pytestmark = pytest.mark.integration
@@ -95,8 +96,6 @@ def test_down_stops_only_what_this_state_dir_started(managed: StrataSettings, tm
 
 
 def test_external_unreachable_cluster_is_reported(tmp_path) -> None:
-    from conftest import free_port
-
     external = StrataSettings(state_dir=tmp_path, kafka_bootstrap=f"127.0.0.1:{free_port()}",
                               redis_url=f"redis://127.0.0.1:{free_port()}/0")
     with pytest.raises(InfraError, match=r"STRATA_REDIS_URL.*does not answer"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from strata.bus import Publisher, Topic
 from strata.bus.admin import ensure_topics
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
+from strata.infra.process import free_port
 from strata.service import start_service, stop_service
 from strata.v1 import common_pb2, events_pb2, learner_pb2, learner_pb2_grpc
 from strata.zoo.template import format_prompt
@@ -70,10 +70,6 @@ def publisher(infra: StrataSettings) -> Iterator[Publisher]:
     pub.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def learner_settings(infra: StrataSettings, policy_dir: Path, checkpoints: Path, **extra: object) -> LearnerSettings:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
 
 import grpc
+from kafka import KafkaConsumer, TopicPartition
+from kafka.structs import OffsetAndMetadata
 import pytest
 import redis
 
@@ -20,6 +21,7 @@ from strata.cli import submit_cmd
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
+from strata.infra.process import free_port
 from strata.service import RunningService, ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from svc_scheduler.__main__ import build_parts
@@ -70,12 +72,27 @@ class Replica:
         stop_service(self.parts, self.running, grace_s=0.5)
 
 
+def start_group_at_end(infra: StrataSettings, group: str, topic_name: str) -> None:
+    """Commit the end of ``topic_name`` for a new group, so that its worker skips the rewards other
+    tests of the session published (a fresh group would otherwise replay them all)."""
+    consumer = KafkaConsumer(bootstrap_servers=infra.kafka_address, group_id=group, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic_name, p) for p in sorted(consumer.partitions_for_topic(topic_name))]
+        consumer.assign(partitions)
+        consumer.seek_to_end(*partitions)
+        consumer.commit({tp: OffsetAndMetadata(consumer.position(tp), "", -1) for tp in partitions})
+    finally:
+        consumer.close()
+
+
 def scheduler_settings(infra: StrataSettings, **overrides: object) -> SchedulerSettings:
     base = infra.model_dump()
     base.update(grpc_port=0, redis_prefix=f"test:sched:{uuid.uuid4().hex[:8]}",
                 stats_group_id=f"test-sched-stats-{uuid.uuid4().hex[:8]}", watch_lookback_s=30.0)
     base.update(overrides)
-    return SchedulerSettings(**base)
+    settings = SchedulerSettings(**base)
+    start_group_at_end(infra, settings.stats_group_id, topics.REWARDS_SCORED.name)
+    return settings
 
 
 @pytest.fixture(scope="module")
@@ -321,10 +338,6 @@ def test_redis_down_fails_fast_with_unavailable_and_recovers(infra: StrataSettin
             server.wait(10)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _answers(client: redis.Redis) -> bool:
