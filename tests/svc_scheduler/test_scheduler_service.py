@@ -10,10 +10,10 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import grpc
-from kafka import KafkaConsumer, TopicPartition
-from kafka.structs import OffsetAndMetadata
 import pytest
 import redis
+from kafka import KafkaConsumer, TopicPartition
+from kafka.structs import OffsetAndMetadata
 
 from strata.bus import Publisher, topics
 from strata.bus.tail import TailReader
