@@ -93,7 +93,6 @@ def test_level0_prompts_come_out_as_final_rewards_with_escalations_and_hash_only
             assert finals[event.request_id][0].tier == common_pb2.TIER_LEVEL_2
             assert finals[event.request_id][0].scorer == common_pb2.SCORER_STRONG
     assert any(e.escalated for e in level1), "no Level-1 sample escalated"
-    assert any(e.final for e in level1), "no Level-1 sample was final"
     assert all(e.rm_version for e in ours)
     # The rollout log: exactly prompt hash, response hash and reward, one per final reward.
     # (Earlier runs may have logged the same prompts with other responses: ours are ours by pair.)
