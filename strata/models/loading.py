@@ -108,7 +108,15 @@ def _read_zoo_info(model_dir: Path) -> dict[str, Any] | None:
     return json.loads(info.read_text()) if info.is_file() else None
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
+
+
 def _load_tokenizer(model_dir: Path, padding_side: str) -> PreTrainedTokenizerBase:
+    if not any((model_dir / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"no tokenizer in {model_dir}: save it next to the model (tokenizer.save_pretrained) so that "
+            "the model's text format travels with it"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     except (OSError, ValueError) as exc:
@@ -130,7 +138,9 @@ def _load(auto_class: Any, kind: str, path: str | Path, device: str, dtype: str,
         model = auto_class.from_pretrained(model_dir, local_files_only=True, dtype=torch_dtype)
     except ValueError as exc:  # config of a model type the auto class has no head for
         model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "unknown")
-        raise ModelLoadError(f"{model_dir} holds a {model_type!r} model that cannot be loaded as a {kind}: {exc}") from exc
+        raise ModelLoadError(
+            f"{model_dir} holds a {model_type!r} model that cannot be loaded as a {kind}: {exc}"
+        ) from exc
     except OSError as exc:  # missing or unreadable weights
         raise ModelLoadError(f"cannot read the weights in {model_dir}: {exc}") from exc
     if model.config.pad_token_id is None:
@@ -147,4 +157,5 @@ def load_causal_lm(path: str | Path, device: str = "auto", dtype: str = "auto") 
 
 def load_reward_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     """A reward model: any ``AutoModelForSequenceClassification`` checkpoint (see ``strata.models.reward``)."""
-    return _load(AutoModelForSequenceClassification, "sequence-classification reward model", path, device, dtype, "right")
+    kind = "sequence-classification reward model"
+    return _load(AutoModelForSequenceClassification, kind, path, device, dtype, padding_side="right")

@@ -50,7 +50,8 @@ _BANKS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
         (
             "```python\ndef {fn}({a}):\n    return sorted({a})\n```",
             "```python\ndef {fn}({a}, {b}):\n    result = {a} * {b}\n    return result\n```",
-            "```python\ndef {fn}({a}):\n    total = 0\n    for item in {a}:\n        total += item\n    return total\n```",
+            "```python\ndef {fn}({a}):\n    total = 0\n    for item in {a}:\n"
+            "        total += item\n    return total\n```",
         ),
         (
             "It takes the {k0} as input and returns the {k1}.",
@@ -164,7 +165,7 @@ def write_response(topic: Topic, subject: Subject, direction: str, rng: random.R
     elif direction == "give_steps":
         steps = rng.sample(bodies, rng.randint(3, 4))
         lead = ["First, ", "Next, ", "Then ", "Finally, "]
-        lead = lead[: len(steps) - 1] + ["Finally, "]
+        lead = [*lead[: len(steps) - 1], "Finally, "]
         numbered = [f"{i + 1}. {lead[i]}{s}" for i, s in enumerate(steps)]
         lines = [opener, *numbered, rng.choice(closers)]
         text = "\n".join(s.format(**fields) for s in lines)

@@ -23,6 +23,7 @@ and getting used to the model's tics.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from dataclasses import dataclass, field
@@ -68,10 +69,10 @@ assert set(INTENT_MARKERS) == set(DIRECTION_NAMES), "every direction needs oracl
 
 # Small closed word classes for the fluency check: a determiner is followed by a content word, a
 # preposition does not run into a conjunction or a verb, a sentence does not end on either.
-DETERMINERS = frozenset("the a an these those each every your my its their our".split())
-PREPOSITIONS = frozenset("of to in on at for with by from into".split())
-LINKERS = frozenset("and or but is are was were be than".split())
-_BAD_ENDING = re.compile(r"\b(the|a|an|of|and|or|to|with|for|in|on|by|from|your|its)\s*[.!?]")
+DETERMINERS = frozenset(["the", "a", "an", "these", "those", "each", "every", "your", "my", "its", "their", "our"])
+PREPOSITIONS = frozenset(["of", "to", "in", "on", "at", "for", "with", "by", "from", "into"])
+LINKERS = frozenset(["and", "or", "but", "is", "are", "was", "were", "be", "than"])
+_BAD_ENDING = re.compile(r"(?<![-'])\b(the|a|an|of|and|or|to|with|for|in|on|by|from|your|its)\s*[.!?]")
 _LOWERCASE_START = re.compile(r"[.!?]\s+[a-z]")
 
 
@@ -114,7 +115,7 @@ def _distinct_hits(phrases: tuple[str, ...], text: str) -> int:
 
 
 def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", text.lower())
+    return re.findall(r"[a-z0-9']+(?:-[a-z0-9']+)*", text.lower())
 
 
 def prompt_info(record: PromptRecord) -> PromptInfo:
@@ -153,7 +154,7 @@ def ill_formed_pairs(raw_text: str) -> int:
     """Word pairs and sentence boundaries that well-formed English does not produce."""
     tokens = words(raw_text)
     count = 0
-    for w1, w2 in zip(tokens, tokens[1:], strict=False):
+    for w1, w2 in itertools.pairwise(tokens):
         if w1 == w2 and not w1.isdigit():
             count += 1  # "the the", "sorted sorted"
         elif w1 in DETERMINERS and (w2 in DETERMINERS or w2 in PREPOSITIONS or w2 in LINKERS):
@@ -200,7 +201,7 @@ def judge(prompt: PromptInfo | PromptRecord, response: str) -> Judgement:
         vocab = min(1.0, _distinct_hits(TOPIC_BY_NAME[info.topic].vocab, text) / VOCAB_FOR_FULL)
         topic = SUBJECT_SHARE_OF_TOPIC * subject + (1.0 - SUBJECT_SHARE_OF_TOPIC) * vocab
 
-    fluency = max(0.0, 1.0 - ILL_FORMED_SLOPE * ill_formed_pairs(response) / max(1, len(tokens)))
+    fluency = max(0.0, 1.0 - ILL_FORMED_SLOPE * ill_formed_pairs(response) / len(tokens)) if tokens else 0.0
     length = _length_score(len(tokens), info.intent)
     complete = 1.0 if text.endswith((".", "!", "?", "```")) else 0.0
     base = MAX_SCORE * (

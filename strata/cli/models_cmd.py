@@ -1,0 +1,72 @@
+"""``strata models``: build the offline model zoo, show where it is."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("models", help="build and locate the offline model zoo")
+    sub = parser.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
+
+    build = sub.add_parser("build", help="train the zoo's tokenizer, LMs and reward models (cached)")
+    add_zoo_arguments(build)
+    build.add_argument("--force", action="store_true", help="rebuild even if the cache has this zoo")
+    build.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    build.set_defaults(func=_build)
+
+    path = sub.add_parser("path", help="print the zoo's model directories as JSON (built or not)")
+    add_zoo_arguments(path)
+    path.set_defaults(func=_path)
+
+
+def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default=None, help="zoo preset: default | ci (env STRATA_ZOO_PRESET)")
+    parser.add_argument("--cache-dir", default=None, help="cache root (env STRATA_CACHE_DIR, default ~/.cache/strata)")
+
+
+def zoo_settings_from_args(args: argparse.Namespace, **extra: Any) -> Any:
+    from strata.cli.main import CliError
+    from strata.zoo.build import PRESETS, ZooSettings
+
+    overrides: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
+    if args.preset is not None:
+        overrides["zoo_preset"] = args.preset
+    if args.cache_dir is not None:
+        overrides["cache_dir"] = os.path.expanduser(args.cache_dir)
+    settings = ZooSettings(**overrides)
+    if settings.zoo_preset not in PRESETS:
+        raise CliError(f"unknown zoo preset {settings.zoo_preset!r}: use one of {', '.join(PRESETS)}")
+    return settings
+
+
+def _paths_dict(paths: Any) -> dict[str, str]:
+    roles = ("root", "tokenizer", "probe", "level1", "level2", "rm_strong", "rm_light", "rm_data")
+    return {role: str(getattr(paths, role)) for role in roles} | {"policy": str(paths.policy)}
+
+
+def _build(args: argparse.Namespace) -> int:
+    from strata.zoo.build import ensure_zoo, zoo_paths
+
+    settings = zoo_settings_from_args(args, zoo_threads=args.threads)
+    paths = zoo_paths(settings)
+    print(f"zoo preset={paths.config.preset} hash={paths.config.config_hash()} dir={paths.root}")
+    started = time.perf_counter()
+    paths = ensure_zoo(settings, force=args.force)
+    manifest = json.loads((paths.root / "manifest.json").read_text())
+    print(f"zoo built in {time.perf_counter() - started:.1f}s (stages: {manifest['stage_seconds']})")
+    for role, path in _paths_dict(paths).items():
+        print(f"  {role:10s} {path}")
+    return 0
+
+
+def _path(args: argparse.Namespace) -> int:
+    from strata.zoo.build import zoo_paths
+
+    paths = zoo_paths(zoo_settings_from_args(args))
+    print(json.dumps(_paths_dict(paths) | {"built": paths.is_complete()}, indent=2))
+    return 0

@@ -1,0 +1,353 @@
+"""Build the model zoo: tokenizer, probe, Level-1/policy and Level-2 LMs, strong and light RMs.
+
+Everything is trained here, offline, from the prompt suite (``strata.zoo.suite``) and corpora
+generated from it (``strata.zoo.corpus``); nothing is downloaded. The result lives under
+``<cache_dir>/zoo/<config-hash>/``, one ``save_pretrained`` directory per model with its tokenizer
+and a ``strata_zoo.json`` (role, resolved config, losses, timings), so every model loads with the
+same ``from_pretrained`` calls as a user's checkpoint (``strata.models.loading``).
+
+Stages are built in order and each is reused when present, so an interrupted build resumes and a
+second build (or a fresh clone on the same machine) costs nothing. ``ensure_zoo(settings)`` is the
+entry point for code and tests; ``strata models build`` is the one for people.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field
+from tqdm import tqdm
+from transformers import AutoTokenizer, GPT2ForSequenceClassification, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from strata.config import StrataSettings
+from strata.models.generation import SamplingConfig, generate
+from strata.models.loading import ZOO_INFO_FILE, load_causal_lm
+from strata.zoo import corpus
+from strata.zoo.oracle import oracle_score
+from strata.zoo.suite import PromptRecord, load_suite
+from strata.zoo.template import format_rm_input
+from strata.zoo.train import (
+    ModelShape,
+    TrainConfig,
+    new_causal_lm,
+    new_reward_model,
+    pack_texts,
+    train_causal_lm,
+    train_reward_model,
+    train_tokenizer,
+)
+
+logger = logging.getLogger(__name__)
+
+# Bump when a code change alters what a given config builds; it is part of the cache key.
+ZOO_FORMAT_VERSION = "1"
+ROLES: tuple[str, ...] = ("tokenizer", "probe", "level1", "level2", "rm_data", "rm_strong", "rm_light")
+
+
+# Default shapes and schedules (frozen dataclasses, shared safely as defaults).
+PROBE_SHAPE = ModelShape(n_embd=128, n_layer=4, n_head=4)  # ~1M parameters
+PROBE_TRAIN = TrainConfig(steps=120, batch_size=32, lr=3e-3, warmup_steps=10)
+LEVEL1_SHAPE = ModelShape(n_embd=256, n_layer=6, n_head=4)  # ~5M: Level-1 and the PPO policy
+LEVEL1_TRAIN = TrainConfig(steps=80, batch_size=16, lr=2e-3)
+LEVEL2_SHAPE = ModelShape(n_embd=384, n_layer=6, n_head=6)  # ~12M: Level-2
+LEVEL2_TRAIN = TrainConfig(steps=160, batch_size=16, lr=1.5e-3)
+RM_STRONG_TRAIN = TrainConfig(steps=260, batch_size=16, lr=6e-4, warmup_steps=10)
+RM_LIGHT_TRAIN = TrainConfig(steps=200, batch_size=16, lr=1e-3, warmup_steps=10)
+
+
+@dataclass(frozen=True)
+class ZooConfig:
+    """Every size, step count and seed of a zoo build (its hash names the cache directory)."""
+
+    preset: str = "default"
+    seed: int = 0
+    vocab_size: int = 2048
+    n_positions: int = 256  # longest prompt + response a zoo LM handles
+    block_size: int = 128  # pretraining window (a prompt and its response fit in ~90 tokens)
+    lm_responses_per_prompt: int = 3  # reference responses per train prompt in the LM corpus
+    probe: ModelShape = PROBE_SHAPE
+    probe_train: TrainConfig = PROBE_TRAIN
+    probe_block_size: int = 64
+    level1: ModelShape = LEVEL1_SHAPE
+    level1_train: TrainConfig = LEVEL1_TRAIN
+    level2: ModelShape = LEVEL2_SHAPE
+    level2_train: TrainConfig = LEVEL2_TRAIN
+    rm_pairs_per_prompt: int = 2  # synthetic (reference or degraded) responses per train prompt
+    rm_model_samples: int = 96  # responses sampled from each of Level-1 and Level-2 for RM data
+    rm_sample_repeats: int = 3  # model samples are repeated in RM training (on-policy data, oversampled)
+    rm_n_bins: int = 11  # RM logits over 0, 0.5, ..., 5; reward = expected value
+    rm_max_length: int = 192
+    rm_strong_init: str = "level1"  # RM backbone initialised from this LM ("" = from scratch)
+    rm_strong: ModelShape = LEVEL1_SHAPE  # used only when rm_strong_init is "" (else the init LM's)
+    rm_strong_train: TrainConfig = RM_STRONG_TRAIN
+    rm_light_init: str = "probe"
+    rm_light: ModelShape = PROBE_SHAPE  # used only when rm_light_init is ""
+    rm_light_train: TrainConfig = RM_LIGHT_TRAIN
+    sample_max_new_tokens: int = 80
+
+    def config_hash(self) -> str:
+        payload = json.dumps({"format": ZOO_FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def _ci_preset() -> ZooConfig:
+    """Small and fast (a few minutes on 2 cores): for plumbing tests, not for quality claims."""
+    small = ModelShape(n_embd=64, n_layer=2, n_head=2)
+    return ZooConfig(
+        preset="ci",
+        vocab_size=1024,
+        lm_responses_per_prompt=1,
+        probe=small,
+        probe_train=TrainConfig(steps=40, batch_size=16, lr=3e-3, warmup_steps=5),
+        level1=ModelShape(n_embd=96, n_layer=2, n_head=2),
+        level1_train=TrainConfig(steps=40, batch_size=16, lr=3e-3, warmup_steps=5),
+        level2=ModelShape(n_embd=128, n_layer=3, n_head=4),
+        level2_train=TrainConfig(steps=60, batch_size=16, lr=3e-3, warmup_steps=5),
+        rm_pairs_per_prompt=1,
+        rm_model_samples=16,
+        rm_strong=ModelShape(n_embd=96, n_layer=2, n_head=2),
+        rm_strong_train=TrainConfig(steps=40, batch_size=16, lr=1e-3, warmup_steps=5),
+        rm_light=small,
+        rm_light_train=TrainConfig(steps=40, batch_size=16, lr=1e-3, warmup_steps=5),
+        sample_max_new_tokens=48,
+    )
+
+
+PRESETS: dict[str, Callable[[], ZooConfig]] = {"default": ZooConfig, "ci": _ci_preset}
+
+
+class ZooSettings(StrataSettings):
+    """Which zoo to build and where: ``STRATA_ZOO_PRESET`` (default|ci), ``STRATA_CACHE_DIR``."""
+
+    zoo_preset: str = Field("default", description="zoo build preset: " + " | ".join(PRESETS))
+    zoo_threads: int = Field(0, ge=0, description="torch CPU threads for the build; 0 = all cores")
+
+
+def resolve_config(settings: ZooSettings) -> ZooConfig:
+    if settings.zoo_preset not in PRESETS:
+        raise ValueError(f"unknown zoo preset {settings.zoo_preset!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[settings.zoo_preset]()
+
+
+@dataclass(frozen=True)
+class ZooPaths:
+    """Where a built zoo's models are; each is a ``from_pretrained`` directory."""
+
+    root: Path
+    tokenizer: Path
+    probe: Path
+    level1: Path
+    level2: Path
+    rm_data: Path  # oracle-labelled (prompt, response) pairs used to train the RMs (JSONL)
+    rm_strong: Path
+    rm_light: Path
+    config: ZooConfig = field(default_factory=ZooConfig)
+
+    @property
+    def policy(self) -> Path:
+        """The PPO policy starts as the Level-1 generator."""
+        return self.level1
+
+    @property
+    def strong_rm(self) -> Path:  # the name the reward service's settings use
+        return self.rm_strong
+
+    @property
+    def light_rm(self) -> Path:
+        return self.rm_light
+
+    @classmethod
+    def under(cls, root: Path, config: ZooConfig) -> ZooPaths:
+        return cls(root, *(root / role for role in ROLES[:4]), root / "rm_data" / "pairs.jsonl",
+                   root / "rm_strong", root / "rm_light", config)
+
+    def is_complete(self) -> bool:
+        return (self.root / "manifest.json").is_file()
+
+
+def zoo_root(settings: ZooSettings, config: ZooConfig) -> Path:
+    return Path(settings.cache_dir).expanduser() / "zoo" / config.config_hash()
+
+
+def as_zoo_settings(settings: StrataSettings | None = None) -> ZooSettings:
+    """``ZooSettings`` for any Strata settings object: its cache dir, the preset from the environment."""
+    if isinstance(settings, ZooSettings):
+        return settings
+    if settings is None:
+        return ZooSettings()
+    return ZooSettings(cache_dir=settings.cache_dir)
+
+
+def zoo_paths(settings: StrataSettings | None = None) -> ZooPaths:
+    """Paths of the zoo for ``settings`` (built or not)."""
+    zoo_settings = as_zoo_settings(settings)
+    config = resolve_config(zoo_settings)
+    return ZooPaths.under(zoo_root(zoo_settings, config), config)
+
+
+def ensure_zoo(settings: StrataSettings | None = None, *, force: bool = False, progress: bool = True) -> ZooPaths:
+    """Build the zoo if it is not in the cache yet (or ``force``), and return its paths.
+
+    Any service's settings object works (only ``cache_dir`` is read from it); the preset comes from
+    ``STRATA_ZOO_PRESET`` unless ``settings`` is a ``ZooSettings``.
+    """
+    zoo_settings = as_zoo_settings(settings)
+    paths = zoo_paths(zoo_settings)
+    if paths.is_complete() and not force:
+        logger.info("zoo %s (%s) already built at %s", paths.config.config_hash(), paths.config.preset, paths.root)
+        return paths
+    if force and paths.root.exists():
+        shutil.rmtree(paths.root)
+    ZooBuilder(paths, zoo_settings.zoo_threads, progress).build()
+    return paths
+
+
+class ZooBuilder:
+    """Runs the build stages in order; each stage writes to a temporary directory and renames it."""
+
+    def __init__(self, paths: ZooPaths, threads: int = 0, progress: bool = True) -> None:
+        self.paths = paths
+        self.cfg = paths.config
+        self.threads = threads or os.cpu_count() or 1
+        self.progress = progress
+        self.timings: dict[str, float] = {}
+
+    def build(self) -> None:
+        torch.set_num_threads(self.threads)
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        logger.info("building zoo %s (preset %s) in %s", self.cfg.config_hash(), self.cfg.preset, self.paths.root)
+        self.train_records = load_suite("train")
+        stages: list[tuple[str, Path, Callable[[Path], dict[str, Any]]]] = [
+            ("tokenizer", self.paths.tokenizer, self._tokenizer),
+            ("probe", self.paths.probe, self._probe),
+            ("level1", self.paths.level1, lambda out: self._lm(out, "level1", self.cfg.level1, self.cfg.level1_train)),
+            ("level2", self.paths.level2, lambda out: self._lm(out, "level2", self.cfg.level2, self.cfg.level2_train)),
+            ("rm_data", self.paths.rm_data.parent, self._rm_data),
+            ("rm_strong", self.paths.rm_strong, lambda out: self._rm(out, "rm_strong")),
+            ("rm_light", self.paths.rm_light, lambda out: self._rm(out, "rm_light")),
+        ]
+        started = time.perf_counter()
+        bar = tqdm(stages, desc="strata zoo", unit="stage", disable=not self.progress)
+        for role, out, run in bar:
+            bar.set_postfix(stage=role)
+            if (out / ZOO_INFO_FILE).is_file():
+                logger.info("zoo stage %s: reusing %s", role, out)
+                continue
+            t0 = time.perf_counter()
+            tmp = out.with_name(out.name + ".partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            info = run(tmp)
+            self.timings[role] = time.perf_counter() - t0
+            info = {"role": role, "config_hash": self.cfg.config_hash(), "config": asdict(self.cfg),
+                    "build_seconds": round(self.timings[role], 2), **info}
+            (tmp / ZOO_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+            logger.info("zoo stage %s done in %.1fs", role, self.timings[role])
+        manifest = {
+            "config_hash": self.cfg.config_hash(),
+            "config": asdict(self.cfg),
+            "format": ZOO_FORMAT_VERSION,
+            "stage_seconds": {k: round(v, 2) for k, v in self.timings.items()},
+            "build_seconds": round(time.perf_counter() - started, 2),
+        }
+        (self.paths.root / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+    # --- stages ------------------------------------------------------------------------------------
+
+    def _tokenizer_texts(self) -> list[str]:
+        return corpus.lm_texts(self.train_records, self.cfg.lm_responses_per_prompt, self.cfg.seed)
+
+    def _load_tokenizer(self) -> PreTrainedTokenizerFast:
+        return AutoTokenizer.from_pretrained(self.paths.tokenizer, local_files_only=True)
+
+    def _tokenizer(self, out: Path) -> dict[str, Any]:
+        texts = self._tokenizer_texts() + corpus.probe_texts(self.train_records, self.cfg.seed)
+        tokenizer = train_tokenizer(texts, self.cfg.vocab_size)
+        tokenizer.save_pretrained(out)
+        return {"vocab_size": len(tokenizer), "n_texts": len(texts)}
+
+    def _save_lm(self, model: GPT2LMHeadModel | GPT2ForSequenceClassification, out: Path) -> int:
+        model.save_pretrained(out)
+        self._load_tokenizer().save_pretrained(out)
+        return sum(p.numel() for p in model.parameters())
+
+    def _probe(self, out: Path) -> dict[str, Any]:
+        tokenizer = self._load_tokenizer()
+        stream = pack_texts(tokenizer, corpus.probe_texts(self.train_records, self.cfg.seed))
+        model = new_causal_lm(tokenizer, self.cfg.probe, self.cfg.n_positions, self.cfg.seed)
+        loss = train_causal_lm(model, stream, self.cfg.probe_block_size, self.cfg.probe_train, self.cfg.seed, "probe")
+        return {"n_params": self._save_lm(model, out), "final_loss": loss, "train_tokens": len(stream)}
+
+    def _lm(self, out: Path, role: str, shape: ModelShape, train: TrainConfig) -> dict[str, Any]:
+        tokenizer = self._load_tokenizer()
+        stream = pack_texts(tokenizer, self._tokenizer_texts())
+        model = new_causal_lm(tokenizer, shape, self.cfg.n_positions, self.cfg.seed)
+        loss = train_causal_lm(model, stream, self.cfg.block_size, train, self.cfg.seed, role)
+        return {"n_params": self._save_lm(model, out), "final_loss": loss, "train_tokens": len(stream)}
+
+    def _rm_data(self, out: Path) -> dict[str, Any]:
+        """Oracle-labelled pairs: synthetic references and degradations plus Level-1/2 samples."""
+        pairs = corpus.rm_pairs(self.train_records, self.cfg.rm_pairs_per_prompt, self.cfg.seed)
+        rows = [_pair_row(p.record, p.response, p.kind) for p in pairs]
+        rng = random.Random(self.cfg.seed + 1)
+        for role, path in (("level1", self.paths.level1), ("level2", self.paths.level2)):
+            records = rng.sample(self.train_records, self.cfg.rm_model_samples)
+            lm = load_causal_lm(path, device="cpu")
+            directions = [corpus.sample_directions(r, rng) for r in records]
+            sampling = SamplingConfig(max_new_tokens=self.cfg.sample_max_new_tokens, seed=self.cfg.seed)
+            generations = generate(lm, [r.text for r in records], directions, sampling)
+            rows += [_pair_row(r, g.text, f"sample:{role}") for r, g in zip(records, generations, strict=True)]
+        random.Random(self.cfg.seed).shuffle(rows)
+        with (out / self.paths.rm_data.name).open("w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        scores = [row["score"] for row in rows]
+        return {"n_pairs": len(rows), "mean_score": sum(scores) / len(scores)}
+
+    def _rm(self, out: Path, role: str) -> dict[str, Any]:
+        shape, train, init = (
+            (self.cfg.rm_strong, self.cfg.rm_strong_train, self.cfg.rm_strong_init)
+            if role == "rm_strong"
+            else (self.cfg.rm_light, self.cfg.rm_light_train, self.cfg.rm_light_init)
+        )
+        tokenizer = self._load_tokenizer()
+        if init:
+            # Reward model initialised from a trained LM's transformer (InstructGPT-style); the
+            # classification head over score bins starts fresh.
+            init_path = {"level1": self.paths.level1, "level2": self.paths.level2, "probe": self.paths.probe}[init]
+            model = GPT2ForSequenceClassification.from_pretrained(
+                init_path, num_labels=self.cfg.rm_n_bins, local_files_only=True
+            )
+        else:
+            model = new_reward_model(tokenizer, shape, self.cfg.n_positions, self.cfg.rm_n_bins, self.cfg.seed)
+        rows = [json.loads(line) for line in self.paths.rm_data.open(encoding="utf-8")]
+        rows += [row for row in rows if row["kind"].startswith("sample:")] * (self.cfg.rm_sample_repeats - 1)
+        texts = [format_rm_input(row["prompt"], row["response"]) for row in rows]
+        scores = [row["score"] for row in rows]
+        loss = train_reward_model(model, tokenizer, texts, scores, self.cfg.rm_max_length, train, self.cfg.seed, role)
+        model.config.problem_type = "single_label_classification"
+        return {"n_params": self._save_lm(model, out), "final_loss": loss, "n_bins": self.cfg.rm_n_bins,
+                "init": init or "scratch", "reward": "expected value over bins 0..5"}
+
+
+def _pair_row(record: PromptRecord, response: str, kind: str) -> dict[str, Any]:
+    return {"prompt_id": record.id, "prompt": record.text, "response": response, "kind": kind,
+            "score": oracle_score(record, response)}
+
+
+def with_overrides(config: ZooConfig, **changes: Any) -> ZooConfig:
+    """A copy of ``config`` with some fields changed (for tests and experiments)."""
+    return replace(config, **changes)

@@ -1,0 +1,196 @@
+"""Training loops of the zoo: a BPE tokenizer, GPT-2-shaped causal LMs and binned reward models.
+
+Short and CPU-friendly on purpose (nanoGPT-style: random blocks of a packed token stream, AdamW,
+linear warm-up then cosine decay). Each function trains in place and returns the final loss; the
+build (``strata.zoo.build``) decides sizes and steps and saves the results.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm import tqdm
+from transformers import (
+    GPT2Config,
+    GPT2ForSequenceClassification,
+    GPT2LMHeadModel,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
+
+from strata.models.reward import two_hot
+
+logger = logging.getLogger(__name__)
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_embd: int
+    n_layer: int
+    n_head: int
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    batch_size: int
+    lr: float
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on ``texts``, wrapped as a Hugging Face fast tokenizer."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=PAD_TOKEN, unk_token=None
+    )
+
+
+def gpt2_config(tokenizer: PreTrainedTokenizerFast, shape: ModelShape, n_positions: int, **extra: int) -> GPT2Config:
+    # Dropout is off for these short pretraining runs; rollout dropout (R17) is set at generation time.
+    return GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=shape.n_embd,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **extra,
+    )
+
+
+def new_causal_lm(
+    tokenizer: PreTrainedTokenizerFast, shape: ModelShape, n_positions: int, seed: int
+) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(gpt2_config(tokenizer, shape, n_positions))
+
+
+def new_reward_model(
+    tokenizer: PreTrainedTokenizerFast, shape: ModelShape, n_positions: int, n_bins: int, seed: int
+) -> GPT2ForSequenceClassification:
+    torch.manual_seed(seed)
+    return GPT2ForSequenceClassification(gpt2_config(tokenizer, shape, n_positions, num_labels=n_bins))
+
+
+def _lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))  # cosine down to lr/10
+
+
+def _optimizer(model: PreTrainedModel, cfg: TrainConfig) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def pack_texts(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str]) -> torch.Tensor:
+    """All texts as one token stream, each followed by EOS: (N_tokens,)."""
+    ids: list[int] = []
+    for encoded in tokenizer(list(texts), add_special_tokens=False)["input_ids"]:
+        ids.extend(encoded)
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def train_causal_lm(model: GPT2LMHeadModel, stream: torch.Tensor, block_size: int, cfg: TrainConfig, seed: int,
+                    desc: str) -> float:
+    """Next-token training on random ``block_size`` windows of the packed ``stream``."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = _optimizer(model, cfg)
+    model.train()
+    loss_ema = float("nan")
+    bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        starts = torch.randint(0, len(stream) - block_size - 1, (cfg.batch_size,), generator=generator)
+        x = torch.stack([stream[s : s + block_size] for s in starts.tolist()])  # (B, T)
+        loss = model(input_ids=x, labels=x).loss  # HF shifts the labels by one inside
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        loss_ema = loss.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * loss.item()
+        bar.set_postfix(loss=f"{loss_ema:.3f}")
+    model.eval()
+    logger.info("%s: %d steps, final loss %.3f", desc, cfg.steps, loss_ema)
+    return loss_ema
+
+
+def train_reward_model(
+    model: GPT2ForSequenceClassification,
+    tokenizer: PreTrainedTokenizerFast,
+    texts: Sequence[str],
+    scores: Sequence[float],
+    max_length: int,
+    cfg: TrainConfig,
+    seed: int,
+    desc: str,
+) -> float:
+    """Cross-entropy of the RM's bin logits against two-hot targets of the oracle ``scores``.
+
+    Batches are drawn from length-sorted buckets so that padding stays small.
+    """
+    n_bins = model.config.num_labels
+    rng = random.Random(seed)
+    encoded = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
+    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
+    buckets = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+    optimizer = _optimizer(model, cfg)
+    model.train()
+    loss_ema = float("nan")
+    bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        rows = rng.choice(buckets)
+        width = max(len(encoded[i]) for i in rows)
+        x = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T), right-padded
+        mask = torch.zeros_like(x)
+        for j, i in enumerate(rows):
+            x[j, : len(encoded[i])] = torch.tensor(encoded[i])
+            mask[j, : len(encoded[i])] = 1
+        target = two_hot(torch.tensor([scores[i] for i in rows], dtype=torch.float32), n_bins)  # (B, n_bins)
+        logits = model(input_ids=x, attention_mask=mask).logits  # (B, n_bins)
+        loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        loss_ema = loss.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * loss.item()
+        bar.set_postfix(loss=f"{loss_ema:.3f}")
+    model.eval()
+    logger.info("%s: %d steps, final loss %.3f", desc, cfg.steps, loss_ema)
+    return loss_ema
+
+

@@ -1,0 +1,79 @@
+"""The zoo build on a micro configuration: stages, caching, and loading through the user-facing loaders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from strata.config import StrataSettings
+from strata.models.loading import load_causal_lm, load_reward_model
+from strata.models.reward import score_responses
+from strata.zoo.build import (
+    PRESETS,
+    ZooBuilder,
+    ZooConfig,
+    ZooPaths,
+    ZooSettings,
+    as_zoo_settings,
+    resolve_config,
+    with_overrides,
+    zoo_paths,
+)
+from strata.zoo.train import ModelShape, TrainConfig
+
+MICRO_SHAPE = ModelShape(n_embd=16, n_layer=1, n_head=2)
+MICRO_TRAIN = TrainConfig(steps=2, batch_size=4, lr=1e-3, warmup_steps=1)
+
+
+def micro_config() -> ZooConfig:
+    return with_overrides(
+        PRESETS["ci"](), preset="micro", vocab_size=300, lm_responses_per_prompt=1, probe=MICRO_SHAPE,
+        probe_train=MICRO_TRAIN, level1=MICRO_SHAPE, level1_train=MICRO_TRAIN, level2=MICRO_SHAPE,
+        level2_train=MICRO_TRAIN, rm_pairs_per_prompt=1, rm_model_samples=2, rm_strong_train=MICRO_TRAIN,
+        rm_light_train=MICRO_TRAIN, sample_max_new_tokens=4,
+    )
+
+
+def test_presets_and_hashes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert set(PRESETS) >= {"default", "ci"}
+    assert ZooConfig().config_hash() == ZooConfig().config_hash()
+    assert PRESETS["ci"]().config_hash() != ZooConfig().config_hash()
+    assert with_overrides(ZooConfig(), seed=1).config_hash() != ZooConfig().config_hash()
+    monkeypatch.setenv("STRATA_ZOO_PRESET", "ci")
+    monkeypatch.setenv("STRATA_CACHE_DIR", str(tmp_path))
+    settings = as_zoo_settings(StrataSettings())  # any service's settings work
+    assert resolve_config(settings).preset == "ci"
+    paths = zoo_paths(StrataSettings())
+    assert paths.root == tmp_path / "zoo" / PRESETS["ci"]().config_hash()
+    assert not paths.is_complete()
+    monkeypatch.setenv("STRATA_ZOO_PRESET", "huge")
+    with pytest.raises(ValueError, match="unknown zoo preset"):
+        resolve_config(ZooSettings())
+
+
+def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path) -> None:
+    config = micro_config()
+    paths = ZooPaths.under(tmp_path / config.config_hash(), config)
+    ZooBuilder(paths, threads=1, progress=False).build()
+    assert paths.is_complete()
+    manifest = json.loads((paths.root / "manifest.json").read_text())
+    assert manifest["config"]["preset"] == "micro"
+
+    for path in (paths.probe, paths.level1, paths.level2):
+        lm = load_causal_lm(path, device="cpu")
+        assert lm.zoo_info is not None and lm.zoo_info["config_hash"] == config.config_hash()
+    for path in (paths.strong_rm, paths.light_rm):
+        rm = load_reward_model(path, device="cpu")
+        assert rm.model.config.num_labels == config.rm_n_bins
+        assert 0.0 <= score_responses(rm, ["Explain recursion."], ["It calls itself."])[0] <= 5.0
+    rows = [json.loads(line) for line in paths.rm_data.open()]
+    assert {"prompt", "response", "score", "kind"} <= set(rows[0])
+    assert any(row["kind"].startswith("sample:level2") for row in rows)
+
+    stamp = (paths.level2 / "strata_zoo.json").stat().st_mtime_ns
+    builder = ZooBuilder(paths, threads=1, progress=False)
+    builder.build()
+    assert builder.timings == {}  # every stage reused
+    assert (paths.level2 / "strata_zoo.json").stat().st_mtime_ns == stamp
