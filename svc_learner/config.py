@@ -78,6 +78,9 @@ class LearnerSettings(StrataSettings):
 
     # The service around the math (svc_learner.service / worker).
     group_id: str = Field("svc-learner", description="consumer group on strata.rewards.scored (one learner per group)")
+    train_on_escalated: bool = Field(
+        True, description="train on Level-1 samples that escalated too (their light-RM reward is the policy's signal)"
+    )
     train_tiers: str = Field(
         "1",
         description="comma-separated tiers whose final rewards train the policy (Level-2 samples come from another "

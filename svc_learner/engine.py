@@ -73,7 +73,7 @@ class Outcome(StrEnum):
     DUPLICATE = "duplicate"  # the same sample is pending or was applied recently
     APPLIED = "already_applied"  # its offset is inside the weights already (redelivery after a restart)
     REUSED = "skipped_reused"  # a skipped prompt's reused reward: no response, no gradient (R10)
-    NOT_FINAL = "skipped_not_final"  # escalated: the final reward comes from Level 2
+    NOT_FINAL = "skipped_not_final"  # not final and not a trainable escalated Level-1 sample
     OTHER_TIER = "skipped_tier"  # a tier that does not train the policy (Level 2 by default)
     MISSING = "dropped_missing"  # text, token ids or rollout context expired from the content store
     UNUSABLE = "dropped_unusable"  # no response tokens, or longer than the model's context

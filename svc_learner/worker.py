@@ -61,12 +61,18 @@ def sample_key(event: events_pb2.RewardScored) -> str:
     return f"{event.prompt_hash}:{event.response_hash}:{event.request_id}:{event.sample_index}"
 
 
-def skip_reason(event: events_pb2.RewardScored, trained_tiers: frozenset[int]) -> Outcome | None:
-    """Why a reward event gives no gradient, or None when it is a candidate sample."""
+def skip_reason(event: events_pb2.RewardScored, trained_tiers: frozenset[int],
+                train_on_escalated: bool = True) -> Outcome | None:
+    """Why a reward event gives no gradient, or None when it is a candidate sample.
+
+    An escalated Level-1 sample is still the policy's own sample with a light-RM reward: training
+    only on finals would keep just the samples above the escalation threshold and hide from PPO
+    exactly the answers it should move away from.
+    """
     if event.scorer == common_pb2.SCORER_REUSED or not event.response_hash:
         return Outcome.REUSED  # a skipped prompt: neighbours' reward, no response was generated
-    if not event.final:
-        return Outcome.NOT_FINAL  # escalated to Level 2: the final reward comes later, from another model
+    if not event.final and not (train_on_escalated and event.escalated):
+        return Outcome.NOT_FINAL
     if TIER_NUMBER.get(event.tier) not in trained_tiers:
         return Outcome.OTHER_TIER
     return None
@@ -134,13 +140,16 @@ class RewardIntake:
         if pending >= self._settings.max_pending_samples:
             # Backpressure: the bus pauses the partitions and retries later; nothing is lost or dead-lettered.
             raise TransientError(f"learner busy: {pending} samples wait for an update")
-        candidates = [sample_key(d.message) for d in deliveries if skip_reason(d.message, self._tiers) is None]
+        escalated_too = self._settings.train_on_escalated
+        candidates = [sample_key(d.message) for d in deliveries
+                      if skip_reason(d.message, self._tiers, escalated_too) is None]
         marked = self._marks.which(candidates)
         for delivery in deliveries:
             event = delivery.message
             source = Source(delivery.topic.name, delivery.partition, delivery.offset)
             key = sample_key(event)
-            refusal = skip_reason(event, self._tiers) or self._engine.classify(key, event.policy_version, source)
+            refusal = (skip_reason(event, self._tiers, escalated_too)
+                       or self._engine.classify(key, event.policy_version, source))
             if refusal is None and key in marked:
                 refusal = Outcome.DUPLICATE  # learned in an earlier run, arriving again at a new offset
             if refusal is not None:

@@ -93,3 +93,17 @@ def test_weight_sync_is_publish_to_first_rollout_on_the_version() -> None:
     assert sync.observed(4, at=13.0) == [(3, 3.0), (4, 1.0)]  # a generator may skip a version
     assert sync.observed(4, at=14.0) == []  # only the first rollout counts
     assert (sync.last_version, sync.last_seconds) == (4, 1.0)
+
+
+def test_escalated_level1_samples_train_unless_turned_off() -> None:
+    from strata.v1 import common_pb2, events_pb2
+    from svc_learner.engine import Outcome
+    from svc_learner.worker import skip_reason
+
+    tiers = frozenset({1})
+    escalated = events_pb2.RewardScored(response_hash="r", tier=common_pb2.TIER_LEVEL_1, final=False, escalated=True,
+                                        scorer=common_pb2.SCORER_LIGHT)
+    assert skip_reason(escalated, tiers) is None
+    assert skip_reason(escalated, tiers, train_on_escalated=False) is Outcome.NOT_FINAL
+    pending = events_pb2.RewardScored(response_hash="r", tier=common_pb2.TIER_LEVEL_1, final=False, escalated=False)
+    assert skip_reason(pending, tiers) is Outcome.NOT_FINAL

@@ -98,7 +98,7 @@ class Fabricator:
 
     def reward(self, policy_version: int = 0, *, tier: int = common_pb2.TIER_LEVEL_1, final: bool = True,
                scorer: int = common_pb2.SCORER_LIGHT, directions: tuple[str, ...] = ("give_steps",),
-               reward: float = 2.5) -> events_pb2.RewardScored:  # fmt: skip
+               reward: float = 2.5, escalated: bool | None = None) -> events_pb2.RewardScored:  # fmt: skip
         prompt = f"how do i fix the {self.rng.choice(['sink', 'door', 'bike'])} {uuid.uuid4().hex[:6]}"
         response = "".join(self.rng.choice("abcdefgh ") for _ in range(6)).strip() or "ok"
         token_ids = self.encode(response)
@@ -107,7 +107,8 @@ class Fabricator:
         request_id = uuid.uuid4().hex
         return events_pb2.RewardScored(
             prompt_hash=prompt_hash, response_hash=response_hash, tier=tier, policy_version=policy_version,
-            rm_version="rm-test", reward=reward, scorer=scorer, final=final, escalated=not final, sample_index=0,
+            rm_version="rm-test", reward=reward, scorer=scorer, final=final,
+            escalated=(not final) if escalated is None else escalated, sample_index=0,
             response_tokens=len(token_ids), request_id=request_id,
             directions=[common_pb2.Direction(name=d) for d in directions],
         )  # fmt: skip
@@ -190,7 +191,9 @@ def test_a_full_batch_is_learned_checkpointed_and_published(
     learner.tail.connect()  # weight sync is timed from rollouts published after this
     assert learner.engine.version == 0 and [p.name for p in list_checkpoints(settings.checkpoint_dir)] == ["v0"]
     make = fabricate(learner)
-    ignored = [make.reused(), make.reward(final=False), make.reward(tier=common_pb2.TIER_LEVEL_2)]
+    # A reused reward, a non-final sample that did not escalate, a Level-2 sample: no gradient.
+    # (An escalated Level-1 sample does train: see skip_reason.)
+    ignored = [make.reused(), make.reward(final=False, escalated=False), make.reward(tier=common_pb2.TIER_LEVEL_2)]
     good = [make.reward(directions=("give_code", "summarize")), *(make.reward() for _ in range(BATCH - 1))]
     publish_all(publisher, learner_topics.rewards, ignored + good[:-1])
     drive(learner, lambda: handled(learner) == len(ignored) + BATCH - 1)
