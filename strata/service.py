@@ -13,6 +13,7 @@ them to :func:`run_service`, which:
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import threading
@@ -20,11 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from strata.bus import Worker
-from strata.config import StrataSettings
+from strata.config import S, StrataSettings, add_settings_flags, settings_from_flags
 from strata.lifecycle import stop_on_signals
 from strata.rpc import RunningServer, ServiceBinding, start_server
 from strata.rpc_metrics import register_device_memory_metrics
-from strata.telemetry import start_metrics_server
+from strata.telemetry import setup_logging, start_metrics_server
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,16 @@ def stop_service(parts: ServiceParts, running: RunningService, grace_s: float = 
     for callback in parts.on_stop:
         callback()
     log.info("%s stopped", parts.name)
+
+
+def service_main(settings_type: type[S], build: Callable[[S], ServiceParts], prog: str,
+                 description: str | None, argv: Sequence[str] | None = None) -> int:
+    """A service's ``main``: settings from env and flags, logging, then :func:`run_service`."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_settings_flags(parser, settings_type)
+    settings = settings_from_flags(settings_type, parser.parse_args(argv))
+    setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
+    return run_service(build(settings))
 
 
 def run_service(parts: ServiceParts) -> int:

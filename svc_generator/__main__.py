@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
 import redis
 
 from strata.bus import Publisher, Worker
-from strata.config import add_settings_flags, settings_from_flags
 from strata.content_store import ContentStore
 from strata.debug_store import debug_store_for
 from strata.rpc import ServiceBinding
-from strata.service import ServiceParts, run_service
-from strata.telemetry import setup_logging
+from strata.service import ServiceParts, service_main
 from strata.v1 import generator_pb2, generator_pb2_grpc
 from svc_generator.backends import create_backend
 from svc_generator.batcher import DynamicBatcher
@@ -53,11 +50,7 @@ def build(settings: GeneratorSettings) -> ServiceParts:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m svc_generator", description=__doc__)
-    add_settings_flags(parser, GeneratorSettings)
-    settings = settings_from_flags(GeneratorSettings, parser.parse_args(argv))
-    setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
-    return run_service(build(settings))
+    return service_main(GeneratorSettings, build, "python -m svc_generator", __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 from collections.abc import Sequence
@@ -11,12 +10,10 @@ import redis
 from prometheus_client import Counter, Histogram
 
 from strata.bus import Publisher, Worker, topics
-from strata.config import add_settings_flags, settings_from_flags
 from strata.content_store import ContentStore
 from strata.models.loading import load_causal_lm
 from strata.rpc import ServiceBinding
-from strata.service import ServiceParts, run_service
-from strata.telemetry import setup_logging
+from strata.service import ServiceParts, service_main
 from strata.v1 import probe_pb2, probe_pb2_grpc
 from svc_probe.config import ProbeSettings
 from svc_probe.core import ProbeResult, ProbeRules, probe
@@ -64,11 +61,7 @@ def build(settings: ProbeSettings) -> ServiceParts:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m svc_probe", description=__doc__)
-    add_settings_flags(parser, ProbeSettings)
-    settings = settings_from_flags(ProbeSettings, parser.parse_args(argv))
-    setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
-    return run_service(build(settings))
+    return service_main(ProbeSettings, build, "python -m svc_probe", __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
 import redis
 
 from strata.bus import Publisher, Worker, topics
-from strata.config import add_settings_flags, settings_from_flags
 from strata.content_store import ContentStore
 from strata.rpc import ServiceBinding
-from strata.service import ServiceParts, run_service
-from strata.telemetry import setup_logging
+from strata.service import ServiceParts, service_main
 from strata.v1 import reward_pb2, reward_pb2_grpc
 from svc_reward.config import RewardSettings
 from svc_reward.models import RewardModels
@@ -60,11 +57,7 @@ def build(settings: RewardSettings) -> ServiceParts:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m svc_reward", description=__doc__)
-    add_settings_flags(parser, RewardSettings)
-    settings = settings_from_flags(RewardSettings, parser.parse_args(argv))
-    setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
-    return run_service(build(settings))
+    return service_main(RewardSettings, build, "python -m svc_reward", __doc__, argv)
 
 
 if __name__ == "__main__":
