@@ -16,11 +16,15 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from strata.bus import Publisher, topics
+from strata.bus.serde import decode
 from strata.bus.tail import TailReader
 from strata.cli import submit_cmd
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
+from strata.infra import down as infra_down
+from strata.infra import kafka_broker
+from strata.infra import up as infra_up
 from strata.infra.process import free_port
 from strata.service import RunningService, ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -338,6 +342,64 @@ def test_redis_down_fails_fast_with_unavailable_and_recovers(infra: StrataSettin
             server.wait(10)
 
 
+
+def test_kafka_outage_never_loses_an_accepted_prompt(infra: StrataSettings, encoder: Encoder, tmp_path) -> None:
+    """A broker of its own (the session's stays up): stopped mid-run, then started again on its data.
+
+    Submit answers only after ``acks=all``; while Kafka is down it answers UNAVAILABLE instead of
+    accepting, and every prompt it did accept is in the topic once the broker is back.
+    """
+    own = StrataSettings(state_dir=tmp_path / "state", kafka_port=free_port(), kafka_controller_port=free_port(),
+                         redis_url=infra.redis_address, topic_partitions=1, infra_start_timeout_s=120)
+    infra_up(own)
+    replica = None
+    try:
+        replica = Replica(scheduler_settings(own, publish_timeout_s=3.0), encoder)
+        accepted = [submit(replica.stub, f"Explain how a bloom filter works, case {i} {uuid.uuid4()}").prompt_hash
+                    for i in range(3)]
+        kafka_broker.stop(own)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as caught:
+            submit(replica.stub, f"Explain how a trie works {uuid.uuid4()}")
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value.details()
+        assert "not accepted" in caught.value.details()
+        assert time.monotonic() - started < 3.0 + 10.0  # the publish timeout, not a hang
+        kafka_broker.start(own)
+        accepted += [eventually(lambda: _submitted(replica, f"Explain how a heap works {uuid.uuid4()}"),
+                                "a Submit accepted after the broker restart")]
+        published = _prompt_hashes(own.kafka_address, topics.PROMPTS_LEVEL0.name)
+        assert set(accepted) <= published, "an accepted prompt is missing from the topic"
+    finally:
+        if replica is not None:
+            replica.stop()
+        infra_down(own, purge=True)
+
+
+def _submitted(replica: Replica, prompt: str) -> str | None:
+    try:
+        return submit(replica.stub, prompt).prompt_hash
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            raise
+        return None  # the producer is still reconnecting to the restarted broker
+
+
+def _prompt_hashes(bootstrap: str, topic_name: str) -> set[str]:
+    """Every prompt hash in ``topic_name``, read from the beginning until the end offsets."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=10_000)
+    try:
+        partitions = [TopicPartition(topic_name, p) for p in sorted(consumer.partitions_for_topic(topic_name))]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        end = consumer.end_offsets(partitions)
+        hashes: set[str] = set()
+        for record in consumer:
+            hashes.add(decode(topics.PROMPTS_LEVEL0, record.value).prompt_hash)
+            if all(consumer.position(tp) >= end[tp] for tp in partitions):
+                break
+        return hashes
+    finally:
+        consumer.close()
 
 
 def _answers(client: redis.Redis) -> bool:
