@@ -9,9 +9,16 @@ the current policy / reward-model versions. The rules, in order:
 3. **High-uncertainty neighbourhood**: at least ``min_marked_neighbours`` similar neighbours are
    marked (their reward variance went over ``high_variance_threshold``), or show such a variance
    now                                                                          -> Level-2 (R11).
-4. **Known reward**: at least ``min_low_variance_neighbours`` of the k neighbours are *usable* and
-   have a variance under ``low_variance_threshold``                             -> skip, reuse (R10).
-5. Otherwise                                                                    -> Level-0 probe, then Level-1.
+4. **Known reward of the prompt itself** (``own_history_skip``): the prompt was rolled out before
+   and its own statistics are usable with a variance under ``low_variance_threshold``
+                                                                                -> skip, reuse its mean (R10).
+5. **Known reward of the neighbourhood**: at least ``min_low_variance_neighbours`` of the k
+   neighbours are *usable* and have a variance under ``low_variance_threshold`` -> skip, reuse (R10).
+6. Otherwise                                                                    -> Level-0 probe, then Level-1.
+
+Rule 4 is R10's exact-prompt case: a prompt seen before is its own nearest neighbour (cosine 1), and
+its own rewards are the most direct evidence there is, so it does not need six stable paraphrases
+besides. It comes after the uncertainty rule: a marked neighbourhood still goes to Level-2.
 
 A neighbour is *usable* only if it is similar enough (cosine >= ``min_similarity``: a neighbour's
 similarity, not only its rank, decides whether its reward says anything about this prompt), has at
@@ -182,7 +189,7 @@ def decide(
     versions: VersionState,
     settings: SchedulerSettings,
 ) -> Decision:
-    """Route one prompt (rules 1-5 of the module docstring)."""
+    """Route one prompt (rules 1-6 of the module docstring)."""
     considered = list(neighbours)[: settings.k]
     similar = [n for n in considered if n.similarity >= settings.min_similarity]
     reasons = {n.prompt_hash: unusable_reason(n, now, versions, settings) for n in considered}
@@ -191,14 +198,16 @@ def decide(
     low = [n for n in usable if n.stats is not None and n.stats.variance < settings.low_variance_threshold]
     marked = [n for n in considered if is_high_uncertainty(n, now, reasons[n.prompt_hash] is None, settings)]
 
-    def make(route: Route, reason: str, reused: tuple[float, float] | None = None) -> Decision:
+    def make(route: Route, reason: str, reused: tuple[float, float] | None = None,
+             reused_from: Sequence[Neighbour] | None = None) -> Decision:
+        sources = low if reused_from is None else reused_from
         return Decision(
             route=route,
             reason=reason,
             reused_reward=None if reused is None else reused[0],
             reused_reward_std=None if reused is None else reused[1],
             reused_rm_version=None if reused is None else Counter(
-                n.stats.rm_version for n in low if n.stats is not None
+                n.stats.rm_version for n in sources if n.stats is not None
             ).most_common(1)[0][0],
             neighbours=len(considered),
             similar_neighbours=len(similar),
@@ -218,6 +227,15 @@ def decide(
             Route.LEVEL_2,
             f"Level-2: {len(marked)} of the {len(considered)} nearest prompts are in a high-uncertainty "
             f"neighbourhood (reward variance > {settings.high_variance_threshold:g})",
+        )
+    own = next((n for n in low if n.prompt_hash == prompt_hash), None) if settings.own_history_skip else None
+    if own is not None and own.stats is not None:
+        return make(
+            Route.SKIP,
+            f"skip: this prompt has {own.stats.count} rewards of its own with variance {own.stats.variance:.3f} < "
+            f"{settings.low_variance_threshold:g}; reusing its mean reward {own.stats.mean:.3f}",
+            (own.stats.mean, math.sqrt(own.stats.variance)),
+            reused_from=[own],
         )
     if len(low) >= settings.min_low_variance_neighbours:
         reused = _reused_reward(low)

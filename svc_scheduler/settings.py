@@ -87,6 +87,10 @@ class SchedulerSettings(StrataSettings):
         description="cosine floor: a neighbour below it says nothing about the prompt (MiniLM paraphrases "
         "0.61-0.92, other intents up to 0.69)",
     )
+    own_history_skip: bool = Field(
+        True,
+        description="a prompt seen before skips on its own usable low-variance history alone (R10's exact-prompt case)",
+    )
     min_marked_neighbours: int = Field(
         3, ge=1, description="marked (high-uncertainty) neighbours above the floor that send a prompt to Level-2"
     )

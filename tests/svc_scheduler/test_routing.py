@@ -57,6 +57,42 @@ def test_reused_reward_is_similarity_weighted() -> None:
     assert decision.reused_reward == pytest.approx((4.0 * 1.0 + 2.0 * 0.9 * 6) / (1.0 + 0.9 * 6))
 
 
+def test_own_low_variance_history_skips_without_seven_stable_neighbours() -> None:
+    ns = neighbours(1)  # only one low-variance neighbour ...
+    ns[0] = Neighbour("self", 1.0, stats(LOW, mean=4.2))  # ... and it is the prompt itself
+    decision = route(ns)
+    assert decision.route is Route.SKIP
+    assert decision.reused_reward == pytest.approx(4.2)
+    assert decision.reused_reward_std == pytest.approx(LOW**0.5)
+    assert "of its own" in decision.reason
+    assert route(ns, settings=SchedulerSettings(own_history_skip=False)).route is Route.LEVEL_1
+
+
+@pytest.mark.parametrize(
+    ("own", "why"),
+    [
+        (stats(MID, mean=4.2), "its own variance is not low"),
+        (stats(LOW, mean=4.2, count=2), "too few samples of its own"),
+        (stats(LOW, mean=4.2, age_s=SETTINGS.stats_ttl_s + 1), "its statistics expired"),
+        (stats(LOW, mean=4.2, unsafe=True), "it was flagged unsafe"),
+    ],
+)
+def test_own_history_must_be_usable_to_skip(own: RewardStats, why: str) -> None:
+    ns = neighbours(1)
+    ns[0] = Neighbour("self", 1.0, own)
+    assert route(ns).route is not Route.SKIP, why
+
+
+def test_own_history_does_not_override_a_marked_neighbourhood_or_risk() -> None:
+    ns = neighbours(10)
+    ns[0] = Neighbour("self", 1.0, stats(LOW))
+    for i in range(1, 1 + SETTINGS.min_marked_neighbours):
+        ns[i] = Neighbour(f"h{i}", 0.88, stats(LOW), marked_at=NOW - 60)
+    assert route(ns).route is Route.LEVEL_2
+    ns = [Neighbour("self", 1.0, stats(LOW))]
+    assert route(ns, text="What dose of ibuprofen is safe?").route is Route.LEVEL_2
+
+
 def test_variance_over_point_eight_marks_and_escalates() -> None:
     ns = neighbours(7, other=HIGH)  # 3 neighbours with variance 0.9: a high-uncertainty neighbourhood
     decision = route(ns)
