@@ -39,7 +39,7 @@ RM_INFO_FILE = "strata_rm.json"
 PSEUDO_LABELS_FILE = "pseudo_labels.jsonl"
 EVAL_SEED = 7  # synthetic (prompt, response) pairs of the eval and fresh splits, one per prompt
 EVAL_SPLITS: tuple[str, ...] = ("eval", "fresh")
-STRONG_INFO_DEFAULTS = {"steps": 140, "batch_size": 16, "lr": 5e-4, "max_length": 192}  # the zoo's recipe
+STRONG_INFO_DEFAULTS = {"steps": 400, "batch_size": 16, "lr": 6e-4, "max_length": 192}  # the zoo's recipe
 
 
 # --- parser ---------------------------------------------------------------------------------------
@@ -60,6 +60,10 @@ def register(subparsers: Any) -> None:
     strong.add_argument("--steps", type=int, default=STRONG_INFO_DEFAULTS["steps"], help="optimizer steps")
     strong.add_argument("--batch-size", type=int, default=STRONG_INFO_DEFAULTS["batch_size"], help="pairs per step")
     strong.add_argument("--lr", type=float, default=STRONG_INFO_DEFAULTS["lr"], help="peak AdamW learning rate")
+    strong.add_argument("--groups-per-step", type=int, default=4,
+                        help="with grouped data (rows with a 'group' field: answers to one prompt), groups per step")
+    strong.add_argument("--pairwise-weight", type=float, default=1.0,
+                        help="weight of the in-group Bradley-Terry ranking loss (grouped data only; 0: scores only)")
     strong.add_argument("--max-length", type=int, default=STRONG_INFO_DEFAULTS["max_length"],
                         help="tokens of (prompt, response) read")
     strong.add_argument("--pseudo-label", action=argparse.BooleanOptionalAction, default=True,
@@ -330,6 +334,7 @@ def _train_strong(args: argparse.Namespace) -> int:
 
     from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
     from strata.models.reward import expected_reward
+    from strata.zoo.build import groups_of
     from strata.zoo.template import format_rm_input
     from strata.zoo.train import TrainConfig, train_reward_model
     from svc_reward.distill import rank_metrics
@@ -355,10 +360,13 @@ def _train_strong(args: argparse.Namespace) -> int:
     print(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
           f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {args.steps} steps")
     texts = [format_rm_input(r["prompt"], r["response"]) for r in rows]
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=min(10, args.steps))
+    grouped = any("group" in r for r in rows)
+    cfg = TrainConfig(steps=args.steps, batch_size=args.groups_per_step if grouped else args.batch_size, lr=args.lr,
+                      warmup_steps=min(10, args.steps))
     started = time.perf_counter()
     loss = train_reward_model(model, tokenizer, texts, [float(r["score"]) for r in rows], args.max_length, cfg,
-                              args.seed, "strong RM")
+                              args.seed, "strong RM", groups=groups_of(rows) if grouped else None,
+                              pairwise_weight=args.pairwise_weight)
     model.config.problem_type = "single_label_classification"
     staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
     model.save_pretrained(staging)

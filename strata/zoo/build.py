@@ -51,7 +51,7 @@ from strata.zoo.train import (
 logger = logging.getLogger(__name__)
 
 # Bump when a code change alters what a given config builds; it is part of the cache key.
-ZOO_FORMAT_VERSION = "1"
+ZOO_FORMAT_VERSION = "2"
 ROLES: tuple[str, ...] = ("tokenizer", "probe", "level1", "level2", "rm_data", "rm_strong", "rm_light")
 
 
@@ -62,8 +62,8 @@ LEVEL1_SHAPE = ModelShape(n_embd=256, n_layer=6, n_head=4)  # ~5M: Level-1 and t
 LEVEL1_TRAIN = TrainConfig(steps=80, batch_size=16, lr=2e-3)
 LEVEL2_SHAPE = ModelShape(n_embd=384, n_layer=6, n_head=6)  # ~12M: Level-2
 LEVEL2_TRAIN = TrainConfig(steps=160, batch_size=16, lr=1.5e-3)
-RM_STRONG_TRAIN = TrainConfig(steps=260, batch_size=16, lr=6e-4, warmup_steps=10)
-RM_LIGHT_TRAIN = TrainConfig(steps=200, batch_size=16, lr=1e-3, warmup_steps=10)
+RM_STRONG_TRAIN = TrainConfig(steps=400, batch_size=4, lr=6e-4, warmup_steps=10)  # batch: prompt groups
+RM_LIGHT_TRAIN = TrainConfig(steps=300, batch_size=4, lr=1e-3, warmup_steps=10)
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,9 @@ class ZooConfig:
     level1_train: TrainConfig = LEVEL1_TRAIN
     level2: ModelShape = LEVEL2_SHAPE
     level2_train: TrainConfig = LEVEL2_TRAIN
-    rm_pairs_per_prompt: int = 2  # synthetic (reference or degraded) responses per train prompt
+    rm_group_size: int = 4  # per train prompt: a reference and this many minus one degradations of it
     rm_model_samples: int = 96  # responses sampled from each of Level-1 and Level-2 for RM data
-    rm_sample_repeats: int = 3  # model samples are repeated in RM training (on-policy data, oversampled)
+    rm_pairwise_weight: float = 1.0  # weight of the in-group ranking loss (0: scores only)
     rm_n_bins: int = 11  # RM logits over 0, 0.5, ..., 5; reward = expected value
     rm_max_length: int = 192
     rm_strong_init: str = "level1"  # RM backbone initialised from this LM ("" = from scratch)
@@ -114,12 +114,11 @@ def _ci_preset() -> ZooConfig:
         level1_train=TrainConfig(steps=40, batch_size=16, lr=3e-3, warmup_steps=5),
         level2=ModelShape(n_embd=128, n_layer=3, n_head=4),
         level2_train=TrainConfig(steps=60, batch_size=16, lr=3e-3, warmup_steps=5),
-        rm_pairs_per_prompt=1,
         rm_model_samples=16,
         rm_strong=ModelShape(n_embd=96, n_layer=2, n_head=2),
-        rm_strong_train=TrainConfig(steps=40, batch_size=16, lr=1e-3, warmup_steps=5),
+        rm_strong_train=TrainConfig(steps=40, batch_size=4, lr=1e-3, warmup_steps=5),
         rm_light=small,
-        rm_light_train=TrainConfig(steps=40, batch_size=16, lr=1e-3, warmup_steps=5),
+        rm_light_train=TrainConfig(steps=40, batch_size=4, lr=1e-3, warmup_steps=5),
         sample_max_new_tokens=48,
     )
 
@@ -299,9 +298,11 @@ class ZooBuilder:
         return {"n_params": self._save_lm(model, out), "final_loss": loss, "train_tokens": len(stream)}
 
     def _rm_data(self, out: Path) -> dict[str, Any]:
-        """Oracle-labelled pairs: synthetic references and degradations plus Level-1/2 samples."""
-        pairs = corpus.rm_pairs(self.train_records, self.cfg.rm_pairs_per_prompt, self.cfg.seed)
-        rows = [_pair_row(p.record, p.response, p.kind) for p in pairs]
+        """Oracle-labelled answers in groups (one per train prompt): a reference and degradations of it,
+        plus, for some prompts, a Level-1 and a Level-2 sample joining that prompt's group."""
+        groups = corpus.rm_groups(self.train_records, self.cfg.rm_group_size, self.cfg.seed)
+        rows = [_pair_row(p.record, p.response, p.kind, g) for g, group in enumerate(groups) for p in group]
+        group_of = {group[0].record.id: g for g, group in enumerate(groups)}
         rng = random.Random(self.cfg.seed + 1)
         for role, path in (("level1", self.paths.level1), ("level2", self.paths.level2)):
             records = rng.sample(self.train_records, self.cfg.rm_model_samples)
@@ -309,13 +310,13 @@ class ZooBuilder:
             directions = [corpus.sample_directions(r, rng) for r in records]
             sampling = SamplingConfig(max_new_tokens=self.cfg.sample_max_new_tokens, seed=self.cfg.seed)
             generations = generate(lm, [r.text for r in records], directions, sampling)
-            rows += [_pair_row(r, g.text, f"sample:{role}") for r, g in zip(records, generations, strict=True)]
-        random.Random(self.cfg.seed).shuffle(rows)
+            rows += [_pair_row(r, g.text, f"sample:{role}", group_of[r.id])
+                     for r, g in zip(records, generations, strict=True)]
         with (out / self.paths.rm_data.name).open("w", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
         scores = [row["score"] for row in rows]
-        return {"n_pairs": len(rows), "mean_score": sum(scores) / len(scores)}
+        return {"n_pairs": len(rows), "n_groups": len(groups), "mean_score": sum(scores) / len(scores)}
 
     def _rm(self, out: Path, role: str) -> dict[str, Any]:
         shape, train, init = (
@@ -334,17 +335,26 @@ class ZooBuilder:
         else:
             model = new_reward_model(tokenizer, shape, self.cfg.n_positions, self.cfg.rm_n_bins, self.cfg.seed)
         rows = [json.loads(line) for line in self.paths.rm_data.open(encoding="utf-8")]
-        rows += [row for row in rows if row["kind"].startswith("sample:")] * (self.cfg.rm_sample_repeats - 1)
         texts = [format_rm_input(row["prompt"], row["response"]) for row in rows]
         scores = [row["score"] for row in rows]
-        loss = train_reward_model(model, tokenizer, texts, scores, self.cfg.rm_max_length, train, self.cfg.seed, role)
+        loss = train_reward_model(model, tokenizer, texts, scores, self.cfg.rm_max_length, train, self.cfg.seed, role,
+                                  groups=groups_of(rows), pairwise_weight=self.cfg.rm_pairwise_weight)
         model.config.problem_type = "single_label_classification"
         return {"n_params": self._save_lm(model, out), "final_loss": loss, "n_bins": self.cfg.rm_n_bins,
-                "init": init or "scratch", "reward": "expected value over bins 0..5"}
+                "init": init or "scratch", "reward": "expected value over bins 0..5",
+                "loss": f"two-hot cross-entropy + {self.cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"}
 
 
-def _pair_row(record: PromptRecord, response: str, kind: str) -> dict[str, Any]:
-    return {"prompt_id": record.id, "prompt": record.text, "response": response, "kind": kind,
+def groups_of(rows: list[dict[str, Any]]) -> list[list[int]]:
+    """Row indices grouped by their ``group`` field (rows without one are groups of their own)."""
+    groups: dict[Any, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(row.get("group", f"row-{i}"), []).append(i)
+    return list(groups.values())
+
+
+def _pair_row(record: PromptRecord, response: str, kind: str, group: int) -> dict[str, Any]:
+    return {"prompt_id": record.id, "prompt": record.text, "response": response, "kind": kind, "group": group,
             "score": oracle_score(record, response)}
 
 

@@ -9,7 +9,8 @@ gives the reward models a spread of oracle scores to learn from.
 Corpora built here:
 - ``lm_texts``: generator pretraining text, ``format_example(prompt, directions, response)``;
 - ``probe_texts``: probe pretraining text, ``format_probe_example(prompt, intent, risk)``;
-- ``rm_pairs``: (prompt record, response) pairs with mixed quality, labelled later by the oracle.
+- ``rm_pairs``: (prompt record, response) pairs with mixed quality, labelled later by the oracle;
+- ``rm_groups``: per prompt a reference and degradations of that same reference (RM training).
 """
 
 from __future__ import annotations
@@ -311,3 +312,28 @@ def rm_pairs(records: Sequence[PromptRecord], pairs_per_prompt: int, seed: int) 
                 response = degrade(record, response, kind, rng)
             pairs.append(RmPair(record, response, "+".join(kinds)))
     return pairs
+
+
+def rm_groups(records: Sequence[PromptRecord], group_size: int, seed: int) -> list[list[RmPair]]:
+    """Per prompt a group of ``group_size`` answers: a reference and degradations of that same
+    reference (1-2 ways each), so that the answers differ only in what the oracle scores.
+
+    Reward models learn from the contrast inside a group (a pairwise loss) as well as from the
+    scores; the kinds are drawn as in ``rm_pairs``.
+    """
+    if group_size < 2:
+        raise ValueError("an RM group needs at least 2 answers")
+    rng = random.Random(seed)
+    groups = []
+    for record in records:
+        reference = reference_response(record, rng)
+        allowed = DEGRADATIONS if record.risk else tuple(k for k in DEGRADATIONS if k not in _RISK_ONLY)
+        group = [RmPair(record, reference, "reference")]
+        for _ in range(group_size - 1):
+            response = reference
+            kinds = rng.sample(allowed, 1 if rng.random() < 0.7 else 2)
+            for kind in kinds:
+                response = degrade(record, response, kind, rng)
+            group.append(RmPair(record, response, "+".join(kinds)))
+        groups.append(group)
+    return groups

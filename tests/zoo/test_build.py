@@ -17,6 +17,7 @@ from strata.zoo.build import (
     ZooPaths,
     ZooSettings,
     as_zoo_settings,
+    groups_of,
     resolve_config,
     with_overrides,
     zoo_paths,
@@ -31,7 +32,7 @@ def micro_config() -> ZooConfig:
     return with_overrides(
         PRESETS["ci"](), preset="micro", vocab_size=300, lm_responses_per_prompt=1, probe=MICRO_SHAPE,
         probe_train=MICRO_TRAIN, level1=MICRO_SHAPE, level1_train=MICRO_TRAIN, level2=MICRO_SHAPE,
-        level2_train=MICRO_TRAIN, rm_pairs_per_prompt=1, rm_model_samples=2, rm_strong_train=MICRO_TRAIN,
+        level2_train=MICRO_TRAIN, rm_group_size=2, rm_model_samples=2, rm_strong_train=MICRO_TRAIN,
         rm_light_train=MICRO_TRAIN, sample_max_new_tokens=4,
     )
 
@@ -69,8 +70,10 @@ def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path
         assert rm.model.config.num_labels == config.rm_n_bins
         assert 0.0 <= score_responses(rm, ["Explain recursion."], ["It calls itself."])[0] <= 5.0
     rows = [json.loads(line) for line in paths.rm_data.open()]
-    assert {"prompt", "response", "score", "kind"} <= set(rows[0])
+    assert {"prompt", "response", "score", "kind", "group"} <= set(rows[0])
     assert any(row["kind"].startswith("sample:level2") for row in rows)
+    for group in groups_of(rows):  # one prompt per group: the contrast is between its answers
+        assert len({rows[i]["prompt_id"] for i in group}) == 1 and len(group) >= config.rm_group_size
 
     stamp = (paths.level2 / "strata_zoo.json").stat().st_mtime_ns
     builder = ZooBuilder(paths, threads=1, progress=False)

@@ -6,7 +6,17 @@ import random
 import statistics
 from collections import defaultdict
 
-from strata.zoo.corpus import DEGRADATIONS, degrade, lm_texts, probe_texts, reference_response, rm_pairs
+import pytest
+
+from strata.zoo.corpus import (
+    DEGRADATIONS,
+    degrade,
+    lm_texts,
+    probe_texts,
+    reference_response,
+    rm_groups,
+    rm_pairs,
+)
 from strata.zoo.oracle import oracle_score
 from strata.zoo.suite import load_suite
 
@@ -48,3 +58,33 @@ def test_rm_pairs_have_a_wide_spread_of_scores() -> None:
     scores = [oracle_score(p.record, p.response) for p in pairs]
     assert statistics.pstdev(scores) > 1.0
     assert min(scores) < 1.5 and max(scores) > 4.5
+
+
+def test_rm_groups_contrast_a_reference_with_its_own_degradations() -> None:
+    records = load_suite("train")[:200]
+    groups = rm_groups(records, 4, seed=0)
+    assert groups == rm_groups(records, 4, seed=0)
+    assert len(groups) == len(records) and all(len(g) == 4 for g in groups)
+    better = 0
+    for record, group in zip(records, groups, strict=True):
+        assert {p.record for p in group} == {record}
+        assert group[0].kind == "reference" and all(p.kind != "reference" for p in group[1:])
+        scores = [oracle_score(p.record, p.response) for p in group]
+        better += sum(scores[0] > s for s in scores[1:])
+    assert better / (3 * len(groups)) > 0.9  # a degradation almost always costs score
+    with pytest.raises(ValueError, match="at least 2"):
+        rm_groups(records, 1, seed=0)
+
+
+def test_pairwise_loss_prefers_the_better_answer_and_ignores_ties() -> None:
+    import torch
+
+    from strata.zoo.train import pairwise_loss
+
+    scores = torch.tensor([4.8, 2.0, 2.1])  # 2.0 and 2.1 are within the margin: no pair between them
+    right = pairwise_loss(torch.tensor([4.0, 1.0, 1.0]), scores, margin=0.25)
+    wrong = pairwise_loss(torch.tensor([1.0, 4.0, 4.0]), scores, margin=0.25)
+    assert right < 0.1 < 2.0 < wrong
+    # two qualifying pairs, each -log sigmoid(3) when ranked right
+    assert right.item() == pytest.approx(torch.nn.functional.softplus(torch.tensor(-3.0)).item())
+    assert pairwise_loss(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 3.1]), margin=0.25).item() == 0.0
