@@ -1,39 +1,62 @@
 """``strata bench scheduler``: what embedding-based skipping (R10-R12) saves, and what it costs.
 
-What runs (all in one process, on the real scheduler code and a real Redis; Kafka is not needed):
+What runs. The scheduler, Kafka, Redis and the statistics worker are the real ones; the tiers behind
+the scheduler (probe, generators, reward models) are simulated, because generating and scoring the
+~11k rollouts of a run with real models does not fit on a CPU in reasonable time:
 
-1. **Routing on the zoo's prompt suite.** Every suite prompt (all splits, 8 topics x subjects x
-   intents, 7 paraphrases per family) is submitted ``--passes`` times in shuffled order, in batches,
-   through ``SchedulerEngine.submit`` (encoder, FAISS, Redis statistics, the routing rules; the
-   Kafka publisher is replaced by a recorder). Each prompt the scheduler rolls out gets
-   ``--n-samples`` rollouts whose rewards are the **oracle judge's** scores of simulated policy
-   responses, folded into Redis by the statistics worker's own handler (``StatsUpdater.apply``).
-   The simulated policy: per paraphrase family a competence (mostly good, mostly bad with one
-   consistent failure mode, or mixed) and responses written by the zoo's corpus
-   (``reference_response`` / ``degrade``). The policy and RM versions are fixed during the run.
-2. **Baselines in the same run, on the same stream:** *no skipping* (everything rolled out) and the
+1. **Routing on the zoo's prompt suite, through the stack.** Kafka and Redis are started when they
+   are managed (``strata infra up``); the scheduler service runs in this process as in deployment
+   (gRPC server on a free local port, encoder, FAISS index, Redis, the Kafka statistics worker in a
+   fresh consumer group, keys under a fresh Redis prefix, so a run never sees an earlier run's data).
+   Every suite prompt (all splits, 8 topics x subjects x intents, 7 paraphrases per family) is
+   submitted ``--passes`` times in shuffled order, ``--batch`` prompts per ``SubmitBatch`` call, with
+   ``n_samples=--n-samples``; each response gives the decision (skip with a reused reward, Level-1,
+   Level-2).
+2. **A simulated rollout tier** is a real Kafka worker on ``strata.prompts.level0`` and
+   ``strata.prompts.level2``: for each routed prompt it writes ``n_samples`` responses with the
+   simulated policy and publishes their **oracle judge** scores as final ``RewardScored`` events
+   (``SCORER_HUMAN``, RM version ``oracle``), which the scheduler's statistics worker folds into
+   Redis. The simulated policy: per paraphrase family a competence (mostly good, mostly bad with one
+   consistent failure mode, or mixed), responses written by the zoo's corpus (``reference_response``
+   / ``degrade``). Rewards are deterministic per (prompt, request id, policy version, sample), so a
+   redelivered event republishes identical rewards and the statistics count them once.
+3. **Stream semantics without sleeps:** after each batch the bench waits until the tier has handled
+   every routed prompt of the batch and the statistics group's committed offsets reach the end of
+   ``strata.rewards.scored``, so a later batch sees every earlier reward.
+4. **A moving policy** (``--policy-step-every N`` batches; 0: fixed): the policy version increments
+   and every family's chance of a good answer closes 10% of its gap to 0.95. The simulated tier
+   stamps its rewards with the new version, and the scheduler learns it from them as it does from a
+   real generator's; statistics older than ``max_policy_lag`` versions stop being reused. Nothing is
+   published to ``strata.policy.updated``: real generators replay that topic and would try to load a
+   checkpoint that does not exist.
+5. **Baselines in this process, on the same stream and the same rewards:** *no skipping* and the
    *GRESO-style* rule: skip a prompt only from its **own** reward history (at least
-   ``min_samples_per_neighbour`` rewards with variance under ``low_variance_threshold``). Risk
-   prompts go to Level-2 under every rule, so the comparison isolates the reuse rule.
-3. **Reuse error:** for every skipped prompt, |reused reward - oracle truth|, the truth being the
-   mean oracle reward of ``--truth-samples`` fresh rollouts of that prompt.
-4. **Decision latency** (encode + search + Redis + rules for one prompt) with 10k and 100k prompts
-   indexed (synthetic clustered unit vectors; queries are real suite prompts), and **ANN recall@10**
-   of the HNSW index against exact search (synthetic queries at 100k, and the suite itself).
+   ``min_samples_per_neighbour`` rewards with variance under ``low_variance_threshold``, restarted
+   when the policy moved more than ``max_policy_lag`` versions). Risk prompts go to Level-2 under
+   every rule, so the comparison isolates the reuse rule.
+6. **Reuse error:** for every skipped prompt, |reused reward - oracle truth|, the truth being the
+   mean oracle reward of ``--truth-samples`` rollouts of that prompt by the policy current at the skip.
+7. **Decision latency** (encode + search + Redis + rules for one prompt, in process) with 10k and
+   100k prompts indexed (synthetic clustered unit vectors; queries are real suite prompts), and
+   **ANN recall@10** of the HNSW index against exact search (synthetic queries at 100k, and the suite).
 
-The rollouts are simulated because the generators and reward services are separate issues; the
-scheduler's own path (encode, index, Redis, rules, statistics worker) is the production code.
+The bench refuses to run while another consumer group reads the prompt topics (a running stack's
+probe would roll out the bench's prompts and its reward service would score them).
 Last line: ``scheduler trigger_reduction=<fraction> reuse_mae=<x>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import random
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,12 +64,32 @@ from strata.content_store import ContentStore
 from strata.hashing import content_hash
 from strata.v1 import common_pb2, events_pb2
 
+if TYPE_CHECKING:
+    import redis
+    from kafka.structs import TopicPartition
+
+    from strata.bus import Delivery, Publisher, Topic
+    from strata.service import RunningService
+    from strata.zoo.suite import PromptRecord
+    from svc_scheduler.encoder import Encoder
+    from svc_scheduler.index import PromptIndex
+    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.stats import RewardStats
+
+SYNC_TIMEOUT_S = 120.0  # one batch's rollouts or statistics taking longer means the stack is stuck
+OFFSET_POLL_S = 0.02  # interval between reads of the statistics group's committed offsets
+TARGET_P_GOOD = 0.95  # what a policy update moves each family's competence toward
+POLICY_STEP_GAIN = 0.1  # share of the remaining gap closed per policy version
+PROGRESS_EVERY = 20  # batches between progress lines
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--passes", type=int, default=2, help="times each suite prompt is submitted")
     parser.add_argument("--n-samples", type=int, default=4, help="rollouts per rolled-out prompt")
     parser.add_argument("--truth-samples", type=int, default=8, help="rollouts averaged for the oracle truth")
-    parser.add_argument("--batch", type=int, default=32, help="prompts per SubmitBatch-sized step")
+    parser.add_argument("--batch", type=int, default=32, help="prompts per SubmitBatch call")
+    parser.add_argument("--policy-step-every", type=int, default=40,
+                        help="batches between policy updates of the simulated policy (0: fixed policy)")
     parser.add_argument("--limit", type=int, default=0, help="use only this many suite prompts (0: all)")
     parser.add_argument("--latency-sizes", default="10000,100000", help="index sizes for the latency test")
     parser.add_argument("--latency-queries", type=int, default=200, help="single-prompt decisions timed per size")
@@ -76,7 +119,7 @@ def family_competence(families: Sequence[str], risk: dict[str, bool], seed: int)
     return table
 
 
-def rollout_reward(record, competence: Competence, rng: random.Random) -> float:
+def rollout_reward(record: PromptRecord, competence: Competence, rng: random.Random) -> float:
     from strata.zoo.corpus import degrade, reference_response
     from strata.zoo.oracle import oracle_score
 
@@ -86,7 +129,216 @@ def rollout_reward(record, competence: Competence, rng: random.Random) -> float:
     return oracle_score(record, response)
 
 
-# -- plumbing: a recorder in place of Kafka, an encoder cache ---------------------------------------
+class SimulatedPolicy:
+    """The policy behind the generators, by version; its rollouts are scored by the oracle.
+
+    Rewards are a pure function of (seed, request id, policy version): the rollout tier and the
+    baselines get the same rewards for the same submission, and a redelivery repeats them exactly.
+    """
+
+    def __init__(self, records: Sequence[PromptRecord], seed: int, truth_samples: int) -> None:
+        self._base = family_competence({r.family for r in records}, {r.family: r.risk for r in records}, seed)
+        self._seed = seed
+        self._truth_samples = truth_samples
+        self._truth: dict[tuple[str, int], float] = {}
+
+    def competence(self, record: PromptRecord, version: int) -> Competence:
+        base = self._base[record.family]
+        p_good = TARGET_P_GOOD - (TARGET_P_GOOD - base.p_good) * (1 - POLICY_STEP_GAIN) ** max(0, version - 1)
+        return Competence(p_good, base.failure)
+
+    def rewards(self, record: PromptRecord, request_id: str, version: int, n: int) -> list[float]:
+        rng = random.Random(f"{self._seed}:rollout:{request_id}:v{version}")
+        competence = self.competence(record, version)
+        return [rollout_reward(record, competence, rng) for _ in range(n)]
+
+    def truth(self, record: PromptRecord, version: int) -> float:
+        """Mean oracle reward of ``truth_samples`` rollouts by policy ``version`` (cached: skips repeat)."""
+        key = (record.text, version)
+        if key not in self._truth:
+            rng = random.Random(f"{self._seed}:truth:{record.text}:v{version}")
+            competence = self.competence(record, version)
+            self._truth[key] = float(np.mean([rollout_reward(record, competence, rng)
+                                              for _ in range(self._truth_samples)]))
+        return self._truth[key]
+
+
+def reward_event(prompt_hash: str, request_id: str, version: int, tier: int, i: int,
+                 value: float) -> events_pb2.RewardScored:
+    message = events_pb2.RewardScored(
+        prompt_hash=prompt_hash,
+        # Distinct per sample and submission; the same on a redelivery (the statistics dedupe by it).
+        response_hash=content_hash(f"bench response {request_id} v{version} #{i} {prompt_hash}"),
+        tier=tier, policy_version=version, rm_version="oracle", reward=value,
+        scorer=common_pb2.SCORER_HUMAN, final=True, sample_index=i, request_id=request_id,
+    )
+    message.scored_at.GetCurrentTime()
+    return message
+
+
+class SimulatedRolloutTier:
+    """Probe, generators and reward service in one Kafka worker: routed prompts in, oracle rewards out.
+
+    Prompts it does not know (another client's) are left alone. ``version`` is the simulated policy's
+    version (set by the bench, as a generator loads new weights); ``handled`` maps each handled
+    request id to the version it was rolled out with.
+    """
+
+    def __init__(self, settings: SchedulerSettings, group_id: str, policy: SimulatedPolicy,
+                 records: dict[str, PromptRecord], publisher: Publisher) -> None:
+        from strata.bus import Worker, topics
+
+        self._policy = policy
+        self._records = records
+        self._publisher = publisher
+        self._level2 = topics.PROMPTS_LEVEL2.name
+        self._done = threading.Condition()
+        self.handled: dict[str, int] = {}
+        self.version = 1
+        self.rollouts = 0
+        self.error: BaseException | None = None
+        self.worker = Worker(settings, group_id, publisher=publisher, client_id=group_id, batch_handlers={
+            topics.PROMPTS_LEVEL0: self.on_batch, topics.PROMPTS_LEVEL2: self.on_batch,
+        })
+
+    def on_batch(self, deliveries: list[Delivery[events_pb2.PromptRouted]]) -> None:
+        from strata.bus import Publisher, topics
+
+        futures = []
+        done: dict[str, int] = {}
+        rollouts = 0
+        for delivery in deliveries:
+            routed = delivery.message
+            record = self._records.get(routed.prompt_hash)
+            if record is None:
+                continue
+            tier = common_pb2.TIER_LEVEL_2 if delivery.topic.name == self._level2 else common_pb2.TIER_LEVEL_1
+            version = self.version
+            values = self._policy.rewards(record, routed.request_id, version, routed.n_samples)
+            for i, value in enumerate(values):
+                event = reward_event(routed.prompt_hash, routed.request_id, version, tier, i, value)
+                futures.append(self._publisher.publish(topics.REWARDS_SCORED, event))
+            if routed.request_id not in self.handled and routed.request_id not in done:
+                rollouts += len(values)  # a redelivery republishes the same rewards; count them once
+            done[routed.request_id] = version
+        Publisher.wait(futures)  # durable before the offsets are committed and before the bench is told
+        with self._done:
+            self.rollouts += rollouts
+            self.handled.update(done)
+            self._done.notify_all()
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            self.worker.run(stop)
+        except BaseException as exc:  # reported to the waiting bench instead of dying silently
+            with self._done:
+                self.error = exc
+                self._done.notify_all()
+
+    def wait_for(self, request_ids: Sequence[str], timeout_s: float) -> None:
+        from strata.cli.main import CliError
+
+        with self._done:
+            finished = self._done.wait_for(
+                lambda: self.error is not None or all(r in self.handled for r in request_ids), timeout_s)
+            if self.error is not None:
+                raise CliError(f"the simulated rollout tier failed: {type(self.error).__name__}: {self.error}")
+            if not finished:
+                missing = sum(r not in self.handled for r in request_ids)
+                raise CliError(f"timed out after {timeout_s:.0f} s: {missing} routed prompts never reached the "
+                               "simulated rollout tier")
+
+
+# -- plumbing: Kafka offsets, a recorder in place of Kafka (latency part), an encoder cache -------------
+
+
+def start_group_at_end(settings: SchedulerSettings, group: str, topic_list: Sequence[Topic[Any]]) -> None:
+    """Commit the end of each topic for a new group before its worker starts, so that it skips
+    earlier runs' and other clients' history (a fresh group would replay it from the beginning)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=group, enable_auto_commit=False)
+    try:
+        partitions = [
+            TopicPartition(t.name, p) for t in topic_list for p in sorted(consumer.partitions_for_topic(t.name))
+        ]
+        consumer.assign(partitions)
+        consumer.seek_to_end(*partitions)
+        consumer.commit({tp: OffsetAndMetadata(consumer.position(tp), "", -1) for tp in partitions})
+    finally:
+        consumer.close()
+
+
+class GroupLag:
+    """Whether a consumer group has committed everything on its topics (end offsets read once per wait)."""
+
+    def __init__(self, settings: SchedulerSettings, group: str, topic_list: Sequence[Topic[Any]]) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+        from kafka.admin import KafkaAdminClient
+
+        self.group = group
+        self._admin = KafkaAdminClient(bootstrap_servers=settings.kafka_address, client_id=f"{group}-lag")
+        self._consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, enable_auto_commit=False)
+        self._partitions: list[TopicPartition] = [
+            TopicPartition(t.name, p) for t in topic_list for p in sorted(self._consumer.partitions_for_topic(t.name))
+        ]
+
+    def behind(self, end: dict[TopicPartition, int]) -> int:
+        committed = self._admin.list_group_offsets({self.group: self._partitions})[self.group]
+        return sum(max(0, offset - committed[tp].offset) if tp in committed else offset for tp, offset in end.items())
+
+    def wait_caught_up(self, timeout_s: float, running: RunningService) -> None:
+        from strata.cli.main import CliError
+
+        end = self._consumer.end_offsets(self._partitions)  # includes everything published and acknowledged
+        deadline = time.monotonic() + timeout_s
+        while (behind := self.behind(end)) > 0:
+            if running.failures:
+                raise CliError(f"the scheduler service failed: {running.failures[0]!r}")
+            if time.monotonic() > deadline:
+                raise CliError(f"timed out after {timeout_s:.0f} s: the scheduler's statistics worker "
+                               f"({self.group}) is still {behind} events behind")
+            time.sleep(OFFSET_POLL_S)  # interval between reads of a real condition, not a stand-in for sync
+
+    def close(self) -> None:
+        self._consumer.close()
+        self._admin.close()
+
+
+def live_prompt_consumers(settings: SchedulerSettings) -> list[str]:
+    """Consumer groups with members reading the prompt topics (e.g. a running stack's probe)."""
+    from kafka.admin import KafkaAdminClient
+
+    from strata.bus import topics
+
+    wanted = {topics.PROMPTS_LEVEL0.name, topics.PROMPTS_LEVEL2.name}
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_address, client_id="bench-scheduler-check")
+    try:
+        active = [g["group_id"] for g in admin.list_groups() if g.get("group_state") not in ("Empty", "Dead")]
+        found = []
+        for group, info in (admin.describe_groups(active) if active else {}).items():
+            for member in info.get("members") or []:
+                metadata = member.get("member_metadata")
+                read = wanted & set(metadata.get("topics") or []) if isinstance(metadata, dict) else set()
+                if read:
+                    found.append(f"{group} ({', '.join(sorted(read))})")
+                    break
+        return found
+    finally:
+        admin.close()
+
+
+def delete_groups(settings: SchedulerSettings, groups: Sequence[str]) -> None:
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    with contextlib.suppress(KafkaError):  # best effort: an empty group's offsets expire anyway
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_address, client_id="bench-scheduler-cleanup")
+        try:
+            admin.delete_groups(list(groups))
+        finally:
+            admin.close()
 
 
 class _Acked:
@@ -98,12 +350,12 @@ class _Acked:
 
 
 class RecordingPublisher:
-    """Stands in for ``strata.bus.Publisher``: every event is acknowledged at once and counted."""
+    """Stands in for ``strata.bus.Publisher`` in the latency part: every event is acknowledged and counted."""
 
     def __init__(self) -> None:
         self.sent: dict[str, int] = {}
 
-    def publish(self, topic, message) -> _Acked:
+    def publish(self, topic: Topic[Any], message: object) -> _Acked:
         self.sent[topic.name] = self.sent.get(topic.name, 0) + 1
         return _Acked()
 
@@ -114,7 +366,7 @@ class RecordingPublisher:
 class CachedEncoder:
     """The real encoder, remembering vectors of texts it has seen (later passes cost no encoding)."""
 
-    def __init__(self, encoder) -> None:
+    def __init__(self, encoder: Encoder) -> None:
         self._encoder = encoder
         self.dim = encoder.dim
         self.encoder_id = encoder.encoder_id
@@ -128,7 +380,19 @@ class CachedEncoder:
         return np.stack([self._cache[t] for t in texts]) if texts else self._encoder.encode([])
 
 
-# -- part 1-3: trigger rate and reuse error -----------------------------------------------------------
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """The engine logs every decision at INFO; thousands of lines would bury the progress lines."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(max(logging.WARNING, level))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+# -- part 1-6: trigger rate and reuse error, through the stack ----------------------------------------
 
 
 @dataclass
@@ -148,96 +412,135 @@ class RuleResult:
         return float(np.mean(self.reuse_errors)) if self.reuse_errors else float("nan")
 
 
-def _reward_event(prompt_hash: str, value: float, i: int, seq: int) -> events_pb2.RewardScored:
-    message = events_pb2.RewardScored(
-        prompt_hash=prompt_hash, response_hash=content_hash(f"bench response {seq}/{i} {prompt_hash}"),
-        tier=common_pb2.TIER_LEVEL_1, policy_version=1, rm_version="oracle", reward=value,
-        scorer=common_pb2.SCORER_HUMAN, final=True, sample_index=i,
-    )
-    message.scored_at.GetCurrentTime()
-    return message
+def greso_usable(mine: RewardStats | None, version: int, settings: SchedulerSettings) -> bool:
+    """GRESO-style: the prompt's own statistics alone, with the scheduler's thresholds and staleness."""
+    return (mine is not None and mine.count >= settings.min_samples_per_neighbour
+            and mine.variance < settings.low_variance_threshold
+            and version - mine.policy_version <= settings.max_policy_lag)
 
 
-def run_routing(args: argparse.Namespace, settings, encoder, client) -> tuple[RuleResult, RuleResult, RuleResult]:
+def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: CachedEncoder,
+                run_id: str) -> tuple[RuleResult, RuleResult, RuleResult]:
+    import grpc
+
+    from strata.bus import Publisher, topics
+    from strata.cli.main import CliError
+    from strata.service import start_service, stop_service
+    from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
     from strata.zoo.suite import load_suite
-    from svc_scheduler.engine import SchedulerEngine
-    from svc_scheduler.routing import Route, detect_risk
+    from svc_scheduler.__main__ import build_parts
+    from svc_scheduler.routing import detect_risk
     from svc_scheduler.stats import RewardObservation, apply_reward
-    from svc_scheduler.store import SchedulerStore
-    from svc_scheduler.validation import PromptRequest, Sampling
-    from svc_scheduler.workers import StatsUpdater
 
     records = load_suite()
     if args.limit:
         records = random.Random(args.seed).sample(records, args.limit)
-    competence = family_competence({r.family for r in records}, {r.family: r.risk for r in records}, args.seed)
-    truth_rng = random.Random(args.seed + 1)
-    truth = {
-        r.text: float(np.mean([rollout_reward(r, competence[r.family], truth_rng) for _ in range(args.truth_samples)]))
-        for r in records
-    }
-    store = SchedulerStore(client, settings)
-    content = ContentStore(client, 3600, settings.content_max_bytes)
-    engine = SchedulerEngine(settings, CachedEncoder(encoder), store, content, RecordingPublisher())
-    updater = StatsUpdater(store, settings)
-
+    policy = SimulatedPolicy(records, args.seed, args.truth_samples)
+    by_hash = {content_hash(r.text): r for r in records}  # the scheduler's prompt hash
     stream = []
     order_rng = random.Random(args.seed + 2)
     for _ in range(args.passes):
         batch = list(records)
         order_rng.shuffle(batch)
         stream.extend(batch)
-    rollout_rng = random.Random(args.seed + 3)
+
+    tier_group = f"bench-sched-tier-{run_id}"
+    stats_topics = [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED]
+    # All of the statistics worker's topics: replayed policy / RM versions of other runs would
+    # make this run's statistics look stale or of the wrong reward model.
+    start_group_at_end(settings, settings.stats_group_id, stats_topics)
+    start_group_at_end(settings, tier_group, [topics.PROMPTS_LEVEL0, topics.PROMPTS_LEVEL2])
+    publisher = Publisher(settings.kafka_address, client_id=tier_group)
+    tier = SimulatedRolloutTier(settings, tier_group, policy, by_hash, publisher)
+    lag = GroupLag(settings, settings.stats_group_id, [topics.REWARDS_SCORED])
+    parts, engine = build_parts(settings, encoder)
+    parts.grpc_host = "127.0.0.1"  # a bench has no business listening on every interface
+    running = start_service(parts)
+    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    stop_tier = threading.Event()
+    tier_thread = threading.Thread(target=tier.run, args=(stop_tier,), name="bench-rollout-tier")
+    tier_thread.start()
+
     knn = RuleResult("knn (Strata)", reuse_errors=[])
     greso = RuleResult("GRESO same-prompt", reuse_errors=[])
     everything = RuleResult("no skipping")
-    own: dict[str, object] = {}  # GRESO: each prompt's own statistics
-    seq = 0
+    own: dict[str, RewardStats] = {}  # GRESO: each prompt's own statistics
+    version = 1
+    n_batches = (len(stream) + args.batch - 1) // args.batch
     started = time.perf_counter()
-    for start in range(0, len(stream), args.batch):
-        chunk = stream[start : start + args.batch]
-        accepted = engine.submit([PromptRequest(r.text, Sampling(), args.n_samples, "") for r in chunk])
-        for record, result in zip(chunk, accepted, strict=True):
-            seq += 1
-            decision = result.decision
-            rewards = [rollout_reward(record, competence[record.family], rollout_rng) for _ in range(args.n_samples)]
-            # Strata: skip reuses, a rollout feeds the statistics worker's handler (Redis, idempotent).
-            knn.submitted += 1
-            if decision.route is Route.SKIP:
-                knn.reuse_errors.append(abs(decision.reused_reward - truth[record.text]))
-            else:
-                knn.rollouts += 1
-                knn.level2 += decision.route is Route.LEVEL_2
-                for i, value in enumerate(rewards):
-                    updater.apply(_reward_event(result.prompt_hash, value, i, seq))
-            # No skipping: every submission is rolled out.
-            everything.submitted += 1
-            everything.rollouts += 1
-            # GRESO-style: the prompt's own history only; the same risk rule.
-            greso.submitted += 1
-            mine = own.get(record.text)
-            risky = detect_risk(record.text, {}, settings) is not None
-            if (not risky and mine is not None and mine.count >= settings.min_samples_per_neighbour
-                    and mine.variance < settings.low_variance_threshold):
-                greso.reuse_errors.append(abs(mine.mean - truth[record.text]))
-            else:
-                greso.rollouts += 1
-                greso.level2 += risky
-                now = time.time()
-                for value in rewards:
-                    mine = apply_reward(mine, RewardObservation(value, 1, "oracle", now), settings.stats_ttl_s,
-                                        settings.max_policy_lag)
-                own[record.text] = mine
-    elapsed = time.perf_counter() - started
+    try:
+        for b in range(n_batches):
+            if args.policy_step_every and b and b % args.policy_step_every == 0:
+                version += 1  # between batches, as a generator loads new weights between batches
+                tier.version = version
+            chunk = stream[b * args.batch : (b + 1) * args.batch]
+            request_ids = [f"bench-{run_id}-{b * args.batch + i}" for i in range(len(chunk))]
+            request = scheduler_pb2.SubmitBatchRequest(requests=[
+                scheduler_pb2.SubmitRequest(prompt=r.text, n_samples=args.n_samples, request_id=rid)
+                for r, rid in zip(chunk, request_ids, strict=True)
+            ])
+            try:
+                results = stub.SubmitBatch(request, timeout=SYNC_TIMEOUT_S).results
+            except grpc.RpcError as exc:
+                raise CliError(f"SubmitBatch failed: {exc.code().name} {exc.details()}") from exc
+            routed = []
+            for record, rid, result in zip(chunk, request_ids, results, strict=True):
+                if result.WhichOneof("result") == "error":
+                    raise CliError(f"the scheduler refused a suite prompt: {result.error}")
+                decision = result.response.decision
+                # Strata: a skip reuses a reward, a rollout goes through the tier and the statistics worker.
+                knn.submitted += 1
+                if decision == common_pb2.DECISION_SKIP:
+                    knn.reuse_errors.append(abs(result.response.reused_reward - policy.truth(record, version)))
+                else:
+                    knn.rollouts += 1
+                    knn.level2 += decision == common_pb2.DECISION_LEVEL_2
+                    routed.append(rid)
+                everything.submitted += 1
+                everything.rollouts += 1
+                # GRESO-style: the prompt's own history only (same rewards as the tier's); the same risk rule.
+                greso.submitted += 1
+                mine = own.get(record.text)
+                risky = detect_risk(record.text, {}, settings) is not None
+                if not risky and greso_usable(mine, version, settings):
+                    greso.reuse_errors.append(abs(mine.mean - policy.truth(record, version)))
+                else:
+                    greso.rollouts += 1
+                    greso.level2 += risky
+                    now = time.time()
+                    for value in policy.rewards(record, rid, version, args.n_samples):
+                        mine = apply_reward(mine, RewardObservation(value, version, "oracle", now),
+                                            settings.stats_ttl_s, settings.max_policy_lag)
+                    own[record.text] = mine
+            tier.wait_for(routed, SYNC_TIMEOUT_S)
+            lag.wait_caught_up(SYNC_TIMEOUT_S, running)
+            if (b + 1) % PROGRESS_EVERY == 0 or b + 1 == n_batches:
+                print(f"  batch {b + 1}/{n_batches}: {knn.submitted} submitted, {knn.submitted - knn.rollouts} "
+                      f"skipped, {knn.level2} Level-2, policy v{version}, {time.perf_counter() - started:.0f} s",
+                      flush=True)
+        elapsed = time.perf_counter() - started
+        marks = engine.store.summary().counters.get("high_uncertainty_marks", 0)
+        index_size = len(engine.index)
+    finally:
+        stop_tier.set()
+        tier_thread.join()
+        channel.close()
+        stop_service(parts, running, grace_s=1.0)
+        lag.close()
+        publisher.close()
+        delete_groups(settings, [tier_group, settings.stats_group_id])
     risk_recall = np.mean([detect_risk(r.text, {}, settings) is not None for r in records if r.risk])
     risk_false = np.mean([detect_risk(r.text, {}, settings) is not None for r in records if not r.risk])
-    print(f"routing: {len(stream)} submissions ({len(records)} prompts x {args.passes} passes) in {elapsed:.1f} s; "
-          f"index {len(engine.index)} prompts; risk keywords: recall {risk_recall:.3f}, false positives "
-          f"{risk_false:.3f}; marks {store.summary().counters.get('high_uncertainty_marks', 0)}")
+    print(f"routing: {len(stream)} submissions ({len(records)} prompts x {args.passes} passes, batches of "
+          f"{args.batch}) through gRPC + Kafka in {elapsed:.1f} s; index {index_size} prompts; risk keywords: "
+          f"recall {risk_recall:.3f}, false positives {risk_false:.3f}; marks {marks}")
+    print(f"simulated rollout tier: {len(tier.handled)} routed prompts, {tier.rollouts} oracle-scored rollouts; "
+          f"policy v1 -> v{version}", flush=True)
     return everything, greso, knn
 
 
-# -- part 4: latency and recall -----------------------------------------------------------------------
+# -- part 7: latency and recall -----------------------------------------------------------------------
 
 
 def synthetic(n: int, dim: int, rng: np.random.Generator, centres: np.ndarray) -> np.ndarray:
@@ -247,13 +550,14 @@ def synthetic(n: int, dim: int, rng: np.random.Generator, centres: np.ndarray) -
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def recall_at_10(index, queries: np.ndarray) -> float:
+def recall_at_10(index: PromptIndex, queries: np.ndarray) -> float:
     approx, exact = index.search(queries, 10), index.exact_search(queries, 10)
     return float(np.mean([len({h for h, _ in a} & {h for h, _ in e}) / max(1, len(e))
                           for a, e in zip(approx, exact, strict=True)]))
 
 
-def run_latency(args: argparse.Namespace, settings, encoder, client) -> list[tuple[int, str, float, float, float]]:
+def run_latency(args: argparse.Namespace, settings: SchedulerSettings, encoder: Encoder,
+                client: redis.Redis) -> list[tuple[int, str, float, float, float]]:
     from strata.zoo.suite import load_suite
     from svc_scheduler.engine import SchedulerEngine
     from svc_scheduler.store import SchedulerStore
@@ -290,7 +594,7 @@ def run_latency(args: argparse.Namespace, settings, encoder, client) -> list[tup
     return rows
 
 
-def suite_recall(settings, encoder) -> float:
+def suite_recall(settings: SchedulerSettings, encoder: CachedEncoder) -> float:
     """HNSW (the default parameters) against exact search over the suite's own embeddings."""
     from strata.zoo.suite import load_suite
     from svc_scheduler.index import PromptIndex
@@ -305,34 +609,58 @@ def suite_recall(settings, encoder) -> float:
 # -- entry point ----------------------------------------------------------------------------------------
 
 
+def _start_infra(settings: SchedulerSettings) -> None:
+    from kafka.errors import KafkaError
+
+    from strata.cli.main import CliError
+    from strata.infra import InfraError, up
+
+    try:
+        up(settings)  # starts managed Kafka and Redis, checks external ones, creates the topics
+    except (InfraError, KafkaError, OSError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise CliError(f"could not start or reach Kafka ({settings.kafka_address}) and Redis "
+                       f"({settings.redis_address}): {first}") from exc
+    if live := live_prompt_consumers(settings):
+        raise CliError(f"consumer groups are reading the prompt topics: {'; '.join(live)}: a running stack would "
+                       "roll out and score the bench's prompts; stop it first (`strata down`)")
+
+
 def run(args: argparse.Namespace) -> int:
     from strata.cli.main import CliError
-    from strata.infra import InfraError, redis_server
     from svc_scheduler.encoder import Encoder
     from svc_scheduler.settings import SchedulerSettings
     from svc_scheduler.store import connect
 
-    settings = SchedulerSettings(redis_prefix=f"strata:bench:{uuid.uuid4().hex[:8]}")
-    if settings.redis_managed:
-        try:
-            redis_server.start(settings)
-        except InfraError as exc:
-            raise CliError(f"could not start the local Redis: {exc}") from exc
+    if args.batch < 1 or args.n_samples < 1 or args.passes < 1 or args.policy_step_every < 0:
+        raise CliError("--batch, --n-samples and --passes must be >= 1, --policy-step-every >= 0")
+    run_id = uuid.uuid4().hex[:8]
+    settings = SchedulerSettings(
+        grpc_port=0, redis_prefix=f"strata:bench:{run_id}", stats_group_id=f"bench-sched-stats-{run_id}",
+        watch_lookback_s=0.0,  # Watch is not used: no history replay
+        redis_timeout_s=10.0,  # a shared 2-core machine stalls; a bench is not testing fail-fast
+    )
+    if args.batch > settings.max_batch_size:
+        raise CliError(f"--batch {args.batch} is over the scheduler's max_batch_size {settings.max_batch_size}")
+    _start_infra(settings)
     client = connect(settings.model_copy(update={"redis_timeout_s": 30.0}))
     try:
         client.ping()
     except Exception as exc:
         raise CliError(f"Redis at {settings.redis_address} does not answer: {exc}") from exc
-    print(f"scheduler bench: Redis {settings.redis_address} (keys under {settings.redis_prefix}:*), "
-          f"k={settings.k}, skip if >= {settings.min_low_variance_neighbours} neighbours with variance < "
-          f"{settings.low_variance_threshold}, cosine floor {settings.min_similarity}", flush=True)
+    step = f"every {args.policy_step_every} batches" if args.policy_step_every else "never (fixed policy)"
+    print(f"scheduler bench: Kafka {settings.kafka_address}, Redis {settings.redis_address} (keys under "
+          f"{settings.redis_prefix}:*), k={settings.k}, skip if >= {settings.min_low_variance_neighbours} neighbours "
+          f"with variance < {settings.low_variance_threshold}, cosine floor {settings.min_similarity}; policy "
+          f"update {step}", flush=True)
     encoder = Encoder(
         settings.encoder_path, settings.encoder_device, settings.encoder_batch_size, settings.encoder_threads
     )
     cached = CachedEncoder(encoder)
     try:
-        everything, greso, knn = run_routing(args, settings, cached, client)
-        latency = run_latency(args, settings, encoder, client)
+        with _quiet("svc_scheduler.engine"):
+            everything, greso, knn = run_routing(args, settings, cached, run_id)
+            latency = run_latency(args, settings, encoder, client)
         recall_suite = suite_recall(settings, cached)
     finally:
         for key in client.scan_iter(f"{settings.redis_prefix}:*", count=1000):
