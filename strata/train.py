@@ -120,16 +120,21 @@ def _learner_status(stub: learner_pb2_grpc.LearnerStub) -> learner_pb2.LearnerSt
     return stub.Status(learner_pb2.LearnerStatusRequest(), timeout=10)
 
 
-def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], version: int) -> Evaluation:
-    """The current policy on held-out prompts: probe directions -> Level-1 generation -> light RM + oracle."""
+def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], version: int, seed: int = 0) -> Evaluation:
+    """The current policy on held-out prompts: probe directions -> Level-1 generation -> light RM + oracle.
+
+    Each prompt is sampled with its own fixed seed, the same before and after training (common random
+    numbers), so that the difference of two evaluations measures the policy, not the sampling noise.
+    """
     probe = probe_pb2_grpc.ProbeStub(channels["probe"])
     generator = generator_pb2_grpc.GeneratorStub(channels["generator"])
     reward = reward_pb2_grpc.RewardStub(channels["reward"])
     responses = []
-    for record in records:
+    for i, record in enumerate(records):
         directions = probe.Directions(probe_pb2.DirectionsRequest(prompt=record.text), timeout=30).directions
-        reply = generator.Generate(generator_pb2.GenerateRequest(prompt=record.text, directions=directions),
-                                   timeout=300)
+        sampling = common_pb2.SamplingParams(seed=seed * 100_003 + i)
+        reply = generator.Generate(generator_pb2.GenerateRequest(prompt=record.text, directions=directions,
+                                                                 sampling=sampling), timeout=300)
         responses.append(reply.generations[0].response)
     scores = reward.Score(reward_pb2.ScoreRequest(items=[
         reward_pb2.ScoreItem(prompt=r.text, response=resp) for r, resp in zip(records, responses, strict=True)
@@ -150,7 +155,7 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
     try:
         start_version = _learner_status(learner).policy_version
         summary = TrainSummary(start_version, start_version)
-        summary.before = evaluate(channels, eval_records, start_version)
+        summary.before = evaluate(channels, eval_records, start_version, options.seed)
         tail = TailReader(settings, [topics.REWARDS_SCORED], client_id="strata-train")
         tail.seek_to_end()
         cursor = (options.seed * 997) % len(train_records)
@@ -210,7 +215,7 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
                     progress(stats, status.policy_version - start_version)
         finally:
             tail.close()
-        summary.after = evaluate(channels, eval_records, summary.end_version)
+        summary.after = evaluate(channels, eval_records, summary.end_version, options.seed)
     finally:
         for channel in channels.values():
             channel.close()

@@ -252,24 +252,6 @@ class SimulatedRolloutTier:
 # -- plumbing: Kafka offsets, a recorder in place of Kafka (latency part), an encoder cache -------------
 
 
-def start_group_at_end(settings: SchedulerSettings, group: str, topic_list: Sequence[Topic[Any]]) -> None:
-    """Commit the end of each topic for a new group before its worker starts, so that it skips
-    earlier runs' and other clients' history (a fresh group would replay it from the beginning)."""
-    from kafka import KafkaConsumer, TopicPartition
-    from kafka.structs import OffsetAndMetadata
-
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=group, enable_auto_commit=False)
-    try:
-        partitions = [
-            TopicPartition(t.name, p) for t in topic_list for p in sorted(consumer.partitions_for_topic(t.name))
-        ]
-        consumer.assign(partitions)
-        consumer.seek_to_end(*partitions)
-        consumer.commit({tp: OffsetAndMetadata(consumer.position(tp), "", -1) for tp in partitions})
-    finally:
-        consumer.close()
-
-
 class GroupLag:
     """Whether a consumer group has committed everything on its topics (end offsets read once per wait)."""
 
@@ -424,6 +406,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     import grpc
 
     from strata.bus import Publisher, topics
+    from strata.bus.admin import start_group_at_end
     from strata.cli.main import CliError
     from strata.service import start_service, stop_service
     from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -448,8 +431,8 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     stats_topics = [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED]
     # All of the statistics worker's topics: replayed policy / RM versions of other runs would
     # make this run's statistics look stale or of the wrong reward model.
-    start_group_at_end(settings, settings.stats_group_id, stats_topics)
-    start_group_at_end(settings, tier_group, [topics.PROMPTS_LEVEL0, topics.PROMPTS_LEVEL2])
+    start_group_at_end(settings.kafka_address, settings.stats_group_id, stats_topics)
+    start_group_at_end(settings.kafka_address, tier_group, [topics.PROMPTS_LEVEL0, topics.PROMPTS_LEVEL2])
     publisher = Publisher(settings.kafka_address, client_id=tier_group)
     tier = SimulatedRolloutTier(settings, tier_group, policy, by_hash, publisher)
     lag = GroupLag(settings, settings.stats_group_id, [topics.REWARDS_SCORED])

@@ -46,3 +46,21 @@ def ensure_topics(
         return created
     finally:
         admin.close()
+
+
+def start_group_at_end(bootstrap: str, group: str, topic_list: Iterable[Topic]) -> None:
+    """Commit the end of each topic for a new consumer group before its worker starts, so that it
+    skips the topic's history (a fresh group would replay it from the beginning)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        partitions = [
+            TopicPartition(t.name, p) for t in topic_list for p in sorted(consumer.partitions_for_topic(t.name) or ())
+        ]
+        consumer.assign(partitions)
+        consumer.seek_to_end(*partitions)
+        consumer.commit({tp: OffsetAndMetadata(consumer.position(tp), "", -1) for tp in partitions})
+    finally:
+        consumer.close()

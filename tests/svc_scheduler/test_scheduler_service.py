@@ -13,9 +13,9 @@ import grpc
 import pytest
 import redis
 from kafka import KafkaConsumer, TopicPartition
-from kafka.structs import OffsetAndMetadata
 
 from strata.bus import Publisher, topics
+from strata.bus.admin import start_group_at_end
 from strata.bus.serde import decode
 from strata.bus.tail import TailReader
 from strata.cli import submit_cmd
@@ -76,26 +76,13 @@ class Replica:
         stop_service(self.parts, self.running, grace_s=0.5)
 
 
-def start_group_at_end(infra: StrataSettings, group: str, topic_name: str) -> None:
-    """Commit the end of ``topic_name`` for a new group, so that its worker skips the rewards other
-    tests of the session published (a fresh group would otherwise replay them all)."""
-    consumer = KafkaConsumer(bootstrap_servers=infra.kafka_address, group_id=group, enable_auto_commit=False)
-    try:
-        partitions = [TopicPartition(topic_name, p) for p in sorted(consumer.partitions_for_topic(topic_name))]
-        consumer.assign(partitions)
-        consumer.seek_to_end(*partitions)
-        consumer.commit({tp: OffsetAndMetadata(consumer.position(tp), "", -1) for tp in partitions})
-    finally:
-        consumer.close()
-
-
 def scheduler_settings(infra: StrataSettings, **overrides: object) -> SchedulerSettings:
     base = infra.model_dump()
     base.update(grpc_port=0, redis_prefix=f"test:sched:{uuid.uuid4().hex[:8]}",
                 stats_group_id=f"test-sched-stats-{uuid.uuid4().hex[:8]}", watch_lookback_s=30.0)
     base.update(overrides)
     settings = SchedulerSettings(**base)
-    start_group_at_end(infra, settings.stats_group_id, topics.REWARDS_SCORED.name)
+    start_group_at_end(infra.kafka_address, settings.stats_group_id, [topics.REWARDS_SCORED])
     return settings
 
 
