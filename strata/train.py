@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -81,6 +82,27 @@ class Evaluation:
     policy_version: int
     mean_reward: float
     mean_oracle: float
+    rewards: list[float] = field(default_factory=list)  # per held-out prompt, in a fixed order
+    oracle_scores: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A paired before/after difference over the same held-out prompts (same sampling seeds)."""
+
+    mean: float
+    stderr: float  # standard error of the mean paired difference
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.mean:+.3f} ± {self.stderr:.3f} (paired SE, n={self.n})"
+
+
+def paired_change(before: Sequence[float], after: Sequence[float]) -> Change:
+    if len(before) != len(after) or len(before) < 2:
+        raise ValueError("a paired change needs two equally long lists of at least 2 scores")
+    diffs = [a - b for b, a in zip(before, after, strict=True)]
+    return Change(statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs)), len(diffs))
 
 
 @dataclass
@@ -92,6 +114,20 @@ class TrainSummary:
     after: Evaluation | None = None
     weight_sync_s: float | None = None
     png: str | None = None
+
+    @property
+    def reward_change(self) -> Change | None:
+        """Held-out light-RM reward after minus before, per prompt."""
+        if not self.before or not self.after:
+            return None
+        return paired_change(self.before.rewards, self.after.rewards)
+
+    @property
+    def oracle_change(self) -> Change | None:
+        """Held-out oracle score after minus before, per prompt."""
+        if not self.before or not self.after:
+            return None
+        return paired_change(self.before.oracle_scores, self.after.oracle_scores)
 
     @property
     def reward_gain(self) -> float | None:
@@ -139,8 +175,9 @@ def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], ver
     scores = reward.Score(reward_pb2.ScoreRequest(items=[
         reward_pb2.ScoreItem(prompt=r.text, response=resp) for r, resp in zip(records, responses, strict=True)
     ]), timeout=300).scores
-    return Evaluation(version, statistics.fmean(s.reward for s in scores),
-                      statistics.fmean(oracle_score(r, resp) for r, resp in zip(records, responses, strict=True)))
+    rewards = [s.reward for s in scores]
+    oracle = [oracle_score(r, resp) for r, resp in zip(records, responses, strict=True)]
+    return Evaluation(version, statistics.fmean(rewards), statistics.fmean(oracle), rewards, oracle)
 
 
 def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses = Addresses(),
@@ -248,6 +285,8 @@ def write_report(summary: TrainSummary, report_dir: Path) -> Path:
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
-    payload = {**asdict(summary), "reward_gain": summary.reward_gain}
+    changes = {name: None if change is None else asdict(change)
+               for name, change in (("reward_change", summary.reward_change), ("oracle_change", summary.oracle_change))}
+    payload = {**asdict(summary), "reward_gain": summary.reward_gain, **changes}
     png.with_suffix(".json").write_text(json.dumps(payload, indent=2, default=str))
     return png

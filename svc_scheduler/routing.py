@@ -6,19 +6,20 @@ the current policy / reward-model versions. The rules, in order:
 
 1. **Risk topic** (medical, legal: keywords or closeness to exemplars)          -> Level-2 (R3).
 2. **The prompt itself was flagged unsafe** (a neighbour with its own hash)     -> Level-2 (R12).
-3. **High-uncertainty neighbourhood**: at least ``min_marked_neighbours`` similar neighbours are
-   marked (their reward variance went over ``high_variance_threshold``), or show such a variance
-   now                                                                          -> Level-2 (R11).
-4. **Known reward of the prompt itself** (``own_history_skip``): the prompt was rolled out before
+3. **Known reward of the prompt itself** (``own_history_skip``): the prompt was rolled out before
    and its own statistics are usable with a variance under ``low_variance_threshold``
                                                                                 -> skip, reuse its mean (R10).
+4. **High-uncertainty neighbourhood**: at least ``min_marked_neighbours`` similar neighbours are
+   marked (their reward variance went over ``high_variance_threshold``), or show such a variance
+   now                                                                          -> Level-2 (R11).
 5. **Known reward of the neighbourhood**: at least ``min_low_variance_neighbours`` of the k
    neighbours are *usable* and have a variance under ``low_variance_threshold`` -> skip, reuse (R10).
 6. Otherwise                                                                    -> Level-0 probe, then Level-1.
 
-Rule 4 is R10's exact-prompt case: a prompt seen before is its own nearest neighbour (cosine 1), and
-its own rewards are the most direct evidence there is, so it does not need six stable paraphrases
-besides. It comes after the uncertainty rule: a marked neighbourhood still goes to Level-2.
+Rule 3 is R10's exact-prompt case: a prompt seen before is its own nearest neighbour (cosine 1), and
+its own rewards are the most direct evidence there is. It needs no six stable paraphrases besides,
+and it outranks a marked neighbourhood (R11 is about what the neighbours' rewards say about a prompt
+that has none of its own); risk and an unsafe flag still come first.
 
 A neighbour is *usable* only if it is similar enough (cosine >= ``min_similarity``: a neighbour's
 similarity, not only its rank, decides whether its reward says anything about this prompt), has at
@@ -222,12 +223,6 @@ def decide(
     itself = next((n for n in considered if n.prompt_hash == prompt_hash), None)
     if itself is not None and itself.stats is not None and itself.stats.unsafe:
         return make(Route.LEVEL_2, "Level-2: a response to this prompt was flagged unsafe; its reward is never reused")
-    if len(marked) >= settings.min_marked_neighbours:
-        return make(
-            Route.LEVEL_2,
-            f"Level-2: {len(marked)} of the {len(considered)} nearest prompts are in a high-uncertainty "
-            f"neighbourhood (reward variance > {settings.high_variance_threshold:g})",
-        )
     own = next((n for n in low if n.prompt_hash == prompt_hash), None) if settings.own_history_skip else None
     if own is not None and own.stats is not None:
         return make(
@@ -236,6 +231,12 @@ def decide(
             f"{settings.low_variance_threshold:g}; reusing its mean reward {own.stats.mean:.3f}",
             (own.stats.mean, math.sqrt(own.stats.variance)),
             reused_from=[own],
+        )
+    if len(marked) >= settings.min_marked_neighbours:
+        return make(
+            Route.LEVEL_2,
+            f"Level-2: {len(marked)} of the {len(considered)} nearest prompts are in a high-uncertainty "
+            f"neighbourhood (reward variance > {settings.high_variance_threshold:g})",
         )
     if len(low) >= settings.min_low_variance_neighbours:
         reused = _reused_reward(low)

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         rewards = score_responses(rm, eval_prompts, eval_responses, args.batch_size)
         elapsed = time.perf_counter() - started
         texts = [format_rm_input(p, r) for p, r in zip(eval_prompts, eval_responses, strict=True)]
-        n_input = sum(len(ids) for ids in rm.tokenizer(texts)["input_ids"])
+        n_input = sum(len(ids) for ids in rm.tokenizer(texts, truncation=True)["input_ids"])  # what the RM read
         rows.append((role, rm.n_params, n_input / elapsed, "score tok/s"))
         rm_spearman[role] = {
             "pairs": float(spearmanr(rewards[:n_synthetic], truth[:n_synthetic]).statistic),

@@ -29,12 +29,15 @@ from strata.train import Addresses, RoundStats, TrainOptions, train
 from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 # The tiny CPU models learn at rates real models would not survive (see docs/learner.md).
-DEMO_SERVICE_ARGS = {"learner": ["--learning-rate", "5e-4", "--batch-size", "32", "--minibatch-size", "8"]}
+# A short run on the ci zoo: the KL penalty on from the first update (the default warm-up spans 100
+# updates) and a small step, so that the weak light RM is followed without being gamed (tests/stack/test_train.py).
+DEMO_SERVICE_ARGS = {"learner": ["--learning-rate", "1e-4", "--batch-size", "32", "--minibatch-size", "8",
+                                 "--kl-coef", "0.2", "--kl-warmup-updates", "0"]}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="the whole loop on tiny models, then a report (make demo)")
-    parser.add_argument("--updates", type=int, default=3, help="PPO updates to run")
+    parser.add_argument("--updates", type=int, default=6, help="PPO updates to run")
     parser.add_argument("--prompts-per-round", type=int, default=24)
     parser.add_argument("--n-samples", type=int, default=2, help="rollouts per prompt")
     parser.add_argument("--eval-prompts", type=int, default=16)

@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"policy v{summary.start_version} -> v{summary.end_version} in {len(summary.rounds)} rounds")
     if before and after:
         print(f"held-out light-RM reward {before.mean_reward:.3f} -> {after.mean_reward:.3f} "
-              f"(gain {summary.reward_gain:+.1%}); oracle {before.mean_oracle:.3f} -> {after.mean_oracle:.3f}")
+              f"(change {summary.reward_change}, gain {summary.reward_gain:+.1%})")
+        print(f"held-out oracle score    {before.mean_oracle:.3f} -> {after.mean_oracle:.3f} "
+              f"(change {summary.oracle_change})")
     if summary.weight_sync_s is not None:
         print(f"weight sync (publish -> first rollout on the new version): {summary.weight_sync_s:.2f} s")
     print(f"reward curve: {summary.png} (summary: {Path(summary.png).with_suffix('.json')})")

@@ -56,6 +56,8 @@ def reward_logits(
     if len(prompts) != len(responses):
         raise ValueError("prompts and responses must have the same length")
     texts = [format_rm_input(p, r) for p, r in zip(prompts, responses, strict=True)]
+    # Never read more than the RM was trained on (its tokenizer's model_max_length, when it says).
+    max_length = min(max_length, rm.tokenizer.model_max_length)
     out = []
     for start in range(0, len(texts), batch_size):
         batch = rm.tokenizer(

@@ -62,7 +62,7 @@ LEVEL1_SHAPE = ModelShape(n_embd=256, n_layer=6, n_head=4)  # ~5M: Level-1 and t
 LEVEL1_TRAIN = TrainConfig(steps=80, batch_size=16, lr=2e-3)
 LEVEL2_SHAPE = ModelShape(n_embd=384, n_layer=6, n_head=6)  # ~12M: Level-2
 LEVEL2_TRAIN = TrainConfig(steps=160, batch_size=16, lr=1.5e-3)
-RM_STRONG_TRAIN = TrainConfig(steps=400, batch_size=4, lr=6e-4, warmup_steps=10)  # batch: prompt groups
+RM_STRONG_TRAIN = TrainConfig(steps=200, batch_size=4, lr=6e-4, warmup_steps=10)  # batch: prompt groups
 RM_LIGHT_TRAIN = TrainConfig(steps=300, batch_size=4, lr=1e-3, warmup_steps=10)
 
 
@@ -87,8 +87,8 @@ class ZooConfig:
     rm_model_samples: int = 96  # responses sampled from each of Level-1 and Level-2 for RM data
     rm_pairwise_weight: float = 1.0  # weight of the in-group ranking loss (0: scores only)
     rm_n_bins: int = 11  # RM logits over 0, 0.5, ..., 5; reward = expected value
-    rm_max_length: int = 192
-    rm_strong_init: str = "level1"  # RM backbone initialised from this LM ("" = from scratch)
+    rm_max_length: int = 128  # RM input tokens, saved as the tokenizer's model_max_length (serving truncates alike)
+    rm_strong_init: str = "level2"  # RM backbone initialised from this LM ("" = from scratch); the best LM reads best
     rm_strong: ModelShape = LEVEL1_SHAPE  # used only when rm_strong_init is "" (else the init LM's)
     rm_strong_train: TrainConfig = RM_STRONG_TRAIN
     rm_light_init: str = "probe"
@@ -109,16 +109,19 @@ def _ci_preset() -> ZooConfig:
         vocab_size=1024,
         lm_responses_per_prompt=1,
         probe=small,
-        probe_train=TrainConfig(steps=40, batch_size=16, lr=3e-3, warmup_steps=5),
+        # The probe must clear min_confidence on its top direction, or every prompt goes to Level-2.
+        probe_train=TrainConfig(steps=300, batch_size=32, lr=3e-3, warmup_steps=5),
         level1=ModelShape(n_embd=96, n_layer=2, n_head=2),
-        level1_train=TrainConfig(steps=40, batch_size=16, lr=3e-3, warmup_steps=5),
+        # Enough steps to write language-like text: the PPO tests need a policy whose reward can move.
+        level1_train=TrainConfig(steps=200, batch_size=16, lr=3e-3, warmup_steps=5),
         level2=ModelShape(n_embd=128, n_layer=3, n_head=4),
-        level2_train=TrainConfig(steps=60, batch_size=16, lr=3e-3, warmup_steps=5),
+        level2_train=TrainConfig(steps=240, batch_size=16, lr=3e-3, warmup_steps=5),
         rm_model_samples=16,
+        rm_strong_init="level1",
         rm_strong=ModelShape(n_embd=96, n_layer=2, n_head=2),
-        rm_strong_train=TrainConfig(steps=40, batch_size=4, lr=1e-3, warmup_steps=5),
+        rm_strong_train=TrainConfig(steps=150, batch_size=4, lr=1e-3, warmup_steps=5),
         rm_light=small,
-        rm_light_train=TrainConfig(steps=40, batch_size=4, lr=1e-3, warmup_steps=5),
+        rm_light_train=TrainConfig(steps=150, batch_size=4, lr=1e-3, warmup_steps=5),
         sample_max_new_tokens=48,
     )
 
@@ -278,9 +281,13 @@ class ZooBuilder:
         tokenizer.save_pretrained(out)
         return {"vocab_size": len(tokenizer), "n_texts": len(texts)}
 
-    def _save_lm(self, model: GPT2LMHeadModel | GPT2ForSequenceClassification, out: Path) -> int:
+    def _save_lm(self, model: GPT2LMHeadModel | GPT2ForSequenceClassification, out: Path,
+                 model_max_length: int | None = None) -> int:
         model.save_pretrained(out)
-        self._load_tokenizer().save_pretrained(out)
+        tokenizer = self._load_tokenizer()
+        if model_max_length is not None:
+            tokenizer.model_max_length = model_max_length  # what the model was trained to read
+        tokenizer.save_pretrained(out)
         return sum(p.numel() for p in model.parameters())
 
     def _probe(self, out: Path) -> dict[str, Any]:
@@ -340,7 +347,8 @@ class ZooBuilder:
         loss = train_reward_model(model, tokenizer, texts, scores, self.cfg.rm_max_length, train, self.cfg.seed, role,
                                   groups=groups_of(rows), pairwise_weight=self.cfg.rm_pairwise_weight)
         model.config.problem_type = "single_label_classification"
-        return {"n_params": self._save_lm(model, out), "final_loss": loss, "n_bins": self.cfg.rm_n_bins,
+        return {"n_params": self._save_lm(model, out, self.cfg.rm_max_length), "final_loss": loss,
+                "n_bins": self.cfg.rm_n_bins, "max_length": self.cfg.rm_max_length,
                 "init": init or "scratch", "reward": "expected value over bins 0..5",
                 "loss": f"two-hot cross-entropy + {self.cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"}
 

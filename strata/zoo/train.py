@@ -172,9 +172,9 @@ def train_reward_model(
     """Cross-entropy of the RM's bin logits against two-hot targets of the oracle ``scores``, plus,
     with ``groups``, a pairwise ranking loss inside each group.
 
-    Without ``groups`` each step draws ``cfg.batch_size`` texts from length-sorted buckets (little
-    padding). With ``groups`` (lists of indices into ``texts``: responses to one prompt, typically a
-    reference and degradations of it) each step draws ``cfg.batch_size`` groups, and
+    Without ``groups`` each step takes ``cfg.batch_size`` texts of similar length. With ``groups``
+    (lists of indices into ``texts``: responses to one prompt, typically a reference and degradations
+    of it) each step takes ``cfg.batch_size`` whole groups of similar length, and
     ``pairwise_weight`` times the Bradley-Terry loss of each group is added: comparing answers to the
     same prompt that differ in one way teaches what the score depends on far faster than scores of
     unrelated texts (on the zoo task: Spearman 0.70 -> 0.78 at the same number of steps).
@@ -182,11 +182,11 @@ def train_reward_model(
     n_bins = model.config.num_labels
     rng = random.Random(seed)
     encoded = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
-    if groups is None:
-        order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
-        buckets = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
-    else:
-        groups = [list(g) for g in groups if g]
+    # A batch is a random window of ``batch_size`` units (single texts, or whole groups) in length
+    # order, so that padding stays small and any unit can meet any of its length neighbours.
+    units = [[i] for i in range(len(texts))] if groups is None else [list(g) for g in groups if g]
+    units.sort(key=lambda unit: max(len(encoded[i]) for i in unit))
+    window = min(cfg.batch_size, len(units))
     optimizer = _optimizer(model, cfg)
     model.train()
     loss_ema = float("nan")
@@ -194,8 +194,8 @@ def train_reward_model(
     for step in bar:
         for param_group in optimizer.param_groups:
             param_group["lr"] = _lr_at(step, cfg)
-        # A length bucket of single texts, or ``batch_size`` whole groups.
-        chosen = [rng.choice(buckets)] if groups is None else rng.sample(groups, min(cfg.batch_size, len(groups)))
+        start = rng.randrange(len(units) - window + 1)
+        chosen = units[start : start + window]
         rows = [i for g in chosen for i in g]
         width = max(len(encoded[i]) for i in rows)
         x = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T), right-padded

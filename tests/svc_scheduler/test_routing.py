@@ -83,12 +83,14 @@ def test_own_history_must_be_usable_to_skip(own: RewardStats, why: str) -> None:
     assert route(ns).route is not Route.SKIP, why
 
 
-def test_own_history_does_not_override_a_marked_neighbourhood_or_risk() -> None:
+def test_own_history_outranks_a_marked_neighbourhood_but_not_risk() -> None:
     ns = neighbours(10)
     ns[0] = Neighbour("self", 1.0, stats(LOW))
     for i in range(1, 1 + SETTINGS.min_marked_neighbours):
         ns[i] = Neighbour(f"h{i}", 0.88, stats(LOW), marked_at=NOW - 60)
-    assert route(ns).route is Route.LEVEL_2
+    assert route(ns).route is Route.SKIP  # measured directly: the neighbours' uncertainty says less
+    ns[0] = Neighbour("self", 1.0, stats(MID))
+    assert route(ns).route is Route.LEVEL_2  # no stable history of its own: the mark decides
     ns = [Neighbour("self", 1.0, stats(LOW))]
     assert route(ns, text="What dose of ibuprofen is safe?").route is Route.LEVEL_2
 
