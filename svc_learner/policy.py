@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from strata.models.loading import check_model_dir, resolve_device, resolve_dtype
+from strata.models.loading import check_model_dir, from_pretrained, resolve_device, resolve_dtype
 from svc_learner.ppo import PolicyOutput, entropy_from_logits, logprobs_from_logits
 
 logger = logging.getLogger(__name__)
@@ -84,9 +84,7 @@ class PolicyWithValueHead(torch.nn.Module):
         """Load a causal LM from a local directory (never downloads), plus its value head if saved there."""
         model_dir = check_model_dir(path)
         torch_device = resolve_device(device)
-        lm = AutoModelForCausalLM.from_pretrained(
-            model_dir, local_files_only=True, dtype=resolve_dtype(dtype, torch_device)
-        )
+        lm = from_pretrained(AutoModelForCausalLM, model_dir, dtype=resolve_dtype(dtype, torch_device))
         value_head = None
         if (model_dir / VALUE_HEAD_FILE).is_file():
             state = load_file(model_dir / VALUE_HEAD_FILE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,13 +130,26 @@ def _load_tokenizer(model_dir: Path, padding_side: str) -> PreTrainedTokenizerBa
     return tokenizer
 
 
+# ``from_pretrained`` is not thread-safe: it builds the model under process-wide init state (meta
+# device, skipped weight init), so two loads in one process at once can corrupt each other (a tied
+# lm_head left on the meta device). Services load from background threads (weight sync, RM hot
+# swap, behaviour policies), so every load in Strata goes through this lock.
+_LOAD_LOCK = threading.RLock()
+
+
+def from_pretrained(auto_class: Any, model_dir: str | Path, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained(model_dir, local_files_only=True, **kwargs)``, one load at a time."""
+    with _LOAD_LOCK:
+        return auto_class.from_pretrained(model_dir, local_files_only=True, **kwargs)
+
+
 def _load(auto_class: Any, kind: str, path: str | Path, device: str, dtype: str, padding_side: str) -> LoadedModel:
     model_dir = check_model_dir(path)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     tokenizer = _load_tokenizer(model_dir, padding_side)
     try:
-        model = auto_class.from_pretrained(model_dir, local_files_only=True, dtype=torch_dtype)
+        model = from_pretrained(auto_class, model_dir, dtype=torch_dtype)
     except ValueError as exc:  # config of a model type the auto class has no head for
         model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "unknown")
         raise ModelLoadError(

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import torch
 from transformers import AutoModelForCausalLM
 
-from strata.models.loading import LoadedModel, load_causal_lm
+from strata.models.loading import LoadedModel, from_pretrained, load_causal_lm
 from strata.models.tokens import tokenizer_id
 from strata.sampling import Sampling
 from strata.zoo.template import format_prompt
@@ -54,8 +54,7 @@ class HfBackend:
         return self._lm
 
     def load_weights(self, path: str) -> None:
-        fresh = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
-                                                     dtype=next(self._lm.model.parameters()).dtype)
+        fresh = from_pretrained(AutoModelForCausalLM, path, dtype=next(self._lm.model.parameters()).dtype)
         self._lm.model.load_state_dict(fresh.state_dict())
         self._lm.model.eval()
         self.model_id = path
