@@ -116,12 +116,13 @@ def _ci_preset() -> ZooConfig:
         level1_train=TrainConfig(steps=200, batch_size=16, lr=3e-3, warmup_steps=5),
         level2=ModelShape(n_embd=128, n_layer=3, n_head=4),
         level2_train=TrainConfig(steps=240, batch_size=16, lr=3e-3, warmup_steps=5),
-        rm_model_samples=16,
+        # On-policy samples are what the PPO tests' light RM scores: many of them (tiny models sample fast).
+        rm_model_samples=300,
         rm_strong_init="level1",
         rm_strong=ModelShape(n_embd=96, n_layer=2, n_head=2),
         rm_strong_train=TrainConfig(steps=150, batch_size=4, lr=1e-3, warmup_steps=5),
         rm_light=small,
-        rm_light_train=TrainConfig(steps=150, batch_size=4, lr=1e-3, warmup_steps=5),
+        rm_light_train=TrainConfig(steps=300, batch_size=4, lr=1e-3, warmup_steps=5),
         sample_max_new_tokens=48,
     )
 
