@@ -24,6 +24,11 @@ def _group_key(sampling: Sampling) -> tuple:
     return (sampling.temperature, sampling.top_p, sampling.max_new_tokens, sampling.seed, sampling.rollout_dropout)
 
 
+def _sort_key(sampling: Sampling) -> tuple:
+    """``_group_key`` made orderable: a batch mixes requests with and without a seed (or dropout)."""
+    return tuple((value is not None, value if value is not None else 0) for value in _group_key(sampling))
+
+
 @contextmanager
 def rollout_dropout(model: torch.nn.Module, p: float | None) -> Iterator[None]:
     """Dropout on during generation (R17): only the dropout modules switch to training mode."""
@@ -67,7 +72,7 @@ class HfBackend:
     @torch.no_grad()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
         outputs: dict[int, GenerationOutput] = {}
-        order = sorted(range(len(requests)), key=lambda i: _group_key(requests[i].sampling))
+        order = sorted(range(len(requests)), key=lambda i: _sort_key(requests[i].sampling))
         for _key, members in itertools.groupby(order, key=lambda i: _group_key(requests[i].sampling)):
             indices = list(members)
             for index, output in zip(indices, self._generate_group([requests[i] for i in indices]), strict=True):
