@@ -4,8 +4,9 @@ What runs. The scheduler, Kafka, Redis and the statistics worker are the real on
 the scheduler (probe, generators, reward models) are simulated, because generating and scoring the
 ~11k rollouts of a run with real models does not fit on a CPU in reasonable time:
 
-1. **Routing on the zoo's prompt suite, through the stack.** Kafka and Redis are started when they
-   are managed (``strata infra up``); the scheduler service runs in this process as in deployment
+1. **Routing on the zoo's prompt suite, through the stack.** Kafka and Redis are the bench's own
+   (free ports, a throw-away state dir, purged at the end) unless external clusters are configured;
+   the scheduler service runs in this process as in deployment
    (gRPC server on a free local port, encoder, FAISS index, Redis, the Kafka statistics worker in a
    fresh consumer group, keys under a fresh Redis prefix, so a run never sees an earlier run's data).
    Every suite prompt (all splits, 8 topics x subjects x intents, 7 paraphrases per family) is
@@ -611,9 +612,7 @@ def _start_infra(settings: SchedulerSettings) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from strata.cli.main import CliError
-    from svc_scheduler.encoder import Encoder
     from svc_scheduler.settings import SchedulerSettings
-    from svc_scheduler.store import connect
 
     if args.batch < 1 or args.n_samples < 1 or args.passes < 1 or args.policy_step_every < 0:
         raise CliError("--batch, --n-samples and --passes must be >= 1, --policy-step-every >= 0")
@@ -625,7 +624,46 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.batch > settings.max_batch_size:
         raise CliError(f"--batch {args.batch} is over the scheduler's max_batch_size {settings.max_batch_size}")
-    _start_infra(settings)
+    with _bench_infra(settings, run_id) as settings:
+        return _run(args, settings, run_id)
+
+
+@contextlib.contextmanager
+def _bench_infra(settings: SchedulerSettings, run_id: str) -> Iterator[SchedulerSettings]:
+    """Kafka and Redis for one run. Managed ones (the default) are the bench's own, on free ports
+    under a throw-away state dir, purged at the end: the run publishes thousands of prompts and
+    rewards, which a later `strata up` would otherwise roll out and learn from. External clusters
+    (STRATA_KAFKA_BOOTSTRAP / STRATA_REDIS_URL) are used as they are; the events stay there."""
+    import shutil
+
+    from strata.infra import down
+    from strata.infra.process import free_port
+
+    own = settings.kafka_managed or settings.redis_managed
+    if own:
+        state_dir = settings.state_dir / f"bench-scheduler-{run_id}"
+        settings = settings.model_copy(update={
+            "state_dir": state_dir, "kafka_port": free_port(), "kafka_controller_port": free_port(),
+            "redis_port": free_port(), "topic_partitions": 3,
+        })
+    else:
+        print("scheduler bench: on the configured Kafka; its prompts and rewards stay on the shared topics",
+              flush=True)
+    try:
+        _start_infra(settings)
+        yield settings
+    finally:
+        if own:
+            with contextlib.suppress(Exception):  # best effort: the state dir goes anyway
+                down(settings, purge=True)
+            shutil.rmtree(settings.state_dir, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> int:
+    from strata.cli.main import CliError
+    from svc_scheduler.encoder import Encoder
+    from svc_scheduler.store import connect
+
     client = connect(settings.model_copy(update={"redis_timeout_s": 30.0}))
     try:
         client.ping()
