@@ -132,12 +132,10 @@ def train_causal_lm(model: GPT2LMHeadModel, stream: torch.Tensor, block_size: in
     loss_ema = float("nan")
     bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False)
     for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, cfg)
         starts = torch.randint(0, len(stream) - block_size - 1, (cfg.batch_size,), generator=generator)
         x = torch.stack([stream[s : s + block_size] for s in starts.tolist()])  # (B, T)
         loss = model(input_ids=x, labels=x).loss  # HF shifts the labels by one inside
-        loss_ema = _step(model, optimizer, loss, cfg, loss_ema)
+        loss_ema = _step(model, optimizer, loss, cfg, step, loss_ema)
         bar.set_postfix(loss=f"{loss_ema:.3f}")
     model.eval()
     logger.info("%s: %d steps, final loss %.3f", desc, cfg.steps, loss_ema)
@@ -192,8 +190,6 @@ def train_reward_model(
     loss_ema = float("nan")
     bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False)
     for step in bar:
-        for param_group in optimizer.param_groups:
-            param_group["lr"] = _lr_at(step, cfg)
         start = rng.randrange(len(units) - window + 1)
         chosen = units[start : start + window]
         rows = [i for g in chosen for i in g]
@@ -214,16 +210,18 @@ def train_reward_model(
                 for a, b in itertools.pairwise(bounds)
             ]).mean()
             loss = loss + pairwise_weight * ranking
-        loss_ema = _step(model, optimizer, loss, cfg, loss_ema)
+        loss_ema = _step(model, optimizer, loss, cfg, step, loss_ema)
         bar.set_postfix(loss=f"{loss_ema:.3f}")
     model.eval()
     logger.info("%s: %d steps, final loss %.3f", desc, cfg.steps, loss_ema)
     return loss_ema
 
 
-def _step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, loss: torch.Tensor, cfg: TrainConfig,
+def _step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, loss: torch.Tensor, cfg: TrainConfig, step: int,
           loss_ema: float) -> float:
-    """One optimiser step (clipped gradients); returns the updated loss EMA."""
+    """Optimiser step ``step`` of the schedule (warm-up, cosine; clipped gradients); returns the loss EMA."""
+    for param_group in optimizer.param_groups:
+        param_group["lr"] = _lr_at(step, cfg)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
