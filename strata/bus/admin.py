@@ -64,3 +64,33 @@ def start_group_at_end(bootstrap: str, group: str, topic_list: Iterable[Topic]) 
         consumer.commit({tp: OffsetAndMetadata(consumer.position(tp), "", -1) for tp in partitions})
     finally:
         consumer.close()
+
+
+def consumer_lags(bootstrap: str, groups: Iterable[str], client_id: str = "strata",
+                  timeout_ms: int = 4000) -> dict[tuple[str, str], int]:
+    """(group, topic) -> events published but not yet committed by the group (groups with no commits
+    are left out). Short timeouts: callers (a status line, a Prometheus scrape) must answer even with
+    Kafka down; errors propagate."""
+    from kafka import KafkaConsumer
+
+    groups = list(groups)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms,
+                             bootstrap_timeout_ms=min(timeout_ms, 3000), client_id=client_id)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             client_id=client_id)
+    lags: dict[tuple[str, str], int] = {}
+    try:
+        # kafka-python 3: {group: {TopicPartition: OffsetAndMetadata}} (older: list_consumer_group_offsets)
+        offsets = admin.list_group_offsets(dict.fromkeys(groups)) if groups else {}
+        for group in groups:
+            committed = {tp: meta for tp, meta in (offsets.get(group) or {}).items() if meta.offset >= 0}
+            if not committed:
+                continue
+            ends = consumer.end_offsets(list(committed))
+            for tp, meta in committed.items():
+                key = (group, tp.topic)
+                lags[key] = lags.get(key, 0) + max(0, ends[tp] - meta.offset)
+    finally:
+        admin.close()
+        consumer.close()
+    return lags

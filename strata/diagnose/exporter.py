@@ -23,39 +23,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from strata.bus.admin import consumer_lags
 from strata.config import StrataSettings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUPS = ("svc-scheduler-stats", "svc-probe", "svc-generator-l1", "svc-generator-l2", "svc-reward",
                   "svc-learner")
-
-
-def consumer_lags(settings: StrataSettings, groups: Sequence[str]) -> dict[tuple[str, str], int]:
-    """(group, topic) -> events published but not yet committed by the group."""
-    from kafka import KafkaAdminClient, KafkaConsumer
-
-    # Short timeouts: a scrape (Prometheus' default timeout is 10 s) must answer even with Kafka down.
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_address, request_timeout_ms=4000,
-                             bootstrap_timeout_ms=3000, client_id="strata-exporter")
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False,
-                             client_id="strata-exporter")
-    lags: dict[tuple[str, str], int] = {}
-    try:
-        # kafka-python 3: {group: {TopicPartition: OffsetAndMetadata}} (older: list_consumer_group_offsets)
-        offsets = admin.list_group_offsets(dict.fromkeys(groups)) if groups else {}
-        for group in groups:
-            committed = {tp: meta for tp, meta in (offsets.get(group) or {}).items() if meta.offset >= 0}
-            if not committed:
-                continue
-            ends = consumer.end_offsets(list(committed))
-            for tp, meta in committed.items():
-                key = (group, tp.topic)
-                lags[key] = lags.get(key, 0) + max(0, ends[tp] - meta.offset)
-    finally:
-        admin.close()
-        consumer.close()
-    return lags
 
 
 class StackCollector(Collector):
@@ -66,7 +40,7 @@ class StackCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("strata_exporter_up", "1 when the source answered this scrape", labels=["source"])
         try:
-            lags = consumer_lags(self._settings, self._groups)
+            lags = consumer_lags(self._settings.kafka_address, self._groups, "strata-exporter")
             lag = GaugeMetricFamily("strata_consumer_lag", "Events not yet committed by a consumer group",
                                     labels=["group", "topic"])
             for (group, topic), value in sorted(lags.items()):

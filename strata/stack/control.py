@@ -86,26 +86,16 @@ def stop(settings: StrataSettings, timeout_s: float = 90.0) -> bool:
 
 
 def _lags(settings: StrataSettings, groups: set[str]) -> dict[str, int]:
-    from kafka import KafkaAdminClient, KafkaConsumer
+    """group -> events not yet committed, over all its topics; empty when Kafka does not answer."""
+    from strata.bus.admin import consumer_lags
 
+    try:
+        per_topic = consumer_lags(settings.kafka_address, sorted(groups), "strata-status", timeout_ms=5000)
+    except Exception:  # a status line without lags beats no status line
+        return {}
     lags: dict[str, int] = {}
-    try:
-        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_address, request_timeout_ms=5000)
-        consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False)
-    except Exception:
-        return lags
-    try:
-        for group in groups:
-            committed = admin.list_group_offsets({group: None}).get(group) or {}
-            if not committed:
-                continue
-            ends = consumer.end_offsets(list(committed))
-            lags[group] = sum(max(0, ends[tp] - meta.offset) for tp, meta in committed.items() if meta.offset >= 0)
-    except Exception:
-        pass
-    finally:
-        admin.close()
-        consumer.close()
+    for (group, _topic), lag in per_topic.items():
+        lags[group] = lags.get(group, 0) + lag
     return lags
 
 
