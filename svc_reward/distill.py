@@ -67,7 +67,7 @@ class DistillConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     temperature: float = 2.0  # distillation temperature T (not svc_reward's scoring temperature)
-    max_length: int = 192  # tokens of the RM input the light RM reads (the zoo's strong RM: 192)
+    max_length: int = 128  # tokens of the RM input the light RM reads (the zoo's strong RM reads 128)
     seed: int = 0
 
 

@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: distil one now, cached)")
     parser.add_argument("--batch", type=int, default=64, help="eval pairs in the timed batch")
     parser.add_argument("--repeats", type=int, default=7, help="timed forward passes per RM, in turns (median)")
-    parser.add_argument("--max-length", type=int, default=192, help="tokens per (prompt, response)")
+    parser.add_argument("--max-length", type=int, default=128,
+                        help="tokens per (prompt, response); an RM never reads more than its model_max_length")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
 
 

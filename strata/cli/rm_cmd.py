@@ -39,7 +39,6 @@ RM_INFO_FILE = "strata_rm.json"
 PSEUDO_LABELS_FILE = "pseudo_labels.jsonl"
 EVAL_SEED = 7  # synthetic (prompt, response) pairs of the eval and fresh splits, one per prompt
 EVAL_SPLITS: tuple[str, ...] = ("eval", "fresh")
-STRONG_INFO_DEFAULTS = {"steps": 400, "batch_size": 16, "lr": 6e-4, "max_length": 192}  # the zoo's recipe
 
 
 # --- parser ---------------------------------------------------------------------------------------
@@ -55,17 +54,20 @@ def register(subparsers: Any) -> None:
                              "oracle-labelled pairs)")
     strong.add_argument("--init", default=None,
                         help="checkpoint to start from: a causal LM (its transformer; the score-bin head starts "
-                             "fresh) or a sequence-classification RM (default: the zoo's Level-1 LM)")
+                             "fresh) or a sequence-classification RM (default: the zoo's rm_strong_init LM, Level-2)")
     strong.add_argument("--n-bins", type=int, default=11, help="score bins on [0, 5] (reward = expected value)")
-    strong.add_argument("--steps", type=int, default=STRONG_INFO_DEFAULTS["steps"], help="optimizer steps")
-    strong.add_argument("--batch-size", type=int, default=STRONG_INFO_DEFAULTS["batch_size"], help="pairs per step")
-    strong.add_argument("--lr", type=float, default=STRONG_INFO_DEFAULTS["lr"], help="peak AdamW learning rate")
-    strong.add_argument("--groups-per-step", type=int, default=4,
-                        help="with grouped data (rows with a 'group' field: answers to one prompt), groups per step")
+    # Unset numbers default to the zoo's own strong-RM recipe (ZooConfig.rm_strong_train, rm_max_length).
+    strong.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the zoo's recipe)")
+    strong.add_argument("--batch-size", type=int, default=16, help="pairs per step (ungrouped data)")
+    strong.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default: the zoo's)")
+    strong.add_argument("--groups-per-step", type=int, default=None,
+                        help="with grouped data (rows with a 'group' field: answers to one prompt), groups per step "
+                             "(default: the zoo's)")
     strong.add_argument("--pairwise-weight", type=float, default=1.0,
                         help="weight of the in-group Bradley-Terry ranking loss (grouped data only; 0: scores only)")
-    strong.add_argument("--max-length", type=int, default=STRONG_INFO_DEFAULTS["max_length"],
-                        help="tokens of (prompt, response) read")
+    strong.add_argument("--max-length", type=int, default=None,
+                        help="tokens of (prompt, response) read, saved as the tokenizer's model_max_length so that "
+                             "serving reads the same (default: the zoo's)")
     strong.add_argument("--pseudo-label", action=argparse.BooleanOptionalAction, default=True,
                         help="score historical rollouts (rollout log + content store) with the new RM and write "
                              f"{PSEUDO_LABELS_FILE} next to it")
@@ -205,6 +207,17 @@ def eval_sets(seed: int = EVAL_SEED) -> dict[str, tuple[list[str], list[str], li
     return sets
 
 
+def _save_tokenizer(tokenizer: Any, out: Path, max_length: int) -> None:
+    """Save ``tokenizer`` with ``model_max_length`` set to what the RM was trained to read (serving
+    truncates to it), leaving the caller's tokenizer object as it was."""
+    saved = tokenizer.model_max_length
+    tokenizer.model_max_length = max_length
+    try:
+        tokenizer.save_pretrained(out)
+    finally:
+        tokenizer.model_max_length = saved
+
+
 def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_length: int, desc: str,
                  cache_dir: Path | None = None, batch_size: int = 32) -> Any:
     """RM logits (N, bins) for the pairs, in length order with a progress bar; cached on disk by
@@ -334,7 +347,7 @@ def _train_strong(args: argparse.Namespace) -> int:
 
     from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
     from strata.models.reward import expected_reward
-    from strata.zoo.build import groups_of
+    from strata.zoo.build import ZooConfig, groups_of
     from strata.zoo.template import format_rm_input
     from strata.zoo.train import TrainConfig, train_reward_model
     from svc_reward.distill import rank_metrics
@@ -345,7 +358,12 @@ def _train_strong(args: argparse.Namespace) -> int:
     zoo = None if (args.data and args.init) else _zoo(settings)
     data_path = args.data or zoo.rm_data
     rows = read_pairs(Path(data_path), need_score=True)
-    init = args.init or str(zoo.level1)
+    recipe = zoo.config if zoo is not None else ZooConfig()
+    for name, value in (("steps", recipe.rm_strong_train.steps), ("lr", recipe.rm_strong_train.lr),
+                        ("groups_per_step", recipe.rm_strong_train.batch_size), ("max_length", recipe.rm_max_length)):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    init = args.init or str(getattr(zoo, recipe.rm_strong_init or "level1"))
     try:
         init_dir = check_model_dir(init)
         tokenizer = AutoTokenizer.from_pretrained(init_dir, local_files_only=True)
@@ -370,7 +388,7 @@ def _train_strong(args: argparse.Namespace) -> int:
     model.config.problem_type = "single_label_classification"
     staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
     model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+    _save_tokenizer(tokenizer, staging, args.max_length)
     strong = load_reward_model(staging, device=args.device)
     metrics: dict[str, float] = {}
     for split, (prompts, responses, oracle) in eval_sets().items():
@@ -428,7 +446,7 @@ class DistillOptions:
     batch_size: int = 32
     lr: float = 3e-3
     temperature: float = 2.0
-    max_length: int = 192
+    max_length: int = 128  # the zoo's RMs read 128 tokens (ZooConfig.rm_max_length); more is never seen by the teacher
     seed: int = 0
     device: str = "auto"
 
@@ -529,7 +547,7 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
         out = staging if options.members == 1 else staging / f"member-{member}"
         model.config.problem_type = "single_label_classification"
         model.save_pretrained(out)
-        strong.tokenizer.save_pretrained(out)
+        _save_tokenizer(strong.tokenizer, out, options.max_length)
         members.append(out)
 
     # 5. Evaluation on held-out prompts: light vs strong and vs the oracle, eval and fresh splits.

@@ -11,6 +11,7 @@ from strata.cli.main import CliError, main
 from strata.cli.rm_cmd import RM_INFO_FILE, read_pairs
 from strata.models.loading import load_reward_model
 from strata.models.reward import expected_reward
+from strata.zoo.build import ZooConfig
 from strata.zoo.train import new_reward_model
 from svc_reward.distill import (
     DistillConfig,
@@ -202,7 +203,8 @@ def test_cli_distill_writes_a_light_version(monkeypatch: pytest.MonkeyPatch, tmp
     assert info["parent"] == describe("strong", [tiny_strong]).version
     assert {"spearman/strong_eval", "pearson/oracle_fresh"} <= set(info["metrics"])
     assert info["config"]["n_augmented"] > 0  # synonym and reorder copies by default
-    assert load_reward_model(out, "cpu").model.config.num_labels == N_BINS
+    light = load_reward_model(out, "cpu")
+    assert light.model.config.num_labels == N_BINS and light.tokenizer.model_max_length == 64  # as trained
     assert f"light RM {info['version']}" in capsys.readouterr().out
 
 
@@ -217,6 +219,9 @@ def test_cli_train_strong_from_a_user_file(monkeypatch: pytest.MonkeyPatch, tmp_
     info = json.loads((out / RM_INFO_FILE).read_text())
     assert info["kind"] == "strong" and info["config"]["n_pairs"] == 12
     assert info["version"] == describe("strong", [out]).version
+    # Serving truncates to what training read; unset numbers took the zoo's recipe.
+    assert load_reward_model(out, "cpu").tokenizer.model_max_length == 64
+    assert info["config"]["lr"] == ZooConfig().rm_strong_train.lr
 
 
 @pytest.mark.parametrize(
