@@ -194,16 +194,17 @@ def truncated_importance_weights(
     mask: torch.Tensor,
     truncation: float = 1.0,
 ) -> torch.Tensor:
-    """Per-sequence weight ``min(c̄, π_target(y|x) / π_behaviour(y|x))``: ``(B, T), (B, T), (B, T) -> (B,)``.
+    """Per-token weights ``min(c̄, π_target(y_t|s_t) / π_behaviour(y_t|s_t))``: ``(B, T) x 3 -> (B, T)``.
 
-    A response is a product of token probabilities, so its ratio is a sum of per-token log-ratios;
-    the sum and the truncation stay in log space and only the final weight (<= c̄) is exponentiated,
-    so it can neither overflow nor underflow on the way (R13). Truncation (V-trace's c̄) bounds the
-    variance that a long, stale response would otherwise bring.
+    Per token, as in decoupled PPO and V-trace (each action's term of the objective is corrected by
+    that action's ratio): the product over a whole response would collapse with its length (40 tokens
+    at a per-token log-ratio of -0.1 already give e^-4), so a learner one version behind would keep
+    a few short responses and drop the rest. The log-ratio is truncated before it is exponentiated,
+    so the weight can neither overflow nor underflow to NaN (R13); masked positions weigh 1.
     """
     if truncation <= 0:
         raise ValueError("truncation must be > 0")
-    log_rho = torch.where(mask, target_logprobs - behaviour_logprobs, 0.0).sum(-1)  # (B,)
+    log_rho = torch.where(mask, target_logprobs - behaviour_logprobs, 0.0)  # (B, T)
     return torch.exp(log_rho.clamp(max=math.log(truncation)))
 
 
@@ -369,12 +370,13 @@ def ppo_update(
     if config.norm_adv:
         advantages = masked_whiten(advantages, mask)
 
-    # 3. Stale samples: weight by min(c̄, π_old/π_behaviour) (decoupled PPO); on-policy rows weigh 1.
-    weights = torch.ones(n_rows, device=device)  # (B,)
+    # 3. Stale samples: each token weighted by min(c̄, π_old/π_behaviour) (decoupled PPO); on-policy rows weigh 1.
+    weights = torch.ones_like(old.logprobs)  # (B, T-1)
     if batch.behaviour_logprobs is not None:
         stale_weights = truncated_importance_weights(old.logprobs, batch.behaviour_logprobs, mask, config.is_truncation)
-        stale = torch.ones_like(weights, dtype=torch.bool) if batch.off_policy is None else batch.off_policy.bool()
-        weights = torch.where(stale, stale_weights, weights)
+        stale = (torch.ones(n_rows, dtype=torch.bool, device=device) if batch.off_policy is None
+                 else batch.off_policy.bool())  # (B,)
+        weights = torch.where(stale[:, None], stale_weights, weights)
 
     # 4. ε for this update, from the batch KL to the reference (k3, per response token).
     batch_kl = masked_mean(approx_kl_k3(ref_logprobs - old.logprobs), mask).item()
@@ -393,7 +395,7 @@ def ppo_update(
             new = policy(batch.input_ids[rows], batch.attention_mask[rows])  # (b, T-1) each
             logratio, ratio = log_ratio(new.logprobs, old.logprobs[rows])
 
-            pg_loss = clipped_policy_loss(ratio, advantages[rows], clip_eps) * weights[rows, None]
+            pg_loss = clipped_policy_loss(ratio, advantages[rows], clip_eps) * weights[rows]
             policy_loss = masked_mean(pg_loss, m)
             v_clip = config.vf_clip_coef if config.clip_vloss else None
             value_loss = masked_mean(clipped_value_loss(new.values, old.values[rows], returns[rows], v_clip), m)
@@ -427,7 +429,8 @@ def ppo_update(
     values_m, returns_m = old.values[mask], returns[mask]
     var_returns = returns_m.var(unbiased=False).item() if returns_m.numel() > 1 else 0.0
     explained = 1.0 - (returns_m - values_m).var(unbiased=False).item() / var_returns if var_returns > 0 else 0.0
-    ess = (weights.sum() ** 2 / (weights**2).sum().clamp(min=1e-12)).item() / n_rows
+    token_weights = weights[mask]  # Kish effective sample size over the response tokens
+    ess = (token_weights.sum() ** 2 / (token_weights**2).sum().clamp(min=1e-12)).item() / token_weights.numel()
     metrics.update(
         {
             "losses/explained_variance": explained,
@@ -435,7 +438,7 @@ def ppo_update(
             "charts/kl_coef": kl_coef,
             "charts/mean_reward": batch.scores.float().mean().item(),
             "charts/kl": batch_kl,
-            "charts/importance_weight": weights.mean().item(),
+            "charts/importance_weight": token_weights.mean().item(),
             "charts/effective_sample_fraction": ess,
             "charts/response_tokens": float(mask.sum().item()),
             "charts/minibatch_steps": float(steps),

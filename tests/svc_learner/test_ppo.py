@@ -156,21 +156,33 @@ def test_approx_kl_k3() -> None:
     assert (approx_kl_k3(logratio) > 0).all()
 
 
-def test_truncated_importance_weights_in_log_space() -> None:
+def test_truncated_importance_weights_per_token_in_log_space() -> None:
     behaviour = torch.full((4, 4), -1000.0)  # (B, T) log-probs far below float32's range as probabilities
     diffs = torch.tensor([
-        [-0.5, -0.25, 0.1, 0.0],  # π_target / π_behaviour = e^-0.65 for the sequence
-        [1.0, 1.0, 0.0, 0.0],  # e^2 > 1: truncated to 1
-        [-50.0, -50.0, -50.0, -50.0],  # e^-200: a far-stale sample weighs nothing (and is not NaN)
-        [0.3, 0.0, float("nan"), float("inf")],  # NaN/inf on masked positions are ignored
+        [-0.5, -0.25, 0.1, 0.0],  # each token's own ratio; the 0.1 one is truncated to 1
+        [1.0, 1.0, 0.0, 0.0],  # e^1 > 1: truncated to 1
+        [-50.0, -50.0, -50.0, -50.0],  # e^-50: a token the target policy all but rules out weighs ~0, not NaN
+        [0.3, 0.0, float("nan"), float("inf")],  # NaN/inf on masked positions are ignored (weight 1)
     ])  # fmt: skip
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
     weights = truncated_importance_weights(behaviour + diffs, behaviour, mask, truncation=1.0)
-    # float32 resolves log-probs near -1000 to ~6e-5, hence the tolerance (the weight is still exact to 1e-4).
-    torch.testing.assert_close(weights, torch.tensor([math.exp(-0.65), 1.0, 0.0, 1.0]), rtol=1e-4, atol=1e-6)
+    # float32 resolves log-probs near -1000 to ~6e-5, hence the tolerance.
+    expected = torch.tensor([
+        [math.exp(-0.5), math.exp(-0.25), 1.0, 1.0],
+        [1.0, 1.0, 1.0, 1.0],
+        [math.exp(-50.0)] * 4,
+        [1.0, 1.0, 1.0, 1.0],
+    ])  # fmt: skip
+    torch.testing.assert_close(weights, expected, rtol=1e-3, atol=1e-6)
+    assert torch.isfinite(weights).all()
+    # A long response is not punished for its length: 40 tokens at a log-ratio of -0.1 each keep
+    # weight e^-0.1 per token (the product over the response would be e^-4 = 0.018).
+    long_weights = truncated_importance_weights(torch.full((1, 40), -2.1), torch.full((1, 40), -2.0),
+                                                torch.ones(1, 40, dtype=torch.bool))
+    torch.testing.assert_close(long_weights, torch.full((1, 40), math.exp(-0.1)))
     wider = truncated_importance_weights(behaviour + diffs, behaviour, mask, truncation=2.0)
-    assert wider[1].item() == pytest.approx(2.0)
-    assert wider[0].item() == pytest.approx(math.exp(-0.65), rel=1e-4)
+    assert wider[1, 0].item() == pytest.approx(2.0)
+    assert wider[0, 2].item() == pytest.approx(math.exp(0.1), rel=1e-3)
 
 
 def test_masked_mean_and_whiten_ignore_padding() -> None:
