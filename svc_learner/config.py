@@ -49,7 +49,11 @@ class LearnerSettings(StrataSettings):
 
     # Loss weights and optimisation.
     ent_coef: float = Field(0.0, ge=0.0, description="entropy bonus weight (0: the KL penalty already regularises)")
-    vf_coef: float = Field(0.1, ge=0.0, description="value loss weight (TRL's 0.1: the value head shares the trunk)")
+    vf_coef: float = Field(0.1, ge=0.0, description="value loss weight (TRL's 0.1)")
+    value_trunk_grad: bool = Field(
+        False, description="let the value loss train the LM trunk the value head shares (TRL); off: the head "
+        "reads detached features and cannot move the policy (a fresh head's large early errors otherwise "
+        "drive the LM away from the reference)")
     max_grad_norm: float = Field(1.0, gt=0.0, description="global gradient-norm clip per minibatch step")
     learning_rate: float = Field(1e-5, gt=0.0, description="Adam learning rate (tiny CPU models want ~1e-4..1e-3)")
     adam_eps: float = Field(1e-5, gt=0.0, description="Adam ε (CleanRL uses 1e-5 rather than torch's 1e-8)")

@@ -174,6 +174,7 @@ class LearnerEngine:
     ) -> None:
         self.settings = settings
         self.policy = policy.eval()  # dropout stays off in the learner (ratios start at exactly 1)
+        self.policy.value_trunk_grad = settings.value_trunk_grad
         self.reference = reference
         self.tokenizer = tokenizer
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
@@ -333,6 +334,7 @@ class LearnerEngine:
             samples, next_offsets = taken
             batch, off_policy = self._collate(samples)
             started = time.perf_counter()
+            self.policy.start_value_at(batch.scores.float().mean().item())
             metrics = ppo_update(self.policy, self.reference, self.optimizer, batch, self.ppo_config, self.step)
             elapsed = time.perf_counter() - started
             tokens = int(batch.attention_mask.sum().item())

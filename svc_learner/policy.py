@@ -39,9 +39,13 @@ SINGLE_FILE_SHARD_SIZE = "1000GB"
 class PolicyWithValueHead(torch.nn.Module):
     """A causal LM (``lm``) with a linear value head (``value_head``: hidden -> 1, kept in float32)."""
 
-    def __init__(self, lm: PreTrainedModel, value_head: torch.nn.Linear | None = None) -> None:
+    def __init__(self, lm: PreTrainedModel, value_head: torch.nn.Linear | None = None,
+                 value_trunk_grad: bool = False) -> None:
         super().__init__()
         self.lm = lm
+        # False: the value head reads the LM's last hidden state detached, so the value loss trains the
+        # head only and can never move the policy (see LearnerSettings.value_trunk_grad).
+        self.value_trunk_grad = value_trunk_grad
         hidden = lm.config.get_text_config().hidden_size
         if value_head is None:
             # Zero init: V = 0 everywhere at first, so the first advantages are plain returns and the
@@ -52,6 +56,19 @@ class PolicyWithValueHead(torch.nn.Module):
         self.value_head = value_head.to(device=self.device, dtype=torch.float32)
         # Some older architectures take no position_ids; they get right padding only.
         self._takes_position_ids = "position_ids" in inspect.signature(lm.forward).parameters
+
+    def start_value_at(self, mean_return: float) -> bool:
+        """Give a fresh (all-zero) value head the bias ``mean_return``; a trained head is left alone.
+
+        Rewards are 0-5 and the value loss is clipped per update (``vf_clip_coef``), so a head starting
+        at 0 would need a dozen updates to reach the reward scale, giving noise for advantages until
+        then. Starting at the first batch's mean return makes it a batch baseline from update one.
+        """
+        with torch.no_grad():
+            if self.value_head.weight.any() or self.value_head.bias.any():
+                return False
+            self.value_head.bias.fill_(mean_return)
+        return True
 
     @property
     def device(self) -> torch.device:
@@ -67,6 +84,8 @@ class PolicyWithValueHead(torch.nn.Module):
         )
         logits = out.logits[:, :-1]  # (B, T-1, V): position j predicts token j + 1
         hidden = out.hidden_states[-1][:, :-1]  # (B, T-1, H)
+        if not self.value_trunk_grad:
+            hidden = hidden.detach()
         return PolicyOutput(
             logprobs=logprobs_from_logits(logits, input_ids[:, 1:]),  # (B, T-1)
             entropy=entropy_from_logits(logits),  # (B, T-1)

@@ -49,6 +49,28 @@ def test_gradients_reach_the_lm_and_the_value_head(tiny_policy: PolicyWithValueH
     assert tiny_policy.lm.transformer.wte.weight.grad.abs().sum() > 0
 
 
+def test_the_value_loss_trains_the_trunk_only_when_asked(tiny_policy: PolicyWithValueHead) -> None:
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        tiny_policy.value_head.weight.fill_(0.1)  # a fresh (zero) head passes no gradient back either way
+    for trunk_grad in (False, True):
+        tiny_policy.zero_grad(set_to_none=True)
+        tiny_policy.value_trunk_grad = trunk_grad
+        out = tiny_policy(ids, torch.ones_like(ids))
+        (out.values - 1.0).pow(2).sum().backward()  # the value loss alone
+        assert tiny_policy.value_head.bias.grad is not None and tiny_policy.value_head.bias.grad.abs().sum() > 0
+        trunk = tiny_policy.lm.transformer.h[0].mlp.c_fc.weight.grad
+        assert (trunk is not None and bool(trunk.abs().sum() > 0)) == trunk_grad
+
+
+def test_a_fresh_value_head_starts_at_the_mean_return(tiny_policy: PolicyWithValueHead) -> None:
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert tiny_policy.start_value_at(3.5)
+    torch.testing.assert_close(tiny_policy(ids, torch.ones_like(ids)).values, torch.full((1, 3), 3.5))
+    assert not tiny_policy.start_value_at(1.0)  # no longer fresh: a trained (or restored) head is kept
+    assert tiny_policy.value_head.bias.item() == 3.5
+
+
 def test_reference_copy_is_frozen_and_independent(tiny_policy: PolicyWithValueHead) -> None:
     ref = tiny_policy.reference_copy()
     assert not any(p.requires_grad for p in ref.parameters())
