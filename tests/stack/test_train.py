@@ -7,9 +7,9 @@ prompts the light-RM reward rises measurably while the oracle score does not fal
 error (each held-out prompt is sampled with the same seed before and after). Measured on the ci zoo
 over 8 updates, three runs: reward +0.30 / +0.34 / +0.32 (SE 0.105), oracle +0.04 / -0.04 / -0.02
 (SE ~0.08). Before the learner's fixes of this test's commit (per-token importance weights, a value
-head that cannot move the policy and starts at the mean return) the same run gave reward +0.02 and
-oracle -0.6: see docs/learner.md. A learner restart resuming from its checkpoint is tested in
-tests/svc_learner.
+head that cannot move the policy and starts at the mean return) the same run gave reward -0.06 to
++0.02 and oracle -0.16 to -0.71 (four runs): see docs/learner.md. A learner restart resuming from
+its checkpoint is tested in tests/svc_learner.
 """
 
 from __future__ import annotations
