@@ -59,11 +59,28 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, ensure_ascii=False)
 
 
+class CurrentStderrHandler(logging.StreamHandler):
+    """A stream handler on whatever ``sys.stderr`` is when a record is emitted, not when the handler
+    was made (as ``logging.lastResort`` does): a test runner swaps stderr per test and closes the old
+    one, and service threads that log after that would otherwise hit "I/O operation on closed file"."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__/setStream assign it; always follow sys.stderr
+        pass
+
+
 def setup_logging(level: str | int = "INFO", json_lines: bool = False, debug_rollout: bool = False) -> None:
     """Configure the root logger once, in a process's ``main()``."""
     global _debug_rollout
     _debug_rollout = debug_rollout
-    handler = logging.StreamHandler(sys.stderr)
+    handler = CurrentStderrHandler()
     handler.addFilter(_DebugRolloutFilter())
     handler.setFormatter(
         JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")

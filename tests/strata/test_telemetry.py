@@ -1,4 +1,6 @@
+import io
 import logging
+import sys
 
 import pytest
 
@@ -39,3 +41,23 @@ def test_text_reaches_logs_only_at_debug_in_debug_rollout_mode(
         root.setLevel(saved_level)
     assert "reward=3.50" in err
     assert (PROMPT in err) is shows_text
+
+
+def test_logging_follows_sys_stderr_after_it_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handler set up while one stderr was current keeps working after that stream is closed and
+    replaced (pytest does this per test; service threads log across tests)."""
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    first, second = io.StringIO(), io.StringIO()
+    try:
+        monkeypatch.setattr(sys, "stderr", first)
+        setup_logging("INFO")
+        logging.getLogger("strata.test").info("one")
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        monkeypatch.setattr(logging, "raiseExceptions", True)  # a write to a closed stream would be reported
+        logging.getLogger("strata.test").info("two")
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+    assert second.getvalue().rstrip().endswith("strata.test: two") and "one" not in second.getvalue()
