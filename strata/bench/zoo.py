@@ -6,7 +6,9 @@ oracle score of Level-1 and Level-2 responses to the same prompts (each told the
 its direction, sampled at temperature 0.7, top_p 0.9), and the Spearman correlation of the strong
 and light RMs with the oracle on eval (prompt, response) pairs made like the RMs' training pairs
 (reference and degraded answers; the headline figure), on the Level-1/Level-2 samples alone, and on
-both. Last line: ``zoo l2_over_l1_oracle=<ratio> ...``.
+both; and each RM's prompt match: how often a reference answer scores higher under its own prompt
+than under another eval prompt (the oracle always does; an RM that judges the answer alone, ~0.5).
+Last line: ``zoo l2_over_l1_oracle=<ratio> ...``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from strata.cli.models_cmd import add_zoo_arguments
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import LoadedModel, load_causal_lm, load_reward_model
 from strata.models.reward import score_responses
-from strata.zoo.corpus import rm_pairs
+from strata.zoo.corpus import prompt_swaps, rm_pairs
 from strata.zoo.oracle import oracle_score
 from strata.zoo.suite import PromptRecord, load_suite
 from strata.zoo.template import format_probe_query, format_rm_input
@@ -95,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     eval_responses = [p.response for p in pairs] + responses["level1"] + responses["level2"]
     truth = [oracle_score(p.record, p.response) for p in pairs] + oracle["level1"] + oracle["level2"]
     n_synthetic = len(pairs)
+    # Prompt match: each prompt's reference answer scored under the prompt and under another one.
+    swaps = prompt_swaps(records, args.seed, load_suite("eval"))
+    rm_match: dict[str, float] = {}
     rm_spearman: dict[str, dict[str, float]] = {}
     for role, path in (("rm_strong", paths.rm_strong), ("rm_light", paths.rm_light)):
         rm = load_reward_model(path, device="cpu")
@@ -104,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
         texts = [format_rm_input(p, r) for p, r in zip(eval_prompts, eval_responses, strict=True)]
         n_input = sum(len(ids) for ids in rm.tokenizer(texts, truncation=True)["input_ids"])  # what the RM read
         rows.append((role, rm.n_params, n_input / elapsed, "score tok/s"))
+        own = score_responses(rm, [s.record.text for s in swaps], [s.response for s in swaps], args.batch_size)
+        other = score_responses(rm, [s.other.text for s in swaps], [s.response for s in swaps], args.batch_size)
+        rm_match[role] = sum(a > b for a, b in zip(own, other, strict=True)) / len(swaps)
         rm_spearman[role] = {
             "pairs": float(spearmanr(rewards[:n_synthetic], truth[:n_synthetic]).statistic),
             "samples": float(spearmanr(rewards[n_synthetic:], truth[n_synthetic:]).statistic),
@@ -121,9 +129,13 @@ def run(args: argparse.Namespace) -> int:
         n_samples = len(truth) - n_synthetic
         print(f"{role} Spearman vs oracle: {rho['pairs']:.3f} on {n_synthetic} eval pairs (reference and degraded "
               f"answers), {rho['samples']:.3f} on {n_samples} Level-1/2 samples, {rho['all']:.3f} on both")
+    for role, match in rm_match.items():
+        print(f"{role} prompt match: {match:.3f} of {len(swaps)} reference answers score higher under their own "
+              "prompt than under another one (oracle: 1.000; an RM blind to the prompt: ~0.5)")
     print(
         f"zoo l2_over_l1_oracle={ratio:.3f} level1_oracle={mean_l1:.3f} level2_oracle={mean_l2:.3f} "
         f"rm_strong_spearman={rm_spearman['rm_strong']['pairs']:.3f} "
-        f"rm_light_spearman={rm_spearman['rm_light']['pairs']:.3f}"
+        f"rm_light_spearman={rm_spearman['rm_light']['pairs']:.3f} "
+        f"rm_strong_match={rm_match['rm_strong']:.3f}"
     )
     return 0

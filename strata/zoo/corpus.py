@@ -337,3 +337,43 @@ def rm_groups(records: Sequence[PromptRecord], group_size: int, seed: int) -> li
             group.append(RmPair(record, response, "+".join(kinds)))
         groups.append(group)
     return groups
+
+
+@dataclass(frozen=True)
+class PromptSwap:
+    """A reference answer to ``record`` and ``other``, a prompt it does not answer as well."""
+
+    record: PromptRecord
+    response: str
+    other: PromptRecord
+    kind: str  # "swap_intent": same subject, another intent; "swap_subject": same intent, another subject
+
+
+def prompt_swaps(records: Sequence[PromptRecord], seed: int,
+                 others: Sequence[PromptRecord] | None = None) -> list[PromptSwap]:
+    """For each record: its reference answer and another prompt from ``others`` (default
+    ``records``), alternately on the same subject with another intent and with the same intent on
+    another subject (the other kind when a record has no prompt of the first; none: left out).
+
+    Scoring the answer under both prompts tests whether an RM compares the answer with the prompt
+    (the oracle's intent and topic terms) rather than judging the answer alone: a good RM scores it
+    higher under its own prompt.
+    """
+    rng = random.Random(seed)
+    by_subject: dict[str, list[PromptRecord]] = {}
+    by_intent: dict[str, list[PromptRecord]] = {}
+    for record in records if others is None else others:
+        by_subject.setdefault(record.subject, []).append(record)
+        by_intent.setdefault(record.intent, []).append(record)
+    swaps = []
+    for i, record in enumerate(records):
+        candidates = {
+            "swap_intent": [r for r in by_subject.get(record.subject, ()) if r.intent != record.intent],
+            "swap_subject": [r for r in by_intent.get(record.intent, ()) if r.subject != record.subject],
+        }
+        order = ("swap_intent", "swap_subject") if i % 2 == 0 else ("swap_subject", "swap_intent")
+        kind = next((k for k in order if candidates[k]), None)
+        response = reference_response(record, rng)
+        if kind is not None:
+            swaps.append(PromptSwap(record, response, rng.choice(candidates[kind]), kind))
+    return swaps

@@ -13,6 +13,7 @@ from strata.zoo.corpus import (
     degrade,
     lm_texts,
     probe_texts,
+    prompt_swaps,
     reference_response,
     rm_groups,
     rm_pairs,
@@ -74,6 +75,21 @@ def test_rm_groups_contrast_a_reference_with_its_own_degradations() -> None:
     assert better / (3 * len(groups)) > 0.9  # a degradation almost always costs score
     with pytest.raises(ValueError, match="at least 2"):
         rm_groups(records, 1, seed=0)
+
+
+def test_prompt_swaps_pair_a_reference_with_a_prompt_it_answers_worse() -> None:
+    records, pool = load_suite("eval")[:120], load_suite("eval")
+    swaps = prompt_swaps(records, seed=0, others=pool)
+    assert swaps == prompt_swaps(records, seed=0, others=pool)
+    assert len(swaps) == len(records) and {s.kind for s in swaps} == {"swap_intent", "swap_subject"}
+    for swap in swaps:
+        record, other = swap.record, swap.other
+        if swap.kind == "swap_intent":
+            assert other.subject == record.subject and other.intent != record.intent
+        else:
+            assert other.intent == record.intent and other.subject != record.subject
+        # The oracle compares answer and prompt: the answer is always worth less under the other one.
+        assert oracle_score(record, swap.response) > oracle_score(other, swap.response)
 
 
 def test_pairwise_loss_prefers_the_better_answer_and_ignores_ties() -> None:
