@@ -79,10 +79,14 @@ def start_service(parts: ServiceParts, stop: threading.Event | None = None) -> R
 
         return body
 
+    # Daemon threads: stop_service joins them on every orderly shutdown; a service someone forgot to
+    # stop (a test whose setup failed half-way) must not keep its process alive forever.
     threads = [
-        threading.Thread(target=guarded(worker.run, f"worker {worker.group_id}"), name=f"worker-{worker.group_id}")
+        threading.Thread(target=guarded(worker.run, f"worker {worker.group_id}"), name=f"worker-{worker.group_id}",
+                         daemon=True)
         for worker in parts.workers
-    ] + [threading.Thread(target=guarded(loop, f"loop {i}"), name=f"loop-{i}") for i, loop in enumerate(parts.loops)]
+    ] + [threading.Thread(target=guarded(loop, f"loop {i}"), name=f"loop-{i}", daemon=True)
+         for i, loop in enumerate(parts.loops)]
     for thread in threads:
         thread.start()
     return RunningService(server, threads, stop, failures)

@@ -18,7 +18,8 @@ class GeneratorSettings(StrataSettings):
     backend: Literal["hf", "vllm"] = Field("hf", description="hf (transformers, CPU or GPU) or vllm (GPU)")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
-    grpc_port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 = 50053 for tier 1, 50054 for tier 2")
+    grpc_port: int | None = Field(
+        None, ge=0, le=65535, description="gRPC port; unset = 50053 for tier 1, 50054 for tier 2; 0 = any free port")
 
     # Dynamic batching (R15): requests that arrive together are generated in one batch.
     max_batch_size: int = Field(16, ge=1, description="most sequences per generate call")
@@ -48,7 +49,10 @@ class GeneratorSettings(StrataSettings):
 
     @property
     def resolved_grpc_port(self) -> int:
-        return self.grpc_port or (50053 if self.tier == 1 else 50054)
+        # 0 means a free port, as for every other service (tests run two tiers side by side).
+        if self.grpc_port is not None:
+            return self.grpc_port
+        return 50053 if self.tier == 1 else 50054
 
     @property
     def follows_policy(self) -> bool:

@@ -16,7 +16,7 @@ from stackutil import Tail, spawn, submit
 
 from strata.bus import topics
 from strata.config import StrataSettings
-from strata.service import ServiceParts, start_service, stop_service
+from strata.service import RunningService, ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2, events_pb2
 from strata.zoo.suite import load_suite
 
@@ -49,10 +49,14 @@ def stack(infra: StrataSettings, zoo) -> Iterator[dict]:
         build_reward(RewardSettings(**service_settings(infra, light_rm=str(zoo.light_rm),
                                                        strong_rm=str(zoo.strong_rm), grpc_port=0))),
     ]
-    running = [start_service(p) for p in parts]
-    yield {"parts": parts, "running": running}
-    for p, r in zip(parts, running, strict=True):
-        stop_service(p, r, grace_s=0)
+    running: list[RunningService] = []
+    try:  # a service that fails to start must not leave the others consuming (later tests would see them)
+        for p in parts:
+            running.append(start_service(p))
+        yield {"parts": parts, "running": running}
+    finally:
+        for p, r in zip(parts, running, strict=False):
+            stop_service(p, r, grace_s=0)
 
 
 def finals_by_request(events: list[events_pb2.RewardScored], requests: dict[str, str]) -> dict[str, list]:

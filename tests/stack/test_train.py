@@ -25,7 +25,7 @@ from stackutil import Tail, submit
 from strata.bus import topics
 from strata.bus.admin import start_group_at_end
 from strata.config import StrataSettings
-from strata.service import ServiceParts, start_service, stop_service
+from strata.service import RunningService, ServiceParts, start_service, stop_service
 from strata.train import Addresses, TrainOptions, TrainSummary, train
 from strata.v1 import common_pb2
 
@@ -74,12 +74,16 @@ def loop(infra: StrataSettings, zoo, tmp_path_factory: pytest.TempPathFactory) -
                                                                  strong_rm=str(zoo.strong_rm)))),
         "learner": build_learner(learner),
     }
-    running = {name: start_service(parts) for name, parts in named.items()}
-    addresses = Addresses(**{name: f"127.0.0.1:{running[name].port}"
-                             for name in ("scheduler", "probe", "generator", "learner", "reward")})
-    yield {"addresses": addresses, "report_dir": tmp_path_factory.mktemp("reports")}
-    for name, parts in named.items():
-        stop_service(parts, running[name], grace_s=0)
+    running: dict[str, RunningService] = {}
+    try:  # a service that fails to start must not leave the others consuming (later tests would see them)
+        for name, parts in named.items():
+            running[name] = start_service(parts)
+        addresses = Addresses(**{name: f"127.0.0.1:{running[name].port}"
+                                 for name in ("scheduler", "probe", "generator", "learner", "reward")})
+        yield {"addresses": addresses, "report_dir": tmp_path_factory.mktemp("reports")}
+    finally:
+        for name, service in running.items():
+            stop_service(named[name], service, grace_s=0)
 
 
 @pytest.fixture(scope="module")
