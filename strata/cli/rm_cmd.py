@@ -207,17 +207,6 @@ def eval_sets(seed: int = EVAL_SEED) -> dict[str, tuple[list[str], list[str], li
     return sets
 
 
-def _save_tokenizer(tokenizer: Any, out: Path, max_length: int) -> None:
-    """Save ``tokenizer`` with ``model_max_length`` set to what the RM was trained to read (serving
-    truncates to it), leaving the caller's tokenizer object as it was."""
-    saved = tokenizer.model_max_length
-    tokenizer.model_max_length = max_length
-    try:
-        tokenizer.save_pretrained(out)
-    finally:
-        tokenizer.model_max_length = saved
-
-
 def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_length: int, desc: str,
                  cache_dir: Path | None = None, batch_size: int = 32) -> Any:
     """RM logits (N, bins) for the pairs, in length order with a progress bar; cached on disk by
@@ -346,7 +335,7 @@ def _train_strong(args: argparse.Namespace) -> int:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
-    from strata.models.reward import expected_reward
+    from strata.models.reward import expected_reward, save_rm_tokenizer
     from strata.zoo.build import ZooConfig, groups_of
     from strata.zoo.template import format_rm_input
     from strata.zoo.train import TrainConfig, train_reward_model
@@ -388,7 +377,7 @@ def _train_strong(args: argparse.Namespace) -> int:
     model.config.problem_type = "single_label_classification"
     staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
     model.save_pretrained(staging)
-    _save_tokenizer(tokenizer, staging, args.max_length)
+    save_rm_tokenizer(tokenizer, staging, args.max_length)
     strong = load_reward_model(staging, device=args.device)
     metrics: dict[str, float] = {}
     for split, (prompts, responses, oracle) in eval_sets().items():
@@ -472,7 +461,7 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     from tqdm import tqdm
 
     from strata.models.loading import ModelLoadError, load_reward_model
-    from strata.models.reward import expected_reward
+    from strata.models.reward import expected_reward, save_rm_tokenizer
     from strata.zoo.template import format_rm_input
     from strata.zoo.train import ModelShape, new_reward_model
     from svc_reward.augment import augment_responses
@@ -547,7 +536,7 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
         out = staging if options.members == 1 else staging / f"member-{member}"
         model.config.problem_type = "single_label_classification"
         model.save_pretrained(out)
-        _save_tokenizer(strong.tokenizer, out, options.max_length)
+        save_rm_tokenizer(strong.tokenizer, out, options.max_length)
         members.append(out)
 
     # 5. Evaluation on held-out prompts: light vs strong and vs the oracle, eval and fresh splits.

@@ -9,6 +9,8 @@ what a light RM is distilled onto (KL between strong and light logits, R6). A us
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,6 +48,17 @@ def two_hot(scores: torch.Tensor, n_bins: int, max_score: float = MAX_SCORE) -> 
     target.scatter_(1, lower[:, None], (1.0 - upper_weight)[:, None])
     target.scatter_add_(1, (lower + 1)[:, None], upper_weight[:, None])
     return target
+
+
+def save_rm_tokenizer(tokenizer: Any, out: str | Path, max_length: int) -> None:
+    """Save an RM's tokenizer with ``model_max_length = max_length``, the tokens the RM was trained
+    to read (``reward_logits`` never reads more), leaving the caller's tokenizer object as it was."""
+    saved = tokenizer.model_max_length
+    tokenizer.model_max_length = max_length
+    try:
+        tokenizer.save_pretrained(out)
+    finally:
+        tokenizer.model_max_length = saved
 
 
 @torch.no_grad()

@@ -33,6 +33,7 @@ from transformers import AutoTokenizer, GPT2ForSequenceClassification, GPT2LMHea
 from strata.config import StrataSettings
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import ZOO_INFO_FILE, load_causal_lm
+from strata.models.reward import save_rm_tokenizer
 from strata.zoo import corpus
 from strata.zoo.oracle import oracle_score
 from strata.zoo.suite import PromptRecord, load_suite
@@ -286,9 +287,10 @@ class ZooBuilder:
                  model_max_length: int | None = None) -> int:
         model.save_pretrained(out)
         tokenizer = self._load_tokenizer()
-        if model_max_length is not None:
-            tokenizer.model_max_length = model_max_length  # what the model was trained to read
-        tokenizer.save_pretrained(out)
+        if model_max_length is None:
+            tokenizer.save_pretrained(out)
+        else:
+            save_rm_tokenizer(tokenizer, out, model_max_length)  # what the RM was trained to read
         return sum(p.numel() for p in model.parameters())
 
     def _probe(self, out: Path) -> dict[str, Any]:
