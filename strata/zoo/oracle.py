@@ -104,6 +104,8 @@ _PATTERNS: dict[str, re.Pattern[str]] = {}
 
 def _count(phrase: str, text: str) -> int:
     """Occurrences of ``phrase`` in lowercased ``text`` (cached compiled patterns; still pure)."""
+    if phrase.lower() not in text:
+        return 0  # the cheap test first: most phrases are absent from most texts
     pattern = _PATTERNS.get(phrase)
     if pattern is None:
         pattern = _PATTERNS[phrase] = _pattern(phrase)
