@@ -35,13 +35,10 @@ from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import ZOO_INFO_FILE, load_causal_lm
 from strata.models.reward import save_rm_tokenizer
 from strata.zoo import corpus
-from strata.zoo.directions import DIRECTION_NAMES
-from strata.zoo.lexicon import TOPICS
-from strata.zoo.oracle import SUBJECT_NAMES, answer_features, oracle_score
+from strata.zoo.oracle import oracle_score
 from strata.zoo.suite import PromptRecord, load_suite
 from strata.zoo.template import format_rm_input
 from strata.zoo.train import (
-    FeatureLabels,
     ModelShape,
     TrainConfig,
     new_causal_lm,
@@ -90,9 +87,6 @@ class ZooConfig:
     rm_group_size: int = 4  # per train prompt: a reference and this many minus one degradations of it
     rm_model_samples: int = 96  # responses sampled from each of Level-1 and Level-2 for RM data
     rm_pairwise_weight: float = 1.0  # weight of the in-group ranking loss (0: scores only)
-    # Weight of the feature heads (prompt intent/subject, answer intent/subject; 0: none): without
-    # them the RMs never learn to compare an answer with its prompt (train_reward_model explains).
-    rm_feature_weight: float = 0.3
     rm_n_bins: int = 11  # RM logits over 0, 0.5, ..., 5; reward = expected value
     rm_max_length: int = 128  # RM input tokens, saved as the tokenizer's model_max_length (serving truncates alike)
     rm_strong_init: str = "level2"  # RM backbone initialised from this LM ("" = from scratch); the best LM reads best
@@ -354,14 +348,12 @@ class ZooBuilder:
         texts = [format_rm_input(row["prompt"], row["response"]) for row in rows]
         scores = [row["score"] for row in rows]
         loss = train_reward_model(model, tokenizer, texts, scores, self.cfg.rm_max_length, train, self.cfg.seed, role,
-                                  groups=groups_of(rows), pairwise_weight=self.cfg.rm_pairwise_weight,
-                                  features=rm_features(rows), feature_weight=self.cfg.rm_feature_weight)
+                                  groups=groups_of(rows), pairwise_weight=self.cfg.rm_pairwise_weight)
         model.config.problem_type = "single_label_classification"
         return {"n_params": self._save_lm(model, out, self.cfg.rm_max_length), "final_loss": loss,
                 "n_bins": self.cfg.rm_n_bins, "max_length": self.cfg.rm_max_length,
                 "init": init or "scratch", "reward": "expected value over bins 0..5",
-                "loss": f"two-hot cross-entropy + {self.cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"
-                        f" + {self.cfg.rm_feature_weight:g} x feature heads"}
+                "loss": f"two-hot cross-entropy + {self.cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"}
 
 
 def groups_of(rows: list[dict[str, Any]]) -> list[list[int]]:
@@ -370,30 +362,6 @@ def groups_of(rows: list[dict[str, Any]]) -> list[list[int]]:
     for i, row in enumerate(rows):
         groups.setdefault(row.get("group", f"row-{i}"), []).append(i)
     return list(groups.values())
-
-
-def rm_features(rows: list[dict[str, Any]]) -> dict[str, FeatureLabels]:
-    """The feature heads' labels for RM data rows: the prompt's intent, topic and subject (from the
-    suite; -1 for a prompt not in it) and the answer's own (``oracle.answer_features``; -1 when
-    unclear). Topics (8) are learned long before subjects (80) and already tell an off-topic answer."""
-    records = {record.id: record for record in load_suite()}
-    intents = {name: i for i, name in enumerate(DIRECTION_NAMES)}
-    subjects = {name: i for i, name in enumerate(SUBJECT_NAMES)}
-    topics = {topic.name: i for i, topic in enumerate(TOPICS)}
-    topic_of = {subject.name: topic.name for topic in TOPICS for subject in topic.subjects}
-    labels: dict[str, list[int]] = {f"{side}_{what}": [] for side in ("prompt", "answer")
-                                    for what in ("intent", "topic", "subject")}
-    for row in rows:
-        record = records.get(row.get("prompt_id", ""))
-        answer_intent, answer_subject = answer_features(row["response"])
-        labels["prompt_intent"].append(intents[record.intent] if record else -1)
-        labels["prompt_topic"].append(topics[record.topic] if record else -1)
-        labels["prompt_subject"].append(subjects[record.subject] if record else -1)
-        labels["answer_intent"].append(intents[answer_intent] if answer_intent else -1)
-        labels["answer_topic"].append(topics[topic_of[answer_subject]] if answer_subject else -1)
-        labels["answer_subject"].append(subjects[answer_subject] if answer_subject else -1)
-    n_classes = {"intent": len(intents), "topic": len(topics), "subject": len(subjects)}
-    return {name: FeatureLabels(values, n_classes[name.split("_")[1]]) for name, values in labels.items()}
 
 
 def _pair_row(record: PromptRecord, response: str, kind: str, group: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import itertools
 import logging
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +22,7 @@ from transformers import (
     GPT2Config,
     GPT2ForSequenceClassification,
     GPT2LMHeadModel,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
 )
 
@@ -38,14 +39,6 @@ class ModelShape:
     n_embd: int
     n_layer: int
     n_head: int
-
-
-@dataclass(frozen=True)
-class FeatureLabels:
-    """Per-text class labels of one auxiliary RM feature (``train_reward_model``); -1 = none."""
-
-    labels: Sequence[int]
-    n_classes: int
 
 
 @dataclass(frozen=True)
@@ -114,7 +107,7 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))  # cosine down to lr/10
 
 
-def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def _optimizer(model: PreTrainedModel, cfg: TrainConfig) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -173,8 +166,6 @@ def train_reward_model(
     groups: Sequence[Sequence[int]] | None = None,
     pairwise_weight: float = 0.0,
     pairwise_margin: float = 0.25,
-    features: Mapping[str, FeatureLabels] | None = None,
-    feature_weight: float = 0.0,
 ) -> float:
     """Cross-entropy of the RM's bin logits against two-hot targets of the oracle ``scores``, plus,
     with ``groups``, a pairwise ranking loss inside each group.
@@ -185,17 +176,6 @@ def train_reward_model(
     ``pairwise_weight`` times the Bradley-Terry loss of each group is added: comparing answers to the
     same prompt that differ in one way teaches what the score depends on far faster than scores of
     unrelated texts (on the zoo task: Spearman 0.70 -> 0.77 at about the same compute).
-
-    With ``features`` (name -> per-text class labels), a linear *feature head* per name reads the
-    same pooled state as the score head, and ``feature_weight`` times their cross-entropy is added.
-    The heads exist only during training. They are there for scores that compare two parts of the
-    input (does the answer follow the prompt's intent, is it about the prompt's subject?): such a
-    score is an interaction of a prompt feature and an answer feature, and from an untrained head
-    its gradient is the product of two near-zero terms, a saddle that the ranking loss alone does
-    not leave (the zoo's RMs stayed at chance on "which prompt does this answer fit" for 3000
-    steps). Supervising each side on its own (the prompt's intent, the answer's subject...) gives
-    both a first-order signal; once the pooled state holds both, the score learns the match (the
-    same test: 92 % in 600 steps).
     """
     n_bins = model.config.num_labels
     rng = random.Random(seed)
@@ -205,14 +185,7 @@ def train_reward_model(
     units = [[i] for i in range(len(texts))] if groups is None else [list(g) for g in groups if g]
     units.sort(key=lambda unit: max(len(encoded[i]) for i in unit))
     window = min(cfg.batch_size, len(units))
-    heads = torch.nn.ModuleDict({
-        name: torch.nn.Linear(model.config.n_embd, labels.n_classes) for name, labels in (features or {}).items()
-    })
-    for name, labels in (features or {}).items():
-        if len(labels.labels) != len(texts):
-            raise ValueError(f"feature {name!r} has {len(labels.labels)} labels for {len(texts)} texts")
-    trained = torch.nn.ModuleList([model, heads])  # the feature heads are optimised alongside, then dropped
-    optimizer = _optimizer(trained, cfg)
+    optimizer = _optimizer(model, cfg)
     model.train()
     loss_ema = float("nan")
     bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False)
@@ -227,15 +200,8 @@ def train_reward_model(
             x[j, : len(encoded[i])] = torch.tensor(encoded[i])
             mask[j, : len(encoded[i])] = 1
         target_scores = torch.tensor([scores[i] for i in rows], dtype=torch.float32)  # (B,)
-        out = model(input_ids=x, attention_mask=mask, output_hidden_states=bool(heads))
-        logits = out.logits  # (B, n_bins)
+        logits = model(input_ids=x, attention_mask=mask).logits  # (B, n_bins)
         loss = -(two_hot(target_scores, n_bins) * F.log_softmax(logits, dim=-1)).sum(-1).mean()
-        if heads and feature_weight > 0:
-            pooled = out.hidden_states[-1][torch.arange(len(rows)), mask.sum(1) - 1]  # (B, H): what the score reads
-            loss = loss + feature_weight * torch.stack([
-                _feature_loss(head(pooled), [features[name].labels[i] for i in rows])  # type: ignore[index]
-                for name, head in heads.items()
-            ]).sum()
         if groups is not None and pairwise_weight > 0:
             rewards = expected_reward(logits)  # (B,)
             bounds = [0, *itertools.accumulate(len(g) for g in chosen)]
@@ -244,22 +210,14 @@ def train_reward_model(
                 for a, b in itertools.pairwise(bounds)
             ]).mean()
             loss = loss + pairwise_weight * ranking
-        loss_ema = _step(trained, optimizer, loss, cfg, step, loss_ema)
+        loss_ema = _step(model, optimizer, loss, cfg, step, loss_ema)
         bar.set_postfix(loss=f"{loss_ema:.3f}")
     model.eval()
     logger.info("%s: %d steps, final loss %.3f", desc, cfg.steps, loss_ema)
     return loss_ema
 
 
-def _feature_loss(logits: torch.Tensor, labels: Sequence[int]) -> torch.Tensor:
-    """Cross-entropy of a feature head; label -1 (no such feature in this text) is left out."""
-    target = torch.tensor(labels, dtype=torch.long)
-    if not bool((target >= 0).any()):
-        return logits.new_zeros(())
-    return F.cross_entropy(logits, target, ignore_index=-1)
-
-
-def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor, cfg: TrainConfig, step: int,
+def _step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, loss: torch.Tensor, cfg: TrainConfig, step: int,
           loss_ema: float) -> float:
     """Optimiser step ``step`` of the schedule (warm-up, cosine; clipped gradients); returns the loss EMA."""
     for param_group in optimizer.param_groups:
