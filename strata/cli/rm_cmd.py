@@ -54,7 +54,8 @@ def register(subparsers: Any) -> None:
                              "oracle-labelled pairs)")
     strong.add_argument("--init", default=None,
                         help="checkpoint to start from: a causal LM (its transformer; the score-bin head starts "
-                             "fresh) or a sequence-classification RM (default: the zoo's rm_strong_init LM, Level-2)")
+                             "fresh) or a sequence-classification RM (default: the zoo's rm_strong_init LM, Level-2, "
+                             "read with its first rm_strong_init_layers blocks)")
     strong.add_argument("--n-bins", type=int, default=11, help="score bins on [0, 5] (reward = expected value)")
     # Unset numbers default to the zoo's own strong-RM recipe (ZooConfig.rm_strong_train, rm_max_length).
     strong.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the zoo's recipe)")
@@ -336,7 +337,7 @@ def _train_strong(args: argparse.Namespace) -> int:
 
     from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
     from strata.models.reward import expected_reward, save_rm_tokenizer
-    from strata.zoo.build import ZooConfig, groups_of
+    from strata.zoo.build import ZooConfig, groups_of, rm_init_overrides
     from strata.zoo.template import format_rm_input
     from strata.zoo.train import TrainConfig, train_reward_model
     from svc_reward.distill import rank_metrics
@@ -353,11 +354,13 @@ def _train_strong(args: argparse.Namespace) -> int:
         if getattr(args, name) is None:
             setattr(args, name, value)
     init = args.init or str(getattr(zoo, recipe.rm_strong_init or "level1"))
+    # The zoo's init LM is read with the recipe's first blocks (Level-2 before its growth); a given --init whole.
+    overrides = {} if args.init else rm_init_overrides(recipe.rm_strong_init_layers)
     try:
         init_dir = check_model_dir(init)
         tokenizer = AutoTokenizer.from_pretrained(init_dir, local_files_only=True)
         model = AutoModelForSequenceClassification.from_pretrained(
-            init_dir, num_labels=args.n_bins, ignore_mismatched_sizes=True, local_files_only=True)
+            init_dir, num_labels=args.n_bins, ignore_mismatched_sizes=True, local_files_only=True, **overrides)
     except (ModelLoadError, OSError, ValueError) as exc:
         raise CliError(f"cannot start the strong RM from {init}: {exc}") from exc
     if tokenizer.pad_token is None:

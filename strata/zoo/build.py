@@ -41,6 +41,7 @@ from strata.zoo.template import format_rm_input
 from strata.zoo.train import (
     ModelShape,
     TrainConfig,
+    deepen,
     new_causal_lm,
     new_reward_model,
     pack_texts,
@@ -63,6 +64,8 @@ LEVEL1_SHAPE = ModelShape(n_embd=256, n_layer=6, n_head=4)  # ~5M: Level-1 and t
 LEVEL1_TRAIN = TrainConfig(steps=80, batch_size=16, lr=2e-3)
 LEVEL2_SHAPE = ModelShape(n_embd=384, n_layer=6, n_head=6)  # ~12M: Level-2
 LEVEL2_TRAIN = TrainConfig(steps=160, batch_size=16, lr=1.5e-3)
+LEVEL2_GROW_LAYERS = 10  # then deepened to 16 x 384, ~29M, and trained on (``train.deepen``)
+LEVEL2_GROW_TRAIN = TrainConfig(steps=40, batch_size=16, lr=1e-3, warmup_steps=5)
 RM_STRONG_TRAIN = TrainConfig(steps=200, batch_size=4, lr=6e-4, warmup_steps=10)  # batch: prompt groups
 RM_LIGHT_TRAIN = TrainConfig(steps=300, batch_size=4, lr=1e-3, warmup_steps=10)
 
@@ -84,6 +87,11 @@ class ZooConfig:
     level1_train: TrainConfig = LEVEL1_TRAIN
     level2: ModelShape = LEVEL2_SHAPE
     level2_train: TrainConfig = LEVEL2_TRAIN
+    # Level-2 is trained at the ``level2`` shape, then grows this many identity-initialised blocks
+    # and trains on (0: no growth): a ~30M model that starts where the 12M one ended, which two CPU
+    # cores could not train from scratch in the build budget.
+    level2_grow_layers: int = LEVEL2_GROW_LAYERS
+    level2_grow_train: TrainConfig = LEVEL2_GROW_TRAIN
     rm_group_size: int = 4  # per train prompt: a reference and this many minus one degradations of it
     rm_model_samples: int = 96  # responses sampled from each of Level-1 and Level-2 for RM data
     rm_pairwise_weight: float = 1.0  # weight of the in-group ranking loss (0: scores only)
@@ -91,6 +99,9 @@ class ZooConfig:
     rm_max_length: int = 128  # RM input tokens, saved as the tokenizer's model_max_length (serving truncates alike)
     rm_strong_init: str = "level2"  # RM backbone initialised from this LM ("" = from scratch); the best LM reads best
     rm_strong: ModelShape = LEVEL1_SHAPE  # used only when rm_strong_init is "" (else the init LM's)
+    # The strong RM reads with the init LM's first blocks only (0: all): Level-2 before its growth,
+    # 12M; fine-tuning all 29M would take the RM stage past the build budget.
+    rm_strong_init_layers: int = LEVEL2_SHAPE.n_layer
     rm_strong_train: TrainConfig = RM_STRONG_TRAIN
     rm_light_init: str = "probe"
     rm_light: ModelShape = PROBE_SHAPE  # used only when rm_light_init is ""
@@ -117,9 +128,11 @@ def _ci_preset() -> ZooConfig:
         level1_train=TrainConfig(steps=200, batch_size=16, lr=3e-3, warmup_steps=5),
         level2=ModelShape(n_embd=128, n_layer=3, n_head=4),
         level2_train=TrainConfig(steps=240, batch_size=16, lr=3e-3, warmup_steps=5),
+        level2_grow_layers=0,
         # On-policy samples are what the PPO tests' light RM scores: many of them (tiny models sample fast).
         rm_model_samples=300,
         rm_strong_init="level1",
+        rm_strong_init_layers=0,
         rm_strong=ModelShape(n_embd=96, n_layer=2, n_head=2),
         rm_strong_train=TrainConfig(steps=150, batch_size=4, lr=1e-3, warmup_steps=5),
         rm_light=small,
@@ -305,7 +318,13 @@ class ZooBuilder:
         stream = pack_texts(tokenizer, self._tokenizer_texts())
         model = new_causal_lm(tokenizer, shape, self.cfg.n_positions, self.cfg.seed)
         loss = train_causal_lm(model, stream, self.cfg.block_size, train, self.cfg.seed, role)
-        return {"n_params": self._save_lm(model, out), "final_loss": loss, "train_tokens": len(stream)}
+        info: dict[str, Any] = {"train_tokens": len(stream)}
+        if role == "level2" and self.cfg.level2_grow_layers:
+            info |= {"grown_from": asdict(shape), "loss_before_growth": loss}
+            model = deepen(model, self.cfg.level2_grow_layers, self.cfg.seed + 1)
+            loss = train_causal_lm(model, stream, self.cfg.block_size, self.cfg.level2_grow_train, self.cfg.seed + 1,
+                                   f"{role} (grown to {model.config.n_layer} layers)")
+        return {"n_params": self._save_lm(model, out), "final_loss": loss, **info}
 
     def _rm_data(self, out: Path) -> dict[str, Any]:
         """Oracle-labelled answers in groups (one per train prompt): a reference and degradations of it,
@@ -340,7 +359,8 @@ class ZooBuilder:
             # classification head over score bins starts fresh.
             init_path = {"level1": self.paths.level1, "level2": self.paths.level2, "probe": self.paths.probe}[init]
             model = GPT2ForSequenceClassification.from_pretrained(
-                init_path, num_labels=self.cfg.rm_n_bins, local_files_only=True
+                init_path, num_labels=self.cfg.rm_n_bins, local_files_only=True,
+                **rm_init_overrides(self.cfg.rm_strong_init_layers if role == "rm_strong" else 0),
             )
         else:
             model = new_reward_model(tokenizer, shape, self.cfg.n_positions, self.cfg.rm_n_bins, self.cfg.seed)
@@ -352,8 +372,13 @@ class ZooBuilder:
         model.config.problem_type = "single_label_classification"
         return {"n_params": self._save_lm(model, out, self.cfg.rm_max_length), "final_loss": loss,
                 "n_bins": self.cfg.rm_n_bins, "max_length": self.cfg.rm_max_length,
-                "init": init or "scratch", "reward": "expected value over bins 0..5",
+                "init": init or "scratch", "n_layer": model.config.n_layer, "reward": "expected value over bins 0..5",
                 "loss": f"two-hot cross-entropy + {self.cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"}
+
+
+def rm_init_overrides(init_layers: int) -> dict[str, int]:
+    """``from_pretrained`` config overrides that keep an init LM's first ``init_layers`` blocks (0: all)."""
+    return {"n_layer": init_layers} if init_layers else {}
 
 
 def groups_of(rows: list[dict[str, Any]]) -> list[list[int]]:

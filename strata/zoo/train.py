@@ -7,6 +7,7 @@ build (``strata.zoo.build``) decides sizes and steps and saves the results.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import math
@@ -91,6 +92,32 @@ def new_causal_lm(
 ) -> GPT2LMHeadModel:
     torch.manual_seed(seed)
     return GPT2LMHeadModel(gpt2_config(tokenizer, shape, n_positions))
+
+
+def deepen(model: GPT2LMHeadModel, extra_layers: int, seed: int) -> GPT2LMHeadModel:
+    """``model`` with ``extra_layers`` new blocks on top, computing exactly the same function.
+
+    The new blocks start with zero output projections (attention and MLP ``c_proj``), so each adds
+    nothing to the residual stream until trained (as in ReZero/Fixup); the rest is copied. Training
+    the deeper model from there is the cheap way to a bigger LM on a small compute budget
+    (progressive stacking): it starts where the trained one ends instead of from noise.
+    """
+    if extra_layers < 1:
+        raise ValueError(f"extra_layers must be at least 1, got {extra_layers}")
+    config = copy.deepcopy(model.config)
+    config.n_layer = model.config.n_layer + extra_layers
+    torch.manual_seed(seed)
+    deeper = GPT2LMHeadModel(config)
+    result = deeper.load_state_dict(model.state_dict(), strict=False)
+    if result.unexpected_keys:  # every trained weight must land somewhere
+        raise ValueError(f"cannot deepen: weights with no place in the deeper model: {result.unexpected_keys}")
+    with torch.no_grad():
+        for block in deeper.transformer.h[model.config.n_layer :]:
+            for projection in (block.attn.c_proj, block.mlp.c_proj):
+                projection.weight.zero_()
+                projection.bias.zero_()
+    deeper.tie_weights()
+    return deeper
 
 
 def new_reward_model(

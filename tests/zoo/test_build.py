@@ -34,6 +34,8 @@ def micro_config() -> ZooConfig:
         probe_train=MICRO_TRAIN, level1=MICRO_SHAPE, level1_train=MICRO_TRAIN, level2=MICRO_SHAPE,
         level2_train=MICRO_TRAIN, rm_group_size=2, rm_model_samples=2, rm_strong_train=MICRO_TRAIN,
         rm_light_train=MICRO_TRAIN, sample_max_new_tokens=4,
+        # As the default preset: Level-2 grows after training, the strong RM reads its first blocks.
+        level2_grow_layers=1, level2_grow_train=MICRO_TRAIN, rm_strong_init="level2", rm_strong_init_layers=1,
     )
 
 
@@ -65,6 +67,10 @@ def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path
     for path in (paths.probe, paths.level1, paths.level2):
         lm = load_causal_lm(path, device="cpu")
         assert lm.zoo_info is not None and lm.zoo_info["config_hash"] == config.config_hash()
+    level2 = load_causal_lm(paths.level2, device="cpu")
+    assert level2.model.config.n_layer == MICRO_SHAPE.n_layer + 1  # grown
+    assert level2.zoo_info is not None and level2.zoo_info["grown_from"]["n_layer"] == MICRO_SHAPE.n_layer
+    assert load_reward_model(paths.strong_rm, device="cpu").model.config.n_layer == 1  # Level-2's first block
     for path in (paths.strong_rm, paths.light_rm):
         rm = load_reward_model(path, device="cpu")
         assert rm.model.config.num_labels == config.rm_n_bins
