@@ -9,10 +9,11 @@ everywhere. Settings are logged at start and stored with every artifact (see ``a
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -144,10 +145,43 @@ def add_settings_flags(parser: Any, settings_type: type[BaseSettings]) -> None:
 
 
 def settings_from_flags(settings_type: type[S], args: Any) -> S:
-    """Settings from the environment, overridden by the flags that were given."""
+    """Settings from the environment, overridden by the flags that were given.
+
+    Raises ``SettingsError`` with one line per bad value, naming its flag and env var.
+    """
     given = {
         name: getattr(args, name)
         for name in settings_type.model_fields
         if getattr(args, name, None) is not None
     }
-    return settings_type(**given)
+    try:
+        return settings_type(**given)
+    except ValidationError as exc:
+        raise SettingsError(describe_settings_errors(exc, given)) from exc
+
+
+def parse_settings(parser: Any, settings_type: type[S], argv: Any = None) -> tuple[S, Any]:
+    """A service entry point's settings and parsed args; bad values end the program as a bad flag
+    does (usage, one line per value, exit status 2), not with a validation traceback."""
+    args = parser.parse_args(argv)
+    try:
+        return settings_from_flags(settings_type, args), args
+    except SettingsError as exc:
+        parser.error(f"bad settings:\n{exc}")
+        raise  # parser.error exits; this keeps type checkers content
+
+
+class SettingsError(ValueError):
+    """Settings that do not validate; the message names each flag / env var and what is wrong."""
+
+
+def describe_settings_errors(exc: ValidationError, from_flags: Mapping[str, Any] = ()) -> str:
+    """``exc`` as lines like ``--tier (env STRATA_TIER) = 3: Input should be 1 or 2``."""
+    lines = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else "settings"
+        where = f"--{field.replace('_', '-')}" if field in from_flags else f"STRATA_{field.upper()}"
+        also = f" (env STRATA_{field.upper()})" if field in from_flags else f" (flag --{field.replace('_', '-')})"
+        value = f" = {error['input']!r}" if "input" in error and not isinstance(error["input"], dict) else ""
+        lines.append(f"{where}{also}{value}: {error['msg']}")
+    return "\n".join(lines)

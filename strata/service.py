@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from strata.bus import Worker
-from strata.config import S, StrataSettings, add_settings_flags, settings_from_flags
+from strata.config import S, StrataSettings, add_settings_flags, parse_settings
 from strata.lifecycle import stop_on_signals
 from strata.rpc import RunningServer, ServiceBinding, start_server
 from strata.rpc_metrics import register_device_memory_metrics
@@ -107,7 +107,7 @@ def service_main(settings_type: type[S], build: Callable[[S], ServiceParts], pro
     """A service's ``main``: settings from env and flags, logging, then :func:`run_service`."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_settings_flags(parser, settings_type)
-    settings = settings_from_flags(settings_type, parser.parse_args(argv))
+    settings, _args = parse_settings(parser, settings_type, argv)
     setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
     return run_service(build(settings))
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from transformers.utils import logging as hf_logging
 
-from strata.config import add_settings_flags, settings_from_flags
+from strata.config import add_settings_flags, parse_settings
 from strata.service import run_service
 from strata.telemetry import setup_logging
 from svc_learner.config import LearnerSettings
@@ -18,7 +18,7 @@ from svc_learner.service import LearnerSetupError, build
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m svc_learner", description=__doc__)
     add_settings_flags(parser, LearnerSettings)
-    settings = settings_from_flags(LearnerSettings, parser.parse_args(argv))
+    settings, _args = parse_settings(parser, LearnerSettings, argv)
     setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
     hf_logging.disable_progress_bar()  # a checkpoint per update: no progress bars in the service log
     try:

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 
 from strata.bus import Publisher, Worker
-from strata.config import add_settings_flags, settings_from_flags
+from strata.config import add_settings_flags, parse_settings
 from strata.content_store import ContentStore
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, run_service
@@ -68,8 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m svc_scheduler", description=__doc__.splitlines()[0])
     parser.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
     add_settings_flags(parser, SchedulerSettings)
-    args = parser.parse_args(argv)
-    settings = settings_from_flags(SchedulerSettings, args)
+    settings, args = parse_settings(parser, SchedulerSettings, argv)
     setup_logging(settings.log_level, json_lines=args.json_logs, debug_rollout=settings.debug_rollout)
     parts, _engine = build_parts(settings)
     return run_service(parts)

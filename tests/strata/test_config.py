@@ -49,3 +49,26 @@ def test_log_dict_masks_url_passwords() -> None:
     assert logged["redis_url"] == "redis://user:***@cache:6379/0"
     assert "s3cret" not in str(logged)
     assert logged["kafka_bootstrap"] == "k:9092"
+
+
+def test_bad_flags_and_env_end_as_one_line_each_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from strata.config import add_settings_flags, parse_settings
+
+    parser = argparse.ArgumentParser(prog="svc")
+    add_settings_flags(parser, StrataSettings)
+    monkeypatch.setenv("STRATA_KAFKA_PORT", "99999")
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(parser, StrataSettings, ["--topic-partitions", "0"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: svc" in err and "Traceback" not in err
+    assert "--topic-partitions (env STRATA_TOPIC_PARTITIONS) = 0: Input should be greater than or equal to 1" in err
+    assert "STRATA_KAFKA_PORT (flag --kafka-port) = '99999'" in err  # from the environment: named as such
+
+    monkeypatch.delenv("STRATA_KAFKA_PORT")
+    settings, args = parse_settings(parser, StrataSettings, ["--topic-partitions", "4"])
+    assert settings.topic_partitions == 4 and args.topic_partitions == 4
