@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 from strata import __version__
 from strata.telemetry import setup_logging
@@ -35,6 +38,21 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 class CliError(Exception):
     """A problem the user can fix; printed without a traceback, exit code 2."""
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) for each non-blank line of a JSONL file given on the command line; a
+    missing file or a line that is not JSON is a ``CliError`` naming the file and the line."""
+    if not path.is_file():
+        raise CliError(f"{path}: no such file")
+    with path.open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CliError(f"{path}:{number}: not JSON ({exc.msg})") from exc
 
 
 def build_parser() -> argparse.ArgumentParser:

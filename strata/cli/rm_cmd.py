@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from strata.cli.main import CliError
+from strata.cli.main import CliError, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -168,27 +168,18 @@ def open_registry(settings: Any) -> Any:
 
 def read_pairs(path: Path, need_score: bool) -> list[dict[str, Any]]:
     """Rows of a JSONL file of {prompt, response[, score]}, checked line by line."""
-    if not path.is_file():
-        raise CliError(f"no data file at {path}")
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CliError(f"{path}:{number}: not JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise CliError(f"{path}:{number}: expected an object with prompt and response")
-            for key in ("prompt", "response"):
-                if not isinstance(row.get(key), str) or not row[key].strip():
-                    raise CliError(f"{path}:{number}: {key!r} must be a non-empty string")
-            if need_score:
-                score = row.get("score")
-                if not isinstance(score, int | float) or not 0.0 <= float(score) <= 5.0:
-                    raise CliError(f"{path}:{number}: 'score' must be a number in [0, 5], got {score!r}")
-            rows.append(row)
+    for number, row in read_jsonl(path):
+        if not isinstance(row, dict):
+            raise CliError(f"{path}:{number}: expected an object with prompt and response")
+        for key in ("prompt", "response"):
+            if not isinstance(row.get(key), str) or not row[key].strip():
+                raise CliError(f"{path}:{number}: {key!r} must be a non-empty string")
+        if need_score:
+            score = row.get("score")
+            if not isinstance(score, int | float) or not 0.0 <= float(score) <= 5.0:
+                raise CliError(f"{path}:{number}: 'score' must be a number in [0, 5], got {score!r}")
+        rows.append(row)
     if not rows:
         raise CliError(f"{path} holds no pairs")
     return rows

@@ -14,7 +14,6 @@ reused reward is final at once) or ``--timeout`` passes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
 import uuid
@@ -24,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from strata.cli.main import CliError
+from strata.cli.main import CliError, read_jsonl
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 DEFAULT_ADDRESS = os.environ.get("STRATA_SCHEDULER_ADDRESS", "127.0.0.1:50051")
@@ -73,16 +72,8 @@ def _requests(args: argparse.Namespace) -> list[scheduler_pb2.SubmitRequest]:
     if args.prompt is not None:
         return [scheduler_pb2.SubmitRequest(prompt=args.prompt, sampling=_sampling(defaults), n_samples=args.n_samples,
                                             request_id=uuid.uuid4().hex)]
-    if not args.file.is_file():
-        raise CliError(f"{args.file}: no such file")
     requests = []
-    for number, line in enumerate(args.file.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CliError(f"{args.file}:{number}: not JSON: {exc}") from exc
+    for number, item in read_jsonl(args.file):
         item = {"prompt": item} if isinstance(item, str) else item
         if not isinstance(item, dict) or not isinstance(item.get("prompt", item.get("text")), str):
             raise CliError(f"{args.file}:{number}: expected a string or an object with a 'prompt' string")

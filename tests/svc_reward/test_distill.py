@@ -239,3 +239,8 @@ def test_bad_training_data_is_a_clear_error(tmp_path: Path, line: str, problem: 
     with pytest.raises(CliError) as caught:
         read_pairs(path, need_score=True)
     assert str(caught.value).startswith(f"{path}:2: ") and problem in str(caught.value)
+
+
+def test_a_missing_data_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(CliError, match=r"nope\.jsonl: no such file"):
+        read_pairs(tmp_path / "nope.jsonl", need_score=False)
