@@ -62,7 +62,7 @@ PROBE_SHAPE = ModelShape(n_embd=128, n_layer=4, n_head=4)  # ~1M parameters
 PROBE_TRAIN = TrainConfig(steps=120, batch_size=32, lr=3e-3, warmup_steps=10)
 LEVEL1_SHAPE = ModelShape(n_embd=256, n_layer=6, n_head=4)  # ~5M: Level-1 and the PPO policy
 LEVEL1_TRAIN = TrainConfig(steps=80, batch_size=16, lr=2e-3)
-LEVEL2_SHAPE = ModelShape(n_embd=384, n_layer=6, n_head=6)  # ~12M: Level-2
+LEVEL2_SHAPE = ModelShape(n_embd=384, n_layer=6, n_head=6)  # ~12M: Level-2 before it grows
 LEVEL2_TRAIN = TrainConfig(steps=160, batch_size=16, lr=1.5e-3)
 LEVEL2_GROW_LAYERS = 10  # then deepened to 16 x 384, ~29M, and trained on (``train.deepen``)
 LEVEL2_GROW_TRAIN = TrainConfig(steps=40, batch_size=16, lr=1e-3, warmup_steps=5)
