@@ -22,6 +22,7 @@ def default_cache_dir() -> Path:
 
 
 S = TypeVar("S", bound=BaseSettings)
+ENV_PREFIX = "STRATA_"  # every setting is read from STRATA_<FIELD>
 
 _URL_PASSWORD = re.compile(r"(//[^:/@\s]*:)[^@/\s]+@")
 
@@ -33,7 +34,7 @@ def _mask_secrets(value: Any) -> Any:
 class StrataSettings(BaseSettings):
     """Infrastructure addresses, local-infra ports and bus behaviour."""
 
-    model_config = SettingsConfigDict(env_prefix="STRATA_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
     # Addresses. Unset means "the local single-node Kafka / Redis that `strata infra up` manages";
     # set them to point at existing clusters, and then nothing is started locally.
@@ -124,6 +125,16 @@ def _flag_type(annotation: Any) -> Any:
     return None
 
 
+def flag_name(field: str) -> str:
+    """The command-line flag of a settings field: ``grpc_port`` -> ``--grpc-port``."""
+    return "--" + field.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a settings field: ``grpc_port`` -> ``STRATA_GRPC_PORT``."""
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
 def add_settings_flags(parser: Any, settings_type: type[BaseSettings]) -> None:
     """Add ``--field-name`` for every simple field of ``settings_type`` (flags win over env vars).
 
@@ -135,8 +146,8 @@ def add_settings_flags(parser: Any, settings_type: type[BaseSettings]) -> None:
         flag_type = _flag_type(field.annotation)
         if flag_type is None:
             continue
-        flag = "--" + name.replace("_", "-")
-        env = f"STRATA_{name.upper()}"
+        flag = flag_name(name)
+        env = env_name(name)
         help_text = f"{field.description or name} (env {env}; default {field.get_default(call_default_factory=True)!s})"
         if flag_type is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
@@ -180,8 +191,8 @@ def describe_settings_errors(exc: ValidationError, from_flags: Mapping[str, Any]
     lines = []
     for error in exc.errors():
         field = str(error["loc"][0]) if error["loc"] else "settings"
-        where = f"--{field.replace('_', '-')}" if field in from_flags else f"STRATA_{field.upper()}"
-        also = f" (env STRATA_{field.upper()})" if field in from_flags else f" (flag --{field.replace('_', '-')})"
+        flag, env = flag_name(field), env_name(field)
+        where, also = (flag, f" (env {env})") if field in from_flags else (env, f" (flag {flag})")
         value = f" = {error['input']!r}" if "input" in error and not isinstance(error["input"], dict) else ""
         lines.append(f"{where}{also}{value}: {error['msg']}")
     return "\n".join(lines)

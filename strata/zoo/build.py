@@ -249,7 +249,9 @@ class ZooBuilder:
             ("tokenizer", self.paths.tokenizer, self._tokenizer),
             ("probe", self.paths.probe, self._probe),
             ("level1", self.paths.level1, lambda out: self._lm(out, "level1", self.cfg.level1, self.cfg.level1_train)),
-            ("level2", self.paths.level2, lambda out: self._lm(out, "level2", self.cfg.level2, self.cfg.level2_train)),
+            ("level2", self.paths.level2, lambda out: self._lm(
+                out, "level2", self.cfg.level2, self.cfg.level2_train, self.cfg.level2_grow_layers,
+                self.cfg.level2_grow_train)),
             ("rm_data", self.paths.rm_data.parent, self._rm_data),
             ("rm_strong", self.paths.rm_strong, lambda out: self._rm(out, "rm_strong")),
             ("rm_light", self.paths.rm_light, lambda out: self._rm(out, "rm_light")),
@@ -313,16 +315,20 @@ class ZooBuilder:
         loss = train_causal_lm(model, stream, self.cfg.probe_block_size, self.cfg.probe_train, self.cfg.seed, "probe")
         return {"n_params": self._save_lm(model, out), "final_loss": loss, "train_tokens": len(stream)}
 
-    def _lm(self, out: Path, role: str, shape: ModelShape, train: TrainConfig) -> dict[str, Any]:
+    def _lm(self, out: Path, role: str, shape: ModelShape, train: TrainConfig, grow_layers: int = 0,
+            grow_train: TrainConfig | None = None) -> dict[str, Any]:
+        """A causal LM of ``shape`` trained on the LM corpus; with ``grow_layers``, then deepened by that
+        many blocks and trained on for ``grow_train``."""
         tokenizer = self._load_tokenizer()
         stream = pack_texts(tokenizer, self._tokenizer_texts())
         model = new_causal_lm(tokenizer, shape, self.cfg.n_positions, self.cfg.seed)
         loss = train_causal_lm(model, stream, self.cfg.block_size, train, self.cfg.seed, role)
         info: dict[str, Any] = {"train_tokens": len(stream)}
-        if role == "level2" and self.cfg.level2_grow_layers:
+        if grow_layers:
+            assert grow_train is not None, "growing needs its training schedule"
             info |= {"grown_from": asdict(shape), "loss_before_growth": loss}
-            model = deepen(model, self.cfg.level2_grow_layers, self.cfg.seed + 1)
-            loss = train_causal_lm(model, stream, self.cfg.block_size, self.cfg.level2_grow_train, self.cfg.seed + 1,
+            model = deepen(model, grow_layers, self.cfg.seed + 1)
+            loss = train_causal_lm(model, stream, self.cfg.block_size, grow_train, self.cfg.seed + 1,
                                    f"{role} (grown to {model.config.n_layer} layers)")
         return {"n_params": self._save_lm(model, out), "final_loss": loss, **info}
 
@@ -348,10 +354,10 @@ class ZooBuilder:
         return {"n_pairs": len(rows), "n_groups": len(groups), "mean_score": sum(scores) / len(scores)}
 
     def _rm(self, out: Path, role: str) -> dict[str, Any]:
-        shape, train, init = (
-            (self.cfg.rm_strong, self.cfg.rm_strong_train, self.cfg.rm_strong_init)
+        shape, train, init, init_layers = (
+            (self.cfg.rm_strong, self.cfg.rm_strong_train, self.cfg.rm_strong_init, self.cfg.rm_strong_init_layers)
             if role == "rm_strong"
-            else (self.cfg.rm_light, self.cfg.rm_light_train, self.cfg.rm_light_init)
+            else (self.cfg.rm_light, self.cfg.rm_light_train, self.cfg.rm_light_init, 0)
         )
         tokenizer = self._load_tokenizer()
         if init:
@@ -360,7 +366,7 @@ class ZooBuilder:
             init_path = {"level1": self.paths.level1, "level2": self.paths.level2, "probe": self.paths.probe}[init]
             model = GPT2ForSequenceClassification.from_pretrained(
                 init_path, num_labels=self.cfg.rm_n_bins, local_files_only=True,
-                **rm_init_overrides(self.cfg.rm_strong_init_layers if role == "rm_strong" else 0),
+                **rm_init_overrides(init_layers),
             )
         else:
             model = new_reward_model(tokenizer, shape, self.cfg.n_positions, self.cfg.rm_n_bins, self.cfg.seed)
