@@ -42,14 +42,18 @@ class ServiceParts:
     # Extra loops (e.g. a batcher thread); each gets the stop event and must return when it is set.
     loops: Sequence[Callable[[threading.Event], None]] = ()
     on_stop: Sequence[Callable[[], None]] = field(default_factory=list)
+    # Called as soon as stopping begins, before the gRPC server's grace period (e.g. end open streams).
+    on_stopping: Sequence[Callable[[], None]] = field(default_factory=list)
     grpc_host: str = "0.0.0.0"
 
 
 @dataclass
 class RunningService:
     server: RunningServer
-    threads: list[threading.Thread]
-    stop: threading.Event
+    worker_threads: list[threading.Thread]
+    loop_threads: list[threading.Thread]
+    stop: threading.Event  # set: the service is stopping (workers finish their batch and leave)
+    loops_stop: threading.Event  # set once the workers are done: the loops they may still need stop last
     failures: list[BaseException]
 
     @property
@@ -67,11 +71,12 @@ def start_service(parts: ServiceParts, stop: threading.Event | None = None) -> R
         log.info("%s metrics on :%d/metrics", parts.name, port)
     server = start_server(parts.bindings, parts.grpc_port, host=parts.grpc_host)
     failures: list[BaseException] = []
+    loops_stop = threading.Event()
 
-    def guarded(target: Callable[[threading.Event], None], label: str) -> Callable[[], None]:
+    def guarded(target: Callable[[threading.Event], None], label: str, until: threading.Event) -> Callable[[], None]:
         def body() -> None:
             try:
-                target(stop)
+                target(until)
             except BaseException as exc:  # a crashed loop takes the process down, on purpose
                 log.exception("%s: %s crashed", parts.name, label)
                 failures.append(exc)
@@ -81,21 +86,29 @@ def start_service(parts: ServiceParts, stop: threading.Event | None = None) -> R
 
     # Daemon threads: stop_service joins them on every orderly shutdown; a service someone forgot to
     # stop (a test whose setup failed half-way) must not keep its process alive forever.
-    threads = [
-        threading.Thread(target=guarded(worker.run, f"worker {worker.group_id}"), name=f"worker-{worker.group_id}",
-                         daemon=True)
+    worker_threads = [
+        threading.Thread(target=guarded(worker.run, f"worker {worker.group_id}", stop),
+                         name=f"worker-{worker.group_id}", daemon=True)
         for worker in parts.workers
-    ] + [threading.Thread(target=guarded(loop, f"loop {i}"), name=f"loop-{i}", daemon=True)
-         for i, loop in enumerate(parts.loops)]
-    for thread in threads:
+    ]
+    # Loops (a generator's batcher, the learner's update loop) serve the workers' last batch, so they
+    # run until the workers are done: a SIGTERM drains and commits instead of failing in-flight work.
+    loop_threads = [threading.Thread(target=guarded(loop, f"loop {i}", loops_stop), name=f"loop-{i}", daemon=True)
+                    for i, loop in enumerate(parts.loops)]
+    for thread in worker_threads + loop_threads:
         thread.start()
-    return RunningService(server, threads, stop, failures)
+    return RunningService(server, worker_threads, loop_threads, stop, loops_stop, failures)
 
 
 def stop_service(parts: ServiceParts, running: RunningService, grace_s: float = 5.0) -> None:
     running.stop.set()
+    for callback in parts.on_stopping:
+        callback()
     running.server.stop(grace_s)
-    for thread in running.threads:
+    for thread in running.worker_threads:
+        thread.join()
+    running.loops_stop.set()
+    for thread in running.loop_threads:
         thread.join()
     for callback in parts.on_stop:
         callback()

@@ -57,8 +57,8 @@ def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> 
         bindings=[ServiceBinding(add_to_server, servicer, SERVICE_NAME)],
         grpc_port=settings.grpc_port,
         workers=[stats_worker],
-        # The last loop ends open Watch streams as soon as the service is told to stop.
-        loops=[index_sync.run, feed.run, lambda stop: (stop.wait(), stop_servicer.set())],
+        loops=[index_sync.run, feed.run],
+        on_stopping=[stop_servicer.set],  # open Watch streams end as soon as the service is told to stop
         on_stop=[publisher.close, client.close],
     )
     return parts, engine
