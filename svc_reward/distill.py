@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from strata.zoo.template import RM_MAX_LENGTH
 from strata.zoo.train import ModelShape
 
 # --- the loss -------------------------------------------------------------------------------------
@@ -67,7 +68,7 @@ class DistillConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     temperature: float = 2.0  # distillation temperature T (not svc_reward's scoring temperature)
-    max_length: int = 128  # tokens of the RM input the light RM reads (the zoo's strong RM reads 128)
+    max_length: int = RM_MAX_LENGTH  # tokens of the RM input the light RM reads (as many as the zoo's strong RM)
     seed: int = 0
 
 

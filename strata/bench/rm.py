@@ -22,6 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from strata.zoo.template import RM_MAX_LENGTH
+
 SPEARMAN_TARGET = 0.9
 LATENCY_RATIO_TARGET = 5.0
 
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: distil one now, cached)")
     parser.add_argument("--batch", type=int, default=64, help="eval pairs in the timed batch")
     parser.add_argument("--repeats", type=int, default=7, help="timed forward passes per RM, in turns (median)")
-    parser.add_argument("--max-length", type=int, default=128,
+    parser.add_argument("--max-length", type=int, default=RM_MAX_LENGTH,
                         help="tokens per (prompt, response); an RM never reads more than its model_max_length")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
 

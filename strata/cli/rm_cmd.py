@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.cli.main import CliError, read_jsonl
+from strata.zoo.template import RM_MAX_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +430,7 @@ class DistillOptions:
     batch_size: int = 32
     lr: float = 3e-3
     temperature: float = 2.0
-    max_length: int = 128  # the zoo's RMs read 128 tokens (ZooConfig.rm_max_length); more is never seen by the teacher
+    max_length: int = RM_MAX_LENGTH  # what the zoo's RMs read (ZooConfig.rm_max_length); the teacher sees no more
     seed: int = 0
     device: str = "auto"
 

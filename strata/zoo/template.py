@@ -23,6 +23,9 @@ PROMPT_PREFIX = "Q: "
 DIRECTIONS_PREFIX = "Directions: "
 RESPONSE_PREFIX = "A:"
 RISK_PREFIX = "Risk: "
+# Tokens of ``format_rm_input`` the zoo's reward models read (``ZooConfig.rm_max_length``), and the
+# default for RMs trained or distilled here: the whole of nearly every answer in the zoo's task.
+RM_MAX_LENGTH = 256
 
 
 def _clean(text: str) -> str:

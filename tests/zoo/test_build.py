@@ -56,6 +56,16 @@ def test_presets_and_hashes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         resolve_config(ZooSettings())
 
 
+def test_bad_configs_fail_before_building() -> None:
+    with pytest.raises(ValueError, match=r"rm_max_length \(512\) exceeds n_positions \(256\)"):
+        with_overrides(ZooConfig(), rm_max_length=512)
+    with pytest.raises(ValueError, match=r"rm_strong_init_layers \(17\) exceeds the level2 LM's 16 layers"):
+        with_overrides(ZooConfig(), rm_strong_init_layers=17)
+    with pytest.raises(ValueError, match="rm_light_init must be one of probe, level1, level2"):
+        with_overrides(ZooConfig(), rm_light_init="level3")
+    assert with_overrides(ZooConfig(), rm_strong_init_layers=16).rm_strong_init_layers == 16  # all of the grown LM
+
+
 def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path) -> None:
     config = micro_config()
     paths = ZooPaths.under(tmp_path / config.config_hash(), config)
