@@ -14,7 +14,7 @@ def test_bench_zoo_prints_sizes_oracle_ratio_spearman_and_prompt_match(
     zoo: ZooPaths, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(["bench", "zoo", "--preset", zoo.config.preset, "--cache-dir", str(zoo.root.parent.parent),
-                 "--prompts", "8", "--max-new-tokens", "24"])
+                 "--prompts", "8", "--rm-prompts", "8", "--max-new-tokens", "24"])
     assert code == 0
     out = capsys.readouterr().out
     for role in ("probe", "level1", "level2", "rm_strong", "rm_light"):
