@@ -7,8 +7,11 @@ and a ``strata_zoo.json`` (role, resolved config, losses, timings), so every mod
 same ``from_pretrained`` calls as a user's checkpoint (``strata.models.loading``).
 
 Stages are built in order and each is reused when present, so an interrupted build resumes and a
-second build (or a fresh clone on the same machine) costs nothing. ``ensure_zoo(settings)`` is the
-entry point for code and tests; ``strata models build`` is the one for people.
+second build (or a fresh clone on the same machine) costs nothing. A stage missing from this zoo is
+also copied from another zoo in the same cache whose stage has the same key (``stage_key``: the
+config fields the stage reads and the keys of the stages it builds on), so a changed RM recipe
+retrains the RMs, not the LMs. ``ensure_zoo(settings)`` is the entry point for code and tests;
+``strata models build`` is the one for people.
 """
 
 from __future__ import annotations
@@ -53,8 +56,42 @@ from strata.zoo.train import (
 logger = logging.getLogger(__name__)
 
 # Bump when a code change alters what a given config builds; it is part of the cache key.
-ZOO_FORMAT_VERSION = "2"
+# 3: torch is seeded at the start of every stage (a stage no longer depends on which stages ran before it).
+ZOO_FORMAT_VERSION = "3"
 ROLES: tuple[str, ...] = ("tokenizer", "probe", "level1", "level2", "rm_data", "rm_strong", "rm_light")
+# What each stage reads: the ZooConfig fields and the earlier stages whose output it uses (an RM also
+# uses the LM named by its ``*_init`` field). Every stage reads ``seed``. Keep in step with the stages.
+STAGE_FIELDS: dict[str, tuple[str, ...]] = {
+    "tokenizer": ("vocab_size", "lm_responses_per_prompt"),
+    "probe": ("probe", "probe_train", "probe_block_size", "n_positions"),
+    "level1": ("level1", "level1_train", "block_size", "n_positions", "lm_responses_per_prompt"),
+    "level2": ("level2", "level2_train", "level2_grow_layers", "level2_grow_train", "block_size", "n_positions",
+               "lm_responses_per_prompt"),
+    "rm_data": ("rm_group_size", "rm_model_samples", "sample_max_new_tokens"),
+    "rm_strong": ("rm_strong_init", "rm_strong", "rm_strong_init_layers", "rm_strong_train", "rm_n_bins",
+                  "rm_max_length", "rm_pairwise_weight", "n_positions"),
+    "rm_light": ("rm_light_init", "rm_light", "rm_light_train", "rm_n_bins", "rm_max_length", "rm_pairwise_weight",
+                 "n_positions"),
+}
+STAGE_UPSTREAM: dict[str, tuple[str, ...]] = {
+    "tokenizer": (), "probe": ("tokenizer",), "level1": ("tokenizer",), "level2": ("tokenizer",),
+    "rm_data": ("level1", "level2"), "rm_strong": ("rm_data",), "rm_light": ("rm_data",),
+}
+
+
+def stage_key(config: dict[str, Any], role: str) -> str:
+    """Cache key of one stage, from a zoo config as ``asdict`` gives it (as recorded in ``strata_zoo.json``)."""
+    upstream = list(STAGE_UPSTREAM[role])
+    init = config.get(f"{role}_init") if role.startswith("rm_") else None
+    if init:
+        upstream.append(init)
+    payload = {
+        "format": ZOO_FORMAT_VERSION,
+        "role": role,
+        "fields": {name: config[name] for name in ("seed", *STAGE_FIELDS[role])},
+        "upstream": {name: stage_key(config, name) for name in upstream},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
 # Default shapes and schedules (frozen dataclasses, shared safely as defaults).
@@ -246,19 +283,21 @@ def ensure_zoo(settings: StrataSettings | None = None, *, force: bool = False, p
         return paths
     if force and paths.root.exists():
         shutil.rmtree(paths.root)
-    ZooBuilder(paths, zoo_settings.zoo_threads, progress).build()
+    ZooBuilder(paths, zoo_settings.zoo_threads, progress, reuse_other_zoos=not force).build()
     return paths
 
 
 class ZooBuilder:
     """Runs the build stages in order; each stage writes to a temporary directory and renames it."""
 
-    def __init__(self, paths: ZooPaths, threads: int = 0, progress: bool = True) -> None:
+    def __init__(self, paths: ZooPaths, threads: int = 0, progress: bool = True, reuse_other_zoos: bool = True) -> None:
         self.paths = paths
         self.cfg = paths.config
         self.threads = threads or os.cpu_count() or 1
         self.progress = progress
-        self.timings: dict[str, float] = {}
+        self.reuse_other_zoos = reuse_other_zoos
+        self.timings: dict[str, float] = {}  # stages built by this run (not reused)
+        self.copied: dict[str, Path] = {}  # stages copied from another zoo: role -> that stage's directory
 
     def build(self) -> None:
         torch.set_num_threads(self.threads)
@@ -286,23 +325,49 @@ class ZooBuilder:
             t0 = time.perf_counter()
             tmp = out.with_name(out.name + ".partial")
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            info = run(tmp)
-            self.timings[role] = time.perf_counter() - t0
-            info = {"role": role, "config_hash": self.cfg.config_hash(), "config": asdict(self.cfg),
-                    "build_seconds": round(self.timings[role], 2), **info}
+            key = stage_key(asdict(self.cfg), role)
+            source = self._same_stage_elsewhere(role, key) if self.reuse_other_zoos else None
+            if source is not None:
+                shutil.copytree(source, tmp)
+                info = {**json.loads((source / ZOO_INFO_FILE).read_text()), "copied_from": str(source)}
+                self.copied[role] = source
+                logger.info("zoo stage %s: copied from %s (same stage key %s)", role, source, key)
+            else:
+                tmp.mkdir(parents=True)
+                torch.manual_seed(self.cfg.seed)  # a stage's result depends on its key alone, not on what ran before it
+                info = run(tmp)
+                self.timings[role] = time.perf_counter() - t0
+                info = {**info, "build_seconds": round(self.timings[role], 2)}
+            info = {**info, "role": role, "config_hash": self.cfg.config_hash(), "config": asdict(self.cfg),
+                    "stage_key": key}
             (tmp / ZOO_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
             shutil.rmtree(out, ignore_errors=True)
             tmp.rename(out)
-            logger.info("zoo stage %s done in %.1fs", role, self.timings[role])
+            if role in self.timings:
+                logger.info("zoo stage %s done in %.1fs", role, self.timings[role])
         manifest = {
             "config_hash": self.cfg.config_hash(),
             "config": asdict(self.cfg),
             "format": ZOO_FORMAT_VERSION,
             "stage_seconds": {k: round(v, 2) for k, v in self.timings.items()},
+            "stages_copied_from": {k: str(v) for k, v in self.copied.items()},
             "build_seconds": round(time.perf_counter() - started, 2),
         }
         (self.paths.root / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+    def _same_stage_elsewhere(self, role: str, key: str) -> Path | None:
+        """A finished ``role`` stage with stage key ``key`` in another zoo of the same cache, if any."""
+        for info_file in sorted(self.paths.root.parent.glob(f"*/{role}/{ZOO_INFO_FILE}")):
+            stage_dir = info_file.parent
+            if stage_dir.parent == self.paths.root:
+                continue
+            try:
+                info = json.loads(info_file.read_text())
+            except (OSError, ValueError):
+                continue  # unreadable: not a stage to trust
+            if info.get("stage_key") == key:
+                return stage_dir
+        return None
 
     # --- stages ------------------------------------------------------------------------------------
 

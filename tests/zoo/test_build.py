@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 
 from strata.config import StrataSettings
 from strata.models.loading import load_causal_lm, load_reward_model
 from strata.models.reward import score_responses
 from strata.zoo.build import (
     PRESETS,
+    ROLES,
     ZooBuilder,
     ZooConfig,
     ZooPaths,
@@ -19,6 +22,7 @@ from strata.zoo.build import (
     as_zoo_settings,
     groups_of,
     resolve_config,
+    stage_key,
     with_overrides,
     zoo_paths,
 )
@@ -96,3 +100,39 @@ def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path
     builder.build()
     assert builder.timings == {}  # every stage reused
     assert (paths.level2 / "strata_zoo.json").stat().st_mtime_ns == stamp
+
+    # Another RM recipe in the same cache: only the strong RM is trained; the rest is copied over.
+    changed = with_overrides(config, rm_strong_train=TrainConfig(steps=3, batch_size=4, lr=1e-3, warmup_steps=1))
+    changed_paths = ZooPaths.under(tmp_path / changed.config_hash(), changed)
+    builder = ZooBuilder(changed_paths, threads=1, progress=False)
+    builder.build()
+    assert set(builder.timings) == {"rm_strong"}
+    assert set(builder.copied) == {"tokenizer", "probe", "level1", "level2", "rm_data", "rm_light"}
+    copied = load_causal_lm(changed_paths.level2, device="cpu").zoo_info
+    assert copied is not None and copied["config_hash"] == changed.config_hash()
+    assert copied["copied_from"] == str(paths.level2)
+    # What was trained after copying is what a build from nothing makes (every stage seeds itself).
+    fresh_paths = ZooPaths.under(tmp_path / "fresh" / changed.config_hash(), changed)
+    fresh = ZooBuilder(fresh_paths, threads=1, progress=False, reuse_other_zoos=False)
+    fresh.build()
+    assert set(fresh.timings) == set(ROLES) and fresh.copied == {}
+    reused_rm = load_reward_model(changed_paths.strong_rm, device="cpu").model.state_dict()
+    fresh_rm = load_reward_model(fresh_paths.strong_rm, device="cpu").model.state_dict()
+    assert all(torch.equal(reused_rm[name], fresh_rm[name]) for name in fresh_rm)
+
+
+def test_stage_keys_follow_what_each_stage_reads() -> None:
+    base = asdict(ZooConfig())
+
+    def changed_stages(**changes: object) -> set[str]:
+        other = asdict(with_overrides(ZooConfig(), **changes))  # type: ignore[arg-type]
+        return {role for role in ROLES if stage_key(other, role) != stage_key(base, role)}
+
+    assert changed_stages(preset="renamed") == set()
+    assert changed_stages(rm_strong_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"rm_strong"}
+    assert changed_stages(rm_max_length=128) == {"rm_strong", "rm_light"}
+    assert changed_stages(level1_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {
+        "level1", "rm_data", "rm_strong", "rm_light"}
+    # The strong RM starts from Level-2, the light one from the probe: each follows its own init.
+    assert changed_stages(probe_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"probe", "rm_light"}
+    assert changed_stages(seed=1) == set(ROLES)
