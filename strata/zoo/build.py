@@ -104,8 +104,8 @@ LEVEL2_TRAIN = TrainConfig(steps=160, batch_size=16, lr=1.5e-3)
 LEVEL2_GROW_LAYERS = 10  # then deepened to 16 x 384, ~29M, and trained on (``train.deepen``)
 LEVEL2_GROW_TRAIN = TrainConfig(steps=40, batch_size=16, lr=1e-3, warmup_steps=5)
 RM_STRONG_TRAIN = TrainConfig(steps=300, batch_size=4, lr=6e-4, warmup_steps=10)  # batch: prompt groups
-# The strong RM reads with Level-2's first 4 blocks: at a fixed CPU budget, 300 steps through 4 blocks
-# rank better than 200 through 6 (Spearman 0.80 vs 0.77 on the bench's pairs; docs/model-zoo.md).
+# The strong RM reads with Level-2's first 4 blocks: in the same CPU time, 300 steps through 4 blocks
+# rank at least as well as 200 through 6 (docs/model-zoo.md, Known limits), and it serves faster.
 RM_STRONG_INIT_LAYERS = 4
 RM_LIGHT_TRAIN = TrainConfig(steps=300, batch_size=4, lr=1e-3, warmup_steps=10)
 
