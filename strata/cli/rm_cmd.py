@@ -346,7 +346,7 @@ def _train_strong(args: argparse.Namespace) -> int:
         if getattr(args, name) is None:
             setattr(args, name, value)
     init = args.init or str(getattr(zoo, recipe.rm_strong_init or "level1"))
-    # The zoo's init LM is read with the recipe's first blocks (Level-2 before its growth); a given --init whole.
+    # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
     overrides = {} if args.init else rm_init_overrides(recipe.rm_strong_init_layers)
     try:
         init_dir = check_model_dir(init)
@@ -355,6 +355,9 @@ def _train_strong(args: argparse.Namespace) -> int:
             init_dir, num_labels=args.n_bins, ignore_mismatched_sizes=True, local_files_only=True, **overrides)
     except (ModelLoadError, OSError, ValueError) as exc:
         raise CliError(f"cannot start the strong RM from {init}: {exc}") from exc
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is not None and args.max_length > positions:
+        raise CliError(f"--max-length {args.max_length} exceeds the {positions} positions of {init_dir}")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"

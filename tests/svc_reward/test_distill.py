@@ -209,7 +209,7 @@ def test_cli_distill_writes_a_light_version(monkeypatch: pytest.MonkeyPatch, tmp
 
 
 def test_cli_train_strong_from_a_user_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_strong: Path,
-                                           pairs_file: Path) -> None:
+                                           pairs_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("STRATA_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "strong2"
     code = main(["rm", "train-strong", "--data", str(pairs_file), "--init", str(tiny_strong), "--steps", "2",
@@ -222,6 +222,13 @@ def test_cli_train_strong_from_a_user_file(monkeypatch: pytest.MonkeyPatch, tmp_
     # Serving truncates to what training read; unset numbers took the zoo's recipe.
     assert load_reward_model(out, "cpu").tokenizer.model_max_length == 64
     assert info["config"]["lr"] == ZooConfig().rm_strong_train.lr
+
+    # Reading past the init model's positions is refused before any training, and nothing is written.
+    too_long = tmp_path / "strong3"
+    code = main(["rm", "train-strong", "--data", str(pairs_file), "--init", str(tiny_strong), "--steps", "2",
+                 "--max-length", "512", "--no-pseudo-label", "--no-register", "--out", str(too_long)])
+    assert code == 2 and not too_long.exists()
+    assert "--max-length 512 exceeds the 128 positions of" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
