@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"zoo preset={paths.config.preset} hash={paths.config.config_hash()} dir={paths.root}")
 
     rng = random.Random(args.seed)
-    records = load_suite("eval")
-    records = rng.sample(records, min(args.prompts, len(records)))
+    eval_split = load_suite("eval")
+    records = rng.sample(eval_split, min(args.prompts, len(eval_split)))
     prompts = [r.text for r in records]
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, seed=args.seed)
     rows: list[tuple[str, int, float, str]] = []
@@ -99,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
         oracle[role] = [oracle_score(r, g.text) for r, g in zip(records, generations, strict=True)]
 
     # RM eval set: two synthetic pairs per prompt (reference or degraded) plus both tiers' samples.
-    eval_split = load_suite("eval")
     rm_records = rng.sample(eval_split, args.rm_prompts) if 0 < args.rm_prompts < len(eval_split) else eval_split
     pairs = rm_pairs(rm_records, 2, args.seed)
     eval_prompts = [p.record.text for p in pairs] + prompts + prompts
