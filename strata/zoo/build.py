@@ -448,7 +448,7 @@ class ZooBuilder:
         if init:
             # Reward model initialised from a trained LM's transformer (InstructGPT-style); the
             # classification head over score bins starts fresh.
-            init_path = {"level1": self.paths.level1, "level2": self.paths.level2, "probe": self.paths.probe}[init]
+            init_path = getattr(self.paths, init)  # one of the LM roles ZooConfig.__post_init__ allows
             model = GPT2ForSequenceClassification.from_pretrained(
                 init_path, num_labels=self.cfg.rm_n_bins, local_files_only=True,
                 **rm_init_overrides(init_layers),
