@@ -55,8 +55,8 @@ def register(subparsers: Any) -> None:
                              "oracle-labelled pairs)")
     strong.add_argument("--init", default=None,
                         help="checkpoint to start from: a causal LM (its transformer; the score-bin head starts "
-                             "fresh) or a sequence-classification RM (default: the zoo's rm_strong_init LM, Level-2, "
-                             "read with its first rm_strong_init_layers blocks)")
+                             "fresh) or a sequence-classification RM (default: the zoo's rm_strong_init LM, the probe, "
+                             "read with its first rm_strong_init_layers blocks, 0: all)")
     strong.add_argument("--n-bins", type=int, default=11, help="score bins on [0, 5] (reward = expected value)")
     # Unset numbers default to the zoo's own strong-RM recipe (ZooConfig.rm_strong_train, rm_max_length).
     strong.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the zoo's recipe)")
@@ -67,6 +67,10 @@ def register(subparsers: Any) -> None:
                              "(default: the zoo's)")
     strong.add_argument("--pairwise-weight", type=float, default=1.0,
                         help="weight of the in-group Bradley-Terry ranking loss (grouped data only; 0: scores only)")
+    strong.add_argument("--match-pairs", type=int, default=None,
+                        help="prompt swaps per match step, with feature heads, after every step (the zoo's "
+                             "recipe; the swaps and labels come from the prompt suite, so the default is the zoo's "
+                             "with the zoo's data and 0 with --data)")
     strong.add_argument("--max-length", type=int, default=None,
                         help="tokens of (prompt, response) read, saved as the tokenizer's model_max_length so that "
                              "serving reads the same (default: the zoo's)")
@@ -345,6 +349,10 @@ def _train_strong(args: argparse.Namespace) -> int:
                         ("groups_per_step", recipe.rm_strong_train.batch_size), ("max_length", recipe.rm_max_length)):
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.match_pairs is None:
+        args.match_pairs = recipe.rm_strong_match_pairs if args.data is None else 0
+    if args.match_pairs < 0:
+        raise CliError(f"--match-pairs must be at least 0 (0: no match steps), got {args.match_pairs}")
     init = args.init or str(getattr(zoo, recipe.rm_strong_init or "level1"))
     # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
     overrides = {} if args.init else rm_init_overrides(recipe.rm_strong_init_layers)
@@ -368,10 +376,21 @@ def _train_strong(args: argparse.Namespace) -> int:
     grouped = any("group" in r for r in rows)
     cfg = TrainConfig(steps=args.steps, batch_size=args.groups_per_step if grouped else args.batch_size, lr=args.lr,
                       warmup_steps=min(10, args.steps))
+    match: dict[str, Any] = {}
+    if args.match_pairs:
+        from strata.zoo.build import match_pool, rm_features
+        from strata.zoo.suite import load_suite
+
+        train_records = load_suite("train")
+        feature_weight = recipe.rm_strong_feature_weight
+        match = {"features": rm_features(rows) if feature_weight > 0 else None, "feature_weight": feature_weight,
+                 "match_pools": lambda k: match_pool(train_records, args.seed + 100 + k),
+                 "match_pairs": args.match_pairs}
+        print(f"  + a match step of {args.match_pairs} prompt swaps (suite train prompts) after each step")
     started = time.perf_counter()
     loss = train_reward_model(model, tokenizer, texts, [float(r["score"]) for r in rows], args.max_length, cfg,
                               args.seed, "strong RM", groups=groups_of(rows) if grouped else None,
-                              pairwise_weight=args.pairwise_weight)
+                              pairwise_weight=args.pairwise_weight, **match)
     model.config.problem_type = "single_label_classification"
     staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
     model.save_pretrained(staging)

@@ -152,6 +152,33 @@ def infer_prompt_info(text: str) -> PromptInfo:
     return PromptInfo(text, intent, best, TOPIC_BY_NAME[best].risk)
 
 
+SUBJECT_NAMES: tuple[str, ...] = tuple(subject.name for topic in TOPICS for subject in topic.subjects)
+_SUBJECT_PHRASES: tuple[tuple[str, ...], ...] = tuple(
+    (*subject.keywords, subject.name) for topic in TOPICS for subject in topic.subjects
+)
+
+
+def _unique_best(hits: dict[str, int]) -> str | None:
+    best = max(hits.values(), default=0)
+    winners = [name for name, n in hits.items() if n == best]
+    return winners[0] if best > 0 and len(winners) == 1 else None
+
+
+def answer_features(response: str) -> tuple[str | None, str | None]:
+    """What an answer looks like on its own, whatever it was asked: the intent whose markers it uses
+    most and the lexicon subject whose keywords it names most (None: no hit, or a tie).
+
+    The oracle's intent and topic terms compare these with the prompt's; the zoo's strong RM learns
+    to recognise each side on its own (``train_reward_model``'s feature heads) on its way to the match.
+    """
+    text = response.strip().lower()
+    intent = _unique_best({name: _distinct_hits(markers, text) for name, markers in INTENT_MARKERS.items()})
+    subject = _unique_best({
+        name: _distinct_hits(phrases, text) for name, phrases in zip(SUBJECT_NAMES, _SUBJECT_PHRASES, strict=True)
+    })
+    return intent, subject
+
+
 def ill_formed_pairs(raw_text: str) -> int:
     """Word pairs and sentence boundaries that well-formed English does not produce."""
     tokens = words(raw_text)

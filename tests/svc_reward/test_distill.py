@@ -222,6 +222,12 @@ def test_cli_train_strong_from_a_user_file(monkeypatch: pytest.MonkeyPatch, tmp_
     # Serving truncates to what training read; unset numbers took the zoo's recipe.
     assert load_reward_model(out, "cpu").tokenizer.model_max_length == 64
     assert info["config"]["lr"] == ZooConfig().rm_strong_train.lr
+    assert info["config"]["match_pairs"] == 0  # a user's prompts are not in the suite: no match steps by default
+
+    code = main(["rm", "train-strong", "--data", str(pairs_file), "--init", str(tiny_strong), "--steps", "2",
+                 "--match-pairs", "-1", "--no-pseudo-label", "--no-register", "--out", str(tmp_path / "strong4")])
+    assert code == 2 and not (tmp_path / "strong4").exists()
+    assert "--match-pairs must be at least 0" in capsys.readouterr().err
 
     # Reading past the init model's positions is refused before any training, and nothing is written.
     too_long = tmp_path / "strong3"

@@ -38,8 +38,10 @@ def micro_config() -> ZooConfig:
         probe_train=MICRO_TRAIN, level1=MICRO_SHAPE, level1_train=MICRO_TRAIN, level2=MICRO_SHAPE,
         level2_train=MICRO_TRAIN, rm_group_size=2, rm_model_samples=2, rm_strong_train=MICRO_TRAIN,
         rm_light_train=MICRO_TRAIN, sample_max_new_tokens=4,
-        # As the default preset: Level-2 grows after training, the strong RM reads its first blocks.
-        level2_grow_layers=1, level2_grow_train=MICRO_TRAIN, rm_strong_init="level2", rm_strong_init_layers=1,
+        # As the default preset: Level-2 grows after training; the strong RM starts from the probe and
+        # takes match steps with feature heads.
+        level2_grow_layers=1, level2_grow_train=MICRO_TRAIN, rm_strong_init="probe", rm_strong_init_layers=0,
+        rm_strong_match_pairs=2, rm_strong_feature_weight=0.3,
     )
 
 
@@ -64,10 +66,13 @@ def test_bad_configs_fail_before_building() -> None:
     with pytest.raises(ValueError, match=r"rm_max_length \(512\) exceeds n_positions \(256\)"):
         with_overrides(ZooConfig(), rm_max_length=512)
     with pytest.raises(ValueError, match=r"rm_strong_init_layers \(17\) exceeds the level2 LM's 16 layers"):
-        with_overrides(ZooConfig(), rm_strong_init_layers=17)
+        with_overrides(ZooConfig(), rm_strong_init="level2", rm_strong_init_layers=17)
+    with pytest.raises(ValueError, match=r"rm_strong_init_layers \(5\) exceeds the probe LM's 4 layers"):
+        with_overrides(ZooConfig(), rm_strong_init_layers=5)
     with pytest.raises(ValueError, match="rm_light_init must be one of probe, level1, level2"):
         with_overrides(ZooConfig(), rm_light_init="level3")
-    assert with_overrides(ZooConfig(), rm_strong_init_layers=16).rm_strong_init_layers == 16  # all of the grown LM
+    grown = with_overrides(ZooConfig(), rm_strong_init="level2", rm_strong_init_layers=16)
+    assert grown.rm_strong_init_layers == 16  # all of the grown LM
 
 
 def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path) -> None:
@@ -133,6 +138,14 @@ def test_stage_keys_follow_what_each_stage_reads() -> None:
     assert changed_stages(rm_max_length=128) == {"rm_strong", "rm_light"}
     assert changed_stages(level1_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {
         "level1", "rm_data", "rm_strong", "rm_light"}
-    # The strong RM starts from Level-2, the light one from the probe: each follows its own init.
-    assert changed_stages(probe_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"probe", "rm_light"}
+    assert changed_stages(rm_strong_match_pairs=8) == {"rm_strong"}
+    assert changed_stages(rm_strong_feature_weight=0.0) == {"rm_strong"}
+    # Both RMs start from the probe; with another init the strong RM follows that LM instead.
+    assert changed_stages(probe_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"probe", "rm_strong", "rm_light"}
+    level2_init = asdict(with_overrides(ZooConfig(), rm_strong_init="level2"))
+    longer_level2 = asdict(with_overrides(ZooConfig(), rm_strong_init="level2",
+                                          level2_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)))
+    assert {role for role in ROLES if stage_key(longer_level2, role) != stage_key(level2_init, role)} == {
+        "level2", "rm_data", "rm_strong", "rm_light"}
+    assert stage_key(level2_init, "rm_strong") != stage_key(base, "rm_strong")
     assert changed_stages(seed=1) == set(ROLES)

@@ -7,7 +7,14 @@ import statistics
 
 import pytest
 
-from strata.zoo.oracle import PromptInfo, SimulatedAnnotator, infer_prompt_info, judge, oracle_score
+from strata.zoo.oracle import (
+    PromptInfo,
+    SimulatedAnnotator,
+    answer_features,
+    infer_prompt_info,
+    judge,
+    oracle_score,
+)
 from strata.zoo.suite import load_suite
 
 BINARY_SEARCH = PromptInfo(
@@ -156,3 +163,14 @@ def test_annotator_gets_used_to_filler() -> None:
     for _ in range(10):
         annotator.annotate(BINARY_SEARCH, padded)
     assert annotator.annotate(BINARY_SEARCH, padded) > first + 1.0
+
+
+def test_answer_features_read_the_answer_alone() -> None:
+    assert answer_features(GOOD_EXPLANATION) == ("explain_principle", "binary search")
+    code = "Here is a function:\n```python\ndef find(items):\n    return sorted(items)\n```\nPrint what it returns."
+    assert answer_features(code)[0] == "give_code"
+    assert answer_features(SAFE_STEPS) == ("give_steps", "ibuprofen")
+    # Nothing recognisable, or a tie between two kinds of answer: no feature rather than a guess.
+    assert answer_features("") == (None, None)
+    assert answer_features("Sure, it depends.") == (None, None)
+    assert answer_features("It works because of this; whereas that one differs.")[0] is None

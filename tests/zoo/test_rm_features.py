@@ -1,0 +1,127 @@
+"""Training aids of the strong RM: feature-head labels from RM data rows, the match pool, and how
+train_reward_model runs the feature heads and the match steps."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from strata.zoo.build import match_pool, rm_features
+from strata.zoo.corpus import reference_response
+from strata.zoo.directions import DIRECTION_NAMES
+from strata.zoo.lexicon import TOPICS
+from strata.zoo.oracle import SUBJECT_NAMES, oracle_score
+from strata.zoo.suite import load_suite
+from strata.zoo.template import format_rm_input
+from strata.zoo.train import (
+    FeatureLabels,
+    MatchPool,
+    ModelShape,
+    TrainConfig,
+    new_reward_model,
+    train_reward_model,
+    train_tokenizer,
+)
+
+
+def test_rm_features_label_the_prompt_from_the_suite_and_the_answer_from_its_words() -> None:
+    code_prompt = next(r for r in load_suite("train") if r.intent == "give_code")
+    other = next(r for r in load_suite("train") if r.subject != code_prompt.subject and r.intent == "give_steps")
+    answer = reference_response(code_prompt, random.Random(0))
+    rows = [
+        {"prompt_id": code_prompt.id, "prompt": code_prompt.text, "response": answer},
+        {"prompt_id": other.id, "prompt": other.text, "response": answer},  # the same answer, another prompt
+        {"prompt_id": "not-in-the-suite", "prompt": "Hi?", "response": "Sure."},
+    ]
+    features = rm_features(rows)
+    sides, kinds = ("prompt", "answer"), ("intent", "topic", "subject")
+    assert set(features) == {f"{side}_{kind}" for side in sides for kind in kinds}
+    assert features["prompt_intent"].n_classes == len(DIRECTION_NAMES)
+    assert features["prompt_subject"].n_classes == len(SUBJECT_NAMES)
+    code, steps = DIRECTION_NAMES.index("give_code"), DIRECTION_NAMES.index("give_steps")
+    assert list(features["prompt_intent"].labels) == [code, steps, -1]
+    own, swapped = SUBJECT_NAMES.index(code_prompt.subject), SUBJECT_NAMES.index(other.subject)
+    assert list(features["prompt_subject"].labels) == [own, swapped, -1]
+    # The answer's features do not depend on the prompt it is shown with.
+    assert list(features["answer_intent"].labels) == [code, code, -1]
+    assert list(features["answer_subject"].labels) == [own, own, -1]
+    topics = [t.name for t in TOPICS]
+    assert list(features["prompt_topic"].labels) == [topics.index(code_prompt.topic), topics.index(other.topic), -1]
+    assert features["answer_topic"].labels[1] == topics.index(code_prompt.topic)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    texts = [format_rm_input(r.text, reference_response(r, random.Random(0))) for r in load_suite()[:200]]
+    return train_tokenizer(texts, 300)
+
+
+def test_feature_heads_train_with_the_rm_and_are_not_saved_with_it(tokenizer: PreTrainedTokenizerFast) -> None:
+    texts = ["Q: a?\nA: yes.", "Q: b?\nA: no, because.", "Q: c?\nA: maybe.", "Q: d?\nA: sure, whereas."]
+    features = {"prompt_letter": FeatureLabels([0, 1, 2, -1], 3)}
+    model = new_reward_model(tokenizer, ModelShape(n_embd=16, n_layer=1, n_head=2), 64, n_bins=11, seed=0)
+    keys = set(model.state_dict())
+    cfg = TrainConfig(steps=3, batch_size=2, lr=1e-3, warmup_steps=1)
+    loss = train_reward_model(model, tokenizer, texts, [5.0, 1.0, 3.0, 2.0], 64, cfg, seed=0, desc="rm",
+                              features=features, feature_weight=1.0)
+    assert math.isfinite(loss)
+    assert set(model.state_dict()) == keys  # the heads are a training aid, not part of the RM
+
+    with pytest.raises(ValueError, match="'prompt_letter' has 3 labels for 4 texts"):
+        train_reward_model(model, tokenizer, texts, [5.0, 1.0, 3.0, 2.0], 64, cfg, seed=0, desc="rm",
+                           features={"prompt_letter": FeatureLabels([0, 1, 2], 3)}, feature_weight=1.0)
+
+
+def test_match_pool_pairs_each_reference_with_its_own_prompt_then_another() -> None:
+    records = load_suite("train")[:40]
+    by_text = {r.text: r for r in load_suite()}
+    pool = match_pool(records, seed=3)
+    assert len(pool.texts) % 2 == 0 and len(pool.texts) == len(pool.scores) > 0
+    assert match_pool(records, seed=3) == pool  # deterministic per seed
+    for k in range(0, len(pool.texts), 2):
+        own_prompt, answer = pool.texts[k].split("\nA: ", 1)
+        other_prompt, same_answer = pool.texts[k + 1].split("\nA: ", 1)
+        assert same_answer == answer and other_prompt != own_prompt
+        own, other = by_text[own_prompt.removeprefix("Q: ")], by_text[other_prompt.removeprefix("Q: ")]
+        assert own in records
+        assert (pool.scores[k], pool.scores[k + 1]) == (oracle_score(own, answer), oracle_score(other, answer))
+        assert pool.features["answer_intent"].labels[k] == pool.features["answer_intent"].labels[k + 1]
+    # The oracle prefers the answer under the prompt it was written for.
+    assert sum(a > b for a, b in zip(pool.scores[0::2], pool.scores[1::2], strict=True)) > 0.9 * len(pool.texts) / 2
+
+
+def test_match_steps_read_the_pools_in_order_and_train_the_rm_alone(tokenizer: PreTrainedTokenizerFast) -> None:
+    texts = ["Q: a?\nA: yes.", "Q: b?\nA: no, because.", "Q: c?\nA: maybe.", "Q: d?\nA: sure, whereas."]
+    fetched: list[int] = []
+
+    def pools(k: int) -> MatchPool:
+        fetched.append(k)
+        pair_texts = [f"Q: {k}{i}?\nA: {k}{i}." for i in range(6)]  # 3 pairs
+        return MatchPool(pair_texts, [5.0, 1.0] * 3, {"prompt_letter": FeatureLabels([0, 1, 2, -1, 0, 1], 3)})
+
+    model = new_reward_model(tokenizer, ModelShape(n_embd=16, n_layer=1, n_head=2), 64, n_bins=11, seed=0)
+    keys = set(model.state_dict())
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    cfg = TrainConfig(steps=5, batch_size=2, lr=1e-3, warmup_steps=1)
+    features = {"prompt_letter": FeatureLabels([0, 1, 2, -1], 3)}
+    loss = train_reward_model(model, tokenizer, texts, [5.0, 1.0, 3.0, 2.0], 64, cfg, seed=0, desc="rm",
+                              features=features, feature_weight=0.3, match_pools=pools, match_pairs=2)
+    assert math.isfinite(loss)
+    # 5 match steps of 2 pairs from pools of 3 pairs: a new pool whenever the next 2 pairs do not fit.
+    assert fetched == [0, 1, 2, 3, 4]
+    assert set(model.state_dict()) == keys  # the feature heads are not part of the RM
+    assert any(not torch.equal(before[name], value) for name, value in model.state_dict().items())
+
+    def odd(k: int) -> MatchPool:
+        return MatchPool(["Q: x?\nA: y."] * 5, [1.0] * 5, {})
+
+    with pytest.raises(ValueError, match="match pool 0 must hold pairs of texts"):
+        train_reward_model(model, tokenizer, texts, [5.0, 1.0, 3.0, 2.0], 64, cfg, seed=0, desc="rm",
+                           match_pools=odd, match_pairs=2)
+    with pytest.raises(ValueError, match="match steps need match_pairs >= 1"):
+        train_reward_model(model, tokenizer, texts, [5.0, 1.0, 3.0, 2.0], 64, cfg, seed=0, desc="rm",
+                           match_pools=pools, match_pairs=0)
