@@ -105,14 +105,15 @@ PROBE_TRAIN = TrainConfig(steps=120, batch_size=32, lr=3e-3, warmup_steps=10)
 LEVEL1_SHAPE = ModelShape(n_embd=256, n_layer=6, n_head=4)  # ~5M: Level-1 and the PPO policy
 LEVEL1_TRAIN = TrainConfig(steps=80, batch_size=16, lr=2e-3)
 LEVEL2_SHAPE = ModelShape(n_embd=384, n_layer=6, n_head=6)  # ~12M: Level-2 before it grows
-LEVEL2_TRAIN = TrainConfig(steps=160, batch_size=16, lr=1.5e-3)
+LEVEL2_TRAIN = TrainConfig(steps=120, batch_size=16, lr=1.5e-3)
 LEVEL2_GROW_LAYERS = 10  # then deepened to 16 x 384, ~29M, and trained on (``train.deepen``)
-LEVEL2_GROW_TRAIN = TrainConfig(steps=40, batch_size=16, lr=1e-3, warmup_steps=5)
-# The strong RM: the probe's trunk, 1200 grouped steps (batch: prompt groups) each followed by a match
-# step of 16 prompt swaps. It ranks better than Level-2's first 4 blocks trained 300 grouped steps in
-# about the same CPU time (0.84 vs 0.78 Spearman), because it learns to compare the answer with the
-# prompt, which no RM here learned without the match steps (docs/model-zoo.md, Known limits).
-RM_STRONG_TRAIN = TrainConfig(steps=1200, batch_size=4, lr=1e-3, warmup_steps=10)
+LEVEL2_GROW_TRAIN = TrainConfig(steps=32, batch_size=16, lr=1e-3, warmup_steps=5)
+# The strong RM: the probe's trunk, 800 grouped steps (batch: prompt groups) each followed by a match
+# step of 16 prompt swaps. It ranks better than Level-2's first 4 blocks trained 300 grouped steps
+# (0.84 vs 0.78 Spearman in experiments), because it learns to compare the answer with the prompt,
+# which no RM here learned without the match steps (docs/model-zoo.md). It takes longer (~7 min of
+# CPU), paid for by a shorter Level-2 schedule (120 + 32 steps, was 160 + 40).
+RM_STRONG_TRAIN = TrainConfig(steps=800, batch_size=4, lr=1e-3, warmup_steps=10)
 RM_STRONG_INIT_LAYERS = 0
 RM_STRONG_MATCH_PAIRS = 16
 RM_LIGHT_TRAIN = TrainConfig(steps=300, batch_size=4, lr=1e-3, warmup_steps=10)
