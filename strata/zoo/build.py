@@ -110,8 +110,8 @@ LEVEL2_GROW_LAYERS = 10  # then deepened to 16 x 384, ~29M, and trained on (``tr
 LEVEL2_GROW_TRAIN = TrainConfig(steps=32, batch_size=16, lr=1e-3, warmup_steps=5)
 # The strong RM: the probe's trunk, 800 grouped steps (batch: prompt groups) each followed by a match
 # step of 16 prompt swaps. It ranks better than Level-2's first 4 blocks trained 300 grouped steps
-# (0.84 vs 0.78 Spearman in experiments), because it learns to compare the answer with the prompt,
-# which no RM here learned without the match steps (docs/model-zoo.md). It takes longer (~7 min of
+# (0.82 built, 0.84 in experiments, vs 0.78 Spearman), because it learns to compare the answer with the prompt,
+# which no RM here learned without the match steps (docs/model-zoo.md). It takes longer (~6 min of
 # CPU), paid for by a shorter Level-2 schedule (120 + 32 steps, was 160 + 40).
 RM_STRONG_TRAIN = TrainConfig(steps=800, batch_size=4, lr=1e-3, warmup_steps=10)
 RM_STRONG_INIT_LAYERS = 0
@@ -150,7 +150,7 @@ class ZooConfig:
     # what the oracle punishes in them.
     rm_max_length: int = RM_MAX_LENGTH
     # RM backbone initialised from this LM ("" = from scratch). The probe: it already reads the prompt's
-    # intent (its own task), one side of the match, and is small enough for 1200 + 1200 steps.
+    # intent (its own task), one side of the match, and is small enough for 800 + 800 steps.
     rm_strong_init: str = "probe"
     rm_strong: ModelShape = LEVEL1_SHAPE  # used only when rm_strong_init is "" (else the init LM's)
     # The strong RM reads with the init LM's first blocks only (0: all): fine-tuning all of the grown

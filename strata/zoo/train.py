@@ -241,7 +241,7 @@ def train_reward_model(
       Bradley-Terry own > other, and the feature heads on the pool's labels). It has an AdamW of its
       own over the same weights: sharing one, the weak match gradient was scaled down by the strong,
       easy signals of the degradations (task-wise Adam). On the zoo task this took the probe-sized RM
-      from Spearman 0.77 to 0.84 and its prompt match from 0.49 to 0.88 (docs/model-zoo.md).
+      from Spearman 0.77 to 0.82-0.84 and its prompt match from 0.49 to 0.77-0.88 (docs/model-zoo.md).
     """
     n_bins = model.config.num_labels
     rng = random.Random(seed)
