@@ -378,14 +378,10 @@ def _train_strong(args: argparse.Namespace) -> int:
                       warmup_steps=min(10, args.steps))
     match: dict[str, Any] = {}
     if args.match_pairs:
-        from strata.zoo.build import match_pool, rm_features
+        from strata.zoo.build import match_training
         from strata.zoo.suite import load_suite
 
-        train_records = load_suite("train")
-        feature_weight = recipe.rm_strong_feature_weight
-        match = {"features": rm_features(rows) if feature_weight > 0 else None, "feature_weight": feature_weight,
-                 "match_pools": lambda k: match_pool(train_records, args.seed + 100 + k),
-                 "match_pairs": args.match_pairs}
+        match = match_training(rows, load_suite("train"), args.match_pairs, recipe.rm_strong_feature_weight, args.seed)
         print(f"  + a match step of {args.match_pairs} prompt swaps (suite train prompts) after each step")
     started = time.perf_counter()
     loss = train_reward_model(model, tokenizer, texts, [float(r["score"]) for r in rows], args.max_length, cfg,

@@ -457,10 +457,11 @@ class ZooBuilder:
         return {"n_pairs": len(rows), "n_groups": len(groups), "mean_score": sum(scores) / len(scores)}
 
     def _rm(self, out: Path, role: str) -> dict[str, Any]:
-        shape, train, init, init_layers = (
-            (self.cfg.rm_strong, self.cfg.rm_strong_train, self.cfg.rm_strong_init, self.cfg.rm_strong_init_layers)
+        shape, train, init, init_layers, match_pairs, feature_weight = (
+            (self.cfg.rm_strong, self.cfg.rm_strong_train, self.cfg.rm_strong_init, self.cfg.rm_strong_init_layers,
+             self.cfg.rm_strong_match_pairs, self.cfg.rm_strong_feature_weight)
             if role == "rm_strong"
-            else (self.cfg.rm_light, self.cfg.rm_light_train, self.cfg.rm_light_init, 0)
+            else (self.cfg.rm_light, self.cfg.rm_light_train, self.cfg.rm_light_init, 0, 0, 0.0)
         )
         tokenizer = self._load_tokenizer()
         if init:
@@ -476,14 +477,10 @@ class ZooBuilder:
         rows = [json.loads(line) for line in self.paths.rm_data.open(encoding="utf-8")]
         texts = [format_rm_input(row["prompt"], row["response"]) for row in rows]
         scores = [row["score"] for row in rows]
-        match_pairs, feature_weight = ((self.cfg.rm_strong_match_pairs, self.cfg.rm_strong_feature_weight)
-                                       if role == "rm_strong" else (0, 0.0))
         loss = train_reward_model(
             model, tokenizer, texts, scores, self.cfg.rm_max_length, train, self.cfg.seed, role,
             groups=groups_of(rows), pairwise_weight=self.cfg.rm_pairwise_weight,
-            features=rm_features(rows) if feature_weight > 0 else None, feature_weight=feature_weight,
-            match_pools=(lambda k: match_pool(self.train_records, self.cfg.seed + 100 + k)) if match_pairs else None,
-            match_pairs=match_pairs)
+            **match_training(rows, self.train_records, match_pairs, feature_weight, self.cfg.seed))
         model.config.problem_type = "single_label_classification"
         recipe = f"two-hot cross-entropy + {self.cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"
         if feature_weight > 0:
@@ -531,6 +528,19 @@ def rm_features(rows: list[dict[str, Any]]) -> dict[str, FeatureLabels]:
         labels["answer_subject"].append(subjects[answer_subject] if answer_subject else -1)
     n_classes = {"intent": len(intents), "topic": len(topics), "subject": len(subjects)}
     return {name: FeatureLabels(values, n_classes[name.split("_")[1]]) for name, values in labels.items()}
+
+
+def match_training(rows: list[dict[str, Any]], train_records: list[PromptRecord], match_pairs: int,
+                   feature_weight: float, seed: int) -> dict[str, Any]:
+    """``train_reward_model``'s keyword arguments for the feature heads (labels of ``rows``) and the
+    match steps (pool ``k`` drawn from ``train_records`` with seed ``seed + 100 + k``); empty when
+    both are off. The build and ``strata rm train-strong`` share it, so the CLI trains the zoo's RM."""
+    aids: dict[str, Any] = {}
+    if feature_weight > 0:
+        aids |= {"features": rm_features(rows), "feature_weight": feature_weight}
+    if match_pairs:
+        aids |= {"match_pools": lambda k: match_pool(train_records, seed + 100 + k), "match_pairs": match_pairs}
+    return aids
 
 
 def match_pool(records: list[PromptRecord], seed: int) -> MatchPool:
