@@ -23,6 +23,7 @@ from transformers import (
     GPT2Config,
     GPT2ForSequenceClassification,
     GPT2LMHeadModel,
+    GPT2PreTrainedModel,
     PreTrainedModel,
     PreTrainedTokenizerFast,
 )
@@ -112,8 +113,9 @@ def new_causal_lm(
     return GPT2LMHeadModel(gpt2_config(tokenizer, shape, n_positions))
 
 
-def deepen(model: GPT2LMHeadModel, extra_layers: int, seed: int) -> GPT2LMHeadModel:
-    """``model`` with ``extra_layers`` new blocks on top, computing exactly the same function.
+def deepen(model: GPT2PreTrainedModel, extra_layers: int, seed: int) -> GPT2PreTrainedModel:
+    """``model`` (a GPT-2 LM or sequence classifier) with ``extra_layers`` new blocks on top, computing
+    exactly the same function.
 
     The new blocks start with zero output projections (attention and MLP ``c_proj``), so each adds
     nothing to the residual stream until trained (as in ReZero/Fixup); the rest is copied. Training
@@ -125,7 +127,7 @@ def deepen(model: GPT2LMHeadModel, extra_layers: int, seed: int) -> GPT2LMHeadMo
     config = copy.deepcopy(model.config)
     config.n_layer = model.config.n_layer + extra_layers
     torch.manual_seed(seed)
-    deeper = GPT2LMHeadModel(config)
+    deeper = type(model)(config)
     result = deeper.load_state_dict(model.state_dict(), strict=False)
     if result.unexpected_keys:  # every trained weight must land somewhere
         raise ValueError(f"cannot deepen: weights with no place in the deeper model: {result.unexpected_keys}")
@@ -136,6 +138,86 @@ def deepen(model: GPT2LMHeadModel, extra_layers: int, seed: int) -> GPT2LMHeadMo
                 projection.bias.zero_()
     deeper.tie_weights()
     return deeper
+
+
+def widen(model: GPT2PreTrainedModel, factor: int, seed: int, noise: float = 1e-3) -> GPT2PreTrainedModel:
+    """``model`` with every width multiplied by ``factor`` (residual stream, heads, MLP), computing the
+    same function up to ``noise`` (Net2WiderNet, Chen et al. 2016, for GPT-2).
+
+    The residual stream becomes ``factor`` copies of itself: LayerNorm's mean and variance over copies
+    are those of the original, so every LayerNorm output is the copied original too. A linear layer
+    reading the stream takes its original rows divided by ``factor`` in each copy (the copies sum back
+    to the original input); one writing to it, or to the MLP's hidden units, repeats its columns. Each
+    head keeps its place and gets ``factor`` times the dimensions, with queries scaled by
+    ``1/sqrt(factor)`` so that ``q.k / sqrt(head_dim)`` is unchanged. Copies that start equal get
+    equal gradients and would stay copies, so ``noise`` (relative to each weight's scale, seeded)
+    breaks the tie. The number of heads is kept.
+    """
+    if factor < 2:
+        raise ValueError(f"factor must be at least 2, got {factor}")
+    if not isinstance(model, GPT2ForSequenceClassification):
+        # An LM's output head is tied to its input embedding: one matrix cannot both write the copies
+        # and read them back divided by ``factor``.
+        raise ValueError(f"widen takes a GPT-2 sequence classifier (a reward model), got {type(model).__name__}")
+    old = model.config
+    d, n_head = old.n_embd, old.n_head
+    head_dim = d // n_head
+    config = copy.deepcopy(old)
+    config.n_embd = d * factor
+    if getattr(old, "n_inner", None):
+        config.n_inner = old.n_inner * factor
+    wider = type(model)(config)
+    generator = torch.Generator().manual_seed(seed)
+
+    def read(weight: torch.Tensor, dim: int) -> torch.Tensor:  # a weight reading the stream along ``dim``
+        return torch.cat([weight / factor] * factor, dim=dim)
+
+    def write(weight: torch.Tensor, dim: int) -> torch.Tensor:  # a weight writing to a widened output
+        return torch.cat([weight] * factor, dim=dim)
+
+    def per_head(weight: torch.Tensor) -> torch.Tensor:  # (..., d) in head order -> (..., factor * d)
+        heads = weight.reshape(*weight.shape[:-1], n_head, 1, head_dim)
+        return heads.expand(*weight.shape[:-1], n_head, factor, head_dim).reshape(*weight.shape[:-1], d * factor)
+
+    source = model.state_dict()
+    target: dict[str, torch.Tensor] = {}
+    for name, value in source.items():
+        if name.endswith(("wte.weight", "wpe.weight")):
+            target[name] = write(value, 1)
+        elif name.endswith(("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias", "ln_f.weight", "ln_f.bias")):
+            target[name] = write(value, 0)
+        elif name.endswith("attn.c_attn.weight") or name.endswith("attn.c_attn.bias"):
+            q, k, v = value.split(d, dim=-1)
+            q = q / math.sqrt(factor)
+            parts = [per_head(part) for part in (q, k, v)]
+            joined = torch.cat(parts, dim=-1)
+            target[name] = read(joined, 0) if value.dim() == 2 else joined
+        elif name.endswith("attn.c_proj.weight"):  # (d in head order, d) -> (factor * d, factor * d)
+            rows = value.reshape(n_head, 1, head_dim, d).expand(n_head, factor, head_dim, d).reshape(d * factor, d)
+            target[name] = write(rows / factor, 1)
+        elif name.endswith(("attn.c_proj.bias", "mlp.c_proj.bias")):
+            target[name] = write(value, 0)
+        elif name.endswith("mlp.c_fc.weight"):
+            target[name] = write(read(value, 0), 1)
+        elif name.endswith("mlp.c_fc.bias"):
+            target[name] = write(value, 0)
+        elif name.endswith("mlp.c_proj.weight"):
+            target[name] = write(read(value, 0), 1)
+        elif name == "score.weight":  # (labels, d): reads the stream
+            target[name] = read(value, 1)
+        elif name.endswith((".attn.bias", ".attn.masked_bias")):
+            target[name] = value
+        else:
+            raise ValueError(f"cannot widen: no rule for weight {name!r}")
+        if noise > 0 and target[name].dim() >= 2 and target[name].is_floating_point():
+            scale = float(target[name].std()) or 1.0
+            target[name] = target[name] + noise * scale * torch.randn(target[name].shape, generator=generator)
+    missing = [key for key in wider.state_dict() if key not in target]
+    if missing:
+        raise ValueError(f"cannot widen: no source for {missing}")
+    wider.load_state_dict(target, strict=False)
+    wider.tie_weights()
+    return wider
 
 
 def new_reward_model(

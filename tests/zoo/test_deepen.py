@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-from strata.zoo.train import deepen
+from strata.zoo.train import deepen, widen
 
 
 def test_deepen_adds_blocks_that_change_nothing_until_trained() -> None:
@@ -31,3 +31,53 @@ def test_deepen_adds_blocks_that_change_nothing_until_trained() -> None:
 
     with pytest.raises(ValueError, match="at least 1"):
         deepen(model, 0, seed=1)
+
+
+def _classifier(n_embd: int = 16, n_head: int = 4) -> GPT2ForSequenceClassification:
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=n_embd, n_layer=2, n_head=n_head, num_labels=11,
+                        pad_token_id=0)
+    return GPT2ForSequenceClassification(config).eval()
+
+
+def test_widen_computes_the_same_scores_in_a_wider_model() -> None:
+    model = _classifier()
+    ids = torch.randint(1, 64, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[0, 8:] = 0  # padded rows are pooled at their last real token, as before
+    wider = widen(model, 3, seed=1, noise=0.0).eval()
+    assert (wider.config.n_embd, wider.config.n_head, wider.config.n_layer) == (48, 4, 2)
+    assert model.config.n_embd == 16  # the original is left as it was
+    with torch.no_grad():
+        torch.testing.assert_close(wider(input_ids=ids, attention_mask=mask).logits,
+                                   model(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=1e-5)
+        # Widened and then deepened, still the same function: the zoo's strong RM grows both ways.
+        grown = deepen(wider, 2, seed=2).eval()
+        torch.testing.assert_close(grown(input_ids=ids, attention_mask=mask).logits,
+                                   model(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=1e-5)
+    # About factor^2 times the compute per token in the blocks.
+    block = sum(p.numel() for p in model.transformer.h.parameters())
+    assert sum(p.numel() for p in wider.transformer.h.parameters()) > 8 * block
+
+
+def test_widen_noise_breaks_the_symmetry_of_the_copies() -> None:
+    model = _classifier()
+    ids = torch.randint(1, 64, (2, 10))
+    exact = widen(model, 2, seed=1, noise=0.0)
+    noisy = widen(model, 2, seed=1, noise=1e-3)
+    first, second = noisy.transformer.h[0].mlp.c_fc.weight.split(16, dim=0)  # the two copies' input rows
+    assert not torch.equal(first, second)
+    assert torch.equal(exact.transformer.h[0].mlp.c_fc.weight.split(16, dim=0)[0],
+                       exact.transformer.h[0].mlp.c_fc.weight.split(16, dim=0)[1])
+    with torch.no_grad():
+        torch.testing.assert_close(noisy.eval()(input_ids=ids).logits, model(input_ids=ids).logits,
+                                   rtol=0, atol=5e-2)
+    assert torch.equal(widen(model, 2, seed=1).transformer.wte.weight, widen(model, 2, seed=1).transformer.wte.weight)
+
+
+def test_widen_refuses_what_it_cannot_keep_the_same() -> None:
+    with pytest.raises(ValueError, match="at least 2"):
+        widen(_classifier(), 1, seed=0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match="sequence classifier"):
+        widen(lm, 2, seed=0)  # its output head is tied to the input embedding
