@@ -35,7 +35,7 @@ from transformers import AutoTokenizer, GPT2ForSequenceClassification, GPT2LMHea
 
 from strata.config import StrataSettings
 from strata.models.generation import SamplingConfig, generate
-from strata.models.loading import ZOO_INFO_FILE, load_causal_lm
+from strata.models.loading import ZOO_INFO_FILE, load_causal_lm, load_reward_model
 from strata.models.reward import save_rm_tokenizer
 from strata.zoo import corpus
 from strata.zoo.directions import DIRECTION_NAMES
@@ -55,6 +55,7 @@ from strata.zoo.train import (
     train_causal_lm,
     train_reward_model,
     train_tokenizer,
+    widen,
 )
 
 logger = logging.getLogger(__name__)
@@ -74,13 +75,15 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "rm_data": ("rm_group_size", "rm_model_samples", "sample_max_new_tokens"),
     "rm_strong": ("rm_strong_init", "rm_strong", "rm_strong_init_layers", "rm_strong_train", "rm_n_bins",
                   "rm_max_length", "rm_pairwise_weight", "n_positions", "rm_strong_match_pairs",
-                  "rm_strong_feature_weight"),
-    "rm_light": ("rm_light_init", "rm_light", "rm_light_train", "rm_n_bins", "rm_max_length", "rm_pairwise_weight",
-                 "n_positions"),
+                  "rm_strong_feature_weight", "rm_strong_widen", "rm_strong_grow_layers", "rm_strong_grow_train",
+                  "rm_strong_grow_feature_weight"),
+    "rm_light": ("rm_light_train", "rm_light_distill_pairs", "rm_light_distill_swaps", "rm_light_temperature",
+                 "rm_max_length"),
 }
 STAGE_UPSTREAM: dict[str, tuple[str, ...]] = {
     "tokenizer": (), "probe": ("tokenizer",), "level1": ("tokenizer",), "level2": ("tokenizer",),
-    "rm_data": ("level1", "level2"), "rm_strong": ("rm_data",), "rm_light": ("rm_data",),
+    "rm_data": ("level1", "level2"), "rm_strong": ("rm_data",),
+    "rm_light": ("rm_data", "rm_strong"),
 }
 
 
@@ -116,7 +119,15 @@ LEVEL2_GROW_TRAIN = TrainConfig(steps=32, batch_size=16, lr=1e-3, warmup_steps=5
 RM_STRONG_TRAIN = TrainConfig(steps=800, batch_size=4, lr=1e-3, warmup_steps=10)
 RM_STRONG_INIT_LAYERS = 0
 RM_STRONG_MATCH_PAIRS = 16
-RM_LIGHT_TRAIN = TrainConfig(steps=300, batch_size=4, lr=1e-3, warmup_steps=10)
+# Then it grows (``train.widen``, ``train.deepen``: the same function in a bigger model, 12 x 384, 22M)
+# and trains on at that size, so that it costs what a strong RM costs: ~10x the light RM per scored
+# token. Gently (lr 5e-5, no feature heads): at 2e-4 with fresh heads its prompt match fell 0.86 -> 0.78.
+RM_STRONG_WIDEN = 3
+RM_STRONG_GROW_LAYERS = 8
+RM_STRONG_GROW_TRAIN = TrainConfig(steps=30, batch_size=4, lr=5e-5, warmup_steps=5)
+# The light RM: the strong RM's pre-growth trunk (its student init), fitted by KL to the grown strong
+# RM's bin distributions on RM pairs and prompt swaps it labels (R6).
+RM_LIGHT_TRAIN = TrainConfig(steps=400, batch_size=32, lr=5e-4, warmup_steps=20)
 
 
 @dataclass(frozen=True)
@@ -162,9 +173,21 @@ class ZooConfig:
     # (prompt and answer intent, topic and subject) on both kinds of step.
     rm_strong_match_pairs: int = RM_STRONG_MATCH_PAIRS
     rm_strong_feature_weight: float = 0.3
-    rm_light_init: str = "probe"
-    rm_light: ModelShape = PROBE_SHAPE  # used only when rm_light_init is ""
+    # After those steps the strong RM grows: every width times ``rm_strong_widen`` (1: none) and
+    # ``rm_strong_grow_layers`` more blocks (0: none), then ``rm_strong_grow_train`` steps of the same
+    # recipe at that size. The model before growth is saved as its student init (``STUDENT_INIT_DIR``).
+    rm_strong_widen: int = RM_STRONG_WIDEN
+    rm_strong_grow_layers: int = RM_STRONG_GROW_LAYERS
+    rm_strong_grow_train: TrainConfig = RM_STRONG_GROW_TRAIN
+    rm_strong_grow_feature_weight: float = 0.0  # feature heads after growth (they start fresh: 0, none)
+    # The light RM is distilled from the strong RM (R6): it starts from the strong RM's student init and
+    # fits, by KL at ``rm_light_temperature``, the strong RM's bin distributions on this many RM pairs
+    # (sampled) and this many prompt swaps of train prompts (a reference answer under its own prompt and
+    # under another: what carries the prompt match).
     rm_light_train: TrainConfig = RM_LIGHT_TRAIN
+    rm_light_distill_pairs: int = 2000
+    rm_light_distill_swaps: int = 500
+    rm_light_temperature: float = 2.0
     sample_max_new_tokens: int = 80
 
     def __post_init__(self) -> None:
@@ -174,12 +197,15 @@ class ZooConfig:
                              "the RMs have no position embeddings past n_positions")
         init_depths = {"probe": self.probe.n_layer, "level1": self.level1.n_layer,
                        "level2": self.level2.n_layer + self.level2_grow_layers}
-        for role, init, layers in (("rm_strong", self.rm_strong_init, self.rm_strong_init_layers),
-                                   ("rm_light", self.rm_light_init, 0)):
+        for role, init, layers in (("rm_strong", self.rm_strong_init, self.rm_strong_init_layers),):
             if init and init not in init_depths:
                 raise ValueError(f"{role}_init must be one of {', '.join(init_depths)} or '' (scratch), got {init!r}")
             if init and layers > init_depths[init]:
                 raise ValueError(f"{role}_init_layers ({layers}) exceeds the {init} LM's {init_depths[init]} layers")
+
+        if self.rm_strong_widen < 1 or self.rm_strong_grow_layers < 0:
+            raise ValueError(f"rm_strong_widen must be >= 1 and rm_strong_grow_layers >= 0, got "
+                             f"{self.rm_strong_widen} and {self.rm_strong_grow_layers}")
 
     def config_hash(self) -> str:
         payload = json.dumps({"format": ZOO_FORMAT_VERSION, **asdict(self)}, sort_keys=True)
@@ -210,8 +236,12 @@ def _ci_preset() -> ZooConfig:
         rm_strong_train=TrainConfig(steps=150, batch_size=4, lr=1e-3, warmup_steps=5),
         rm_strong_match_pairs=0,  # plumbing: the match steps are tested on their own and in the micro build
         rm_strong_feature_weight=0.0,
-        rm_light=small,
-        rm_light_train=TrainConfig(steps=300, batch_size=4, lr=1e-3, warmup_steps=5),
+        rm_strong_widen=2,
+        rm_strong_grow_layers=1,
+        rm_strong_grow_train=TrainConfig(steps=20, batch_size=4, lr=2e-4, warmup_steps=2),
+        rm_light_train=TrainConfig(steps=150, batch_size=32, lr=5e-4, warmup_steps=10),
+        rm_light_distill_pairs=600,
+        rm_light_distill_swaps=150,
         sample_max_new_tokens=48,
     )
 
@@ -330,8 +360,8 @@ class ZooBuilder:
                 out, "level2", self.cfg.level2, self.cfg.level2_train, self.cfg.level2_grow_layers,
                 self.cfg.level2_grow_train)),
             ("rm_data", self.paths.rm_data.parent, self._rm_data),
-            ("rm_strong", self.paths.rm_strong, lambda out: self._rm(out, "rm_strong")),
-            ("rm_light", self.paths.rm_light, lambda out: self._rm(out, "rm_light")),
+            ("rm_strong", self.paths.rm_strong, self._rm_strong),
+            ("rm_light", self.paths.rm_light, self._rm_light),
         ]
         started = time.perf_counter()
         bar = tqdm(stages, desc="strata zoo", unit="stage", disable=not self.progress)
@@ -456,41 +486,150 @@ class ZooBuilder:
         scores = [row["score"] for row in rows]
         return {"n_pairs": len(rows), "n_groups": len(groups), "mean_score": sum(scores) / len(scores)}
 
-    def _rm(self, out: Path, role: str) -> dict[str, Any]:
-        shape, train, init, init_layers, match_pairs, feature_weight = (
-            (self.cfg.rm_strong, self.cfg.rm_strong_train, self.cfg.rm_strong_init, self.cfg.rm_strong_init_layers,
-             self.cfg.rm_strong_match_pairs, self.cfg.rm_strong_feature_weight)
-            if role == "rm_strong"
-            else (self.cfg.rm_light, self.cfg.rm_light_train, self.cfg.rm_light_init, 0, 0, 0.0)
-        )
+    def _rm_rows(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.paths.rm_data.open(encoding="utf-8")]
+
+    def _rm_strong(self, out: Path) -> dict[str, Any]:
+        """The strong RM: the recipe below at the init LM's size, then grown and trained on at ~10x."""
+        cfg = self.cfg
         tokenizer = self._load_tokenizer()
-        if init:
+        if cfg.rm_strong_init:
             # Reward model initialised from a trained LM's transformer (InstructGPT-style); the
             # classification head over score bins starts fresh.
-            init_path = getattr(self.paths, init)  # one of the LM roles ZooConfig.__post_init__ allows
+            init_path = getattr(self.paths, cfg.rm_strong_init)  # one of the LM roles ZooConfig.__post_init__ allows
             model = GPT2ForSequenceClassification.from_pretrained(
-                init_path, num_labels=self.cfg.rm_n_bins, local_files_only=True,
-                **rm_init_overrides(init_layers),
+                init_path, num_labels=cfg.rm_n_bins, local_files_only=True,
+                **rm_init_overrides(cfg.rm_strong_init_layers),
             )
         else:
-            model = new_reward_model(tokenizer, shape, self.cfg.n_positions, self.cfg.rm_n_bins, self.cfg.seed)
-        rows = [json.loads(line) for line in self.paths.rm_data.open(encoding="utf-8")]
+            model = new_reward_model(tokenizer, cfg.rm_strong, cfg.n_positions, cfg.rm_n_bins, cfg.seed)
+        rows = self._rm_rows()
         texts = [format_rm_input(row["prompt"], row["response"]) for row in rows]
         scores = [row["score"] for row in rows]
+        aids = match_training(rows, self.train_records, cfg.rm_strong_match_pairs, cfg.rm_strong_feature_weight,
+                              cfg.seed)
         loss = train_reward_model(
-            model, tokenizer, texts, scores, self.cfg.rm_max_length, train, self.cfg.seed, role,
-            groups=groups_of(rows), pairwise_weight=self.cfg.rm_pairwise_weight,
-            **match_training(rows, self.train_records, match_pairs, feature_weight, self.cfg.seed))
+            model, tokenizer, texts, scores, cfg.rm_max_length, cfg.rm_strong_train, cfg.seed, "rm_strong",
+            groups=groups_of(rows), pairwise_weight=cfg.rm_pairwise_weight, **aids)
+        recipe = f"two-hot cross-entropy + {cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"
+        if cfg.rm_strong_feature_weight > 0:
+            recipe += f" + {cfg.rm_strong_feature_weight:g} x feature heads"
+        if cfg.rm_strong_match_pairs:
+            recipe += f"; a match step of {cfg.rm_strong_match_pairs} prompt swaps after each step (own AdamW)"
+        info: dict[str, Any] = {}
+        if cfg.rm_strong_widen > 1 or cfg.rm_strong_grow_layers:
+            model.config.problem_type = "single_label_classification"
+            core_params = self._save_lm(model, out / STUDENT_INIT_DIR, cfg.rm_max_length)
+            info |= {"student_init": STUDENT_INIT_DIR, "loss_before_growth": loss,
+                     "grown_from": {"n_embd": model.config.n_embd, "n_layer": model.config.n_layer,
+                                    "n_params": core_params}}
+            model = grow_reward_model(model, cfg.rm_strong_widen, cfg.rm_strong_grow_layers, cfg.seed + 2)
+            loss = train_reward_model(
+                model, tokenizer, texts, scores, cfg.rm_max_length, cfg.rm_strong_grow_train, cfg.seed + 1,
+                f"rm_strong (grown to {model.config.n_layer} x {model.config.n_embd})",
+                groups=groups_of(rows), pairwise_weight=cfg.rm_pairwise_weight,
+                **match_training(rows, self.train_records, cfg.rm_strong_match_pairs,
+                                 cfg.rm_strong_grow_feature_weight, cfg.seed + 1))
         model.config.problem_type = "single_label_classification"
-        recipe = f"two-hot cross-entropy + {self.cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"
-        if feature_weight > 0:
-            recipe += f" + {feature_weight:g} x feature heads"
-        if match_pairs:
-            recipe += f"; a match step of {match_pairs} prompt swaps after each step (own AdamW)"
-        return {"n_params": self._save_lm(model, out, self.cfg.rm_max_length), "final_loss": loss,
-                "n_bins": self.cfg.rm_n_bins, "max_length": self.cfg.rm_max_length,
-                "init": init or "scratch", "n_layer": model.config.n_layer, "reward": "expected value over bins 0..5",
-                "loss": recipe}
+        return {"n_params": self._save_lm(model, out, cfg.rm_max_length), "final_loss": loss,
+                "n_bins": cfg.rm_n_bins, "max_length": cfg.rm_max_length, "init": cfg.rm_strong_init or "scratch",
+                "n_layer": model.config.n_layer, "n_embd": model.config.n_embd,
+                "reward": "expected value over bins 0..5", "loss": recipe, **info}
+
+    def _rm_light(self, out: Path) -> dict[str, Any]:
+        """The light RM, distilled from the strong RM (R6): its student init fitted to its bin
+        distributions by KL on RM pairs and prompt swaps that the strong RM labels."""
+        from svc_reward.distill import DistillConfig, train_light
+
+        cfg = self.cfg
+        teacher = load_reward_model(self.paths.rm_strong, device="cpu")
+        student_dir = student_init_dir(self.paths.rm_strong)
+        if student_dir is None:
+            raise ValueError(f"the strong RM at {self.paths.rm_strong} has no student init: the light RM is "
+                             "distilled from it, starting from its pre-growth trunk (rm_strong_widen/grow_layers)")
+        student = GPT2ForSequenceClassification.from_pretrained(student_dir, local_files_only=True)
+        prompts, responses, sources = distill_pairs(self._rm_rows(), self.train_records, cfg.rm_light_distill_pairs,
+                                                    cfg.rm_light_distill_swaps, cfg.seed)
+        started = time.perf_counter()
+        teacher_logits = teacher_labels(teacher, prompts, responses, cfg.rm_max_length, self.progress)
+        label_seconds = time.perf_counter() - started
+        distill = DistillConfig(steps=cfg.rm_light_train.steps, batch_size=cfg.rm_light_train.batch_size,
+                                lr=cfg.rm_light_train.lr, warmup_steps=cfg.rm_light_train.warmup_steps,
+                                weight_decay=cfg.rm_light_train.weight_decay, grad_clip=cfg.rm_light_train.grad_clip,
+                                temperature=cfg.rm_light_temperature, max_length=cfg.rm_max_length, seed=cfg.seed)
+        texts = [format_rm_input(p, r) for p, r in zip(prompts, responses, strict=True)]
+        with tqdm(total=distill.steps, desc="rm_light (distilling)", unit="step", leave=False,
+                  disable=not self.progress) as bar:
+            loss = train_light(student, teacher.tokenizer, texts, teacher_logits, distill,
+                               lambda step, kl: bar.update(1))
+        student.config.problem_type = "single_label_classification"
+        return {"n_params": self._save_lm(student, out, cfg.rm_max_length), "final_loss": loss,
+                "n_bins": cfg.rm_n_bins, "max_length": cfg.rm_max_length, "init": "rm_strong/" + STUDENT_INIT_DIR,
+                "n_layer": student.config.n_layer, "n_embd": student.config.n_embd,
+                "teacher": teacher_version(self.paths.rm_strong), "teacher_params": teacher.n_params,
+                "distill_pairs": sources, "label_seconds": round(label_seconds, 1),
+                "reward": "expected value over bins 0..5",
+                "loss": f"{cfg.rm_light_temperature:g}^2 x KL(strong || light) over score bins"}
+
+
+STUDENT_INIT_DIR = "student_init"
+
+
+def grow_reward_model(model: GPT2ForSequenceClassification, widen_by: int, extra_layers: int,
+                      seed: int) -> GPT2ForSequenceClassification:
+    """``model`` widened ``widen_by`` times and deepened by ``extra_layers`` blocks, same function."""
+    if widen_by > 1:
+        model = widen(model, widen_by, seed)
+    if extra_layers:
+        model = deepen(model, extra_layers, seed + 1)
+    return model
+
+
+def student_init_dir(strong_dir: Path) -> Path | None:
+    """Where a strong RM keeps the model a light RM distilled from it starts from, if it has one: the
+    ``student_init`` of its ``strata_zoo.json`` or ``strata_rm.json`` (relative to it)."""
+    for name in (ZOO_INFO_FILE, "strata_rm.json"):
+        info_file = Path(strong_dir) / name
+        relative = json.loads(info_file.read_text()).get("student_init") if info_file.is_file() else None
+        if relative and (Path(strong_dir) / relative / "config.json").is_file():
+            return Path(strong_dir) / relative
+    return None
+
+
+def teacher_version(strong_dir: Path) -> str:
+    """The registry version of a strong RM directory (``strong-<checksum>``), as a light RM records it."""
+    from svc_reward.registry import rm_checksum, version_id
+
+    return version_id("strong", rm_checksum([strong_dir]))
+
+
+def distill_pairs(rows: list[dict[str, Any]], train_records: list[PromptRecord], n_pairs: int, n_swaps: int,
+                  seed: int) -> tuple[list[str], list[str], dict[str, int]]:
+    """(prompt, response) pairs for the strong RM to label: ``n_pairs`` RM data rows (seeded sample; 0:
+    all) and ``n_swaps`` prompt swaps (a train prompt's reference answer under it and under another),
+    with how many of each."""
+    rng = random.Random(seed + 7)
+    sample = rows if not n_pairs or n_pairs >= len(rows) else rng.sample(rows, n_pairs)
+    prompts = [row["prompt"] for row in sample]
+    responses = [row["response"] for row in sample]
+    swaps = corpus.prompt_swaps(train_records, seed + 8) if n_swaps else []
+    swaps = swaps if n_swaps >= len(swaps) else rng.sample(swaps, n_swaps)
+    for swap in swaps:
+        prompts += [swap.record.text, swap.other.text]
+        responses += [swap.response, swap.response]
+    return prompts, responses, {"rm_data": len(sample), "prompt_swaps": len(swaps)}
+
+
+def teacher_labels(teacher: Any, prompts: list[str], responses: list[str], max_length: int,
+                   progress: bool = True) -> torch.Tensor:
+    """The teacher RM's bin logits (N, bins) for the pairs, scored in length order."""
+    from strata.models.reward import reward_logits
+    from svc_reward.distill import in_length_order
+
+    with torch.no_grad(), tqdm(total=len(prompts), desc="strong RM labels", unit="pair", leave=False,
+                               disable=not progress) as bar:
+        return in_length_order(lambda p, r: reward_logits(teacher, p, r, 32, max_length), prompts, responses,
+                               chunk=256, on_chunk=bar.update)
 
 
 def rm_init_overrides(init_layers: int) -> dict[str, int]:

@@ -15,6 +15,7 @@ from strata.models.reward import score_responses
 from strata.zoo.build import (
     PRESETS,
     ROLES,
+    STUDENT_INIT_DIR,
     ZooBuilder,
     ZooConfig,
     ZooPaths,
@@ -23,10 +24,12 @@ from strata.zoo.build import (
     groups_of,
     resolve_config,
     stage_key,
+    student_init_dir,
     with_overrides,
     zoo_paths,
 )
 from strata.zoo.train import ModelShape, TrainConfig
+from svc_reward.registry import describe
 
 MICRO_SHAPE = ModelShape(n_embd=16, n_layer=1, n_head=2)
 MICRO_TRAIN = TrainConfig(steps=2, batch_size=4, lr=1e-3, warmup_steps=1)
@@ -38,10 +41,11 @@ def micro_config() -> ZooConfig:
         probe_train=MICRO_TRAIN, level1=MICRO_SHAPE, level1_train=MICRO_TRAIN, level2=MICRO_SHAPE,
         level2_train=MICRO_TRAIN, rm_group_size=2, rm_model_samples=2, rm_strong_train=MICRO_TRAIN,
         rm_light_train=MICRO_TRAIN, sample_max_new_tokens=4,
-        # As the default preset: Level-2 grows after training; the strong RM starts from the probe and
-        # takes match steps with feature heads.
+        # As the default preset: Level-2 grows after training; the strong RM starts from the probe,
+        # takes match steps with feature heads, then grows; the light RM is distilled from it.
         level2_grow_layers=1, level2_grow_train=MICRO_TRAIN, rm_strong_init="probe", rm_strong_init_layers=0,
-        rm_strong_match_pairs=2, rm_strong_feature_weight=0.3,
+        rm_strong_match_pairs=2, rm_strong_feature_weight=0.3, rm_strong_widen=2, rm_strong_grow_layers=1,
+        rm_strong_grow_train=MICRO_TRAIN, rm_light_distill_pairs=6, rm_light_distill_swaps=2,
     )
 
 
@@ -69,8 +73,8 @@ def test_bad_configs_fail_before_building() -> None:
         with_overrides(ZooConfig(), rm_strong_init="level2", rm_strong_init_layers=17)
     with pytest.raises(ValueError, match=r"rm_strong_init_layers \(5\) exceeds the probe LM's 4 layers"):
         with_overrides(ZooConfig(), rm_strong_init_layers=5)
-    with pytest.raises(ValueError, match="rm_light_init must be one of probe, level1, level2"):
-        with_overrides(ZooConfig(), rm_light_init="level3")
+    with pytest.raises(ValueError, match="rm_strong_widen must be >= 1"):
+        with_overrides(ZooConfig(), rm_strong_widen=0)
     grown = with_overrides(ZooConfig(), rm_strong_init="level2", rm_strong_init_layers=16)
     assert grown.rm_strong_init_layers == 16  # all of the grown LM
 
@@ -89,7 +93,16 @@ def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path
     level2 = load_causal_lm(paths.level2, device="cpu")
     assert level2.model.config.n_layer == MICRO_SHAPE.n_layer + 1  # grown
     assert level2.zoo_info is not None and level2.zoo_info["grown_from"]["n_layer"] == MICRO_SHAPE.n_layer
-    assert load_reward_model(paths.strong_rm, device="cpu").model.config.n_layer == 1  # Level-2's first block
+    # The strong RM grew from the probe's shape; the light RM is its trunk before growth, distilled from it.
+    strong = load_reward_model(paths.strong_rm, device="cpu")
+    light = load_reward_model(paths.light_rm, device="cpu")
+    strong_shape, light_shape = strong.model.config, light.model.config
+    assert (strong_shape.n_layer, strong_shape.n_embd) == (MICRO_SHAPE.n_layer + 1, 2 * MICRO_SHAPE.n_embd)
+    assert (light_shape.n_layer, light_shape.n_embd) == (MICRO_SHAPE.n_layer, MICRO_SHAPE.n_embd)
+    assert strong.zoo_info is not None and strong.zoo_info["grown_from"]["n_embd"] == MICRO_SHAPE.n_embd
+    assert light.zoo_info is not None and light.zoo_info["teacher"] == describe("strong", [paths.strong_rm]).version
+    assert light.zoo_info["distill_pairs"] == {"rm_data": 6, "prompt_swaps": 2}
+    assert student_init_dir(paths.strong_rm) == paths.strong_rm / STUDENT_INIT_DIR
     for path in (paths.strong_rm, paths.light_rm):
         rm = load_reward_model(path, device="cpu")
         assert rm.model.config.num_labels == config.rm_n_bins
@@ -106,13 +119,14 @@ def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path
     assert builder.timings == {}  # every stage reused
     assert (paths.level2 / "strata_zoo.json").stat().st_mtime_ns == stamp
 
-    # Another RM recipe in the same cache: only the strong RM is trained; the rest is copied over.
+    # Another strong-RM recipe in the same cache: only the RMs are trained (the light RM is distilled
+    # from the strong one); the rest is copied over.
     changed = with_overrides(config, rm_strong_train=TrainConfig(steps=3, batch_size=4, lr=1e-3, warmup_steps=1))
     changed_paths = ZooPaths.under(tmp_path / changed.config_hash(), changed)
     builder = ZooBuilder(changed_paths, threads=1, progress=False)
     builder.build()
-    assert set(builder.timings) == {"rm_strong"}
-    assert set(builder.copied) == {"tokenizer", "probe", "level1", "level2", "rm_data", "rm_light"}
+    assert set(builder.timings) == {"rm_strong", "rm_light"}
+    assert set(builder.copied) == {"tokenizer", "probe", "level1", "level2", "rm_data"}
     copied = load_causal_lm(changed_paths.level2, device="cpu").zoo_info
     assert copied is not None and copied["config_hash"] == changed.config_hash()
     assert copied["copied_from"] == str(paths.level2)
@@ -134,13 +148,19 @@ def test_stage_keys_follow_what_each_stage_reads() -> None:
         return {role for role in ROLES if stage_key(other, role) != stage_key(base, role)}
 
     assert changed_stages(preset="renamed") == set()
-    assert changed_stages(rm_strong_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"rm_strong"}
+    # The light RM is distilled from the strong RM: whatever changes the strong RM changes it too.
+    assert changed_stages(rm_strong_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"rm_strong", "rm_light"}
+    assert changed_stages(rm_strong_widen=2) == {"rm_strong", "rm_light"}
+    assert changed_stages(rm_strong_grow_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"rm_strong",
+                                                                                              "rm_light"}
+    assert changed_stages(rm_light_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"rm_light"}
+    assert changed_stages(rm_light_distill_swaps=3) == {"rm_light"}
     assert changed_stages(rm_max_length=128) == {"rm_strong", "rm_light"}
     assert changed_stages(level1_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {
         "level1", "rm_data", "rm_strong", "rm_light"}
-    assert changed_stages(rm_strong_match_pairs=8) == {"rm_strong"}
-    assert changed_stages(rm_strong_feature_weight=0.0) == {"rm_strong"}
-    # Both RMs start from the probe; with another init the strong RM follows that LM instead.
+    assert changed_stages(rm_strong_match_pairs=8) == {"rm_strong", "rm_light"}
+    assert changed_stages(rm_strong_feature_weight=0.0) == {"rm_strong", "rm_light"}
+    # The strong RM starts from the probe (the light RM from the strong RM); with another init it follows that LM.
     assert changed_stages(probe_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"probe", "rm_strong", "rm_light"}
     level2_init = asdict(with_overrides(ZooConfig(), rm_strong_init="level2"))
     longer_level2 = asdict(with_overrides(ZooConfig(), rm_strong_init="level2",
