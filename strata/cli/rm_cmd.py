@@ -2,6 +2,7 @@
 
     strata rm train-strong [--data pairs.jsonl] [--init DIR]   strong RM on (prompt, response, score)
     strata rm distill [--strong DIR|VERSION] [--members 3]      light RM(s) fitted to the strong RM
+    strata rm distill --from-log                                one turn of the loop: re-distil, promote if better
     strata rm promote <version>                                 svc_reward swaps to it between batches
     strata rm list [--kind light] [--json]
 
@@ -27,7 +28,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,15 @@ def register(subparsers: Any) -> None:
     strong.add_argument("--max-length", type=int, default=None,
                         help="tokens of (prompt, response) read, saved as the tokenizer's model_max_length so that "
                              "serving reads the same (default: the zoo's)")
+    strong.add_argument("--widen", type=int, default=None,
+                        help="after training, multiply every width by this (1: no growth; default: the zoo's "
+                             "rm_strong_widen from the zoo's init, 1 with --init)")
+    strong.add_argument("--grow-layers", type=int, default=None,
+                        help="after training, add this many blocks (default: the zoo's rm_strong_grow_layers from the "
+                             "zoo's init, 0 with --init); a grown RM trains on for the zoo's rm_strong_grow_train "
+                             "steps and keeps the model before growth as the student init of `strata rm distill`")
+    strong.add_argument("--grow-steps", type=int, default=None,
+                        help="steps after growth (default: the zoo's rm_strong_grow_train steps)")
     strong.add_argument("--pseudo-label", action=argparse.BooleanOptionalAction, default=True,
                         help="score historical rollouts (rollout log + content store) with the new RM and write "
                              f"{PSEUDO_LABELS_FILE} next to it")
@@ -92,24 +102,41 @@ def register(subparsers: Any) -> None:
                          help="include historical rollouts from the rollout log (skipped if Kafka/Redis are down)")
     distill.add_argument("--max-rollouts", type=int, default=5000, help="newest rollouts taken from the log")
     distill.add_argument("--max-pairs", type=int, default=3000,
-                         help="pairs pseudo-labelled before augmentation (a seeded sample; 0 = all)")
+                         help="zoo RM pairs pseudo-labelled (a seeded sample; 0 = all)")
+    distill.add_argument("--swaps", type=int, default=None,
+                         help="prompt swaps of the suite's train prompts (an answer under its prompt and under "
+                              "another: what teaches the prompt match; default: the zoo's with --zoo-pairs)")
     distill.add_argument("--augment", default="synonym,reorder",
                          help="adversarial augmentations: synonym, reorder (comma-separated) or none")
     distill.add_argument("--augment-fraction", type=float, default=0.3,
                          help="share of the pairs that get one augmented copy per augmentation")
     distill.add_argument("--members", type=int, default=1, help="light RMs in the ensemble (R8 suggests 3)")
     defaults = DistillOptions()
-    distill.add_argument("--n-embd", type=int, default=defaults.n_embd, help="light RM width")
-    distill.add_argument("--n-layer", type=int, default=defaults.n_layer, help="light RM transformer blocks")
-    distill.add_argument("--n-head", type=int, default=defaults.n_head, help="light RM attention heads")
-    distill.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps per light RM")
+    distill.add_argument("--init", default=defaults.init,
+                         help="what the light RM starts from: auto (the strong RM's student init, its trunk before "
+                              "growth, when it has one; else fresh), fresh (--n-embd x --n-layer), or a directory")
+    distill.add_argument("--n-embd", type=int, default=defaults.n_embd, help="light RM width (fresh init)")
+    distill.add_argument("--n-layer", type=int, default=defaults.n_layer, help="light RM transformer blocks (fresh)")
+    distill.add_argument("--n-head", type=int, default=defaults.n_head, help="light RM attention heads (fresh)")
+    distill.add_argument("--steps", type=int, default=None,
+                         help="optimizer steps per light RM (default: the zoo's from an init, 700 fresh)")
     distill.add_argument("--batch-size", type=int, default=defaults.batch_size, help="pairs per step")
-    distill.add_argument("--lr", type=float, default=defaults.lr, help="peak AdamW learning rate")
+    distill.add_argument("--lr", type=float, default=None,
+                         help="peak AdamW learning rate (default: the zoo's from an init, 3e-3 fresh)")
     distill.add_argument("--temperature", type=float, default=defaults.temperature,
                          help="distillation temperature T of KL(strong || light) (not the scoring temperature)")
     distill.add_argument("--max-length", type=int, default=defaults.max_length,
                          help="tokens of (prompt, response) read")
     distill.add_argument("--promote", action="store_true", help="promote the new version right away")
+    distill.add_argument("--from-log", action="store_true",
+                         help="one turn of the distillation loop: re-distil the light RM in service (promoted, else "
+                              "the zoo's) on new rollouts from the rollout log labelled by the strong RM, and promote "
+                              "it (hot swap) if it agrees better with the strong RM on held-out logged prompts")
+    distill.add_argument("--hold-out", type=float, default=0.0,
+                         help="share of the rollout log's prompts kept out of training to compare on "
+                              "(default 0; 0.2 with --from-log)")
+    distill.add_argument("--no-promote-if-better", dest="promote_if_better", action="store_false",
+                         help="with --from-log: register the new version but do not promote it")
     _add_common(distill)
     distill.set_defaults(func=_distill)
 
@@ -333,7 +360,15 @@ def _train_strong(args: argparse.Namespace) -> int:
 
     from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
     from strata.models.reward import expected_reward, save_rm_tokenizer
-    from strata.zoo.build import ZooConfig, groups_of, rm_init_overrides
+    from strata.zoo.build import (
+        STUDENT_INIT_DIR,
+        ZooConfig,
+        groups_of,
+        grow_reward_model,
+        match_training,
+        rm_init_overrides,
+    )
+    from strata.zoo.suite import load_suite
     from strata.zoo.template import format_rm_input
     from strata.zoo.train import TrainConfig, train_reward_model
     from svc_reward.distill import rank_metrics
@@ -353,6 +388,13 @@ def _train_strong(args: argparse.Namespace) -> int:
         args.match_pairs = recipe.rm_strong_match_pairs if args.data is None else 0
     if args.match_pairs < 0:
         raise CliError(f"--match-pairs must be at least 0 (0: no match steps), got {args.match_pairs}")
+    if args.widen is None:
+        args.widen = 1 if args.init else recipe.rm_strong_widen
+    if args.grow_layers is None:
+        args.grow_layers = 0 if args.init else recipe.rm_strong_grow_layers
+    if args.widen < 1 or args.grow_layers < 0 or (args.grow_steps is not None and args.grow_steps < 1):
+        raise CliError(f"--widen must be at least 1, --grow-layers at least 0 and --grow-steps at least 1, got "
+                       f"{args.widen}, {args.grow_layers} and {args.grow_steps}")
     init = args.init or str(getattr(zoo, recipe.rm_strong_init or "level1"))
     # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
     overrides = {} if args.init else rm_init_overrides(recipe.rm_strong_init_layers)
@@ -378,17 +420,37 @@ def _train_strong(args: argparse.Namespace) -> int:
                       warmup_steps=min(10, args.steps))
     match: dict[str, Any] = {}
     if args.match_pairs:
-        from strata.zoo.build import match_training
-        from strata.zoo.suite import load_suite
-
         match = match_training(rows, load_suite("train"), args.match_pairs, recipe.rm_strong_feature_weight, args.seed)
         print(f"  + a match step of {args.match_pairs} prompt swaps (suite train prompts) after each step")
     started = time.perf_counter()
-    loss = train_reward_model(model, tokenizer, texts, [float(r["score"]) for r in rows], args.max_length, cfg,
+    scores = [float(r["score"]) for r in rows]
+    loss = train_reward_model(model, tokenizer, texts, scores, args.max_length, cfg,
                               args.seed, "strong RM", groups=groups_of(rows) if grouped else None,
                               pairwise_weight=args.pairwise_weight, **match)
     model.config.problem_type = "single_label_classification"
     staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
+    growth: dict[str, Any] = {}
+    if args.widen > 1 or args.grow_layers:
+        # The model before growth is what a light RM distilled from this one starts from.
+        model.save_pretrained(staging / STUDENT_INIT_DIR)
+        save_rm_tokenizer(tokenizer, staging / STUDENT_INIT_DIR, args.max_length)
+        growth = {"student_init": STUDENT_INIT_DIR, "grown_from": {"n_embd": model.config.n_embd,
+                                                                     "n_layer": model.config.n_layer}}
+        model = grow_reward_model(model, args.widen, args.grow_layers, args.seed + 2)
+        grow_cfg = recipe.rm_strong_grow_train
+        if args.grow_steps is not None:
+            grow_cfg = replace(grow_cfg, steps=args.grow_steps,
+                               warmup_steps=min(grow_cfg.warmup_steps, args.grow_steps))
+        print(f"  grown to {model.config.n_layer} x {model.config.n_embd} "
+              f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {grow_cfg.steps} more steps")
+        if args.match_pairs:
+            match = match_training(rows, load_suite("train"), args.match_pairs,
+                                   recipe.rm_strong_grow_feature_weight, args.seed + 1)
+        loss = train_reward_model(model, tokenizer, texts, scores, args.max_length,
+                                  replace(grow_cfg, batch_size=cfg.batch_size), args.seed + 1, "strong RM (grown)",
+                                  groups=groups_of(rows) if grouped else None, pairwise_weight=args.pairwise_weight,
+                                  **match)
+        model.config.problem_type = "single_label_classification"
     model.save_pretrained(staging)
     save_rm_tokenizer(tokenizer, staging, args.max_length)
     strong = load_reward_model(staging, device=args.device)
@@ -409,7 +471,8 @@ def _train_strong(args: argparse.Namespace) -> int:
             with (staging / PSEUDO_LABELS_FILE).open("w", encoding="utf-8") as fh:
                 for row in pseudo:
                     fh.write(json.dumps(row) + "\n")
-    info = {"metrics": metrics, "config": {**vars(args), "func": None, "final_loss": loss, "init": str(init_dir),
+    info = {"metrics": metrics, **growth,
+            "config": {**vars(args), "func": None, "final_loss": loss, "init": str(init_dir),
                                            "data": str(data_path), "n_pairs": len(rows), "n_pseudo_labelled":
                                            len(pseudo), "train_seconds": round(time.perf_counter() - started, 1),
                                            "n_params": strong.n_params}}
@@ -430,7 +493,14 @@ def _train_strong(args: argparse.Namespace) -> int:
 
 @dataclass(frozen=True)
 class DistillOptions:
-    """One distillation run (what `strata rm distill` and `strata bench rm` run)."""
+    """One distillation run (what `strata rm distill` and `strata bench rm --distill` run).
+
+    ``init``: ``auto`` starts from the strong RM's student init (the zoo's strong RM keeps its trunk
+    before growth; so does a grown ``strata rm train-strong``) and else from a fresh model of
+    ``n_embd`` x ``n_layer``; ``fresh``; or a directory (e.g. the light RM in service, to re-distil).
+    ``steps`` and ``lr`` default to the zoo's light-RM recipe from an init, to a longer, faster
+    schedule from scratch. ``swaps``: prompt swaps of the suite's train prompts (0 without zoo pairs).
+    """
 
     strong: str | None = None  # directory; None = the zoo's strong RM
     data: tuple[str, ...] = ()  # extra JSONL files of {prompt, response}
@@ -438,17 +508,20 @@ class DistillOptions:
     rollout_log: bool = True
     max_rollouts: int = 5000
     max_pairs: int = 3000
+    swaps: int | None = None  # None: the zoo's rm_light_distill_swaps with zoo pairs, else 0
     augment: tuple[str, ...] = ("synonym", "reorder")
     augment_fraction: float = 0.3
     members: int = 1
+    init: str = "auto"
     n_embd: int = 64
     n_layer: int = 2
     n_head: int = 2
-    steps: int = 700
+    steps: int | None = None
     batch_size: int = 32
-    lr: float = 3e-3
+    lr: float | None = None
     temperature: float = 2.0
     max_length: int = RM_MAX_LENGTH  # what the zoo's RMs read (ZooConfig.rm_max_length); the teacher sees no more
+    hold_out: float = 0.0  # share of the rollout log's prompts kept out of training, to compare versions on
     seed: int = 0
     device: str = "auto"
 
@@ -466,6 +539,50 @@ class DistillResult:
     info: dict[str, Any]
     strong_path: Path
     strong_version: str
+    # The rollout log's held-out pairs (``hold_out``) and the strong RM's rewards for them.
+    held_out: tuple[list[str], list[str], list[float]] = ([], [], [])
+
+
+def held_out_prompt(prompt: str, share: float) -> bool:
+    """Whether a rollout's prompt is in the held-out share (by its content hash: stable across runs)."""
+    from strata.hashing import content_hash
+
+    return share > 0 and int(content_hash(prompt)[:8], 16) / 0xFFFFFFFF < share
+
+
+def eval_swaps(split: str = "eval", seed: int = EVAL_SEED) -> tuple[list[str], list[str], list[str]]:
+    """Prompt swaps of a held-out split: responses, their own prompts, other prompts (prompt match)."""
+    from strata.zoo.corpus import prompt_swaps
+    from strata.zoo.suite import load_suite
+
+    records = load_suite(split)
+    swaps = prompt_swaps(records, seed, records)
+    return [s.response for s in swaps], [s.record.text for s in swaps], [s.other.text for s in swaps]
+
+
+def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions, n_bins: int, seed: int) -> Any:
+    """The model a light RM starts from, and a line saying what it is."""
+    from transformers import GPT2ForSequenceClassification
+
+    from strata.zoo.build import student_init_dir
+    from strata.zoo.train import ModelShape, new_reward_model
+
+    if init == "auto":
+        found = student_init_dir(strong_path)
+        init = str(found) if found is not None else "fresh"
+    if init == "fresh":
+        shape = ModelShape(options.n_embd, options.n_layer, options.n_head)
+        n_positions = max(256, options.max_length)  # svc_reward reads up to 256 tokens by default
+        return new_reward_model(strong.tokenizer, shape, n_positions, n_bins, seed), "fresh"
+    try:
+        model = GPT2ForSequenceClassification.from_pretrained(init, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"--init {init}: not a GPT-2 sequence-classification RM ({exc})") from exc
+    if model.config.num_labels != n_bins:
+        raise CliError(f"--init {init} has {model.config.num_labels} score bins, the strong RM {n_bins}")
+    if model.config.n_positions < options.max_length:
+        raise CliError(f"--max-length {options.max_length} exceeds the {model.config.n_positions} positions of {init}")
+    return model, init
 
 
 def run_distill(options: DistillOptions, settings: Any, staging: Path) -> DistillResult:
@@ -474,11 +591,10 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     from tqdm import tqdm
 
     from strata.models.loading import ModelLoadError, load_reward_model
-    from strata.models.reward import expected_reward, save_rm_tokenizer
+    from strata.models.reward import expected_reward, prompt_match, save_rm_tokenizer
     from strata.zoo.template import format_rm_input
-    from strata.zoo.train import ModelShape, new_reward_model
     from svc_reward.augment import augment_responses
-    from svc_reward.distill import DistillConfig, comparison_metrics, train_light
+    from svc_reward.distill import DistillConfig, comparison_metrics, rank_metrics, train_light
     from svc_reward.registry import describe
 
     zoo = _zoo(settings) if (options.strong is None or options.zoo_pairs) else None
@@ -492,28 +608,41 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     strong_version = describe("strong", [strong_path]).version
     cache_dir = Path(settings.cache_dir).expanduser() / "rm" / "logits"
 
-    # 1. Pairs to pseudo-label: the zoo's RM pairs, the user's files, historical rollouts.
+    # 1. Pairs to pseudo-label: the zoo's RM pairs and prompt swaps, the user's files, historical rollouts.
     pairs: list[tuple[str, str]] = []
     sources: dict[str, Any] = {}
+    rng = random.Random(options.seed)
     if options.zoo_pairs:
+        from strata.zoo.build import distill_pairs
+        from strata.zoo.suite import load_suite
+
+        swaps = zoo.config.rm_light_distill_swaps if options.swaps is None else options.swaps
         zoo_rows = read_pairs(zoo.rm_data, need_score=False)
-        pairs += [(r["prompt"], r["response"]) for r in zoo_rows]
-        sources["zoo_pairs"] = len(zoo_rows)
+        prompts, responses, counts = distill_pairs(zoo_rows, load_suite("train"), options.max_pairs, swaps,
+                                                   options.seed)
+        pairs += list(zip(prompts, responses, strict=True))
+        sources |= {"zoo_pairs": counts["rm_data"], "prompt_swaps": counts["prompt_swaps"]}
     for path in options.data:
         rows = read_pairs(Path(path), need_score=False)
         pairs += [(r["prompt"], r["response"]) for r in rows]
         sources[str(path)] = len(rows)
+    held_prompts: list[str] = []
+    held_responses: list[str] = []
     if options.rollout_log:
         rows, line = _rollout_rows(settings, options.max_rollouts)
         print(line)
-        pairs += [(r["prompt"], r["response"]) for r in rows]
-        sources["rollout_log"] = len(rows)
+        for row in rows:
+            if held_out_prompt(row["prompt"], options.hold_out):
+                held_prompts.append(row["prompt"])
+                held_responses.append(row["response"])
+            else:
+                pairs.append((row["prompt"], row["response"]))
+        sources["rollout_log"] = len(rows) - len(held_prompts)
+        if options.hold_out:
+            sources["rollout_log_held_out"] = len(held_prompts)
     pairs = list(dict.fromkeys(pairs))  # distinct, order kept
     if not pairs:
         raise CliError("no pairs to distil on: enable --zoo-pairs, pass --data, or fill the rollout log")
-    rng = random.Random(options.seed)
-    if options.max_pairs and len(pairs) > options.max_pairs:
-        pairs = rng.sample(pairs, options.max_pairs)
     # 2. Adversarial augmentation: perturbed copies, re-scored by the strong RM like the rest.
     augmented = 0
     if options.augment and options.augment_fraction > 0:
@@ -529,16 +658,20 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     teacher = score_logits(strong, prompts, responses, options.max_length, "strong RM pseudo-labels", cache_dir)
     texts = [format_rm_input(p, r) for p, r in pairs]
 
-    # 4. Light RM(s): small GPT-2 classifiers on the strong RM's tokenizer, fitted by KL.
-    shape = ModelShape(options.n_embd, options.n_layer, options.n_head)
-    n_positions = max(256, options.max_length)  # svc_reward reads up to 256 tokens by default
+    # 4. Light RM(s): from the student init (or fresh), on the strong RM's tokenizer, fitted by KL.
+    zoo_recipe = zoo.config.rm_light_train if zoo is not None else None
     members: list[Path] = []
     losses: list[float] = []
+    started_from = ""
     for member in range(options.members):
-        cfg = DistillConfig(shape=shape, steps=options.steps, batch_size=options.batch_size, lr=options.lr,
-                            temperature=options.temperature, max_length=options.max_length,
-                            seed=options.seed + member)
-        model = new_reward_model(strong.tokenizer, shape, n_positions, teacher.shape[1], cfg.seed)
+        model, started_from = _student(options.init, strong, strong_path, options, teacher.shape[1],
+                                       options.seed + member)
+        warm = started_from != "fresh"
+        steps = options.steps or (zoo_recipe.steps if warm and zoo_recipe else 700)
+        lr = options.lr or (zoo_recipe.lr if warm and zoo_recipe else 3e-3)
+        cfg = DistillConfig(steps=steps, batch_size=options.batch_size, lr=lr, temperature=options.temperature,
+                            max_length=options.max_length, seed=options.seed + member)
+        model.config.pad_token_id = strong.tokenizer.pad_token_id
         with tqdm(total=cfg.steps, desc=f"light RM {member + 1}/{options.members}", unit="step", leave=False) as bar:
             def report(step: int, loss: float, bar: Any = bar) -> None:
                 bar.update(1)
@@ -552,29 +685,54 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
         save_rm_tokenizer(strong.tokenizer, out, options.max_length)
         members.append(out)
 
-    # 5. Evaluation on held-out prompts: light vs strong and vs the oracle, eval and fresh splits.
+    # 5. Evaluation on held-out prompts: light vs strong and vs the oracle, eval and fresh splits; the
+    # prompt match on eval prompt swaps; the rollout log's held-out pairs.
     light_rms = [load_reward_model(m, device=options.device) for m in members]
+
+    def light_rewards(p: Sequence[str], r: Sequence[str], desc: str) -> list[float]:
+        return torch.stack([expected_reward(score_logits(rm, p, r, options.max_length, desc))
+                            for rm in light_rms]).mean(dim=0).tolist()  # ensemble: mean (R8)
+
     light_scores, strong_scores, oracle_scores = {}, {}, {}
     for split, (p, r, oracle) in eval_sets().items():
         strong_scores[split] = expected_reward(score_logits(strong, p, r, options.max_length, f"strong {split}",
                                                             cache_dir)).tolist()
-        member_rewards = [expected_reward(score_logits(rm, p, r, options.max_length, f"light {split}"))
-                          for rm in light_rms]
-        light_scores[split] = torch.stack(member_rewards).mean(dim=0).tolist()  # ensemble: mean (R8)
+        light_scores[split] = light_rewards(p, r, f"light {split}")
         oracle_scores[split] = oracle
     metrics = comparison_metrics(light_scores, strong_scores, oracle_scores)
+    metrics["match/light_eval"] = prompt_match(light_rms, *eval_swaps(), options.max_length)
+    metrics["match/strong_eval"] = prompt_match([strong], *eval_swaps(), options.max_length)
+    held_strong: list[float] = []
+    if held_prompts:
+        held_strong = expected_reward(score_logits(strong, held_prompts, held_responses, options.max_length,
+                                                   "strong held-out", cache_dir)).tolist()
+        metrics |= {f"{name}/strong_log": value for name, value in rank_metrics(
+            light_rewards(held_prompts, held_responses, "light held-out"), held_strong).items()}
     info = {
         "metrics": metrics, "parent": strong_version,
         "config": {**asdict(options), "strong": str(strong_path), "final_kl": losses, "n_pairs": len(pairs),
                    "n_augmented": augmented, "sources": sources, "light_params": light_rms[0].n_params,
-                   "strong_params": strong.n_params, "loss": "T^2 * KL(strong || light) over score bins"},
+                   "strong_params": strong.n_params, "init": started_from,
+                   "loss": "T^2 * KL(strong || light) over score bins"},
     }
-    return DistillResult(staging, members, metrics, info, strong_path, strong_version)
+    return DistillResult(staging, members, metrics, info, strong_path, strong_version,
+                         (held_prompts, held_responses, held_strong))
+
+
+def serving_light(registry: Any, settings: Any) -> tuple[str, list[Path]]:
+    """The light RM svc_reward serves: the version promoted last, else the zoo's (its default)."""
+    promoted = registry.promoted() if registry is not None else None
+    if promoted:
+        return promoted, [Path(p) for p in registry.get(promoted).paths]
+    from svc_reward.registry import describe
+
+    path = _zoo(settings).rm_light
+    return describe("light", [path]).version, [path]
 
 
 def _distill(args: argparse.Namespace) -> int:
     settings = _settings()
-    registry = open_registry(settings) if (args.register or args.promote) else None
+    registry = open_registry(settings) if (args.register or args.promote or args.from_log) else None
     _set_threads(args.threads)
     strong = args.strong
     if strong and not Path(strong).expanduser().exists():
@@ -597,17 +755,36 @@ def _distill(args: argparse.Namespace) -> int:
         raise CliError(f"unknown augmentation(s) {sorted(unknown)}: use {', '.join(KINDS)} or none")
     if args.members < 1:
         raise CliError("--members must be at least 1")
+    if not 0.0 <= args.hold_out < 1.0:
+        raise CliError(f"--hold-out must be in [0, 1), got {args.hold_out}")
+    init, hold_out, current = args.init, args.hold_out, None
+    if args.from_log:
+        # One turn of the loop: re-distil the light RM in service on newly logged rollouts labelled by
+        # the strong RM; promote it if it agrees better with the strong RM on held-out logged prompts.
+        if not args.rollout_log:
+            raise CliError("--from-log reads the rollout log: drop --no-rollout-log")
+        current = serving_light(registry, settings)
+        if args.members != 1 or len(current[1]) != 1:
+            raise CliError("--from-log re-distils a single light RM (the one in service is an ensemble, or "
+                           "--members was given): use --init with one member instead")
+        init = str(current[1][0]) if init == "auto" else init
+        hold_out = hold_out or 0.2
+        print(f"re-distilling {current[0]} (in service) from the rollout log; {hold_out:.0%} of its prompts held out")
     options = DistillOptions(
         strong=strong, data=tuple(str(p) for p in args.data), zoo_pairs=args.zoo_pairs,
-        rollout_log=args.rollout_log, max_rollouts=args.max_rollouts, max_pairs=args.max_pairs, augment=augment,
-        augment_fraction=args.augment_fraction, members=args.members, n_embd=args.n_embd, n_layer=args.n_layer,
-        n_head=args.n_head, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        temperature=args.temperature, max_length=args.max_length, seed=args.seed, device=args.device,
+        rollout_log=args.rollout_log, max_rollouts=args.max_rollouts, max_pairs=args.max_pairs, swaps=args.swaps,
+        augment=augment, augment_fraction=args.augment_fraction, members=args.members, init=init,
+        n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head, steps=args.steps, batch_size=args.batch_size,
+        lr=args.lr, temperature=args.temperature, max_length=args.max_length, hold_out=hold_out, seed=args.seed,
+        device=args.device,
     )
     staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
     try:
         result = run_distill(options, settings, staging)
+        if args.from_log and not result.held_out[0]:
+            raise CliError("the rollout log has no held-out prompts to compare the versions on: run more "
+                           "rollouts first (or raise --hold-out)")
         result.info["config"]["distill_seconds"] = round(time.perf_counter() - started, 1)
         entry = finalize_version(staging, result.members, "light", args.out, settings, result.info)
     finally:
@@ -616,12 +793,38 @@ def _distill(args: argparse.Namespace) -> int:
     print(f"light RM {entry.version} ({len(entry.paths)} member(s)) at {where}, distilled from "
           f"{result.strong_version} in {time.perf_counter() - started:.0f}s")
     _print_metrics(result.metrics)
+    promote = args.promote
+    if current is not None:
+        promote = _better_than_current(current, entry, result, options) and args.promote_if_better
     if registry is not None:
         registry.register(entry)
         print(f"registered {entry.version}; serve it with: strata rm promote {entry.version}")
-        if args.promote:
+        if promote:
             _promote_version(registry, settings, entry.version, verify=True)
     return 0
+
+
+def _better_than_current(current: tuple[str, list[Path]], entry: Any, result: DistillResult,
+                         options: DistillOptions) -> bool:
+    """Whether the new light RM ranks the held-out logged pairs closer to the strong RM than the one in
+    service does (Spearman), printing both."""
+    from strata.models.loading import load_reward_model
+    from strata.models.reward import expected_reward
+    from svc_reward.distill import rank_metrics
+
+    prompts, responses, strong = result.held_out
+    version, paths = current
+    serving = [load_reward_model(p, device=options.device) for p in paths]
+    import torch
+
+    rewards = torch.stack([expected_reward(score_logits(rm, prompts, responses, options.max_length, "in service"))
+                           for rm in serving]).mean(dim=0).tolist()
+    before = rank_metrics(rewards, strong)["spearman"]
+    after = result.metrics["spearman/strong_log"]
+    better = after > before
+    print(f"held-out logged pairs ({len(prompts)}): Spearman vs the strong RM {before:.3f} ({version}, in service) "
+          f"-> {after:.3f} ({entry.version}): {'better, promoting' if better else 'not better, keeping ' + version}")
+    return better
 
 
 # --- promote, list --------------------------------------------------------------------------------

@@ -87,3 +87,17 @@ def score_responses(
 ) -> list[float]:
     """Rewards for (prompt, response) pairs (expected score over the RM's bins)."""
     return expected_reward(reward_logits(rm, prompts, responses, batch_size, max_length)).tolist()
+
+
+def prompt_match(rms: Sequence[LoadedModel], responses: Sequence[str], own_prompts: Sequence[str],
+                 other_prompts: Sequence[str], max_length: int = 256, batch_size: int = 32) -> float:
+    """Share of responses the RM (ensemble: mean reward) scores higher under their own prompt than under
+    another one. An RM that judges the answer alone gets ~0.5; one that compares it with the prompt, more."""
+    if not responses:
+        raise ValueError("prompt match needs at least one response")
+
+    def mean_rewards(prompts: Sequence[str]) -> torch.Tensor:
+        return torch.stack([expected_reward(reward_logits(rm, prompts, responses, batch_size, max_length))
+                            for rm in rms]).mean(dim=0)
+
+    return float((mean_rewards(own_prompts) > mean_rewards(other_prompts)).float().mean())

@@ -11,7 +11,7 @@ from strata.cli.main import CliError, main
 from strata.cli.rm_cmd import RM_INFO_FILE, read_pairs
 from strata.models.loading import load_reward_model
 from strata.models.reward import expected_reward
-from strata.zoo.build import ZooConfig
+from strata.zoo.build import STUDENT_INIT_DIR, ZooConfig, student_init_dir
 from strata.zoo.train import new_reward_model
 from svc_reward.distill import (
     DistillConfig,
@@ -235,6 +235,37 @@ def test_cli_train_strong_from_a_user_file(monkeypatch: pytest.MonkeyPatch, tmp_
                  "--max-length", "512", "--no-pseudo-label", "--no-register", "--out", str(too_long)])
     assert code == 2 and not too_long.exists()
     assert "--max-length 512 exceeds the 128 positions of" in capsys.readouterr().err
+
+
+def test_cli_grown_strong_rm_keeps_its_student_init_and_distill_starts_from_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_strong: Path, pairs_file: Path) -> None:
+    monkeypatch.setenv("STRATA_CACHE_DIR", str(tmp_path / "cache"))
+    strong = tmp_path / "grown"
+    code = main(["rm", "train-strong", "--data", str(pairs_file), "--init", str(tiny_strong), "--steps", "2",
+                 "--widen", "2", "--grow-layers", "1", "--grow-steps", "2", "--max-length", "64",
+                 "--no-pseudo-label", "--no-register", "--out", str(strong), "--threads", "1"])
+    assert code == 0
+    grown = load_reward_model(strong, "cpu").model.config
+    assert (grown.n_embd, grown.n_layer) == (2 * TINY.n_embd, TINY.n_layer + 1)
+    info = json.loads((strong / RM_INFO_FILE).read_text())
+    assert info["student_init"] == STUDENT_INIT_DIR and info["grown_from"]["n_embd"] == TINY.n_embd
+    assert student_init_dir(strong) == strong / STUDENT_INIT_DIR
+    assert describe("strong", [strong]).checksum != describe("strong", [strong / STUDENT_INIT_DIR]).checksum
+
+    light = tmp_path / "light"
+    code = main(["rm", "distill", "--strong", str(strong), "--no-zoo-pairs", "--data", str(pairs_file),
+                 "--no-rollout-log", "--augment", "none", "--steps", "2", "--max-length", "64", "--no-register",
+                 "--out", str(light), "--threads", "1"])
+    assert code == 0
+    info = json.loads((light / RM_INFO_FILE).read_text())
+    assert info["config"]["init"] == str(strong / STUDENT_INIT_DIR)
+    assert info["parent"] == describe("strong", [strong]).version
+    assert 0.0 <= info["metrics"]["match/light_eval"] <= 1.0
+    assert load_reward_model(light, "cpu").model.config.n_embd == TINY.n_embd  # the trunk's size, not the teacher's
+    # A bad init is refused before any training, naming the flag.
+    code = main(["rm", "distill", "--strong", str(strong), "--no-zoo-pairs", "--data", str(pairs_file),
+                 "--no-rollout-log", "--init", str(pairs_file), "--no-register", "--out", str(tmp_path / "l2")])
+    assert code == 2 and not (tmp_path / "l2").exists()
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 from kafka import KafkaConsumer, TopicPartition
+from rmutil import N_BINS, TINY
+from transformers import PreTrainedTokenizerFast
 
 from strata.bus import Publisher, Topic, decode, topics
 from strata.cli.main import main
@@ -19,6 +22,7 @@ from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
 from strata.v1 import events_pb2
+from strata.zoo.train import new_reward_model
 from svc_reward.models import model_version
 from svc_reward.registry import (
     ChecksumMismatchError,
@@ -184,3 +188,70 @@ def test_train_strong_pseudo_labels_logged_rollouts_and_registers(
     entry = RmRegistry(redis_client).get(describe("strong", [out]).version)
     assert entry.kind == "strong" and entry.config["n_pseudo_labelled"] == len(labels)
     assert {"spearman/oracle_eval", "pearson/oracle_fresh"} <= set(entry.metrics)
+
+
+def test_distill_from_log_re_distils_the_served_light_rm_and_compares_on_held_out_prompts(
+    infra: StrataSettings, publisher: Publisher, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    tiny_tokenizer: PreTrainedTokenizerFast, rm_topic: Topic[events_pb2.RewardModelUpdated],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # One turn of the distillation loop (R6, R7) on a Redis database of its own, so that what is
+    # "in service" is what this test promoted.
+    redis_url = infra.redis_address.rsplit("/", 1)[0] + "/9"
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
+    monkeypatch.setenv("STRATA_REDIS_URL", redis_url)
+    monkeypatch.setenv("STRATA_CACHE_DIR", str(tmp_path / "cache"))
+    registry = RmRegistry(client)
+    strong, serving = tmp_path / "strong", tmp_path / "serving"
+    for out, seed in ((strong, 3), (serving, 5)):
+        new_reward_model(tiny_tokenizer, TINY, n_positions=128, n_bins=N_BINS, seed=seed).save_pretrained(out)
+        tiny_tokenizer.save_pretrained(out)
+    current = registry.register(describe("light", [serving]))
+    registry.promote(current.version, publisher, topic=rm_topic)
+    store = ContentStore(client, infra.content_ttl_s, infra.content_max_bytes)
+    tag = uuid.uuid4().hex[:8]
+    for i in range(80):
+        prompt = f"How do I {'bake bread' if i % 2 else 'brew tea'} {tag} {i}?"
+        response = f"{'First, check the flour.' if i % 3 else 'Tea is calm.'} Then {i % 7} more steps."
+        publisher.publish(topics.ROLLOUT_LOG, events_pb2.RolloutLogRecord(
+            prompt_hash=store.put(prompt), response_hash=store.put(response), reward=1.0))
+    publisher.flush()
+
+    code = main(["rm", "distill", "--from-log", "--strong", str(strong), "--no-zoo-pairs", "--augment", "none",
+                 "--steps", "60", "--lr", "1e-2", "--batch-size", "16", "--max-length", "64", "--max-rollouts",
+                 "1000", "--no-promote-if-better", "--out", str(tmp_path / "new"), "--threads", "1"])
+    assert code == 0
+    out = capsys.readouterr().out
+    info = json.loads((tmp_path / "new" / "strata_rm.json").read_text())
+    assert info["config"]["init"] == str(serving)  # warm start from the light RM in service
+    assert info["parent"] == describe("strong", [strong]).version
+    held = info["config"]["sources"]["rollout_log_held_out"]
+    assert 0 < held < 80 and info["config"]["sources"]["rollout_log"] == 80 - held
+    match = re.search(r"held-out logged pairs \((\d+)\): Spearman vs the strong RM (-?[\d.]+) .* -> (-?[\d.]+) "
+                      r"\((light-\w+)\): (better|not better)", out)
+    assert match is not None, out
+    before, after = float(match[2]), float(match[3])
+    assert int(match[1]) == held and match[5] == ("better" if after > before else "not better")
+    assert after > before  # fitted to the strong RM's labels of the same kind of rollouts
+    assert registry.get(match[4]).parent == describe("strong", [strong]).version
+    assert registry.promoted() == current.version  # --no-promote-if-better: registered, not served
+
+    client.close()
+
+    # With the rollouts' texts gone from the content store there is nothing to distil on: refused with
+    # the reason, nothing written.
+    empty_url = infra.redis_address.rsplit("/", 1)[0] + "/10"
+    empty = redis.Redis.from_url(empty_url)
+    empty.flushdb()
+    monkeypatch.setenv("STRATA_REDIS_URL", empty_url)
+    RmRegistry(empty).register(current)
+    RmRegistry(empty).promote(current.version, publisher, topic=rm_topic)
+    code = main(["rm", "distill", "--from-log", "--strong", str(strong), "--no-zoo-pairs", "--augment", "none",
+                 "--steps", "2", "--max-length", "64", "--max-rollouts", "1000", "--out", str(tmp_path / "none"),
+                 "--threads", "1"])
+    assert code == 2 and "no pairs to distil on" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+    assert [e.version for e in RmRegistry(empty).list("light")] == [current.version]
+    empty.close()
