@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -14,12 +15,16 @@ from strata.service import ServiceParts, service_main
 from strata.v1 import reward_pb2, reward_pb2_grpc
 from svc_reward.config import RewardSettings
 from svc_reward.models import RewardModels
+from svc_reward.registry import RmRegistry, register_served
 from svc_reward.rm_watch import RmWatcher
 from svc_reward.servicer import RewardServicer
 from svc_reward.worker import RewardWorker
 
+logger = logging.getLogger(__name__)
 
-def load_models(settings: RewardSettings) -> RewardModels:
+
+def model_paths(settings: RewardSettings) -> tuple[list[str], str]:
+    """The light RM directories (ensemble members) and the strong RM directory: set, else the zoo's."""
     light, strong = settings.light_rm, settings.strong_rm
     if light is None or strong is None:
         from strata.zoo.build import ensure_zoo
@@ -27,16 +32,25 @@ def load_models(settings: RewardSettings) -> RewardModels:
         paths = ensure_zoo(settings)
         light = light or str(paths.light_rm)
         strong = strong or str(paths.strong_rm)
+    return [p.strip() for p in light.split(",") if p.strip()], strong
+
+
+def load_models(settings: RewardSettings, light: list[str], strong: str) -> RewardModels:
     return RewardModels(
-        [p.strip() for p in light.split(",") if p.strip()], strong, settings.device, settings.dtype,
+        light, strong, settings.device, settings.dtype,
         settings.temperature, settings.aggregation, settings.score_batch_size, settings.max_length,
         settings.light_rm_version, settings.strong_rm_version,
     )
 
 
 def build(settings: RewardSettings) -> ServiceParts:
-    models = load_models(settings)
+    light, strong = model_paths(settings)
+    models = load_models(settings, light, strong)
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    try:
+        register_served(RmRegistry(client), light, strong)
+    except (redis.RedisError, OSError) as exc:  # the registry is for people; serving does not need it
+        logger.warning("could not register the served RM versions: %s", exc)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings.kafka_address, client_id="svc-reward")
     handler = RewardWorker(settings, models, store, client, publisher)

@@ -112,6 +112,30 @@ def describe(kind: str, paths: Sequence[str | Path], metrics: dict[str, float] |
                      dict(config or {}))
 
 
+def recorded_teacher(model_dir: str | Path) -> str | None:
+    """The strong version a light RM directory says it was distilled from: ``teacher`` in a zoo model's
+    ``strata_zoo.json``, ``parent`` in a ``strata rm distill`` version's ``strata_rm.json``."""
+    for name, key in (("strata_zoo.json", "teacher"), ("strata_rm.json", "parent")):
+        info_file = Path(model_dir) / name
+        if info_file.is_file():
+            try:
+                value = json.loads(info_file.read_text()).get(key)
+            except (OSError, ValueError):
+                continue
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
+def register_served(registry: RmRegistry, light_paths: Sequence[str | Path], strong_path: str | Path | None) -> None:
+    """Register the RMs a reward service starts with (idempotent), the light one with the strong
+    version it was distilled from, so that ``strata rm list`` shows what is served and its teacher."""
+    if strong_path is not None:
+        registry.register(describe("strong", [strong_path], config={"source": "served at start"}))
+    teacher = recorded_teacher(light_paths[0]) if len(light_paths) == 1 else None
+    registry.register(describe("light", light_paths, parent=teacher, config={"source": "served at start"}))
+
+
 def update_event(entry: RmVersion) -> events_pb2.RewardModelUpdated:
     """The ``strata.rm.updated`` event announcing ``entry``."""
     event = events_pb2.RewardModelUpdated(

@@ -30,6 +30,7 @@ from svc_reward.registry import (
     RmRegistry,
     UnknownVersionError,
     describe,
+    register_served,
     rm_checksum,
 )
 
@@ -255,3 +256,21 @@ def test_distill_from_log_re_distils_the_served_light_rm_and_compares_on_held_ou
     assert not (tmp_path / "none").exists()
     assert [e.version for e in RmRegistry(empty).list("light")] == [current.version]
     empty.close()
+
+
+def test_the_served_rms_are_registered_with_the_teacher_the_light_one_names(
+    registry: RmRegistry, make_rm: Callable[..., Path],
+) -> None:
+    strong, light = make_rm("strong", 2.0), make_rm("light", 3.0)
+    teacher = describe("strong", [strong]).version
+    (light / "strata_zoo.json").write_text(json.dumps({"role": "rm_light", "teacher": teacher}))
+    register_served(registry, [light], strong)
+    register_served(registry, [light], strong)  # every start of svc_reward: the same two versions
+    assert sorted(e.kind for e in registry.list()) == ["light", "strong"]
+    entry = registry.get(describe("light", [light]).version)
+    assert entry.parent == teacher and registry.get(teacher).kind == "strong"
+    assert entry.version == model_version("light", light)  # what the service reports on its rewards
+    # A light RM that names no teacher (a user's) is registered without one; an ensemble too.
+    other = make_rm("other", 1.0)
+    register_served(registry, [other], None)
+    assert registry.get(describe("light", [other]).version).parent is None
