@@ -24,7 +24,7 @@ from scipy.stats import spearmanr
 from strata.cli.models_cmd import add_zoo_arguments
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import LoadedModel, load_causal_lm, load_reward_model
-from strata.models.reward import score_responses
+from strata.models.reward import prompt_match, score_responses
 from strata.zoo.corpus import prompt_swaps, rm_pairs
 from strata.zoo.oracle import oracle_score
 from strata.zoo.suite import PromptRecord, load_suite
@@ -117,9 +117,8 @@ def run(args: argparse.Namespace) -> int:
         texts = [format_rm_input(p, r) for p, r in zip(eval_prompts, eval_responses, strict=True)]
         n_input = sum(len(ids) for ids in rm.tokenizer(texts, truncation=True)["input_ids"])  # what the RM read
         rows.append((role, rm.n_params, n_input / elapsed, "score tok/s"))
-        own = score_responses(rm, [s.record.text for s in swaps], [s.response for s in swaps], args.batch_size)
-        other = score_responses(rm, [s.other.text for s in swaps], [s.response for s in swaps], args.batch_size)
-        rm_match[role] = sum(a > b for a, b in zip(own, other, strict=True)) / len(swaps)
+        rm_match[role] = prompt_match([rm], [s.response for s in swaps], [s.record.text for s in swaps],
+                                      [s.other.text for s in swaps], batch_size=args.batch_size)
         rm_spearman[role] = {
             "pairs": float(spearmanr(rewards[:n_synthetic], truth[:n_synthetic]).statistic),
             "samples": float(spearmanr(rewards[n_synthetic:], truth[n_synthetic:]).statistic),
@@ -144,6 +143,6 @@ def run(args: argparse.Namespace) -> int:
         f"zoo l2_over_l1_oracle={ratio:.3f} level1_oracle={mean_l1:.3f} level2_oracle={mean_l2:.3f} "
         f"rm_strong_spearman={rm_spearman['rm_strong']['pairs']:.3f} "
         f"rm_light_spearman={rm_spearman['rm_light']['pairs']:.3f} "
-        f"rm_strong_match={rm_match['rm_strong']:.3f}"
+        f"rm_strong_match={rm_match['rm_strong']:.3f} rm_light_match={rm_match['rm_light']:.3f}"
     )
     return 0

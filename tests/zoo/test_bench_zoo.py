@@ -8,6 +8,7 @@ import pytest
 
 from strata.cli.main import main
 from strata.zoo.build import ZooPaths
+from svc_reward.registry import describe
 
 
 def test_bench_zoo_prints_sizes_oracle_ratio_spearman_and_prompt_match(
@@ -23,5 +24,27 @@ def test_bench_zoo_prints_sizes_oracle_ratio_spearman_and_prompt_match(
     last = out.strip().splitlines()[-1]
     fields = dict(item.split("=") for item in last.split()[1:])
     assert last.startswith("zoo l2_over_l1_oracle=")
-    assert set(fields) >= {"l2_over_l1_oracle", "rm_strong_spearman", "rm_light_spearman", "rm_strong_match"}
+    assert set(fields) >= {"l2_over_l1_oracle", "rm_strong_spearman", "rm_light_spearman", "rm_strong_match",
+                           "rm_light_match"}
     assert 0.0 <= float(fields["rm_strong_match"]) <= 1.0
+
+
+def test_bench_rm_compares_the_served_light_rm_with_its_teacher(
+    zoo: ZooPaths, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STRATA_ZOO_PRESET", zoo.config.preset)
+    monkeypatch.setenv("STRATA_CACHE_DIR", str(zoo.root.parent.parent))
+    code = main(["bench", "rm", "--batch", "8", "--repeats", "1", "--threads", "1"])
+    assert code == 0
+    out = capsys.readouterr().out
+    # By default the light RM is the zoo's, the one svc_reward serves, distilled from the zoo's strong RM.
+    teacher = describe("strong", [zoo.rm_strong]).version
+    assert f"light RM {zoo.rm_light}" in out and f"distilled from {teacher}" in out
+    assert re.search(r"^fresh \(\d+ pairs\): light vs strong spearman=", out, re.MULTILINE)
+    assert re.search(r"^prompt match on \d+ eval prompt swaps: light [01]\.\d{3}, strong [01]\.\d{3}", out,
+                     re.MULTILINE)
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"rm spearman=-?[01]\.\d{3} latency_ratio=\d+\.\d light_match=[01]\.\d{3}", last), last
+    fields = dict(item.split("=") for item in last.split()[1:])
+    assert float(fields["latency_ratio"]) > 1.0  # the grown strong RM costs more than its student
+    assert main(["bench", "rm", "--light", str(zoo.rm_light), "--distill"]) == 2  # one or the other
