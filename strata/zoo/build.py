@@ -524,6 +524,9 @@ class ZooBuilder:
                      "grown_from": {"n_embd": model.config.n_embd, "n_layer": model.config.n_layer,
                                     "n_params": core_params}}
             model = grow_reward_model(model, cfg.rm_strong_widen, cfg.rm_strong_grow_layers, cfg.seed + 2)
+            recipe += (f"; then grown to {model.config.n_layer} x {model.config.n_embd} and trained on for "
+                       f"{cfg.rm_strong_grow_train.steps} steps"
+                       f"{'' if cfg.rm_strong_grow_feature_weight > 0 else ' without feature heads'}")
             loss = train_reward_model(
                 model, tokenizer, texts, scores, cfg.rm_max_length, cfg.rm_strong_grow_train, cfg.seed + 1,
                 f"rm_strong (grown to {model.config.n_layer} x {model.config.n_embd})",
