@@ -868,13 +868,13 @@ def _list(args: argparse.Namespace) -> int:
         print("no RM versions registered yet: strata rm train-strong / strata rm distill")
         return 0
     print(f"  {'version':20s} {'kind':6s} {'registered':19s} {'members':>7s} {'spearman/strong':>15s} "
-          f"{'spearman/oracle':>15s}  path")
+          f"{'spearman/oracle':>15s}  {'distilled from':20s} path")
     for e in entries:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.registered_at))
         vs_strong = e.metrics.get("spearman/strong_eval")
         vs_oracle = e.metrics.get("spearman/oracle_eval")
         print(f"{'*' if e.version == promoted else ' '} {e.version:20s} {e.kind:6s} {when:19s} {len(e.paths):>7d} "
-              f"{_fmt(vs_strong):>15s} {_fmt(vs_oracle):>15s}  {e.path}")
+              f"{_fmt(vs_strong):>15s} {_fmt(vs_oracle):>15s}  {e.parent or '-':20s} {e.path}")
     if promoted:
         print(f"* promoted last (what svc_reward serves): {promoted}")
     return 0
