@@ -659,7 +659,9 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     texts = [format_rm_input(p, r) for p, r in pairs]
 
     # 4. Light RM(s): from the student init (or fresh), on the strong RM's tokenizer, fitted by KL.
-    zoo_recipe = zoo.config.rm_light_train if zoo is not None else None
+    from strata.zoo.build import RM_LIGHT_TRAIN
+
+    zoo_recipe = zoo.config.rm_light_train if zoo is not None else RM_LIGHT_TRAIN  # the schedule from an init
     members: list[Path] = []
     losses: list[float] = []
     started_from = ""
@@ -667,8 +669,8 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
         model, started_from = _student(options.init, strong, strong_path, options, teacher.shape[1],
                                        options.seed + member)
         warm = started_from != "fresh"
-        steps = options.steps or (zoo_recipe.steps if warm and zoo_recipe else 700)
-        lr = options.lr or (zoo_recipe.lr if warm and zoo_recipe else 3e-3)
+        steps = options.steps or (zoo_recipe.steps if warm else 700)
+        lr = options.lr or (zoo_recipe.lr if warm else 3e-3)
         cfg = DistillConfig(steps=steps, batch_size=options.batch_size, lr=lr, temperature=options.temperature,
                             max_length=options.max_length, seed=options.seed + member)
         model.config.pad_token_id = strong.tokenizer.pad_token_id
