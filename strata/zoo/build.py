@@ -197,15 +197,19 @@ class ZooConfig:
                              "the RMs have no position embeddings past n_positions")
         init_depths = {"probe": self.probe.n_layer, "level1": self.level1.n_layer,
                        "level2": self.level2.n_layer + self.level2_grow_layers}
-        for role, init, layers in (("rm_strong", self.rm_strong_init, self.rm_strong_init_layers),):
-            if init and init not in init_depths:
-                raise ValueError(f"{role}_init must be one of {', '.join(init_depths)} or '' (scratch), got {init!r}")
-            if init and layers > init_depths[init]:
-                raise ValueError(f"{role}_init_layers ({layers}) exceeds the {init} LM's {init_depths[init]} layers")
-
+        init, layers = self.rm_strong_init, self.rm_strong_init_layers
+        if init and init not in init_depths:
+            raise ValueError(f"rm_strong_init must be one of {', '.join(init_depths)} or '' (scratch), got {init!r}")
+        if init and layers > init_depths[init]:
+            raise ValueError(f"rm_strong_init_layers ({layers}) exceeds the {init} LM's {init_depths[init]} layers")
         if self.rm_strong_widen < 1 or self.rm_strong_grow_layers < 0:
             raise ValueError(f"rm_strong_widen must be >= 1 and rm_strong_grow_layers >= 0, got "
                              f"{self.rm_strong_widen} and {self.rm_strong_grow_layers}")
+        if self.rm_strong_widen == 1 and self.rm_strong_grow_layers == 0:
+            # The light RM starts from the strong RM's trunk before growth: without growth there is none
+            # (and a light RM as costly as its teacher saves nothing).
+            raise ValueError("the strong RM must grow (rm_strong_widen > 1 or rm_strong_grow_layers > 0): the "
+                             "light RM is distilled from it, starting from its trunk before growth")
 
     def config_hash(self) -> str:
         payload = json.dumps({"format": ZOO_FORMAT_VERSION, **asdict(self)}, sort_keys=True)

@@ -75,6 +75,8 @@ def test_bad_configs_fail_before_building() -> None:
         with_overrides(ZooConfig(), rm_strong_init_layers=5)
     with pytest.raises(ValueError, match="rm_strong_widen must be >= 1"):
         with_overrides(ZooConfig(), rm_strong_widen=0)
+    with pytest.raises(ValueError, match="the strong RM must grow"):
+        with_overrides(ZooConfig(), rm_strong_widen=1, rm_strong_grow_layers=0)
     grown = with_overrides(ZooConfig(), rm_strong_init="level2", rm_strong_init_layers=16)
     assert grown.rm_strong_init_layers == 16  # all of the grown LM
 
