@@ -561,7 +561,7 @@ def eval_swaps(split: str = "eval", seed: int = EVAL_SEED) -> tuple[list[str], l
 
 
 def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions, n_bins: int, seed: int) -> Any:
-    """The model a light RM starts from, and a line saying what it is."""
+    """The model a light RM starts from, and what it is: ``fresh`` or the directory it was loaded from."""
     from transformers import GPT2ForSequenceClassification
 
     from strata.zoo.build import student_init_dir
@@ -702,8 +702,9 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
         light_scores[split] = light_rewards(p, r, f"light {split}")
         oracle_scores[split] = oracle
     metrics = comparison_metrics(light_scores, strong_scores, oracle_scores)
-    metrics["match/light_eval"] = prompt_match(light_rms, *eval_swaps(), options.max_length)
-    metrics["match/strong_eval"] = prompt_match([strong], *eval_swaps(), options.max_length)
+    match_swaps = eval_swaps()
+    metrics["match/light_eval"] = prompt_match(light_rms, *match_swaps, options.max_length)
+    metrics["match/strong_eval"] = prompt_match([strong], *match_swaps, options.max_length)
     held_strong: list[float] = []
     if held_prompts:
         held_strong = expected_reward(score_logits(strong, held_prompts, held_responses, options.max_length,
@@ -759,6 +760,9 @@ def _distill(args: argparse.Namespace) -> int:
         raise CliError("--members must be at least 1")
     if not 0.0 <= args.hold_out < 1.0:
         raise CliError(f"--hold-out must be in [0, 1), got {args.hold_out}")
+    if args.init not in ("auto", "fresh") and not (Path(args.init) / "config.json").is_file():
+        raise CliError(f"--init {args.init}: not a model directory (no config.json); use auto, fresh or a "
+                       "sequence-classification RM directory")
     init, hold_out, current = args.init, args.hold_out, None
     if args.from_log:
         # One turn of the loop: re-distil the light RM in service on newly logged rollouts labelled by
