@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from strata import risk
 from strata.config import StrataSettings
 
-# Safety net beside the model's own risk head: words that put a prompt on a high-risk topic (R3).
-DEFAULT_RISK_KEYWORDS = (
-    "dose,dosage,medication,medicine,prescription,symptom,diagnos,pregnan,overdose,antibiotic,ibuprofen,"
-    "insulin,blood pressure,chest pain,fever,lawsuit,sue,lawyer,attorney,court,contract,custody,divorce,"
-    "eviction,lease,police,arrest,visa,immigration,will and testament"
-)
+# Safety net beside the model's own risk head: strata.risk's keywords (R3), the scheduler's too,
+# matched as whole words ("lease" is not in "please").
+DEFAULT_RISK_KEYWORDS = ",".join(risk.MEDICAL_KEYWORDS + risk.LEGAL_KEYWORDS)
 
 
 class ProbeSettings(StrataSettings):
@@ -26,7 +24,9 @@ class ProbeSettings(StrataSettings):
         0.3, ge=0, le=1, description="below this top-direction probability the probe is cautious (low confidence)"
     )
     risk_threshold: float = Field(0.5, ge=0, le=1, description="P(risk) above which the prompt is cautious")
-    risk_keywords: str = Field(DEFAULT_RISK_KEYWORDS, description="comma-separated risk-topic keywords")
+    risk_keywords: str = Field(
+        DEFAULT_RISK_KEYWORDS, description="comma-separated risk-topic keywords, matched as whole words or phrases"
+    )
     max_prompt_chars: int = Field(8000, ge=1)
     max_prompt_tokens: int = Field(128, ge=8, description="prompt tokens the probe reads (the rest is cut)")
     group_id: str = Field("svc-probe", description="consumer group of the Level-0 topic")

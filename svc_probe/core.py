@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.models.loading import LoadedModel
+from strata.risk import match_keywords
 from strata.zoo.directions import DIRECTION_NAMES
 from strata.zoo.template import RISK_PREFIX, format_probe_query
 
@@ -90,13 +91,12 @@ def probe(lm: LoadedModel, prompts: Sequence[str], rules: ProbeRules, max_prompt
         order = torch.argsort(probs[i], descending=True)[: rules.top_k].tolist()
         directions = tuple((names[j], float(probs[i, j])) for j in order)
         confidence = directions[0][1]
-        lowered = prompt.lower()
-        keyword = next((k for k in rules.risk_keywords if k in lowered), None)
+        keyword = match_keywords(prompt, {"risk": rules.risk_keywords})
         reasons = []
         if risk[i] > rules.risk_threshold:
             reasons.append(f"risk topic (p={risk[i]:.2f})")
         if keyword is not None:
-            reasons.append(f"risk keyword {keyword!r}")
+            reasons.append(f"risk {keyword.evidence}")
         if confidence < rules.min_confidence:
             reasons.append(f"low confidence ({confidence:.2f} < {rules.min_confidence})")
         results.append(ProbeResult(directions, confidence, float(risk[i]), bool(reasons), "; ".join(reasons)))

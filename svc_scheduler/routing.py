@@ -32,12 +32,13 @@ old, and was never flagged unsafe (R12). Every other neighbour still counts in t
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from strata import risk
+from strata.risk import RiskMatch
 from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.stats import RewardStats, marks_high_uncertainty
 
@@ -67,12 +68,6 @@ class Neighbour:
 
 
 @dataclass(frozen=True)
-class RiskMatch:
-    topic: str  # "medical" or "legal"
-    evidence: str  # "keyword 'dose'" or "close to exemplar (cosine 0.71)"
-
-
-@dataclass(frozen=True)
 class Decision:
     """What the scheduler decided for one prompt, and why (returned to the user by Submit)."""
 
@@ -96,36 +91,17 @@ class Decision:
 
 # -- risk topics -------------------------------------------------------------------------------------
 
-_KEYWORD_PATTERNS: dict[tuple[str, ...], re.Pattern[str]] = {}
-
-
-def _keyword_pattern(keywords: tuple[str, ...]) -> re.Pattern[str]:
-    """One case-insensitive whole-word alternation per keyword list (compiled once, cached)."""
-    pattern = _KEYWORD_PATTERNS.get(keywords)
-    if pattern is None:
-        alternatives = "|".join(re.escape(k.strip()) for k in sorted(keywords, key=len, reverse=True) if k.strip())
-        pattern = re.compile(rf"\b(?:{alternatives})\b", re.IGNORECASE) if alternatives else re.compile(r"(?!)")
-        _KEYWORD_PATTERNS[keywords] = pattern
-    return pattern
-
-
 def detect_risk(
     text: str, exemplar_similarity: Mapping[str, float], settings: SchedulerSettings
 ) -> RiskMatch | None:
-    """Is ``text`` on a high-risk topic? Keywords first, then closeness to the topic's exemplars.
+    """Is ``text`` on a high-risk topic? ``strata.risk``'s policy (whole-word keywords, then closeness
+    to the topic's exemplars) with this scheduler's keyword lists and similarity floor.
 
     ``exemplar_similarity`` maps a topic ("medical", "legal") to the prompt's highest cosine with
     that topic's exemplar prompts (computed by the encoder; empty when there are no exemplars).
     """
     keywords = {"medical": settings.risk_keywords_medical, "legal": settings.risk_keywords_legal}
-    for topic, words in keywords.items():
-        match = _keyword_pattern(tuple(words)).search(text)
-        if match:
-            return RiskMatch(topic, f"keyword '{match.group(0).lower()}'")
-    best = max(exemplar_similarity.items(), key=lambda item: item[1], default=None)
-    if best is not None and best[1] >= settings.risk_exemplar_min_similarity:
-        return RiskMatch(best[0], f"close to a {best[0]} exemplar (cosine {best[1]:.2f})")
-    return None
+    return risk.detect_risk(text, exemplar_similarity, settings.risk_exemplar_min_similarity, keywords)
 
 
 # -- neighbours --------------------------------------------------------------------------------------

@@ -10,40 +10,16 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from strata import risk
 from strata.config import StrataSettings
 
-# Words that put a prompt on a high-risk topic (R3, R12). Matched case-insensitively as whole words
-# (or whole phrases). Kept short and explicit; extend through STRATA_RISK_KEYWORDS_MEDICAL / _LEGAL.
-DEFAULT_MEDICAL_KEYWORDS: tuple[str, ...] = (
-    "dose", "dosage", "overdose", "medication", "medicine", "prescription", "symptom", "symptoms",
-    "diagnosis", "doctor", "ibuprofen", "acetaminophen", "paracetamol", "antibiotic", "antibiotics",
-    "blood pressure", "diabetes", "insulin", "fever", "allergy", "allergies", "allergic", "vaccine",
-    "vaccines", "vaccination", "sprained", "sprain", "insomnia", "sleeping pills", "migraine", "migraines",
-    "pregnant", "pregnancy", "surgery", "infection", "disease", "chest pain", "headache", "rash",
-)
-DEFAULT_LEGAL_KEYWORDS: tuple[str, ...] = (
-    "lawyer", "attorney", "lawsuit", "sue", "court", "legal", "legally", "illegal", "law", "lease",
-    "landlord", "tenant", "evict", "eviction", "will and testament", "a will", "wills", "copyright",
-    "copyrighted", "trademark", "trademarks", "employment contract", "employment contracts",
-    "traffic ticket", "traffic tickets", "police", "arrested", "llc", "divorce", "custody",
-    "security deposit", "security deposits", "small claims",
-)
-# Exemplar prompts: a prompt whose embedding is close to one of these is on a risk topic even when
-# it uses none of the keywords (e.g. "my kid is burning up, what should I give her?").
-DEFAULT_MEDICAL_EXEMPLARS: tuple[str, ...] = (
-    "How much of this medicine should I take?",
-    "What are the symptoms of this illness and should I see a doctor?",
-    "My child is sick and burning up, what should I give her?",
-    "Is it safe to take these two drugs together?",
-    "How do I treat this injury at home?",
-)
-DEFAULT_LEGAL_EXEMPLARS: tuple[str, ...] = (
-    "Can my landlord keep my deposit?",
-    "Do I need a lawyer for this dispute?",
-    "What are my rights if my employer fires me?",
-    "How do I contest a fine I received?",
-    "Is it legal to use this image in my business?",
-)
+# Words and exemplar prompts that put a prompt on a high-risk topic (R3, R12): strata.risk's, the one
+# policy the probe shares (whole words or phrases, case-insensitive). Extend through
+# STRATA_RISK_KEYWORDS_MEDICAL / _LEGAL.
+DEFAULT_MEDICAL_KEYWORDS = risk.MEDICAL_KEYWORDS
+DEFAULT_LEGAL_KEYWORDS = risk.LEGAL_KEYWORDS
+DEFAULT_MEDICAL_EXEMPLARS = risk.MEDICAL_EXEMPLARS
+DEFAULT_LEGAL_EXEMPLARS = risk.LEGAL_EXEMPLARS
 
 
 class SchedulerSettings(StrataSettings):

@@ -1,0 +1,68 @@
+"""The one risk policy (strata.risk): whole words, listed inflections, exemplars; shared by the
+scheduler and the probe."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.risk import KEYWORDS, LEGAL_KEYWORDS, MEDICAL_KEYWORDS, detect_risk, match_keywords
+from svc_probe.config import ProbeSettings
+from svc_scheduler.routing import detect_risk as scheduler_detect_risk
+from svc_scheduler.settings import SchedulerSettings
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Could you please explain how recursion works?",  # "lease" in "please"
+        "I have an issue with my lawnmower.",  # "sue" in "issue"
+        "Is it advisable to refactor this class first?",  # "visa" in "advisable"
+        "Thanks for the courtesy of a quick reply.",  # "court" in "courtesy"
+        "How do I release the lock in Python?",  # "lease" in "release"
+        "Write a pursuit-evasion game loop.",
+        "Explain the lawn mowing schedule for spring.",  # "law" in "lawn"
+        "What is a rashly written function?",  # "rash" in "rashly"
+        "Summarize the steps of a dosa recipe.",
+        "Describe the mediciner's role in a medieval story.",
+    ],
+)
+def test_benign_words_that_contain_a_keyword_are_not_a_risk(text: str) -> None:
+    assert match_keywords(text) is None
+    assert scheduler_detect_risk(text, {}, SchedulerSettings()) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "topic", "keyword"),
+    [
+        ("What dose of ibuprofen is safe for a child?", "medical", "dose"),
+        ("I think I'm PREGNANT, what should I avoid?", "medical", "pregnant"),
+        ("Is chest pain after running normal?", "medical", "chest pain"),
+        ("My doctor diagnosed me with diabetes.", "medical", "doctor"),
+        ("Can my landlord keep the security deposit?", "legal", "landlord"),
+        ("My neighbour sued me over a fence.", "legal", "sued"),
+        ("Is it illegal to record a phone call?", "legal", "illegal"),
+        ("How do I apply for a work visa?", "legal", "visa"),
+        ("I was arrested last night, what now?", "legal", "arrested"),
+    ],
+)
+def test_real_medical_and_legal_prompts_are(text: str, topic: str, keyword: str) -> None:
+    match = match_keywords(text)
+    assert match is not None and match.topic == topic and match.evidence == f"keyword '{keyword}'"
+    scheduled = scheduler_detect_risk(text, {}, SchedulerSettings())
+    assert scheduled is not None and scheduled.topic == topic
+
+
+def test_longer_phrases_win_and_exemplars_back_up_the_keywords() -> None:
+    match = match_keywords("chest pain and a fever")
+    assert match is not None and match.evidence == "keyword 'chest pain'"
+    close = detect_risk("my kid is burning up", {"medical": 0.7, "legal": 0.2}, 0.65)
+    assert close is not None and close.topic == "medical" and "exemplar (cosine 0.70)" in close.evidence
+    assert detect_risk("my kid is burning up", {"medical": 0.64}, 0.65) is None
+    assert match_keywords("anything at all", {"medical": ()}) is None  # an empty list matches nothing
+
+
+def test_the_probe_and_the_scheduler_share_one_keyword_list() -> None:
+    assert set(ProbeSettings().keywords()) == set(MEDICAL_KEYWORDS) | set(LEGAL_KEYWORDS)
+    settings = SchedulerSettings()
+    assert (settings.risk_keywords_medical, settings.risk_keywords_legal) == (KEYWORDS["medical"],
+                                                                               KEYWORDS["legal"])
