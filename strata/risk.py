@@ -26,7 +26,7 @@ LEGAL_KEYWORDS: tuple[str, ...] = (
     "legally", "illegal", "law", "lease", "landlord", "tenant", "evict", "eviction", "will and testament", "a will",
     "wills", "copyright", "copyrighted", "trademark", "trademarks", "employment contract", "employment contracts",
     "traffic ticket", "traffic tickets", "police", "arrest", "arrested", "llc", "divorce", "custody",
-    "security deposit", "security deposits", "small claims", "visa", "immigration",
+    "security deposit", "security deposits", "small claims", "immigration",
 )
 KEYWORDS: Mapping[str, tuple[str, ...]] = {"medical": MEDICAL_KEYWORDS, "legal": LEGAL_KEYWORDS}
 # Exemplar prompts: a prompt whose embedding is close to one of these is on a risk topic even when

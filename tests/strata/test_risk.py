@@ -16,7 +16,8 @@ from svc_scheduler.settings import SchedulerSettings
     [
         "Could you please explain how recursion works?",  # "lease" in "please"
         "I have an issue with my lawnmower.",  # "sue" in "issue"
-        "Is it advisable to refactor this class first?",  # "visa" in "advisable"
+        "Is it advisable to refactor this class first?",
+        "What are the pros and cons of tourist visas versus visa-free entry?",  # travel, not legal advice
         "Thanks for the courtesy of a quick reply.",  # "court" in "courtesy"
         "How do I release the lock in Python?",  # "lease" in "release"
         "Write a pursuit-evasion game loop.",
@@ -41,7 +42,7 @@ def test_benign_words_that_contain_a_keyword_are_not_a_risk(text: str) -> None:
         ("Can my landlord keep the security deposit?", "legal", "landlord"),
         ("My neighbour sued me over a fence.", "legal", "sued"),
         ("Is it illegal to record a phone call?", "legal", "illegal"),
-        ("How do I apply for a work visa?", "legal", "visa"),
+        ("Can an immigration officer refuse my papers?", "legal", "immigration"),
         ("I was arrested last night, what now?", "legal", "arrested"),
     ],
 )
