@@ -236,10 +236,8 @@ def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_
     """RM logits (N, bins) for the pairs, in length order with a progress bar; cached on disk by
     (weights checksum, max_length, texts) when ``cache_dir`` is given."""
     import torch
-    from tqdm import tqdm
 
-    from strata.models.reward import reward_logits
-    from svc_reward.distill import in_length_order
+    from strata.zoo.build import score_in_length_order
     from svc_reward.registry import rm_checksum
 
     cache_file = None
@@ -250,9 +248,7 @@ def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_
         cache_file = Path(cache_dir) / f"{digest.hexdigest()[:24]}.pt"
         if cache_file.is_file():
             return torch.load(cache_file)
-    with tqdm(total=len(prompts), desc=desc, unit="pair", leave=False) as bar:
-        logits = in_length_order(lambda p, r: reward_logits(rm, p, r, batch_size, max_length), prompts, responses,
-                                 chunk=256, on_chunk=bar.update)
+    logits = score_in_length_order(rm, prompts, responses, max_length, desc, batch_size)
     if cache_file is not None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         torch.save(logits, cache_file)

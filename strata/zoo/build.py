@@ -23,7 +23,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -558,7 +558,8 @@ class ZooBuilder:
         prompts, responses, sources = distill_pairs(self._rm_rows(), self.train_records, cfg.rm_light_distill_pairs,
                                                     cfg.rm_light_distill_swaps, cfg.seed)
         started = time.perf_counter()
-        teacher_logits = teacher_labels(teacher, prompts, responses, cfg.rm_max_length, self.progress)
+        teacher_logits = score_in_length_order(teacher, prompts, responses, cfg.rm_max_length, "strong RM labels",
+                                               progress=self.progress)
         label_seconds = time.perf_counter() - started
         distill = DistillConfig(steps=cfg.rm_light_train.steps, batch_size=cfg.rm_light_train.batch_size,
                                 lr=cfg.rm_light_train.lr, warmup_steps=cfg.rm_light_train.warmup_steps,
@@ -627,15 +628,16 @@ def distill_pairs(rows: list[dict[str, Any]], train_records: list[PromptRecord],
     return prompts, responses, {"rm_data": len(sample), "prompt_swaps": len(swaps)}
 
 
-def teacher_labels(teacher: Any, prompts: list[str], responses: list[str], max_length: int,
-                   progress: bool = True) -> torch.Tensor:
-    """The teacher RM's bin logits (N, bins) for the pairs, scored in length order."""
+def score_in_length_order(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_length: int,
+                          desc: str, batch_size: int = 32, progress: bool = True) -> torch.Tensor:
+    """An RM's bin logits (N, bins) for the pairs, scored in length order (little padding) behind a
+    progress bar, returned in the pairs' order: the strong RM labelling the light RM's pairs here, and
+    every scoring pass of ``strata rm`` (``rm_cmd.score_logits`` adds a disk cache)."""
     from strata.models.reward import reward_logits
     from svc_reward.distill import in_length_order
 
-    with torch.no_grad(), tqdm(total=len(prompts), desc="strong RM labels", unit="pair", leave=False,
-                               disable=not progress) as bar:
-        return in_length_order(lambda p, r: reward_logits(teacher, p, r, 32, max_length), prompts, responses,
+    with tqdm(total=len(prompts), desc=desc, unit="pair", leave=False, disable=not progress) as bar:
+        return in_length_order(lambda p, r: reward_logits(rm, p, r, batch_size, max_length), prompts, responses,
                                chunk=256, on_chunk=bar.update)
 
 
