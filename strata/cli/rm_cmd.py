@@ -360,7 +360,7 @@ def _train_strong(args: argparse.Namespace) -> int:
         STUDENT_INIT_DIR,
         ZooConfig,
         groups_of,
-        grow_reward_model,
+        grow_from_student_init,
         match_training,
         rm_init_overrides,
     )
@@ -428,11 +428,8 @@ def _train_strong(args: argparse.Namespace) -> int:
     growth: dict[str, Any] = {}
     if args.widen > 1 or args.grow_layers:
         # The model before growth is what a light RM distilled from this one starts from.
-        model.save_pretrained(staging / STUDENT_INIT_DIR)
-        save_rm_tokenizer(tokenizer, staging / STUDENT_INIT_DIR, args.max_length)
-        growth = {"student_init": STUDENT_INIT_DIR, "grown_from": {"n_embd": model.config.n_embd,
-                                                                     "n_layer": model.config.n_layer}}
-        model = grow_reward_model(model, args.widen, args.grow_layers, args.seed + 2)
+        model, growth = grow_from_student_init(model, tokenizer, staging / STUDENT_INIT_DIR, args.max_length,
+                                               args.widen, args.grow_layers, args.seed + 2)
         grow_cfg = recipe.rm_strong_grow_train
         if args.grow_steps is not None:
             grow_cfg = replace(grow_cfg, steps=args.grow_steps,

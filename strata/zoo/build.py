@@ -522,12 +522,9 @@ class ZooBuilder:
             recipe += f"; a match step of {cfg.rm_strong_match_pairs} prompt swaps after each step (own AdamW)"
         info: dict[str, Any] = {}
         if cfg.rm_strong_widen > 1 or cfg.rm_strong_grow_layers:
-            model.config.problem_type = "single_label_classification"
-            core_params = self._save_lm(model, out / STUDENT_INIT_DIR, cfg.rm_max_length)
-            info |= {"student_init": STUDENT_INIT_DIR, "loss_before_growth": loss,
-                     "grown_from": {"n_embd": model.config.n_embd, "n_layer": model.config.n_layer,
-                                    "n_params": core_params}}
-            model = grow_reward_model(model, cfg.rm_strong_widen, cfg.rm_strong_grow_layers, cfg.seed + 2)
+            model, info = grow_from_student_init(model, tokenizer, out / STUDENT_INIT_DIR, cfg.rm_max_length,
+                                                 cfg.rm_strong_widen, cfg.rm_strong_grow_layers, cfg.seed + 2)
+            info["loss_before_growth"] = loss
             recipe += (f"; then grown to {model.config.n_layer} x {model.config.n_embd} and trained on for "
                        f"{cfg.rm_strong_grow_train.steps} steps"
                        f"{'' if cfg.rm_strong_grow_feature_weight > 0 else ' without feature heads'}")
@@ -583,14 +580,24 @@ class ZooBuilder:
 STUDENT_INIT_DIR = "student_init"
 
 
-def grow_reward_model(model: GPT2ForSequenceClassification, widen_by: int, extra_layers: int,
-                      seed: int) -> GPT2ForSequenceClassification:
-    """``model`` widened ``widen_by`` times and deepened by ``extra_layers`` blocks, same function."""
+def grow_from_student_init(model: GPT2ForSequenceClassification, tokenizer: Any, student_dir: Path,
+                           max_length: int, widen_by: int, extra_layers: int,
+                           seed: int) -> tuple[GPT2ForSequenceClassification, dict[str, Any]]:
+    """Save ``model`` (with its tokenizer, reading ``max_length`` tokens) as the student init in
+    ``student_dir``, then grow it: ``widen_by`` times every width, ``extra_layers`` more blocks, the
+    same function. Returns the grown model and what the strong RM records about it (``student_init``
+    relative to its own directory, ``grown_from``); the zoo's build and ``strata rm train-strong`` share it."""
+    model.config.problem_type = "single_label_classification"
+    model.save_pretrained(student_dir)
+    save_rm_tokenizer(tokenizer, student_dir, max_length)
+    info = {"student_init": student_dir.name,
+            "grown_from": {"n_embd": model.config.n_embd, "n_layer": model.config.n_layer,
+                           "n_params": sum(p.numel() for p in model.parameters())}}
     if widen_by > 1:
         model = widen(model, widen_by, seed)
     if extra_layers:
         model = deepen(model, extra_layers, seed + 1)
-    return model
+    return model, info
 
 
 def student_init_dir(strong_dir: Path) -> Path | None:
