@@ -13,14 +13,6 @@ from pydantic import Field, model_validator
 from strata import risk
 from strata.config import StrataSettings
 
-# Words and exemplar prompts that put a prompt on a high-risk topic (R3, R12): strata.risk's, the one
-# policy the probe shares (whole words or phrases, case-insensitive). Extend through
-# STRATA_RISK_KEYWORDS_MEDICAL / _LEGAL.
-DEFAULT_MEDICAL_KEYWORDS = risk.MEDICAL_KEYWORDS
-DEFAULT_LEGAL_KEYWORDS = risk.LEGAL_KEYWORDS
-DEFAULT_MEDICAL_EXEMPLARS = risk.MEDICAL_EXEMPLARS
-DEFAULT_LEGAL_EXEMPLARS = risk.LEGAL_EXEMPLARS
-
 
 class SchedulerSettings(StrataSettings):
     """svc_scheduler: encoder, index, routing thresholds (R9-R12), input bounds, gRPC and Watch."""
@@ -84,10 +76,12 @@ class SchedulerSettings(StrataSettings):
     dedupe_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long a processed reward event is remembered")
 
     # -- risk topics (R3) -----------------------------------------------------------------------------
-    risk_keywords_medical: tuple[str, ...] = Field(DEFAULT_MEDICAL_KEYWORDS, description="medical risk keywords")
-    risk_keywords_legal: tuple[str, ...] = Field(DEFAULT_LEGAL_KEYWORDS, description="legal risk keywords")
-    risk_exemplars_medical: tuple[str, ...] = Field(DEFAULT_MEDICAL_EXEMPLARS, description="medical exemplars")
-    risk_exemplars_legal: tuple[str, ...] = Field(DEFAULT_LEGAL_EXEMPLARS, description="legal exemplars")
+    # Words and exemplar prompts that put a prompt on a high-risk topic (R3, R12): strata.risk's, the
+    # one policy the probe shares (whole words or phrases, case-insensitive).
+    risk_keywords_medical: tuple[str, ...] = Field(risk.MEDICAL_KEYWORDS, description="medical risk keywords")
+    risk_keywords_legal: tuple[str, ...] = Field(risk.LEGAL_KEYWORDS, description="legal risk keywords")
+    risk_exemplars_medical: tuple[str, ...] = Field(risk.MEDICAL_EXEMPLARS, description="medical exemplars")
+    risk_exemplars_legal: tuple[str, ...] = Field(risk.LEGAL_EXEMPLARS, description="legal exemplars")
     risk_exemplar_min_similarity: float = Field(
         0.65, ge=-1, le=1, description="cosine to a risk exemplar at or above which a prompt is high-risk"
     )
