@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from strata.cli.main import CliError
-    from strata.cli.rm_cmd import eval_sets, eval_swaps, score_logits
+    from strata.cli.rm_cmd import eval_sets, eval_swaps, mean_rewards, score_logits
     from strata.models.loading import load_reward_model
     from strata.models.reward import expected_reward, prompt_match, reward_logits
     from strata.zoo.build import ZooSettings, ensure_zoo
@@ -137,9 +137,7 @@ def run(args: argparse.Namespace) -> int:
     for split, (prompts, responses, oracle) in sets.items():
         strong_scores[split] = expected_reward(
             score_logits(strong, prompts, responses, args.max_length, f"strong {split}", cache_dir)).tolist()
-        light_scores[split] = torch.stack([
-            expected_reward(score_logits(rm, prompts, responses, args.max_length, f"light {split}")) for rm in lights
-        ]).mean(dim=0).tolist()
+        light_scores[split] = mean_rewards(lights, prompts, responses, args.max_length, f"light {split}")
         oracle_scores[split] = oracle
     metrics = comparison_metrics(light_scores, strong_scores, oracle_scores)
     for split in sets:

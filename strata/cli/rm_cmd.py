@@ -255,6 +255,17 @@ def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_
     return logits
 
 
+def mean_rewards(rms: Sequence[Any], prompts: Sequence[str], responses: Sequence[str], max_length: int,
+                 desc: str) -> list[float]:
+    """Rewards of the pairs under an RM or ensemble (mean of the members' expected scores, R8)."""
+    import torch
+
+    from strata.models.reward import expected_reward
+
+    return torch.stack([expected_reward(score_logits(rm, prompts, responses, max_length, desc))
+                        for rm in rms]).mean(dim=0).tolist()
+
+
 class SourceUnavailableError(Exception):
     """Kafka or Redis could not be read; historical rollouts are skipped."""
 
@@ -580,7 +591,6 @@ def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions,
 
 def run_distill(options: DistillOptions, settings: Any, staging: Path) -> DistillResult:
     """Pseudo-label pairs with the strong RM, fit light RM(s) to its bin distributions, evaluate."""
-    import torch
     from tqdm import tqdm
 
     from strata.models.loading import ModelLoadError, load_reward_model
@@ -683,16 +693,11 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     # 5. Evaluation on held-out prompts: light vs strong and vs the oracle, eval and fresh splits; the
     # prompt match on eval prompt swaps; the rollout log's held-out pairs.
     light_rms = [load_reward_model(m, device=options.device) for m in members]
-
-    def light_rewards(p: Sequence[str], r: Sequence[str], desc: str) -> list[float]:
-        return torch.stack([expected_reward(score_logits(rm, p, r, options.max_length, desc))
-                            for rm in light_rms]).mean(dim=0).tolist()  # ensemble: mean (R8)
-
     light_scores, strong_scores, oracle_scores = {}, {}, {}
     for split, (p, r, oracle) in eval_sets().items():
         strong_scores[split] = expected_reward(score_logits(strong, p, r, options.max_length, f"strong {split}",
                                                             cache_dir)).tolist()
-        light_scores[split] = light_rewards(p, r, f"light {split}")
+        light_scores[split] = mean_rewards(light_rms, p, r, options.max_length, f"light {split}")
         oracle_scores[split] = oracle
     metrics = comparison_metrics(light_scores, strong_scores, oracle_scores)
     match_swaps = eval_swaps()
@@ -703,7 +708,8 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
         held_strong = expected_reward(score_logits(strong, held_prompts, held_responses, options.max_length,
                                                    "strong held-out", cache_dir)).tolist()
         metrics |= {f"{name}/strong_log": value for name, value in rank_metrics(
-            light_rewards(held_prompts, held_responses, "light held-out"), held_strong).items()}
+            mean_rewards(light_rms, held_prompts, held_responses, options.max_length, "light held-out"),
+            held_strong).items()}
     info = {
         "metrics": metrics, "parent": strong_version,
         "config": {**asdict(options), "strong": str(strong_path), "final_kl": losses, "n_pairs": len(pairs),
@@ -808,17 +814,13 @@ def _better_than_current(current: tuple[str, list[Path]], entry: Any, result: Di
     """Whether the new light RM ranks the held-out logged pairs closer to the strong RM than the one in
     service does (Spearman), printing both."""
     from strata.models.loading import load_reward_model
-    from strata.models.reward import expected_reward
     from svc_reward.distill import rank_metrics
 
     prompts, responses, strong = result.held_out
     version, paths = current
     serving = [load_reward_model(p, device=options.device) for p in paths]
-    import torch
-
-    rewards = torch.stack([expected_reward(score_logits(rm, prompts, responses, options.max_length, "in service"))
-                           for rm in serving]).mean(dim=0).tolist()
-    before = rank_metrics(rewards, strong)["spearman"]
+    before = rank_metrics(mean_rewards(serving, prompts, responses, options.max_length, "in service"),
+                          strong)["spearman"]
     after = result.metrics["spearman/strong_log"]
     better = after > before
     print(f"held-out logged pairs ({len(prompts)}): Spearman vs the strong RM {before:.3f} ({version}, in service) "
