@@ -800,7 +800,10 @@ def _distill(args: argparse.Namespace) -> int:
     _print_metrics(result.metrics)
     promote = args.promote
     if current is not None:
-        promote = _better_than_current(current, entry, result, options) and args.promote_if_better
+        better = _better_than_current(current, entry, result, options)
+        promote = better and args.promote_if_better
+        if better and not promote:
+            print("not promoting it (--no-promote-if-better)")
     if registry is not None:
         registry.register(entry)
         print(f"registered {entry.version}; serve it with: strata rm promote {entry.version}")
@@ -824,7 +827,7 @@ def _better_than_current(current: tuple[str, list[Path]], entry: Any, result: Di
     after = result.metrics["spearman/strong_log"]
     better = after > before
     print(f"held-out logged pairs ({len(prompts)}): Spearman vs the strong RM {before:.3f} ({version}, in service) "
-          f"-> {after:.3f} ({entry.version}): {'better, promoting' if better else 'not better, keeping ' + version}")
+          f"-> {after:.3f} ({entry.version}): {'better' if better else 'not better, keeping ' + version}")
     return better
 
 
