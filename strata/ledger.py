@@ -1,24 +1,82 @@
-"""The cost ledger (R4): tokens and device-seconds per tier, in Redis, and the saving it implies.
+"""The cost ledger (R4): what every stage of a rollout cost, in Redis, and the saving it implies.
 
-Writers (the generators) add each rollout once, right after claiming it (see
-``svc_generator.worker``); readers (``strata report``, the demo) compute the tier mix and the saving
-against sending everything to Level-2. Pure arithmetic lives in :func:`summarise`.
+Every service books its own stage when its work is done (and, where work can be redelivered, once:
+the generator's claim winner, the reward worker with its done keys):
+
+| stage          | booked by                         | tier | per item                                       |
+|----------------|-----------------------------------|------|------------------------------------------------|
+| ``encoder``    | the scheduler, per submitted prompt | 0  | the prompt's share of the batch's encode time  |
+| ``probe``      | the probe worker, per prompt        | 0  | the prompt's share of the batch's forward time |
+| ``generate``   | the generator, per sample           | 1, 2 | the sample's token share of its batch       |
+| ``rm_light``   | the reward worker, per sample       | 1  | every ensemble member's share of the batch     |
+| ``rm_strong``  | the reward worker, per sample       | 2  | the sample's token share of the batch          |
+| ``human_review`` | the reward worker, per annotation request | 2 | configured seconds per item (not device time) |
+
+Each charge carries device-seconds (measured on this machine) and parameters x tokens (the
+FLOPs-proportional cost: ~2 x params x tokens for a forward pass, the same on every machine).
+Charges are added to one aggregate hash per (stage, tier) and to one hash per (prompt, request),
+so a report can be cut per stage, per tier and per prompt.
+
+The saving against all-Level-2 needs a baseline: a measured one comes from ``strata bench tiers``
+(every prompt of the same set at Level-2, scored by the strong RM). Without one, :func:`summarise`
+gives an *estimate* and says so: every final sample priced once at the cost of one Level-2 sample
+(generation + strong RM) measured in this ledger. An escalated prompt's Level-1 samples are not
+final, so the baseline counts each prompt's sample once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import redis
 
-_KEY = "strata:ledger:tier:{tier}"
-COUNTS_KEY = "strata:ledger:counts"
+STAGES = ("encoder", "probe", "generate", "rm_light", "rm_strong", "human_review")
+METRICS = ("items", "tokens", "device_seconds", "param_tokens", "human_seconds")
 TIERS = (1, 2)
+COUNTS_KEY = "strata:ledger:counts"
+_STAGE_KEY = "strata:ledger:stage:{stage}:{tier}"
+_REQUEST_KEY = "strata:ledger:request:{prompt_hash}:{request_id}"
+# Level-2's cost per sample in the all-Level-2 baseline: its generation and the strong RM's score.
+LEVEL2_SAMPLE_STAGES = (("generate", 2), ("rm_strong", 2))
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One stage's cost for one item (a prompt, a sample, an annotation)."""
+
+    stage: str
+    tier: int
+    tokens: int = 0
+    device_seconds: float = 0.0
+    param_tokens: float = 0.0
+    human_seconds: float = 0.0
+    items: int = 1
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ValueError(f"unknown ledger stage {self.stage!r}; one of {', '.join(STAGES)}")
+
+
+@dataclass(frozen=True)
+class StageCost:
+    stage: str
+    tier: int
+    items: int = 0
+    tokens: int = 0
+    device_seconds: float = 0.0
+    param_tokens: float = 0.0
+    human_seconds: float = 0.0
+
+    @property
+    def seconds_per_token(self) -> float | None:
+        return self.device_seconds / self.tokens if self.tokens else None
 
 
 @dataclass(frozen=True)
 class TierCost:
+    """Generation at one tier (kept for the tier-mix views)."""
+
     tier: int
     rollouts: int
     tokens: int
@@ -30,48 +88,189 @@ class TierCost:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """What the same work would have cost at Level-2, and how that figure was obtained."""
+
+    device_seconds: float
+    param_tokens: float
+    label: str                # e.g. "estimate: 366 final samples x Level-2's cost per sample here"
+    measured: bool            # True only for a baseline run on the same prompts
+
+
+@dataclass(frozen=True)
 class CostSummary:
-    tiers: tuple[TierCost, ...]
-    counts: Mapping[str, int]             # e.g. escalations, finals, skips
-    total_device_seconds: float
-    all_level2_device_seconds: float | None   # every token at Level-2's per-token cost
-    saving: float | None                  # 1 - actual / all-Level-2
+    stages: tuple[StageCost, ...]
+    counts: Mapping[str, int]  # escalations, final_tier1, final_tier2, ...
+    baseline: Baseline | None
+    tiers: tuple[TierCost, ...] = field(default=())
+
+    @property
+    def total_device_seconds(self) -> float:
+        return sum(s.device_seconds for s in self.stages)
+
+    @property
+    def total_param_tokens(self) -> float:
+        return sum(s.param_tokens for s in self.stages)
+
+    @property
+    def human_seconds(self) -> float:
+        return sum(s.human_seconds for s in self.stages)
+
+    @property
+    def all_level2_device_seconds(self) -> float | None:
+        return self.baseline.device_seconds if self.baseline else None
+
+    @property
+    def saving(self) -> float | None:
+        """1 - device-seconds / the baseline's (None without a baseline)."""
+        if self.baseline is None or not self.baseline.device_seconds:
+            return None
+        return 1.0 - self.total_device_seconds / self.baseline.device_seconds
+
+    @property
+    def param_token_saving(self) -> float | None:
+        if self.baseline is None or not self.baseline.param_tokens:
+            return None
+        return 1.0 - self.total_param_tokens / self.baseline.param_tokens
+
+    def stage(self, stage: str, tier: int) -> StageCost:
+        return next((s for s in self.stages if (s.stage, s.tier) == (stage, tier)), StageCost(stage, tier))
 
     def tier(self, tier: int) -> TierCost:
         return next(t for t in self.tiers if t.tier == tier)
 
 
-def record_rollout(client: redis.Redis, tier: int, tokens: int, device_seconds: float) -> None:
-    with client.pipeline(transaction=True) as pipe:
-        key = _KEY.format(tier=tier)
-        pipe.hincrby(key, "rollouts", 1)
-        pipe.hincrby(key, "tokens", tokens)
-        pipe.hincrbyfloat(key, "device_seconds", device_seconds)
-        pipe.execute()
+def charge_generation(tier: int, params: int, prompt_tokens: int, response_tokens: int,
+                      device_seconds: float) -> Charge:
+    # The forward pass reads the prompt once and each new token once (with the KV cache).
+    return Charge("generate", tier, response_tokens, device_seconds, float(params) * (prompt_tokens + response_tokens))
+
+
+def split_by_tokens(total_seconds: float, tokens: Sequence[int]) -> list[float]:
+    """A batch's time shared by its items in proportion to their tokens (equally if none)."""
+    total = sum(tokens)
+    if not tokens:
+        return []
+    if total <= 0:
+        return [total_seconds / len(tokens)] * len(tokens)
+    return [total_seconds * t / total for t in tokens]
+
+
+def book(client: redis.Redis, prompt_hash: str, request_id: str, charges: Iterable[Charge], ttl_s: int,
+         pipe: redis.client.Pipeline | None = None) -> None:
+    """Add ``charges`` to the aggregates and to the (prompt, request) record; one round trip.
+
+    Pass ``pipe`` to add the writes to a caller's transaction (e.g. with its done keys).
+    """
+    own = pipe is None
+    target = client.pipeline(transaction=True) if own else pipe
+    request_key = _REQUEST_KEY.format(prompt_hash=prompt_hash, request_id=request_id or "-")
+    for c in charges:
+        stage_key = _STAGE_KEY.format(stage=c.stage, tier=c.tier)
+        values = {"items": c.items, "tokens": c.tokens, "device_seconds": c.device_seconds,
+                  "param_tokens": c.param_tokens, "human_seconds": c.human_seconds}
+        for name, value in values.items():
+            if not value:
+                continue
+            if isinstance(value, int):
+                target.hincrby(stage_key, name, value)
+                target.hincrby(request_key, f"{c.stage}:{c.tier}:{name}", value)
+            else:
+                target.hincrbyfloat(stage_key, name, value)
+                target.hincrbyfloat(request_key, f"{c.stage}:{c.tier}:{name}", value)
+        target.expire(request_key, ttl_s)
+    if own:
+        target.execute()
 
 
 def count(client: redis.Redis, name: str, amount: int = 1) -> None:
     client.hincrby(COUNTS_KEY, name, amount)
 
 
-def summarise(tiers: list[TierCost], counts: Mapping[str, int], level2_seconds_per_token: float | None = None
+def _stage_cost(stage: str, tier: int, raw: Mapping[str, str]) -> StageCost:
+    return StageCost(stage, tier, int(raw.get("items", 0)), int(raw.get("tokens", 0)),
+                     float(raw.get("device_seconds", 0.0)), float(raw.get("param_tokens", 0.0)),
+                     float(raw.get("human_seconds", 0.0)))
+
+
+def _decode(raw: Mapping[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def estimate_baseline(stages: Sequence[StageCost], counts: Mapping[str, int]) -> Baseline | None:
+    """Every final sample once at Level-2's measured cost per sample; None without a Level-2 sample."""
+    level2 = [s for s in stages if (s.stage, s.tier) in LEVEL2_SAMPLE_STAGES]
+    generated = next((s.items for s in level2 if s.stage == "generate"), 0)
+    finals = sum(v for k, v in counts.items() if k.startswith("final_tier"))
+    if not generated or not finals:
+        return None
+    per_sample_seconds = sum(s.device_seconds for s in level2) / generated
+    per_sample_param_tokens = sum(s.param_tokens for s in level2) / generated
+    return Baseline(finals * per_sample_seconds, finals * per_sample_param_tokens,
+                    f"estimate, not measured: {finals} final samples x the cost of one Level-2 sample "
+                    f"(generation + strong RM) measured here over {generated} Level-2 samples; "
+                    "`strata bench tiers` measures the baseline on the same prompts", measured=False)
+
+
+def summarise(stages: Sequence[StageCost], counts: Mapping[str, int], baseline: Baseline | None = None
               ) -> CostSummary:
-    """Tier mix and saving. Level-2's per-token cost comes from its own rollouts unless given."""
-    total = sum(t.device_seconds for t in tiers)
-    tokens = sum(t.tokens for t in tiers)
-    per_token = level2_seconds_per_token
-    if per_token is None:
-        per_token = next((t.seconds_per_token for t in tiers if t.tier == 2), None)
-    all_l2 = per_token * tokens if per_token is not None and tokens else None
-    saving = 1.0 - total / all_l2 if all_l2 else None
-    return CostSummary(tuple(tiers), dict(counts), total, all_l2, saving)
+    """Totals and the saving; without a measured ``baseline`` the estimate (see the module doc)."""
+    if baseline is None:
+        baseline = estimate_baseline(stages, counts)
+    tiers = tuple(TierCost(s.tier, s.items, s.tokens, s.device_seconds)
+                  for s in stages if s.stage == "generate")
+    return CostSummary(tuple(stages), dict(counts), baseline, tiers)
 
 
-def read(client: redis.Redis, level2_seconds_per_token: float | None = None) -> CostSummary:
-    tiers = []
-    for tier in TIERS:
-        raw = {k.decode(): v.decode() for k, v in client.hgetall(_KEY.format(tier=tier)).items()}
-        tiers.append(TierCost(tier, int(raw.get("rollouts", 0)), int(raw.get("tokens", 0)),
-                              float(raw.get("device_seconds", 0.0))))
-    counts = {k.decode(): int(v) for k, v in client.hgetall(COUNTS_KEY).items()}
-    return summarise(tiers, counts, level2_seconds_per_token)
+def read_stages(client: redis.Redis) -> list[StageCost]:
+    stages = []
+    for stage in STAGES:
+        for tier in (0, 1, 2):
+            raw = _decode(client.hgetall(_STAGE_KEY.format(stage=stage, tier=tier)))
+            if raw or (stage == "generate" and tier in TIERS):
+                stages.append(_stage_cost(stage, tier, raw))
+    return stages
+
+
+def read_counts(client: redis.Redis) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in client.hgetall(COUNTS_KEY).items()}
+
+
+def read(client: redis.Redis, baseline: Baseline | None = None) -> CostSummary:
+    return summarise(read_stages(client), read_counts(client), baseline)
+
+
+def read_request(client: redis.Redis, prompt_hash: str, request_id: str) -> list[StageCost]:
+    """One (prompt, request)'s charges, per stage and tier."""
+    raw = _decode(client.hgetall(_REQUEST_KEY.format(prompt_hash=prompt_hash, request_id=request_id or "-")))
+    return _group(raw)
+
+
+def read_prompt(client: redis.Redis, prompt_hash: str) -> dict[str, list[StageCost]]:
+    """Every request of one prompt: request id -> its charges."""
+    prefix = _REQUEST_KEY.format(prompt_hash=prompt_hash, request_id="")
+    out = {}
+    for key in client.scan_iter(match=f"{prefix}*", count=500):
+        request_id = key.decode()[len(prefix):]
+        out[request_id] = _group(_decode(client.hgetall(key)))
+    return out
+
+
+def _group(raw: Mapping[str, str]) -> list[StageCost]:
+    fields: dict[tuple[str, int], dict[str, str]] = {}
+    for name, value in raw.items():
+        stage, tier, metric = name.rsplit(":", 2)
+        fields.setdefault((stage, int(tier)), {})[metric] = value
+    return [_stage_cost(stage, tier, values) for (stage, tier), values in sorted(fields.items())]
+
+
+def subtract(after: Sequence[StageCost], before: Sequence[StageCost]) -> list[StageCost]:
+    """Charges booked between two reads of the aggregates (a bench arm's cost)."""
+    earlier = {(s.stage, s.tier): s for s in before}
+    out = []
+    for s in after:
+        b = earlier.get((s.stage, s.tier), StageCost(s.stage, s.tier))
+        out.append(StageCost(s.stage, s.tier, s.items - b.items, s.tokens - b.tokens,
+                             s.device_seconds - b.device_seconds, s.param_tokens - b.param_tokens,
+                             s.human_seconds - b.human_seconds))
+    return out

@@ -36,7 +36,7 @@ def build(settings: GeneratorSettings) -> ServiceParts:
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings.kafka_address, client_id=f"svc-generator-l{settings.tier}")
     handler = GeneratorWorker(settings, batcher, store, client, publisher, backend.tokenizer_id,
-                              debug_store_for(settings, client))
+                              debug_store_for(settings, client), n_params=backend.n_params)
     worker = Worker(settings, settings.consumer_group, publisher=publisher,
                     batch_handlers={handler.topic: handler.handle_batch})
     loops = [batcher.run]

@@ -55,8 +55,9 @@ class GeneratorWorker:
 
     def __init__(self, settings: GeneratorSettings, batcher: DynamicBatcher, store: ContentStore,
                  client: redis.Redis, publisher: Publisher, tokenizer_id: str,
-                 debug_store: DebugStore | None = None) -> None:
+                 debug_store: DebugStore | None = None, n_params: int = 0) -> None:
         self._debug_store = debug_store  # --debug-rollout only; never read by training
+        self._n_params = n_params  # the ledger's params x tokens
         self._settings = settings
         self._batcher = batcher
         self._store = store
@@ -100,7 +101,10 @@ class GeneratorWorker:
             event.routed_at.CopyFrom(job.routed.routed_at)
             event.generated_at.GetCurrentTime()
             if self._redis.set(job.key, event.SerializeToString(), nx=True, ex=self._settings.content_ttl_s):
-                ledger.record_rollout(self._redis, self._settings.tier, len(output.token_ids), result.device_seconds)
+                charge = ledger.charge_generation(self._settings.tier, self._n_params, output.prompt_tokens,
+                                                  len(output.token_ids), result.device_seconds)
+                ledger.book(self._redis, job.routed.prompt_hash, event.request_id, [charge],
+                            self._settings.content_ttl_s)
                 ROLLOUTS.labels(tier=str(self._settings.tier)).inc()
                 if self._debug_store is not None:
                     sampling = job.request.sampling

@@ -25,7 +25,8 @@ PROBE_SECONDS = Histogram("strata_probe_batch_seconds", "Probe forward time per 
 CAUTIONS = Counter("strata_probe_cautions_total", "Prompts the probe sent to Level-2 (risk or low confidence)")
 
 
-def make_probe_fn(settings: ProbeSettings) -> ProbeFn:
+def make_probe_fn(settings: ProbeSettings) -> tuple[ProbeFn, int]:
+    """The probe as a function of prompts (thread-safe), and its model's parameter count."""
     if settings.model:
         path = settings.model
     else:
@@ -42,15 +43,15 @@ def make_probe_fn(settings: ProbeSettings) -> ProbeFn:
         CAUTIONS.inc(sum(r.caution for r in results))
         return results
 
-    return probe_fn
+    return probe_fn, lm.n_params
 
 
 def build(settings: ProbeSettings) -> ServiceParts:
-    probe_fn = make_probe_fn(settings)
+    probe_fn, n_params = make_probe_fn(settings)
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings.kafka_address, client_id="svc-probe")
-    handler = ProbeWorker(probe_fn, store, publisher)
+    handler = ProbeWorker(probe_fn, store, publisher, client, n_params, settings.content_ttl_s)
     worker = Worker(settings, settings.group_id, publisher=publisher,
                     batch_handlers={topics.PROMPTS_LEVEL0: handler.handle_batch})
     servicer = ProbeServicer(probe_fn, settings.max_prompt_chars, settings.top_k)

@@ -27,6 +27,7 @@ class ProbeResult:
     risk: float                                # P(risk topic) read from the model
     caution: bool                              # send to Level-2 instead of Level-1
     caution_reason: str                        # empty when not cautious
+    tokens: int = 0                            # tokens the model read for this prompt (the ledger's)
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ class ProbeRules:
 
 
 def _continuation_logprobs(lm: LoadedModel, contexts: Sequence[str], continuations: Sequence[str],
-                           max_context_tokens: int) -> torch.Tensor:
-    """Sum of log P(continuation tokens | context) for each pair: (N,)."""
+                           max_context_tokens: int) -> tuple[torch.Tensor, list[int]]:
+    """Sum of log P(continuation tokens | context) for each pair: (N,), and each pair's tokens."""
     tok = lm.tokenizer
     rows: list[list[int]] = []
     starts: list[int] = []
@@ -63,7 +64,7 @@ def _continuation_logprobs(lm: LoadedModel, contexts: Sequence[str], continuatio
     positions = torch.arange(width - 1, device=lm.device)[None, :]  # (1, T-1)
     start = torch.tensor(starts, device=lm.device)[:, None] - 1  # first predicted continuation token
     keep = (positions >= start) & (mask[:, 1:] == 1)
-    return (token_logprobs * keep).sum(dim=1).cpu()
+    return (token_logprobs * keep).sum(dim=1).cpu(), [len(r) for r in rows]
 
 
 @torch.no_grad()
@@ -77,14 +78,15 @@ def probe(lm: LoadedModel, prompts: Sequence[str], rules: ProbeRules, max_prompt
     # Stage 1: every prompt x every direction.
     contexts = [q for q in queries for _ in names]
     continuations = [f" {name}" for _ in queries for name in names]
-    scores = _continuation_logprobs(lm, contexts, continuations, max_prompt_tokens)
+    scores, direction_tokens = _continuation_logprobs(lm, contexts, continuations, max_prompt_tokens)
     probs = torch.softmax(scores.view(len(prompts), len(names)), dim=-1)  # (P, D)
     best = probs.argmax(dim=-1).tolist()
     # Stage 2: the risk flag after the best direction.
     risk_contexts = [f"{q} {names[b]}\n{RISK_PREFIX.rstrip()}" for q, b in zip(queries, best, strict=True)]
-    risk_scores = _continuation_logprobs(
+    risk_scores, risk_tokens = _continuation_logprobs(
         lm, [c for c in risk_contexts for _ in (0, 1)], [" yes", " no"] * len(prompts), max_prompt_tokens + 8
-    ).view(len(prompts), 2)
+    )
+    risk_scores = risk_scores.view(len(prompts), 2)
     risk = torch.softmax(risk_scores, dim=-1)[:, 0].tolist()  # P(yes)
     results = []
     for i, prompt in enumerate(prompts):
@@ -99,5 +101,7 @@ def probe(lm: LoadedModel, prompts: Sequence[str], rules: ProbeRules, max_prompt
             reasons.append(f"risk {keyword.evidence}")
         if confidence < rules.min_confidence:
             reasons.append(f"low confidence ({confidence:.2f} < {rules.min_confidence})")
-        results.append(ProbeResult(directions, confidence, float(risk[i]), bool(reasons), "; ".join(reasons)))
+        tokens = sum(direction_tokens[i * len(names): (i + 1) * len(names)]) + sum(risk_tokens[2 * i: 2 * i + 2])
+        results.append(ProbeResult(directions, confidence, float(risk[i]), bool(reasons), "; ".join(reasons),
+                                   tokens))
     return results

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
+import redis
+
+from strata import ledger
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.v1 import common_pb2, events_pb2
@@ -34,10 +38,14 @@ def forward(routed: events_pb2.PromptRouted, result: ProbeResult) -> events_pb2.
 
 
 class ProbeWorker:
-    def __init__(self, probe_fn: ProbeFn, store: ContentStore, publisher: Publisher) -> None:
+    def __init__(self, probe_fn: ProbeFn, store: ContentStore, publisher: Publisher,
+                 client: redis.Redis | None = None, n_params: int = 0, ledger_ttl_s: int = 7 * 24 * 3600) -> None:
         self._probe = probe_fn
         self._store = store
         self._publisher = publisher
+        self._redis = client  # the cost ledger's; None books nothing
+        self._n_params = n_params
+        self._ledger_ttl_s = ledger_ttl_s
 
     def handle_batch(self, deliveries: list[Delivery[events_pb2.PromptRouted]]) -> None:
         prompts = []
@@ -46,7 +54,9 @@ class ProbeWorker:
                 prompts.append(self._store.get_text(delivery.message.prompt_hash))
             except ContentNotFoundError as exc:
                 raise PoisonMessageError(str(exc)) from exc
+        started = time.perf_counter()
         results = self._probe(prompts)
+        seconds = ledger.split_by_tokens(time.perf_counter() - started, [r.tokens for r in results])
         futures = []
         for delivery, result in zip(deliveries, results, strict=True):
             out = forward(delivery.message, result)
@@ -54,3 +64,10 @@ class ProbeWorker:
             log.info("probe prompt=%s -> tier=%s directions=%s caution=%s", out.prompt_hash[:12],
                      common_pb2.Tier.Name(out.tier), ",".join(n for n, _ in result.directions), result.caution)
         self._publisher.wait(futures)
+        if self._redis is not None:
+            with self._redis.pipeline(transaction=True) as pipe:
+                for delivery, result, share in zip(deliveries, results, seconds, strict=True):
+                    charge = ledger.Charge("probe", 0, result.tokens, share, float(self._n_params) * result.tokens)
+                    ledger.book(self._redis, delivery.message.prompt_hash, delivery.message.request_id, [charge],
+                                self._ledger_ttl_s, pipe=pipe)
+                pipe.execute()

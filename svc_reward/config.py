@@ -26,6 +26,9 @@ class RewardSettings(StrataSettings):
     )
     aggregation: Literal["mean", "median"] = Field("mean", description="how ensemble members are combined (R8)")
     annotate_level2: bool = Field(True, description="request human annotation for Level-2 samples (R3)")
+    review_seconds_per_item: float = Field(
+        60.0, ge=0, description="human seconds one annotation costs, booked in the ledger apart from device time"
+    )
     light_rm_version: str | None = Field(None, description="version label of the light RM; unset = from checksum")
     strong_rm_version: str | None = Field(None, description="version label of the strong RM; unset = from checksum")
     max_items_per_request: int = Field(256, ge=1, description="largest Score request")

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata import ledger
 from strata.models.loading import LoadedModel, load_reward_model
 from strata.models.reward import reward_logits
+from strata.zoo.template import format_rm_input
 from svc_reward.scoring import aggregate, tempered_reward
 
 
@@ -31,6 +34,7 @@ class Scores:
     rewards: list[float]
     spreads: list[float]
     version: str
+    charges: list[ledger.Charge]  # each item's cost, every ensemble member included (R4)
 
 
 @dataclass
@@ -76,6 +80,7 @@ class RewardModels:
 
     def score(self, prompts: Sequence[str], responses: Sequence[str], strong: bool = False) -> Scores:
         with self._lock:
+            started = time.perf_counter()
             scorer = self._strong if strong else self._light
             if scorer is None:
                 raise LookupError("no strong reward model is configured (--strong-rm)")
@@ -85,4 +90,19 @@ class RewardModels:
                 for m in scorer.members
             ]
             rewards, spreads = aggregate(member_rewards, self._aggregation)
-            return Scores(rewards.tolist(), spreads.tolist(), scorer.version)
+            seconds = time.perf_counter() - started
+        return Scores(rewards.tolist(), spreads.tolist(), scorer.version,
+                      self._charges(scorer, prompts, responses, seconds, strong))
+
+    def _charges(self, scorer: _Scorer, prompts: Sequence[str], responses: Sequence[str], seconds: float,
+                 strong: bool) -> list[ledger.Charge]:
+        """Each item's share of the batch's time by its tokens, as read by the RM (truncated)."""
+        first = scorer.members[0]
+        max_length = min(self._max_length, first.tokenizer.model_max_length)
+        texts = [format_rm_input(p, r) for p, r in zip(prompts, responses, strict=True)]
+        tokens = ([len(ids) for ids in first.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
+                  if texts else [])
+        params = sum(m.n_params for m in scorer.members)
+        stage, tier = ("rm_strong", 2) if strong else ("rm_light", 1)
+        return [ledger.Charge(stage, tier, n, share, float(params) * n, items=len(scorer.members))
+                for n, share in zip(tokens, ledger.split_by_tokens(seconds, tokens), strict=True)]

@@ -59,6 +59,7 @@ class RewardWorker:
             by_tier[TIER_NUMBER[event.tier]].append(event)
         futures = []
         finals: list[int] = []
+        charges: list[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]] = []
         for tier, events in by_tier.items():
             try:
                 prompts = [self._store.get_text(e.prompt_hash) for e in events]
@@ -68,19 +69,28 @@ class RewardWorker:
             with SCORE_SECONDS.labels(tier=str(tier)).time():
                 scores = self._models.score(prompts, responses, strong=(tier == 2 and self._models.has_strong))
             scorer = common_pb2.SCORER_STRONG if tier == 2 and self._models.has_strong else common_pb2.SCORER_LIGHT
-            for event, reward, spread in zip(events, scores.rewards, scores.spreads, strict=True):
-                futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals))
+            for event, reward, spread, charge in zip(events, scores.rewards, scores.spreads, scores.charges,
+                                                     strict=True):
+                annotated: list[bool] = []
+                futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals, annotated))
+                review = [ledger.Charge("human_review", 2, human_seconds=self._settings.review_seconds_per_item)
+                          for _ in annotated]
+                charges.append((event, [charge, *review]))
         self._publisher.wait(futures)
         if todo:
-            with self._redis.pipeline(transaction=False) as pipe:
+            # One transaction: the done keys and the ledger move together, so a rollout is booked once.
+            ttl = self._settings.content_ttl_s
+            with self._redis.pipeline(transaction=True) as pipe:
                 for event in todo:
-                    pipe.set(done_key(event), b"1", ex=self._settings.content_ttl_s)
+                    pipe.set(done_key(event), b"1", ex=ttl)
                 for tier in finals:
                     pipe.hincrby(ledger.COUNTS_KEY, f"final_tier{tier}", 1)
+                for event, booked in charges:
+                    ledger.book(self._redis, event.prompt_hash, event.request_id, booked, ttl, pipe=pipe)
                 pipe.execute()
 
     def _emit(self, tier: int, event: events_pb2.RolloutGenerated, reward: float, spread: float, version: str,
-              scorer: int, finals: list[int]) -> list:
+              scorer: int, finals: list[int], annotated: list[bool]) -> list:
         s = self._settings
         outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
                          s.annotate_level2)
@@ -117,6 +127,7 @@ class RewardWorker:
             )
             request.requested_at.GetCurrentTime()
             futures.append(self._publisher.publish(topics.ANNOTATIONS_REQUESTED, request))
+            annotated.append(True)  # booked as human review once the batch is acknowledged
         log.info("reward tier=%d prompt=%s response=%s reward=%.3f rm=%s final=%s escalate=%s", tier,
                  event.prompt_hash[:12], event.response_hash[:12], reward, version, outcome.final, outcome.escalate)
         return futures

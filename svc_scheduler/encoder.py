@@ -48,7 +48,16 @@ class Encoder:
         self.dim = int(dimension() or 0)
         # Identifies the vector space: vectors of two encoders must never share an index.
         self.encoder_id = f"{encoder_id}/{self.dim}"
+        self.n_params = sum(p.numel() for p in model.parameters())
         log.info("encoder %s loaded from %s on %s", self.encoder_id, model_dir, device)
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens the encoder reads of each text (its max_seq_length cuts longer ones)."""
+        if not texts:
+            return []
+        limit = self._model.max_seq_length
+        ids = self._model.tokenizer(list(texts), truncation=True, max_length=limit)["input_ids"]
+        return [len(row) for row in ids]
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:

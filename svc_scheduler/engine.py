@@ -26,9 +26,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import redis
 from kafka.producer.future import FutureRecordMetadata
 from prometheus_client import Counter, Gauge, Histogram
 
+from strata import ledger
 from strata.bus import Publisher, PublishError, topics
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
@@ -69,6 +71,7 @@ class Routed:
     vector: np.ndarray  # (D,) its embedding
     decision: Decision
     versions: VersionState  # policy / RM versions current when it was decided
+    encoder_charge: ledger.Charge | None = None  # its share of the batch's encoding (R4)
 
 
 @dataclass(frozen=True)
@@ -173,15 +176,18 @@ class SchedulerEngine:
         started = time.perf_counter()
         hashes = [content_hash(p) for p in prompts]
         vectors = self.encoder.encode(prompts)  # (N, D)
+        tokens = self.encoder.count_tokens(prompts)
+        shares = ledger.split_by_tokens(time.perf_counter() - started, tokens)
         found = self.index.search(vectors, self.settings.k)
         wanted = sorted({h for row in found for h, _ in row})
         stats, marks, versions = self.store.neighbour_state(wanted)
         now = self.clock()
         routed = []
-        for text, digest, vector, row in zip(prompts, hashes, vectors, found, strict=True):
+        for text, digest, vector, row, n, share in zip(prompts, hashes, vectors, found, tokens, shares, strict=True):
             neighbours = [Neighbour(h, sim, stats.get(h), marks.get(h)) for h, sim in row]
             decision = decide(digest, neighbours, self._risk(text, vector), now, versions, self.settings)
-            routed.append(Routed(digest, vector, decision, versions))
+            charge = ledger.Charge("encoder", 0, n, share, float(self.encoder.n_params) * n)
+            routed.append(Routed(digest, vector, decision, versions, charge))
         DECISION_SECONDS.observe(time.perf_counter() - started)
         return routed
 
@@ -203,6 +209,7 @@ class SchedulerEngine:
         ]
         results: list[Accepted | NotAcceptedError] = []
         accepted: list[Routed] = []
+        booked: list[tuple[PromptRequest, Routed]] = []
         for request, item, future in zip(requests, routed, futures, strict=True):
             try:
                 Publisher.wait([future], self.settings.publish_timeout_s)
@@ -214,8 +221,10 @@ class SchedulerEngine:
             log.info("prompt %s (%s) -> %s: %s", item.prompt_hash[:12], Sensitive(request.prompt),
                      item.decision.route.value, item.decision.reason)
             accepted.append(item)
+            booked.append((request, item))
             results.append(Accepted(item.prompt_hash, item.decision, request.request_id))
         self._after_accept(accepted)
+        self._book(booked)
         return results
 
     def _publish(self, request: PromptRequest, item: Routed, submitted_at: float) -> FutureRecordMetadata:
@@ -275,6 +284,19 @@ class SchedulerEngine:
             message.indexed_at.FromNanoseconds(int(now * 1e9))
             future = self.publisher.publish(topics.PROMPTS_INDEXED, message)
             future.add_errback(lambda exc, d=digest: log.warning("PromptIndexed %s not published: %s", d[:12], exc))
+
+    def _book(self, accepted: Sequence[tuple[PromptRequest, Routed]]) -> None:
+        """The encoder's cost of accepted prompts, in the ledger; a Redis failure is logged (as above)."""
+        client = self.store.client
+        try:
+            with client.pipeline(transaction=True) as pipe:
+                for request, item in accepted:
+                    if item.encoder_charge is not None:
+                        ledger.book(client, item.prompt_hash, request.request_id, [item.encoder_charge],
+                                    self.settings.content_ttl_s, pipe=pipe)
+                pipe.execute()
+        except (OSError, redis.RedisError) as exc:
+            log.warning("encoder cost of %d prompts not booked (%s)", len(accepted), exc)
 
     # -- stats -----------------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from svc_probe.servicer import ProbeServicer
 
     settings = ProbeSettings(model=args.model, device="cpu")
-    probe_fn = make_probe_fn(settings)
+    probe_fn, _ = make_probe_fn(settings)
     server = start_server([ServiceBinding(probe_pb2_grpc.add_ProbeServicer_to_server,
                                           ProbeServicer(probe_fn, settings.max_prompt_chars, settings.top_k),
                                           probe_pb2.DESCRIPTOR.services_by_name["Probe"].full_name)],

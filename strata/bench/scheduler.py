@@ -57,10 +57,11 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
 from strata.v1 import common_pb2, events_pb2
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
     from svc_scheduler.settings import SchedulerSettings
     from svc_scheduler.stats import RewardStats
 
+S = TypeVar("S", bound=StrataSettings)
 SYNC_TIMEOUT_S = 120.0  # one batch's rollouts or statistics taking longer means the stack is stuck
 OFFSET_POLL_S = 0.02  # interval between reads of the statistics group's committed offsets
 TARGET_P_GOOD = 0.95  # what a policy update moves each family's competence toward
@@ -353,6 +355,8 @@ class CachedEncoder:
         self._encoder = encoder
         self.dim = encoder.dim
         self.encoder_id = encoder.encoder_id
+        self.n_params = encoder.n_params
+        self.count_tokens = encoder.count_tokens
         self._cache: dict[str, np.ndarray] = {}
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -593,7 +597,7 @@ def suite_recall(settings: SchedulerSettings, encoder: CachedEncoder) -> float:
 # -- entry point ----------------------------------------------------------------------------------------
 
 
-def _start_infra(settings: SchedulerSettings) -> None:
+def _start_infra(settings: StrataSettings) -> None:
     from kafka.errors import KafkaError
 
     from strata.cli.main import CliError
@@ -624,12 +628,12 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.batch > settings.max_batch_size:
         raise CliError(f"--batch {args.batch} is over the scheduler's max_batch_size {settings.max_batch_size}")
-    with _bench_infra(settings, run_id) as settings:
+    with bench_infra(settings, run_id, "scheduler") as settings:
         return _run(args, settings, run_id)
 
 
 @contextlib.contextmanager
-def _bench_infra(settings: SchedulerSettings, run_id: str) -> Iterator[SchedulerSettings]:
+def bench_infra(settings: S, run_id: str, bench: str) -> Iterator[S]:
     """Kafka and Redis for one run. Managed ones (the default) are the bench's own, on free ports
     under a throw-away state dir, purged at the end: the run publishes thousands of prompts and
     rewards, which a later `strata up` would otherwise roll out and learn from. External clusters
@@ -641,13 +645,13 @@ def _bench_infra(settings: SchedulerSettings, run_id: str) -> Iterator[Scheduler
 
     own = settings.kafka_managed or settings.redis_managed
     if own:
-        state_dir = settings.state_dir / f"bench-scheduler-{run_id}"
+        state_dir = settings.state_dir / f"bench-{bench}-{run_id}"
         settings = settings.model_copy(update={
             "state_dir": state_dir, "kafka_port": free_port(), "kafka_controller_port": free_port(),
             "redis_port": free_port(), "topic_partitions": 3,
         })
     else:
-        print("scheduler bench: on the configured Kafka; its prompts and rewards stay on the shared topics",
+        print(f"{bench} bench: on the configured Kafka; its prompts and rewards stay on the shared topics",
               flush=True)
     try:
         _start_infra(settings)

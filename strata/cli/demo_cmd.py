@@ -3,8 +3,9 @@
 1. Kafka and Redis (``strata infra up``); 2. the model zoo (built once, then reused); 3. every
 service as its own process (``strata up``); 4. the suite's training prompts through the scheduler's
 gRPC API in rounds while the learner runs PPO on the rewards (``strata train``); 5. a report: tier
-mix, skip rate, escalations, cost saving against all-Level-2, reward and oracle curves, the rollout
-log's size. A second run reuses the zoo, the running stack and the data.
+mix, skip rate, escalations, every stage's cost and the saving against a named all-Level-2
+baseline, reward and oracle curves, the rollout log's size. A second run reuses the zoo, the
+running stack and the data.
 """
 
 from __future__ import annotations
@@ -106,19 +107,13 @@ def run(args: argparse.Namespace) -> int:
     client = redis.Redis.from_url(settings.redis_address)
     cost = ledger.read(client)
     client.close()
-    rollouts = sum(t.rollouts for t in cost.tiers)
     print(f"      prompts submitted: {stats.submitted}   decisions: "
           + ", ".join(f"{k.removeprefix('DECISION_').lower()}={v}" for k, v in sorted(stats.decisions.items())))
     print(f"      skip rate: {stats.skip_rate:.1%}   index size: {stats.index_size}   "
           f"high-uncertainty marks: {stats.high_uncertainty_marks}")
-    for tier in cost.tiers:
-        share = tier.rollouts / rollouts if rollouts else 0.0
-        print(f"      Level-{tier.tier}: {tier.rollouts} rollouts ({share:.0%}), {tier.tokens} tokens, "
-              f"{tier.device_seconds:.1f} device-s")
-    print(f"      escalations Level-1 -> Level-2: {cost.counts.get('escalations', 0)}")
-    if cost.saving is not None:
-        print(f"      cost: {cost.total_device_seconds:.1f} device-s vs {cost.all_level2_device_seconds:.1f} "
-              f"if all at Level-2 -> saving {cost.saving:.1%}")
+    from strata.cli.report_cmd import summary_lines
+
+    print("\n".join("      " + line for line in summary_lines(cost)))
     if summary.before and summary.after:
         print(f"      held-out ({len(summary.before.rewards)} prompts, policy v{summary.start_version} -> "
               f"v{summary.end_version}): light-RM reward {summary.before.mean_reward:.3f} -> "

@@ -1,9 +1,14 @@
-"""``strata report``: tier mix, escalations, cost per tier and the saving against all-Level-2 (R4)."""
+"""``strata report``: what every stage cost, per tier, and the saving against all-Level-2 (R4).
+
+Reads the cost ledger (``strata.ledger``). ``--prompt HASH`` cuts it to one prompt's requests.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+from collections.abc import Sequence
 
 import redis
 
@@ -11,47 +16,81 @@ from strata import ledger
 from strata.cli.main import CliError
 from strata.config import StrataSettings
 
+_TIER_LABEL = {0: "-", 1: "Level-1", 2: "Level-2"}
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("report", help="tier mix, escalation rate, cost and saving (R4)")
-    parser.add_argument("--level2-seconds-per-token", type=float, default=None,
-                        help="Level-2 cost per token when no Level-2 rollout was measured yet")
+    parser = subparsers.add_parser("report", help="cost per stage and tier, escalations and the saving (R4)")
+    parser.add_argument("--prompt", metavar="HASH", help="only this prompt's requests (its content hash)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
+
+
+def stage_table(stages: Sequence[ledger.StageCost]) -> list[str]:
+    """Rows of device-seconds, tokens and params x tokens per stage and tier."""
+    lines = [f"{'stage':<13} {'tier':<8} {'items':>7} {'tokens':>9} {'device s':>10} {'ms/token':>9} "
+             f"{'params x tokens':>16} {'human s':>9}"]
+    for s in stages:
+        per_token = f"{1000 * s.seconds_per_token:.2f}" if s.seconds_per_token else "-"
+        human = f"{s.human_seconds:.0f}" if s.human_seconds else "-"
+        lines.append(f"{s.stage:<13} {_TIER_LABEL.get(s.tier, str(s.tier)):<8} {s.items:>7} {s.tokens:>9} "
+                     f"{s.device_seconds:>10.2f} {per_token:>9} {s.param_tokens:>16.3g} {human:>9}")
+    return lines
+
+
+def summary_lines(summary: ledger.CostSummary) -> list[str]:
+    counts = summary.counts
+    escalations = counts.get("escalations", 0)
+    level1 = counts.get("final_tier1", 0) + escalations
+    rate = f" ({escalations / level1:.1%} of Level-1 outcomes)" if level1 else ""
+    finals = sum(v for k, v in counts.items() if k.startswith("final_tier"))
+    lines = [*stage_table(summary.stages),
+             f"final rewards: {finals}   escalations Level-1 -> Level-2: {escalations}{rate}",
+             f"total: {summary.total_device_seconds:.2f} device-s, {summary.total_param_tokens:.3g} params x tokens, "
+             f"{summary.human_seconds:.0f} human-s (human review is reported apart from device time)"]
+    if summary.baseline is None:
+        lines.append("saving vs all-Level-2: no baseline (no Level-2 sample or no final reward in this ledger; "
+                     "`strata bench tiers` measures one on the same prompts)")
+    else:
+        b = summary.baseline
+        lines.append(f"all-Level-2 baseline: {b.device_seconds:.2f} device-s, {b.param_tokens:.3g} params x tokens "
+                     f"({b.label})")
+        lines.append(f"saving vs all-Level-2: {summary.saving:.1%} of device-s, "
+                     f"{summary.param_token_saving:.1%} of params x tokens")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
     settings = StrataSettings()
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=5)
     try:
-        summary = ledger.read(client, args.level2_seconds_per_token)
+        if args.prompt:
+            requests = ledger.read_prompt(client, args.prompt)
+        else:
+            summary = ledger.read(client)
     except redis.ConnectionError as exc:
         raise CliError(f"Redis at {settings.redis_address} does not answer ({exc}); run `strata infra up`") from exc
     finally:
         client.close()
-    rollouts = sum(t.rollouts for t in summary.tiers)
-    finals = sum(v for k, v in summary.counts.items() if k.startswith("final_tier"))
-    escalations = summary.counts.get("escalations", 0)
-    level1_finals_or_escalations = summary.counts.get("final_tier1", 0) + escalations
-    escalation_rate = escalations / level1_finals_or_escalations if level1_finals_or_escalations else None
+    if args.prompt:
+        if not requests:
+            raise CliError(f"no ledger entry for prompt {args.prompt!r} (entries expire with the content store's TTL)")
+        if args.json:
+            print(json.dumps({rid: [dataclasses.asdict(s) for s in stages] for rid, stages in requests.items()},
+                             indent=2))
+            return 0
+        for request_id, stages in sorted(requests.items()):
+            print(f"request {request_id}:")
+            print("\n".join("  " + line for line in stage_table(stages)))
+        return 0
     if args.json:
         print(json.dumps({
-            "tiers": [t.__dict__ for t in summary.tiers], "counts": summary.counts,
-            "escalation_rate": escalation_rate, "total_device_seconds": summary.total_device_seconds,
-            "all_level2_device_seconds": summary.all_level2_device_seconds, "saving": summary.saving,
+            "stages": [dataclasses.asdict(s) for s in summary.stages], "counts": summary.counts,
+            "total_device_seconds": summary.total_device_seconds, "total_param_tokens": summary.total_param_tokens,
+            "human_seconds": summary.human_seconds,
+            "baseline": dataclasses.asdict(summary.baseline) if summary.baseline else None,
+            "saving": summary.saving, "param_token_saving": summary.param_token_saving,
         }, indent=2))
         return 0
-    print(f"{'tier':<8} {'rollouts':>9} {'share':>7} {'tokens':>9} {'device s':>10} {'ms/token':>9}")
-    for tier in summary.tiers:
-        share = tier.rollouts / rollouts if rollouts else 0.0
-        per_token = f"{1000 * tier.seconds_per_token:.2f}" if tier.seconds_per_token else "-"
-        print(f"Level-{tier.tier:<2} {tier.rollouts:>9} {share:>7.1%} {tier.tokens:>9} "
-              f"{tier.device_seconds:>10.2f} {per_token:>9}")
-    print(f"final rewards: {finals}   escalations: {escalations}"
-          + (f" ({escalation_rate:.1%} of Level-1 prompts)" if escalation_rate is not None else ""))
-    if summary.saving is None:
-        print("saving vs all-Level-2: unknown (no Level-2 rollout measured; pass --level2-seconds-per-token)")
-    else:
-        print(f"device time {summary.total_device_seconds:.2f} s vs {summary.all_level2_device_seconds:.2f} s "
-              f"if everything ran at Level-2: saving {summary.saving:.1%}")
+    print("\n".join(summary_lines(summary)))
     return 0

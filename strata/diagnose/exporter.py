@@ -8,7 +8,9 @@ generators and the reward service), so one small exporter reads them at scrape t
 - ``strata_ledger_rollouts_total{tier}``, ``strata_ledger_tokens_total{tier}``,
   ``strata_ledger_device_seconds_total{tier}``: the tier mix and cost per tier (R4);
 - ``strata_ledger_events_total{name}``: ledger counters (``escalations``, ...);
-- ``strata_ledger_saving_ratio``: 1 - actual / all-at-Level-2 device seconds;
+- ``strata_ledger_stage_device_seconds_total{stage,tier}``, ``strata_ledger_stage_param_tokens_total{stage,tier}``,
+  ``strata_ledger_human_seconds_total``: every stage's cost (encoder, probe, generate, RMs, human review);
+- ``strata_ledger_saving_ratio``: 1 - actual / all-Level-2 device seconds (``strata.ledger``'s baseline);
 - ``strata_exporter_up{source}``: 1 when Kafka / Redis answered this scrape.
 
 ``strata diagnose exporter`` serves them (compose: the ``strata-exporter`` service).
@@ -76,12 +78,24 @@ class StackCollector(Collector):
             rollouts.add_metric([str(tier.tier)], tier.rollouts)
             tokens.add_metric([str(tier.tier)], tier.tokens)
             seconds.add_metric([str(tier.tier)], tier.device_seconds)
+        stage_seconds = CounterMetricFamily("strata_ledger_stage_device_seconds",
+                                            "Device seconds per stage and tier (encoder, probe, generate, RMs)",
+                                            labels=["stage", "tier"])
+        stage_param_tokens = CounterMetricFamily("strata_ledger_stage_param_tokens",
+                                                 "Parameters x tokens per stage and tier (FLOPs-proportional)",
+                                                 labels=["stage", "tier"])
+        human = CounterMetricFamily("strata_ledger_human_seconds", "Configured human-review seconds booked")
+        for stage in summary.stages:
+            stage_seconds.add_metric([stage.stage, str(stage.tier)], stage.device_seconds)
+            stage_param_tokens.add_metric([stage.stage, str(stage.tier)], stage.param_tokens)
+        human.add_metric([], summary.human_seconds)
         events = CounterMetricFamily("strata_ledger_events", "Ledger counters (escalations, ...)", labels=["name"])
         for name, value in sorted(summary.counts.items()):
             events.add_metric([name], value)
-        yield from (rollouts, tokens, seconds, events)
+        yield from (rollouts, tokens, seconds, stage_seconds, stage_param_tokens, human, events)
         if summary.saving is not None:
-            yield GaugeMetricFamily("strata_ledger_saving_ratio", "1 - device seconds / all-at-Level-2 (R4)",
+            yield GaugeMetricFamily("strata_ledger_saving_ratio",
+                                    "1 - device seconds / all-Level-2 (R4; an estimate unless measured)",
                                     value=summary.saving)
 
 

@@ -51,6 +51,22 @@ class LoadedModel:
         return sum(p.numel() for p in self.model.parameters())
 
 
+def params_on_disk(model_dir: str | Path) -> int:
+    """Parameters stored in a directory's safetensors files, read from their headers (no weights loaded)."""
+    from safetensors import safe_open
+
+    total = 0
+    for weights in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(weights), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                shape = handle.get_slice(name).get_shape()
+                count = 1
+                for dim in shape:
+                    count *= dim
+                total += count
+    return total
+
+
 def resolve_device(spec: str = "auto") -> torch.device:
     """``auto`` (first GPU if any, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
     spec = spec.strip().lower()

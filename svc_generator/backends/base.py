@@ -27,6 +27,7 @@ class GenerationOutput:
 class Backend(Protocol):
     model_id: str                     # what produced the rollouts (path or name + weights version)
     tokenizer_id: str                 # key of the token ids in the content store
+    n_params: int                     # parameters of the model (the ledger's params x tokens)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
         """Generate one output per request, in order. Requests may mix sampling parameters."""

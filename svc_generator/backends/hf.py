@@ -58,6 +58,10 @@ class HfBackend:
     def lm(self) -> LoadedModel:
         return self._lm
 
+    @property
+    def n_params(self) -> int:
+        return self._lm.n_params
+
     def load_weights(self, path: str) -> None:
         fresh = from_pretrained(AutoModelForCausalLM, path, dtype=next(self._lm.model.parameters()).dtype)
         self._lm.model.load_state_dict(fresh.state_dict())

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from strata.models.loading import params_on_disk
 from strata.zoo.template import format_prompt
 from svc_generator.backends.base import GenerationOutput, GenerationRequest
 from svc_generator.config import GeneratorSettings
@@ -33,6 +34,7 @@ class VllmBackend:
         self._llm = self._build(model_path)
         self.model_id = model_path
         self.tokenizer_id = f"vllm-{model_path.rstrip('/').split('/')[-1]}"
+        self.n_params = params_on_disk(model_path)
 
     def _build(self, path: str) -> Any:
         dtype = "auto" if self._settings.dtype == "auto" else self._settings.dtype

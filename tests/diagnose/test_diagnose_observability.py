@@ -115,7 +115,7 @@ def test_exporter_reports_consumer_lag_and_the_cost_ledger(infra: StrataSettings
     registry = CollectorRegistry()
     registry.register(StackCollector(infra, [group]))
     before = _values(registry)
-    ledger.record_rollout(redis_client, 2, tokens=40, device_seconds=1.5)
+    ledger.book(redis_client, "p" * 64, "r1", [ledger.charge_generation(2, 1000, 10, 40, 1.5)], ttl_s=60)
     ledger.count(redis_client, "escalations")
     after = _values(registry)
     assert sum(ends.values()) == 5
