@@ -210,8 +210,9 @@ class SchedulerStore:
                 try:
                     pipe.watch(stats_key, seen_key)
                     if pipe.exists(seen_key):
+                        current = _stats_from_json(pipe.get(stats_key))  # before unwatch: then it buffers
                         pipe.unwatch()
-                        return RewardUpdate(False, _stats_from_json(pipe.get(stats_key)), False)
+                        return RewardUpdate(False, current, False)
                     old = _stats_from_json(pipe.get(stats_key))
                     new = apply_reward(old, obs, s.stats_ttl_s, s.max_policy_lag) if fold else flag_unsafe(old, obs)
                     mark = fold and marks_high_uncertainty(new, s.min_samples_per_neighbour, s.high_variance_threshold)

@@ -400,3 +400,15 @@ def test_service_parts_shape(replica: Replica) -> None:
     parts: ServiceParts = replica.parts
     assert parts.name == "svc_scheduler" and len(parts.workers) == 1
     assert parts.workers[0].group_id == replica.settings.stats_group_id
+
+
+def test_a_reward_seen_again_is_not_folded_twice(replica: Replica) -> None:
+    # The same (prompt, response, RM version) arrives twice: e.g. two requests whose seeded samples
+    # are identical, or a redelivery. The second is a no-op that still answers with the statistics.
+    digest = submit(replica.stub, "What does a seen-twice reward do to the statistics?").prompt_hash
+    now = time.time()
+    observation = RewardObservation(3.5, 1, "rm-test", now)
+    first = replica.engine.store.apply_reward(digest, "resp-same", observation, now)
+    second = replica.engine.store.apply_reward(digest, "resp-same", observation, now)
+    assert first.applied and not second.applied
+    assert second.stats is not None and second.stats.count == first.stats.count == 1
