@@ -10,6 +10,7 @@ import redis
 from strata.bus import Publisher, Worker
 from strata.content_store import ContentStore
 from strata.debug_store import debug_store_for
+from strata.devicetime import device_clock
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, service_main
 from strata.v1 import generator_pb2, generator_pb2_grpc
@@ -31,7 +32,8 @@ def default_model_path(settings: GeneratorSettings) -> str:
 def build(settings: GeneratorSettings) -> ServiceParts:
     """Wire the service: backend, batcher, servicer, worker, policy watcher."""
     backend = create_backend(settings, settings.model or default_model_path(settings))
-    batcher = DynamicBatcher(backend, settings.max_batch_size, settings.max_wait_ms / 1000, settings.policy_version)
+    batcher = DynamicBatcher(backend, settings.max_batch_size, settings.max_wait_ms / 1000, settings.policy_version,
+                             clock=device_clock(backend.device))
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings.kafka_address, client_id=f"svc-generator-l{settings.tier}")

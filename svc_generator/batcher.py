@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -49,7 +49,9 @@ class _Pending:
 
 
 class DynamicBatcher:
-    def __init__(self, backend: Backend, max_batch_size: int, max_wait_s: float, policy_version: int = 0) -> None:
+    def __init__(self, backend: Backend, max_batch_size: int, max_wait_s: float, policy_version: int = 0,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock  # device-seconds (strata.devicetime)
         self._backend = backend
         self._max_batch_size = max_batch_size
         self._max_wait_s = max_wait_s
@@ -115,7 +117,7 @@ class DynamicBatcher:
         if not batch:
             return 0
         # 2. step the backend
-        started = time.perf_counter()
+        started = self._clock()
         try:
             outputs = self._backend.generate([p.request for p in batch])
         except Exception as exc:
@@ -125,7 +127,7 @@ class DynamicBatcher:
             return len(batch)
         finally:
             self._backend.release_memory()
-        elapsed = time.perf_counter() - started
+        elapsed = self._clock() - started
         # 3. emit output
         total_tokens = sum(max(len(o.token_ids), 1) for o in outputs)
         for pending, output in zip(batch, outputs, strict=True):

@@ -11,7 +11,8 @@ from prometheus_client import Counter, Histogram
 
 from strata.bus import Publisher, Worker, topics
 from strata.content_store import ContentStore
-from strata.models.loading import load_causal_lm
+from strata.devicetime import device_clock
+from strata.models.loading import LoadedModel, load_causal_lm
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, service_main
 from strata.v1 import probe_pb2, probe_pb2_grpc
@@ -25,8 +26,8 @@ PROBE_SECONDS = Histogram("strata_probe_batch_seconds", "Probe forward time per 
 CAUTIONS = Counter("strata_probe_cautions_total", "Prompts the probe sent to Level-2 (risk or low confidence)")
 
 
-def make_probe_fn(settings: ProbeSettings) -> tuple[ProbeFn, int]:
-    """The probe as a function of prompts (thread-safe), and its model's parameter count."""
+def make_probe_fn(settings: ProbeSettings) -> tuple[ProbeFn, LoadedModel]:
+    """The probe as a function of prompts (thread-safe), and its model."""
     if settings.model:
         path = settings.model
     else:
@@ -43,15 +44,16 @@ def make_probe_fn(settings: ProbeSettings) -> tuple[ProbeFn, int]:
         CAUTIONS.inc(sum(r.caution for r in results))
         return results
 
-    return probe_fn, lm.n_params
+    return probe_fn, lm
 
 
 def build(settings: ProbeSettings) -> ServiceParts:
-    probe_fn, n_params = make_probe_fn(settings)
+    probe_fn, lm = make_probe_fn(settings)
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings.kafka_address, client_id="svc-probe")
-    handler = ProbeWorker(probe_fn, store, publisher, client, n_params, settings.content_ttl_s)
+    handler = ProbeWorker(probe_fn, store, publisher, client, lm.n_params, settings.content_ttl_s,
+                          device_clock(lm.device))
     worker = Worker(settings, settings.group_id, publisher=publisher,
                     batch_handlers={topics.PROMPTS_LEVEL0: handler.handle_batch})
     servicer = ProbeServicer(probe_fn, settings.max_prompt_chars, settings.top_k)

@@ -39,7 +39,9 @@ def forward(routed: events_pb2.PromptRouted, result: ProbeResult) -> events_pb2.
 
 class ProbeWorker:
     def __init__(self, probe_fn: ProbeFn, store: ContentStore, publisher: Publisher,
-                 client: redis.Redis | None = None, n_params: int = 0, ledger_ttl_s: int = 7 * 24 * 3600) -> None:
+                 client: redis.Redis | None = None, n_params: int = 0, ledger_ttl_s: int = 7 * 24 * 3600,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock  # device-seconds (strata.devicetime)
         self._probe = probe_fn
         self._store = store
         self._publisher = publisher
@@ -54,9 +56,9 @@ class ProbeWorker:
                 prompts.append(self._store.get_text(delivery.message.prompt_hash))
             except ContentNotFoundError as exc:
                 raise PoisonMessageError(str(exc)) from exc
-        started = time.perf_counter()
+        started = self._clock()
         results = self._probe(prompts)
-        seconds = ledger.split_by_tokens(time.perf_counter() - started, [r.tokens for r in results])
+        seconds = ledger.split_by_tokens(self._clock() - started, [r.tokens for r in results])
         futures = []
         for delivery, result in zip(deliveries, results, strict=True):
             out = forward(delivery.message, result)

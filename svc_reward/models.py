@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from strata import ledger
+from strata.devicetime import device_clock
 from strata.models.loading import LoadedModel, load_reward_model
 from strata.models.reward import reward_logits
 from strata.zoo.template import format_rm_input
@@ -53,6 +53,7 @@ class RewardModels:
         self._lock = threading.Lock()
         self._light = self._load(light_paths, light_version, "light")
         self._strong = self._load([strong_path], strong_version, "strong") if strong_path else None
+        self._clock = device_clock(self._light.members[0].device)  # device-seconds (R4)
 
     def _load(self, paths: Sequence[str], version: str | None, prefix: str) -> _Scorer:
         members = [load_reward_model(p, device=self._device, dtype=self._dtype) for p in paths]
@@ -80,7 +81,7 @@ class RewardModels:
 
     def score(self, prompts: Sequence[str], responses: Sequence[str], strong: bool = False) -> Scores:
         with self._lock:
-            started = time.perf_counter()
+            started = self._clock()
             scorer = self._strong if strong else self._light
             if scorer is None:
                 raise LookupError("no strong reward model is configured (--strong-rm)")
@@ -90,7 +91,7 @@ class RewardModels:
                 for m in scorer.members
             ]
             rewards, spreads = aggregate(member_rewards, self._aggregation)
-            seconds = time.perf_counter() - started
+            seconds = self._clock() - started
         return Scores(rewards.tolist(), spreads.tolist(), scorer.version,
                       self._charges(scorer, prompts, responses, seconds, strong))
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from strata.devicetime import device_clock
+
 log = logging.getLogger(__name__)
 
 
@@ -49,6 +51,7 @@ class Encoder:
         # Identifies the vector space: vectors of two encoders must never share an index.
         self.encoder_id = f"{encoder_id}/{self.dim}"
         self.n_params = sum(p.numel() for p in model.parameters())
+        self.clock = device_clock(device)  # device-seconds of encoding (R4)
         log.info("encoder %s loaded from %s on %s", self.encoder_id, model_dir, device)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:

@@ -357,6 +357,7 @@ class CachedEncoder:
         self.encoder_id = encoder.encoder_id
         self.n_params = encoder.n_params
         self.count_tokens = encoder.count_tokens
+        self.clock = encoder.clock
         self._cache: dict[str, np.ndarray] = {}
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:

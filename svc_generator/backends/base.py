@@ -28,6 +28,7 @@ class Backend(Protocol):
     model_id: str                     # what produced the rollouts (path or name + weights version)
     tokenizer_id: str                 # key of the token ids in the content store
     n_params: int                     # parameters of the model (the ledger's params x tokens)
+    device: str                       # where it runs: cpu, cuda:0, ... (picks the device-seconds clock)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
         """Generate one output per request, in order. Requests may mix sampling parameters."""

@@ -62,6 +62,10 @@ class HfBackend:
     def n_params(self) -> int:
         return self._lm.n_params
 
+    @property
+    def device(self) -> str:
+        return str(self._lm.device)
+
     def load_weights(self, path: str) -> None:
         fresh = from_pretrained(AutoModelForCausalLM, path, dtype=next(self._lm.model.parameters()).dtype)
         self._lm.model.load_state_dict(fresh.state_dict())

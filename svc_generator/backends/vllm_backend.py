@@ -35,6 +35,7 @@ class VllmBackend:
         self.model_id = model_path
         self.tokenizer_id = f"vllm-{model_path.rstrip('/').split('/')[-1]}"
         self.n_params = params_on_disk(model_path)
+        self.device = "cuda"
 
     def _build(self, path: str) -> Any:
         dtype = "auto" if self._settings.dtype == "auto" else self._settings.dtype
