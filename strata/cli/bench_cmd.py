@@ -21,6 +21,7 @@ BENCHES: dict[str, str] = {
     "scheduler": "strata.bench.scheduler",
     "learner": "strata.bench.learner",
     "rm": "strata.bench.rm",
+    "tiers": "strata.bench.tiers",
 }
 
 

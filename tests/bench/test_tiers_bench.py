@@ -1,0 +1,81 @@
+"""``strata bench tiers``: prompt choice, live-arm figures with skipped prompts, and a small end-to-end run
+through the real services on the session's Kafka and Redis (ci zoo)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from strata.bench import tiers
+from strata.bench.tier_eval import Answer, all_level2, compare
+from strata.bench.tier_eval import PromptOutcome as Outcome
+from strata.config import StrataSettings
+
+
+def _record(i: int, risk: bool) -> SimpleNamespace:
+    return SimpleNamespace(text=f"prompt {i}", risk=risk)
+
+
+def test_pick_prompts_keeps_the_risk_share_and_is_seeded() -> None:
+    records = [_record(i, i % 4 == 0) for i in range(100)]  # 25 % risk
+    chosen = tiers.pick_prompts(records, 20, seed=3)
+    assert len(chosen) == 20 and len({r.text for r in chosen}) == 20
+    assert sum(r.risk for r in chosen) == 5
+    assert [r.text for r in chosen] == [r.text for r in tiers.pick_prompts(records, 20, seed=3)]
+    assert sum(r.risk for r in tiers.pick_prompts(records[:8], 3, seed=0)) == 1  # at least one risk prompt
+
+
+def test_live_figures_cost_skips_their_encoding_and_leave_them_out_of_quality() -> None:
+    level2 = [Answer(4.0, 3.9, 10.0, 100.0) for _ in range(3)]
+    baseline_outcomes = [Outcome(h, None, a) for h, a in zip("abc", level2, strict=True)]
+    baseline = compare(all_level2(baseline_outcomes, 1.5), all_level2(baseline_outcomes, 1.5))
+    answers = [
+        tiers.Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),                  # stays at Level-1
+        tiers.Answers(Answer(1.0, 2.0, 1.0, 5.0), Answer(4.0, 3.8, 10.0, 100.0), True, 60.0,    # escalated
+                      (0.1, 1.0)),
+        tiers.Answers(None, None, False, 0.0, (0.1, 1.0), skipped=True),                        # reused reward
+    ]
+    figures = tiers.live_figures("skip arm", answers, list("abc"), level2, 1.5, baseline)
+    assert figures.prompts == 3
+    # 1.0 + 0.1 (a) + 1.0 + 10.0 + 0.1 (b) + 0.1 (c's encoding only)
+    assert figures.device_seconds == pytest.approx(12.3)
+    assert figures.mean_oracle == pytest.approx((3.0 + 4.0) / 2)  # the skipped prompt has no answer
+    assert figures.level2_share == pytest.approx(1 / 3)
+    assert figures.bad_case_catch == 1.0 and figures.false_escalation == 0.0
+    assert figures.saving == pytest.approx(1 - 12.3 / 30.0)
+    assert figures.human_seconds == 60.0
+
+
+@pytest.mark.integration
+def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, monkeypatch, capsys,
+                                                   tmp_path) -> None:
+    monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
+    monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
+    monkeypatch.setenv("STRATA_ZOO_PRESET", "ci")
+    parser = argparse.ArgumentParser()
+    tiers.add_arguments(parser)
+    args = parser.parse_args(["--prompts", "8", "--history", "4", "--out", str(tmp_path)])
+    assert tiers.run(args) == 0
+    out = capsys.readouterr().out
+    figures = json.loads((tmp_path / "tiers.json").read_text())
+    assert (tmp_path / "tiers.png").stat().st_size > 0
+    arms = {a["name"]: a for a in figures["arms"]}
+    assert {"all-Level-2", "tiered (live)", "tiered + skip (live)", "random router",
+            "oracle router (replay)"} <= set(arms)
+    baseline, tiered = arms["all-Level-2"], arms["tiered (live)"]
+    assert baseline["level2_share"] == 1.0 and baseline["prompts"] == tiered["prompts"] == 8
+    # Every arm booked real work: the baseline generation and the strong RM; the tiered arm the probe too.
+    stages = {name: {(s["stage"], s["tier"]) for s in rows if s["items"]} for name, rows in figures["stages"].items()}
+    assert {("generate", 2), ("rm_strong", 2), ("human_review", 2)} <= stages["all-Level-2"]
+    assert ("probe", 0) in stages["tiered"] and ("encoder", 0) in stages["tiered + skip"]
+    assert ("encoder", 0) not in stages["tiered"]
+    assert tiered["saving"] == pytest.approx(1 - tiered["device_seconds"] / baseline["device_seconds"])
+    last = out.strip().splitlines()[-1]
+    match = re.fullmatch(r"tiers saving=(-?\d+\.\d{3}) quality_ratio=(\d+\.\d{3}) bad_case_catch=(\S+) "
+                         r"level2_share=(\d\.\d{3})", last)
+    assert match, last
+    assert float(match.group(4)) == pytest.approx(arms["tiered + skip (live)"]["level2_share"], abs=1e-3)
