@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.bench_cmd",
     "strata.cli.diagnose_cmd",
     "strata.cli.rm_cmd",
+    "strata.cli.calibrate_cmd",
 )
 
 

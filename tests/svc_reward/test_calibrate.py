@@ -1,0 +1,45 @@
+import math
+
+import pytest
+
+from svc_reward.calibrate import operating_point, operating_points, threshold_for_catch
+
+# Light-RM scores of six Level-1 answers; the oracle calls the 1st, 3rd and 5th bad.
+SCORES = [1.0, 3.5, 2.0, 4.0, 3.0, 2.5]
+BAD = [True, False, True, False, True, False]
+
+
+def test_operating_point_counts_catches_and_false_escalations() -> None:
+    point = operating_point(SCORES, BAD, 2.8)  # escalates 1.0, 2.0 (bad) and 2.5 (good)
+    assert point.catch == pytest.approx(2 / 3)
+    assert point.false_escalation == pytest.approx(1 / 3)
+    assert point.escalated_share == pytest.approx(3 / 6)
+
+
+def test_escalation_is_strictly_below_the_threshold() -> None:
+    assert operating_point(SCORES, BAD, 3.0).catch == pytest.approx(2 / 3)  # 3.0 is not escalated
+    assert operating_point(SCORES, BAD, math.nextafter(3.0, 4.0)).catch == 1.0
+
+
+def test_threshold_for_catch_is_the_lowest_that_reaches_the_target() -> None:
+    full = threshold_for_catch(SCORES, BAD, 0.9)  # needs all 3 bad cases: just above 3.0
+    assert full > 3.0 and operating_point(SCORES, BAD, full).catch == 1.0
+    assert operating_point(SCORES, BAD, 3.0).catch < 0.9
+    two_thirds = threshold_for_catch(SCORES, BAD, 0.6)  # 2 of 3: just above 2.0
+    assert 2.0 < two_thirds < 2.5
+    assert operating_point(SCORES, BAD, two_thirds).false_escalation == 0.0
+
+
+def test_points_are_sorted_and_monotone() -> None:
+    points = operating_points(SCORES, BAD, [4.5, 1.5, 3.2])
+    assert [p.threshold for p in points] == [1.5, 3.2, 4.5]
+    assert [p.escalated_share for p in points] == sorted(p.escalated_share for p in points)
+
+
+def test_bad_input_is_refused() -> None:
+    with pytest.raises(ValueError, match="no bad case"):
+        threshold_for_catch([3.0, 4.0], [False, False], 0.9)
+    with pytest.raises(ValueError, match="target catch"):
+        threshold_for_catch(SCORES, BAD, 0.0)
+    with pytest.raises(ValueError, match="same length"):
+        operating_point([1.0], [True, False], 2.0)
