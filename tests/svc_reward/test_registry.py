@@ -221,7 +221,7 @@ def test_distill_from_log_re_distils_the_served_light_rm_and_compares_on_held_ou
     publisher.flush()
 
     code = main(["rm", "distill", "--from-log", "--strong", str(strong), "--no-zoo-pairs", "--augment", "none",
-                 "--steps", "60", "--lr", "1e-2", "--batch-size", "16", "--max-length", "64", "--max-rollouts",
+                 "--steps", "200", "--lr", "1e-2", "--batch-size", "16", "--max-length", "64", "--max-rollouts",
                  "1000", "--no-promote-if-better", "--out", str(tmp_path / "new"), "--threads", "1"])
     assert code == 0
     out = capsys.readouterr().out
