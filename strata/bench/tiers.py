@@ -4,8 +4,9 @@ What runs. Kafka and Redis are the bench's own (free ports, a throw-away state d
 end) unless external ones are configured; the probe, both generators, the reward service (light and
 strong RM) and the scheduler are the real services with the zoo's models, each in its own process
 as deployed (no learner: the policy stays fixed, so every arm meets the same models). On a CPU the
-services share the cores, so device-seconds are each process's CPU seconds (``strata.devicetime``). The same held-out prompts
-(the suite's eval split, risk prompts included at their share) go through each live arm in turn:
+services share the cores, so device-seconds are each process's CPU seconds (``strata.devicetime``).
+The same held-out prompts (the suite's eval split, risk prompts included at their share) go through
+each live arm in turn:
 
 1. **all-Level-2**: every prompt published to ``strata.prompts.level2``: Level-2 generation, scored
    by the strong RM (what one-model RLHF stacks do; the article's baseline);
@@ -27,6 +28,9 @@ scores: the *random router* at the tiered arm's Level-2 share (mean of 200 draws
 router* (escalate exactly the bad cases), *keep the better* of both answers by RM score, and a
 threshold sweep (the cost-quality curve; APGR, CPT(50%), CPT(80%)). Cautious prompts stay at
 Level-2 under every router, so the comparison isolates the escalation rule.
+
+The services run with one intra-op thread each (``OMP_NUM_THREADS=1``): a second OpenMP thread
+spins while it waits, and on a shared CPU its spinning would be booked as the service's CPU seconds.
 
 Writes ``tiers.json`` (every figure) and ``tiers.png`` (the curve) under ``--out``.
 Last line: ``tiers saving=<fraction> quality_ratio=<x> bad_case_catch=<fraction> level2_share=<fraction>``
@@ -59,6 +63,7 @@ log = logging.getLogger(__name__)
 # The article's figures for its tiered rollout against everything on the large model (docs/tiers.md).
 ARTICLE = {"saving": 0.64, "quality_ratio": 1.053, "bad_case_catch": 0.92, "level2_share": 0.07}
 HEADLINE_ARM = "tiered + skip"
+THRESHOLD_GRID = (1.0, 2.0, 2.2, 2.4, 2.6, 2.8, 3.0, 3.2, 3.4)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,8 +132,11 @@ class LiveTiers:
         from strata.stack.control import health
 
         zoo, s = self.zoo, self.settings
+        # One intra-op thread per service: an idle OpenMP thread spins on a shared CPU, and its spinning
+        # would count as the service's CPU seconds (measured: Level-1 at 24.7 ms/token with 2 threads).
         common = {"STRATA_KAFKA_BOOTSTRAP": s.kafka_address, "STRATA_REDIS_URL": s.redis_address,
-                  "STRATA_STATE_DIR": str(s.state_dir), "STRATA_DEVICE": "cpu", "STRATA_LOG_LEVEL": "WARNING"}
+                  "STRATA_STATE_DIR": str(s.state_dir), "STRATA_DEVICE": "cpu", "STRATA_LOG_LEVEL": "WARNING",
+                  "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         specs = {
             "probe": ("svc_probe", ["--model", str(zoo.probe)], {}),
             "generator-l1": ("svc_generator", ["--tier", "1", "--model", str(zoo.level1)], {}),
@@ -430,7 +438,8 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     eval_records = pick_prompts(load_suite("eval"), args.prompts, args.seed)
     history = pick_prompts(load_suite("train"), args.history, args.seed + 1) if args.history else []
     progress(f"tiers bench: zoo {zoo.root.name}, {len(eval_records)} eval prompts "
-             f"({sum(r.risk for r in eval_records)} risk), {len(history)} history prompts; services in process")
+             f"({sum(r.risk for r in eval_records)} risk), {len(history)} history prompts; "
+             "each service in its own process")
     live = LiveTiers(settings, zoo, run_id, args.review_seconds, args.seed)
     runs: dict[str, ArmRun] = {}
     with live.started():
@@ -511,6 +520,14 @@ def build_report(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any]
     for name, run in runs.items():
         lines.append(f"{name} ({len(run.requests)} prompts, {run.wall_s:.0f} s wall): where the cost went")
         lines += ["  " + line for line in _stage_lines(run.stages)]
+    lines.append(f"escalation threshold (replay): {'threshold':>9} {'L2 share':>8} {'catch':>6} {'false esc':>9} "
+                 f"{'saving':>7} {'PxT sav.':>8} {'quality':>8}")
+    for t in THRESHOLD_GRID:
+        a = tier_eval.compare(tier_eval.evaluate(f"t={t}", replay, tier_eval.threshold_router(replay, t),
+                                                 args.bad_threshold), baseline)
+        lines.append(f"{'':<30} {t:>9.1f} {_pct(a.level2_share):>8} {_pct(a.bad_case_catch):>6} "
+                     f"{_pct(a.false_escalation):>9} {_pct(a.saving):>7} {_pct(a.param_token_saving):>8} "
+                     f"{_num(a.quality_ratio):>8}")
     lines.append(f"RouteLLM figures of the threshold sweep (Level-1 light-RM score; weak {weak:.3f}, strong "
                  f"{strong:.3f}): APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
                  f"CPT(80%) {_pct(route_llm['cpt80'])}")
