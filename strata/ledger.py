@@ -261,7 +261,8 @@ def _group(raw: Mapping[str, str]) -> list[StageCost]:
     for name, value in raw.items():
         stage, tier, metric = name.rsplit(":", 2)
         fields.setdefault((stage, int(tier)), {})[metric] = value
-    return [_stage_cost(stage, tier, values) for (stage, tier), values in sorted(fields.items())]
+    order = sorted(fields, key=lambda key: (STAGES.index(key[0]) if key[0] in STAGES else len(STAGES), key))
+    return [_stage_cost(stage, tier, fields[(stage, tier)]) for stage, tier in order]
 
 
 def subtract(after: Sequence[StageCost], before: Sequence[StageCost]) -> list[StageCost]:

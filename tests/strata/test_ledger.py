@@ -78,7 +78,8 @@ def test_book_cuts_per_stage_per_tier_and_per_prompt(redis_client: redis.Redis) 
     assert stages[("rm_strong", 2)].device_seconds == pytest.approx(0.3)
     per_request = ledger.read_prompt(redis_client, prompt)
     assert set(per_request) == {"req-1", "req-2"}
-    assert [(s.stage, s.tier, s.items) for s in per_request["req-1"]] == [("generate", 1, 1), ("probe", 0, 1)]
+    in_pipeline_order = [("probe", 0, 1), ("generate", 1, 1)]
+    assert [(s.stage, s.tier, s.items) for s in per_request["req-1"]] == in_pipeline_order
     assert 0 < redis_client.ttl(f"strata:ledger:request:{prompt}:req-1") <= 60
     ledger.book(redis_client, prompt, "req-4", [ledger.charge_generation(2, 5000, 12, 30, 2.0)], ttl_s=60)
     arm = {(s.stage, s.tier): s for s in ledger.subtract(ledger.read_stages(redis_client), middle)}
