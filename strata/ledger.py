@@ -27,12 +27,12 @@ final, so the baseline counts each prompt's sample once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis
 
 STAGES = ("encoder", "probe", "generate", "rm_light", "rm_strong", "human_review")
-METRICS = ("items", "tokens", "device_seconds", "param_tokens", "human_seconds")
+METRICS = ("items", "tokens", "device_seconds", "param_tokens", "human_seconds")  # fields of Charge and StageCost
 TIERS = (1, 2)
 COUNTS_KEY = "strata:ledger:counts"
 _STAGE_KEY = "strata:ledger:stage:{stage}:{tier}"
@@ -133,9 +133,6 @@ class CostSummary:
             return None
         return 1.0 - self.total_param_tokens / self.baseline.param_tokens
 
-    def stage(self, stage: str, tier: int) -> StageCost:
-        return next((s for s in self.stages if (s.stage, s.tier) == (stage, tier)), StageCost(stage, tier))
-
     def tier(self, tier: int) -> TierCost:
         return next(t for t in self.tiers if t.tier == tier)
 
@@ -167,9 +164,8 @@ def book(client: redis.Redis, prompt_hash: str, request_id: str, charges: Iterab
     request_key = _REQUEST_KEY.format(prompt_hash=prompt_hash, request_id=request_id or "-")
     for c in charges:
         stage_key = _STAGE_KEY.format(stage=c.stage, tier=c.tier)
-        values = {"items": c.items, "tokens": c.tokens, "device_seconds": c.device_seconds,
-                  "param_tokens": c.param_tokens, "human_seconds": c.human_seconds}
-        for name, value in values.items():
+        for name in METRICS:
+            value = getattr(c, name)
             if not value:
                 continue
             if isinstance(value, int):
@@ -187,10 +183,11 @@ def count(client: redis.Redis, name: str, amount: int = 1) -> None:
     client.hincrby(COUNTS_KEY, name, amount)
 
 
+_COUNTED = ("items", "tokens")  # integers; the other metrics are floats
+
+
 def _stage_cost(stage: str, tier: int, raw: Mapping[str, str]) -> StageCost:
-    return StageCost(stage, tier, int(raw.get("items", 0)), int(raw.get("tokens", 0)),
-                     float(raw.get("device_seconds", 0.0)), float(raw.get("param_tokens", 0.0)),
-                     float(raw.get("human_seconds", 0.0)))
+    return StageCost(stage, tier, **{name: (int if name in _COUNTED else float)(raw.get(name, 0)) for name in METRICS})
 
 
 def _decode(raw: Mapping[bytes, bytes]) -> dict[str, str]:
@@ -271,7 +268,5 @@ def subtract(after: Sequence[StageCost], before: Sequence[StageCost]) -> list[St
     out = []
     for s in after:
         b = earlier.get((s.stage, s.tier), StageCost(s.stage, s.tier))
-        out.append(StageCost(s.stage, s.tier, s.items - b.items, s.tokens - b.tokens,
-                             s.device_seconds - b.device_seconds, s.param_tokens - b.param_tokens,
-                             s.human_seconds - b.human_seconds))
+        out.append(replace(s, **{name: getattr(s, name) - getattr(b, name) for name in METRICS}))
     return out
