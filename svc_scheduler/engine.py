@@ -71,7 +71,7 @@ class Routed:
     vector: np.ndarray  # (D,) its embedding
     decision: Decision
     versions: VersionState  # policy / RM versions current when it was decided
-    encoder_charge: ledger.Charge | None = None  # its share of the batch's encoding (R4)
+    encoder_charge: ledger.Charge  # its share of the batch's encoding (R4)
 
 
 @dataclass(frozen=True)
@@ -293,9 +293,8 @@ class SchedulerEngine:
         try:
             with client.pipeline(transaction=True) as pipe:
                 for request, item in accepted:
-                    if item.encoder_charge is not None:
-                        ledger.book(client, item.prompt_hash, request.request_id, [item.encoder_charge],
-                                    self.settings.content_ttl_s, pipe=pipe)
+                    ledger.book(client, item.prompt_hash, request.request_id, [item.encoder_charge],
+                                self.settings.content_ttl_s, pipe=pipe)
                 pipe.execute()
         except (OSError, redis.RedisError) as exc:
             log.warning("encoder cost of %d prompts not booked (%s)", len(accepted), exc)
