@@ -15,8 +15,7 @@ from pathlib import Path
 from strata import ledger
 from strata.devicetime import device_clock
 from strata.models.loading import LoadedModel, load_reward_model
-from strata.models.reward import reward_logits
-from strata.zoo.template import format_rm_input
+from strata.models.reward import reward_logits_and_lengths
 from svc_reward.scoring import aggregate, tempered_reward
 
 
@@ -85,24 +84,19 @@ class RewardModels:
             scorer = self._strong if strong else self._light
             if scorer is None:
                 raise LookupError("no strong reward model is configured (--strong-rm)")
-            member_rewards = [
-                tempered_reward(reward_logits(m, prompts, responses, self._batch_size, self._max_length),
-                                self._temperature)
-                for m in scorer.members
-            ]
+            member_rewards = []
+            for i, m in enumerate(scorer.members):
+                logits, lengths = reward_logits_and_lengths(m, prompts, responses, self._batch_size, self._max_length)
+                member_rewards.append(tempered_reward(logits, self._temperature))
+                if i == 0:
+                    tokens = lengths  # as the first member read them (the ledger's)
             rewards, spreads = aggregate(member_rewards, self._aggregation)
             seconds = self._clock() - started
-        return Scores(rewards.tolist(), spreads.tolist(), scorer.version,
-                      self._charges(scorer, prompts, responses, seconds, strong))
+        charges = self._charges(scorer, tokens, seconds, strong)
+        return Scores(rewards.tolist(), spreads.tolist(), scorer.version, charges)
 
-    def _charges(self, scorer: _Scorer, prompts: Sequence[str], responses: Sequence[str], seconds: float,
-                 strong: bool) -> list[ledger.Charge]:
+    def _charges(self, scorer: _Scorer, tokens: list[int], seconds: float, strong: bool) -> list[ledger.Charge]:
         """Each item's share of the batch's time by its tokens, as read by the RM (truncated)."""
-        first = scorer.members[0]
-        max_length = min(self._max_length, first.tokenizer.model_max_length)
-        texts = [format_rm_input(p, r) for p, r in zip(prompts, responses, strict=True)]
-        tokens = ([len(ids) for ids in first.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
-                  if texts else [])
         params = sum(m.n_params for m in scorer.members)
         stage, tier = ("rm_strong", 2) if strong else ("rm_light", 1)
         return [ledger.Charge(stage, tier, n, share, float(params) * n, items=len(scorer.members))

@@ -61,25 +61,34 @@ def save_rm_tokenizer(tokenizer: Any, out: str | Path, max_length: int) -> None:
         tokenizer.model_max_length = saved
 
 
-@torch.no_grad()
 def reward_logits(
     rm: LoadedModel, prompts: Sequence[str], responses: Sequence[str], batch_size: int = 32, max_length: int = 256
 ) -> torch.Tensor:
     """Raw RM logits for (prompt, response) pairs: (N, num_labels), on the CPU, float32."""
+    return reward_logits_and_lengths(rm, prompts, responses, batch_size, max_length)[0]
+
+
+@torch.no_grad()
+def reward_logits_and_lengths(
+    rm: LoadedModel, prompts: Sequence[str], responses: Sequence[str], batch_size: int = 32, max_length: int = 256
+) -> tuple[torch.Tensor, list[int]]:
+    """:func:`reward_logits`, and the tokens the RM read of each pair (after truncation)."""
     if len(prompts) != len(responses):
         raise ValueError("prompts and responses must have the same length")
     texts = [format_rm_input(p, r) for p, r in zip(prompts, responses, strict=True)]
     # Never read more than the RM was trained on (its tokenizer's model_max_length, when it says).
     max_length = min(max_length, rm.tokenizer.model_max_length)
     out = []
+    lengths: list[int] = []
     for start in range(0, len(texts), batch_size):
         batch = rm.tokenizer(
             texts[start : start + batch_size], return_tensors="pt", padding=True, truncation=True, max_length=max_length
         ).to(rm.device)
+        lengths += batch["attention_mask"].sum(dim=1).tolist()
         out.append(rm.model(**batch).logits.float().cpu())  # (b, num_labels)
     if not out:
-        return torch.zeros(0, rm.model.config.num_labels)
-    return torch.cat(out)
+        return torch.zeros(0, rm.model.config.num_labels), lengths
+    return torch.cat(out), lengths
 
 
 def score_responses(
