@@ -114,7 +114,7 @@ def pick_prompts(records: Sequence[Any], n: int, seed: int) -> list[Any]:
 
 
 class LiveTiers:
-    """The services in this process, and the means to push an arm through them."""
+    """The services, each in its own process, and the means to push an arm through them."""
 
     def __init__(self, settings: Any, zoo: Any, run_id: str, review_seconds: float, seed: int) -> None:
         self.settings, self.zoo, self.run_id, self.seed = settings, zoo, run_id, seed
@@ -149,7 +149,7 @@ class LiveTiers:
         }
         logs = s.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        self.ports: dict[str, int] = {}
+        self.ports = {}
         processes: dict[str, subprocess.Popen] = {}
         try:
             for name, (module, argv, env) in specs.items():
@@ -335,10 +335,9 @@ def answers_of(request: Request, client: Any, store: Any) -> Answers:
     from strata.zoo.oracle import judge
 
     stages = ledger.read_request(client, request.prompt_hash, request.request_id)
-    if any(e.scorer == common_pb2.SCORER_REUSED for e in request.events):
-        encoder = _path_cost([s for s in stages if s.stage == "encoder"], {0})
-        return Answers(None, None, False, 0.0, encoder[:2], skipped=True)
     encoder = _path_cost([s for s in stages if s.stage == "encoder"], {0})
+    if any(e.scorer == common_pb2.SCORER_REUSED for e in request.events):
+        return Answers(None, None, False, 0.0, encoder[:2], skipped=True)
     level1_cost = _path_cost([s for s in stages if s.stage != "encoder"], {0, 1})
     level2_cost = _path_cost(stages, {2})
 
