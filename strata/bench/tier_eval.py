@@ -4,7 +4,8 @@ Every prompt has its recorded Level-2 answer (from an all-Level-2 run) and, unle
 straight to Level-2 by the probe), its recorded Level-1 answer; each answer carries its oracle score (0..5),
 its tier's RM score and its cost. A router is a set of escalated prompt hashes; ``evaluate`` turns it into
 an arm's figures, ``compare`` sets them against the all-Level-2 baseline, ``sweep`` traces the threshold
-router's curve and ``pgr`` / ``apgr`` / ``cpt`` summarise a curve of (Level-2 share, quality) points.
+router's curve, ``ceiling`` the best curve any router could reach on the same answers, and ``pgr`` /
+``apgr`` / ``cpt`` summarise a curve of (Level-2 share, quality) points.
 """
 
 from __future__ import annotations
@@ -216,6 +217,29 @@ def sweep(
     return sorted(arms, key=lambda a: a.level2_share)
 
 
+def ceiling(outcomes: Sequence[PromptOutcome], bad_threshold: float, baseline: ArmFigures) -> list[ArmFigures]:
+    """The best quality any router reaches at each Level-2 share, compared to ``baseline``, by share ascending.
+
+    Escalating k prompts changes the quality mean by the sum of their oracle gains (Level-2 minus Level-1),
+    so the k prompts of largest gain are the best k to escalate: no router, however its scores are made,
+    does better on these answers at that share.
+    """
+    _check_outcomes(outcomes)
+    by_gain = sorted((o for o in outcomes if o.level1 is not None),
+                     key=lambda o: (o.level1.oracle - o.level2.oracle, o.prompt_hash))  # type: ignore[union-attr]
+    return [
+        compare(evaluate(f"ceiling k={k}", outcomes, frozenset(o.prompt_hash for o in by_gain[:k]), bad_threshold),
+                baseline)
+        for k in range(len(by_gain) + 1)
+    ]
+
+
+def cheapest_reaching(arms: Sequence[ArmFigures], quality_ratio: float) -> ArmFigures | None:
+    """The arm with the largest device-seconds saving among those at or above ``quality_ratio``, or None."""
+    reaching = [a for a in arms if a.quality_ratio is not None and a.quality_ratio >= quality_ratio]
+    return max(reaching, key=lambda a: a.saving if a.saving is not None else -math.inf, default=None)
+
+
 def pgr(quality: float, weak: float, strong: float) -> float:
     """Performance gap recovered: how far ``quality`` goes from the weak to the strong quality."""
     if strong == weak:
@@ -261,7 +285,8 @@ def _compared(arm: ArmFigures) -> tuple[float, float, float]:
     return arm.level2_share, arm.saving, arm.quality_ratio
 
 
-def plot_curve(path: str | Path, sweep_arms: Sequence[ArmFigures], marks: Mapping[str, ArmFigures]) -> None:
+def plot_curve(path: str | Path, sweep_arms: Sequence[ArmFigures], marks: Mapping[str, ArmFigures],
+               ceiling_arms: Sequence[ArmFigures] = ()) -> None:
     """Save a PNG of quality ratio against Level-2 share and against device-seconds saving."""
     import matplotlib
 
@@ -269,11 +294,15 @@ def plot_curve(path: str | Path, sweep_arms: Sequence[ArmFigures], marks: Mappin
     import matplotlib.pyplot as plt
 
     line = [_compared(a) for a in sweep_arms]
+    best = [_compared(a) for a in ceiling_arms]
     points = {label: _compared(a) for label, a in marks.items()}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     try:
         for ax, x, xlabel in ((axes[0], 0, "Level-2 share"), (axes[1], 1, "device-seconds saving vs all-Level-2")):
             ax.plot([p[x] for p in line], [p[2] for p in line], "-o", markersize=3, label="threshold sweep")
+            if best:
+                ax.plot([p[x] for p in best], [p[2] for p in best], "--", color="grey",
+                        label="ceiling (any router)")
             for label, p in points.items():
                 ax.scatter([p[x]], [p[2]], s=50, zorder=3, label=label)
                 ax.annotate(label, (p[x], p[2]), textcoords="offset points", xytext=(5, 5), fontsize=8)

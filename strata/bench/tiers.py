@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 # The article's figures for its tiered rollout against everything on the large model (docs/tiers.md).
 ARTICLE = {"saving": 0.64, "quality_ratio": 1.053, "bad_case_catch": 0.92, "level2_share": 0.07}
+# Issue 18's acceptance: the quality ratio and Level-2 share the tiered rollout must reach.
+TARGET_QUALITY_RATIO = 0.95
+TARGET_LEVEL2_SHARE = 0.25
 HEADLINE_ARM = "tiered + skip"
 THRESHOLD_GRID = (1.0, 2.0, 2.2, 2.4, 2.6, 2.8, 3.0, 3.2, 3.4)
 
@@ -457,7 +460,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     report = build_report(args, zoo.root.name, eval_records, runs, answers)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tiers.json").write_text(json.dumps(report["json"], indent=2))
-    tier_eval.plot_curve(out / "tiers.png", report["sweep"], report["marks"])
+    tier_eval.plot_curve(out / "tiers.png", report["sweep"], report["marks"], report["ceiling"])
     print("\n".join(report["lines"]))
     print(f"figures: {out / 'tiers.json'}   curve: {out / 'tiers.png'}")
     head = report["headline"]
@@ -530,6 +533,8 @@ def build_report(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any]
     lines.append(f"RouteLLM figures of the threshold sweep (Level-1 light-RM score; weak {weak:.3f}, strong "
                  f"{strong:.3f}): APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
                  f"CPT(80%) {_pct(route_llm['cpt80'])}")
+    best = tier_eval.ceiling(replay, args.bad_threshold, baseline)
+    lines += ceiling_lines(best, oracle_arm)
     if skip_answers is not None:
         skipped = sum(a.skipped for a in skip_answers)
         lines.append(f"{HEADLINE_ARM}: {skipped} of {len(skip_answers)} prompts skipped (reused reward); "
@@ -546,11 +551,36 @@ def build_report(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any]
         "zoo": zoo_hash, "prompts": len(records), "risk_prompts": sum(r.risk for r in records),
         "bad_threshold": args.bad_threshold, "escalation_threshold": threshold,
         "review_seconds": args.review_seconds, "arms": [tier_eval.to_json(a) for a in arms],
-        "sweep": [tier_eval.to_json(a) for a in sweep], "route_llm": route_llm, "article": ARTICLE,
+        "sweep": [tier_eval.to_json(a) for a in sweep], "ceiling": [tier_eval.to_json(a) for a in best],
+        "route_llm": route_llm, "article": ARTICLE,
         "stages": {name: [dataclasses.asdict(s) for s in run.stages] for name, run in runs.items()},
         "wall_s": {name: run.wall_s for name, run in runs.items()},
     }
-    return {"lines": lines, "json": figures, "sweep": sweep, "marks": marks, "headline": headline}
+    return {"lines": lines, "json": figures, "sweep": sweep, "ceiling": best, "marks": marks, "headline": headline}
+
+
+def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures) -> list[str]:
+    """What the best router possible on these answers reaches: at the lowest share, at the target, at the oracle's."""
+    floor = best[0]
+    lines = [f"ceiling (any router, escalating the prompts of largest oracle gain first; cautious prompts are "
+             f"Level-2, so the share starts at {_pct(floor.level2_share)}):",
+             f"  {'':<30} {'L2 share':>8} {'saving':>7} {'PxT sav.':>8} {'quality':>8}"]
+
+    def row(label: str, a: ArmFigures) -> str:
+        return (f"  {label:<30} {_pct(a.level2_share):>8} {_pct(a.saving):>7} {_pct(a.param_token_saving):>8} "
+                f"{_num(a.quality_ratio):>8}")
+
+    lines.append(row("lowest share", floor))
+    at_target = [a for a in best if a.level2_share <= TARGET_LEVEL2_SHARE + 1e-9]
+    lines.append(row(f"share <= {TARGET_LEVEL2_SHARE:.0%}", at_target[-1]) if at_target
+                 else f"  {'share <= ' + format(TARGET_LEVEL2_SHARE, '.0%'):<30} unreachable: cautious prompts alone "
+                      f"are {_pct(floor.level2_share)}")
+    same = min(best, key=lambda a: abs(a.level2_share - oracle_arm.level2_share))
+    lines.append(row("at the oracle router's share", same))
+    cheapest = tier_eval.cheapest_reaching(best, TARGET_QUALITY_RATIO)
+    lines.append(row(f"cheapest at quality >= {TARGET_QUALITY_RATIO}", cheapest) if cheapest
+                 else f"  quality >= {TARGET_QUALITY_RATIO}: unreachable by any router")
+    return lines
 
 
 def _escalation_threshold() -> float:

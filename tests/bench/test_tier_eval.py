@@ -10,6 +10,8 @@ from strata.bench.tier_eval import (
     PromptOutcome,
     all_level2,
     apgr,
+    ceiling,
+    cheapest_reaching,
     compare,
     cpt,
     evaluate,
@@ -143,6 +145,22 @@ def test_sweep_endpoints_and_curve() -> None:
     assert cpt(points, arms[0].mean_oracle, BASE.mean_oracle, 0.5) == pytest.approx(0.2 + 0.5 / 1.2 * 0.2)
     # keep_better at the last point: 3.7 (see test_keep_better_picks_by_rm).
     assert sweep(OUTCOMES, BAD, BASE, keep_better=True)[-1].mean_oracle == pytest.approx(3.7)
+
+
+def test_ceiling_escalates_largest_gains_first() -> None:
+    arms = ceiling(OUTCOMES, BAD, BASE)
+    # Gains Level-2 minus Level-1: b +3, a +.5, c -.5, d -.5 (tie broken by hash).  Oracle sums: 15.5, then
+    # + 3 = 18.5, + .5 = 19.0, - .5 = 18.5, - .5 = 18.0 (over 5); device 60, + 20, + 10, + 30, + 40.
+    assert [a.level2_share for a in arms] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert [a.mean_oracle for a in arms] == pytest.approx([3.1, 3.7, 3.8, 3.7, 3.6])
+    assert [a.device_seconds for a in arms] == pytest.approx([60.0, 80.0, 90.0, 120.0, 160.0])
+    # The ceiling is never under the threshold sweep at the same share.
+    for best, threshold in zip(arms, sweep(OUTCOMES, BAD, BASE), strict=True):
+        assert best.mean_oracle >= threshold.mean_oracle - 1e-12
+    # Quality ratio >= 1 first at k=1 (3.7 / 3.6), the cheapest such arm; 3.8 / 3.6 needs k=2.
+    assert cheapest_reaching(arms, 1.0).name == "ceiling k=1"  # type: ignore[union-attr]
+    assert cheapest_reaching(arms, 3.8 / 3.6).saving == pytest.approx(1 - 90 / 150)  # type: ignore[union-attr]
+    assert cheapest_reaching(arms, 1.1) is None
 
 
 def test_pgr_apgr_cpt_linear_and_concave() -> None:

@@ -51,6 +51,23 @@ def test_live_figures_cost_skips_their_encoding_and_leave_them_out_of_quality() 
 
 
 @pytest.mark.integration
+def _arm(name: str, share: float, saving: float, quality: float):
+    from strata.bench.tier_eval import ArmFigures
+
+    return ArmFigures(name, 100, 1.0, 1.0, 0.0, quality, share, None, None, saving, saving, quality)
+
+
+def test_ceiling_lines_name_what_no_router_can_reach() -> None:
+    best = [_arm("k=0", 0.3, 0.45, 0.84), _arm("k=1", 0.4, 0.35, 0.93), _arm("k=2", 0.6, 0.1, 0.96)]
+    lines = tiers.ceiling_lines(best, _arm("oracle", 0.41, 0.3, 0.9))
+    assert "unreachable: cautious prompts alone are 30.0%" in lines[3]
+    assert lines[4].split()[-4:] == ["40.0%", "35.0%", "35.0%", "0.930"]
+    assert lines[5].split()[-4:] == ["60.0%", "10.0%", "10.0%", "0.960"]
+    lines = tiers.ceiling_lines([_arm("k=0", 0.2, 0.5, 0.84), *best[:2]], best[0])
+    assert lines[3].split()[-4:] == ["20.0%", "50.0%", "50.0%", "0.840"]
+    assert lines[-1].endswith("unreachable by any router")
+
+
 def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, monkeypatch, capsys,
                                                    tmp_path) -> None:
     monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
@@ -74,6 +91,11 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     assert ("probe", 0) in stages["tiered"] and ("encoder", 0) in stages["tiered + skip"]
     assert ("encoder", 0) not in stages["tiered"]
     assert tiered["saving"] == pytest.approx(1 - tiered["device_seconds"] / baseline["device_seconds"])
+    # The ceiling bounds every replayed router: at the oracle router's share it is at least as good.
+    oracle = arms["oracle router (replay)"]
+    best = min(figures["ceiling"], key=lambda a: abs(a["level2_share"] - oracle["level2_share"]))
+    assert best["mean_oracle"] >= oracle["mean_oracle"] - 1e-9
+    assert "ceiling (any router" in out
     last = out.strip().splitlines()[-1]
     match = re.fullmatch(r"tiers saving=(-?\d+\.\d{3}) quality_ratio=(\d+\.\d{3}) bad_case_catch=(\S+) "
                          r"level2_share=(\d\.\d{3})", last)
