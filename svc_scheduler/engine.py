@@ -7,8 +7,9 @@ order that keeps the guarantees:
 1. encode the prompts (one batch) and search the index (k nearest each);
 2. read the neighbours' statistics and marks and the current versions from Redis (one round trip;
    Redis down -> :class:`StoreUnavailableError` before anything was published);
-3. decide (pure);
-4. store each prompt's text in the content store (consumers read it by hash);
+3. decide (pure), then roll ``audit_share`` of the would-be skips out anyway (``routing.audit``);
+4. store each prompt's text in the content store (consumers read it by hash) and each audited
+   skip's reused reward in Redis, so that no fresh reward can arrive before its audit exists;
 5. publish each decision and wait for Kafka's acknowledgement: a prompt is *accepted* only once
    its event is durable (skip -> a reused ``RewardScored``; Level-1 -> ``strata.prompts.level0``,
    the probe forwards it to Level-1; Level-2 -> ``strata.prompts.level2``);
@@ -23,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import redis
@@ -38,9 +39,18 @@ from strata.telemetry import Sensitive
 from strata.v1 import common_pb2, events_pb2
 from svc_scheduler.encoder import Encoder
 from svc_scheduler.index import PromptIndex
-from svc_scheduler.routing import Decision, Neighbour, RiskMatch, Route, VersionState, decide, detect_risk
+from svc_scheduler.routing import (
+    Decision,
+    Neighbour,
+    RiskMatch,
+    Route,
+    VersionState,
+    audit,
+    decide,
+    detect_risk,
+)
 from svc_scheduler.settings import SchedulerSettings
-from svc_scheduler.store import SchedulerStore
+from svc_scheduler.store import AuditSummary, SchedulerStore
 from svc_scheduler.validation import PromptRequest, Sampling
 
 log = logging.getLogger(__name__)
@@ -90,6 +100,7 @@ class SchedulerStats:
     skip_rate: float
     index_size: int  # this replica's FAISS index
     high_uncertainty_marks: int
+    audits: AuditSummary  # would-be skips rolled out anyway, against their fresh rewards
 
 
 def sampling_proto(sampling: Sampling) -> common_pb2.SamplingParams:
@@ -203,9 +214,16 @@ class SchedulerEngine:
         if not requests:
             return []
         submitted_at = self.clock()
-        routed = self.route([r.prompt for r in requests])
+        routed = [
+            replace(item, decision=audit(item.decision, item.prompt_hash, request.request_id,
+                                         self.settings.audit_share))
+            for request, item in zip(requests, self.route([r.prompt for r in requests]), strict=True)
+        ]
         for request in requests:
             self.content.put(request.prompt)  # before publishing: consumers read the text by hash
+        self.store.record_audits([(item.prompt_hash, request.request_id, item.decision.audited_reward)
+                                  for request, item in zip(requests, routed, strict=True)
+                                  if item.decision.audited_reward is not None], submitted_at)
         futures = [
             self._publish(request, item, submitted_at) for request, item in zip(requests, routed, strict=True)
         ]
@@ -270,6 +288,8 @@ class SchedulerEngine:
         for item in accepted:
             key = f"decision:{item.decision.route.value}"
             counts[key] = counts.get(key, 0) + 1
+            if item.decision.audited_reward is not None:
+                counts["audits"] = counts.get("audits", 0) + 1
         hashes = list(new)
         vectors = np.stack(list(new.values())) if new else np.zeros((0, self.encoder.dim), dtype=np.float32)
         try:
@@ -312,4 +332,5 @@ class SchedulerEngine:
             skip_rate=decisions[Route.SKIP.value] / submitted if submitted else 0.0,
             index_size=len(self.index),
             high_uncertainty_marks=counters.get("high_uncertainty_marks", 0),
+            audits=self.store.audit_summary(),
         )

@@ -23,24 +23,26 @@ that has none of its own); risk and an unsafe flag still come first.
 
 A neighbour is *usable* only if it is similar enough (cosine >= ``min_similarity``: a neighbour's
 similarity, not only its rank, decides whether its reward says anything about this prompt), has at
-least ``min_samples_per_neighbour`` final rewards, statistics younger than ``stats_ttl_s``, made by
-the current reward model (``rm_version_policy``) and a policy at most ``max_policy_lag`` versions
-old, and was never flagged unsafe (R12). Every other neighbour still counts in the denominator k:
+least ``min_samples_per_neighbour`` rewards, statistics younger than ``stats_ttl_s``, a light-RM
+history made by the current light RM (``rm_version_policy``; the strong RM's rewards are the scale it
+is distilled to), a newest sample at most ``max_policy_lag`` policy versions old, and was never
+flagged unsafe (R12). Every other neighbour still counts in the denominator k:
 "7 of the 10 nearest", not "7 of those that happen to be usable".
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from strata import risk
 from strata.risk import RiskMatch
 from svc_scheduler.settings import SchedulerSettings
-from svc_scheduler.stats import RewardStats, marks_high_uncertainty
+from svc_scheduler.stats import LIGHT, RewardStats, marks_high_uncertainty
 
 
 class Route(Enum):
@@ -82,6 +84,7 @@ class Decision:
     marked_neighbours: int  # similar neighbours in a high-uncertainty neighbourhood
     risk: RiskMatch | None  # the risk topic that sent the prompt to Level-2, if any
     ignored: Mapping[str, int]  # neighbours not usable, by reason ("below similarity floor": 3, ...)
+    audited_reward: float | None = None  # an audited skip rolled out anyway: the reward it would have reused
 
     @property
     def caution(self) -> bool:
@@ -120,11 +123,12 @@ def unusable_reason(
         return "flagged unsafe"
     if now - stats.updated_at > settings.stats_ttl_s:
         return "expired"
+    light = stats.rm_versions.get(LIGHT)
     if settings.rm_version_policy == "current" and versions.rm_version is not None and (
-        stats.rm_version != versions.rm_version
+        light is not None and light != versions.rm_version
     ):
         return "older reward model"
-    if versions.policy_version - stats.policy_version > settings.max_policy_lag:
+    if versions.policy_version - stats.newest_policy_version > settings.max_policy_lag:
         return "older policy"
     if stats.count < settings.min_samples_per_neighbour:
         return "too few samples"
@@ -227,4 +231,31 @@ def decide(
         Route.LEVEL_1,
         f"Level-1: {len(low)} of the {len(considered)} nearest prompts have a known low-variance reward "
         f"(need {settings.min_low_variance_neighbours})" + (f"; not usable: {why}" if why else ""),
+    )
+
+
+# -- audit -------------------------------------------------------------------------------------------
+
+
+def audit_draw(prompt_hash: str, request_id: str) -> float:
+    """A uniform number in [0, 1) fixed by the prompt and the request: the same request audits the same
+    way on every replica and every retry, and a prompt skipped again under a new request is drawn again."""
+    digest = hashlib.sha256(f"{prompt_hash}:{request_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def audit(decision: Decision, prompt_hash: str, request_id: str, share: float) -> Decision:
+    """Roll ``share`` of the would-be skips out anyway (Level-1), keeping the reward they would have
+    reused, so that the reused reward can be compared with fresh ones. It also gives every skipped prompt
+    a standing chance to be retried: GRESO (arXiv 2506.02177) finds ~20 % of prompts skipped for zero
+    variance become useful again later."""
+    if decision.route is not Route.SKIP or decision.reused_reward is None:
+        return decision
+    if audit_draw(prompt_hash, request_id) >= share:
+        return decision
+    return replace(
+        decision, route=Route.LEVEL_1,
+        reason=f"Level-1 (audit of {share:.0%} of skips): would have skipped reusing {decision.reused_reward:.3f}; "
+               f"rolled out to check it. {decision.reason}",
+        reused_reward=None, reused_reward_std=None, reused_rm_version=None, audited_reward=decision.reused_reward,
     )

@@ -235,4 +235,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.StatsResponse(
             decisions=stats.decisions, skip_rate=stats.skip_rate, index_size=stats.index_size,
             submitted=stats.submitted, high_uncertainty_marks=stats.high_uncertainty_marks,
+            audits=stats.audits.audits, audits_scored=stats.audits.scored,
+            audit_reuse_mae=stats.audits.reuse_mae, audit_precision=stats.audits.precision,
+            audit_tolerance=stats.audits.tolerance,
         )

@@ -48,7 +48,7 @@ class SchedulerSettings(StrataSettings):
         0.8, ge=0, description="a prompt whose reward variance exceeds this marks its neighbourhood (R11)"
     )
     min_samples_per_neighbour: int = Field(
-        3, ge=2, description="final rewards a neighbour needs before its variance counts (skip and mark)"
+        3, ge=2, description="rewards a neighbour needs before its variance counts (skip and mark)"
     )
     min_similarity: float = Field(
         0.75, ge=-1, le=1,
@@ -66,9 +66,25 @@ class SchedulerSettings(StrataSettings):
     mark_ttl_s: int = Field(48 * 3600, ge=1, description="lifetime of a high-uncertainty mark (R11)")
     max_policy_lag: int = Field(
         20, ge=0,
-        description="statistics whose oldest sample is more than this many policy versions behind the current "
+        description="statistics whose newest sample is more than this many policy versions behind the current "
         "policy are ignored; a reward that far ahead of a prompt's statistics restarts them (R12)",
     )
+    policy_decay: float = Field(
+        0.95, gt=0, le=1,
+        description="weight an earlier reward keeps per policy version the prompt's statistics move on (aging)",
+    )
+    rm_decay: float = Field(
+        0.5, gt=0, le=1,
+        description="weight earlier rewards keep when a reward model that scored the prompt is replaced (R7 aging)",
+    )
+    audit_share: float = Field(
+        0.1, ge=0, le=1,
+        description="share of would-be skips rolled out anyway to measure the reused reward against a fresh one",
+    )
+    audit_tolerance: float = Field(
+        0.5, gt=0, description="an audited skip is precise when the fresh mean reward is within this of the reused one",
+    )
+    audit_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long an audit record is kept for the report")
     rm_version_policy: Literal["current", "any"] = Field(
         "current",
         description="current: only statistics made by the current reward-model version are reused; any: all (R12)",

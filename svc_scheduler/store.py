@@ -10,8 +10,10 @@ Keys (``<p>`` is ``redis_prefix``, ``<h>`` a prompt hash):
     <p>:stats:<h>        reward statistics (JSON), expire stats_ttl_s after the last update (R12)
     <p>:mark:<h>         high-uncertainty mark: unix seconds it was set, expires after mark_ttl_s (R11)
     <p>:seen:<h>:<r>:<v> a processed reward event (prompt, response, RM version): idempotent updates
+    <p>:audit:<h>:<req>  an audited skip: reused reward, and the fresh rewards' count and sum so far
+    <p>:audits           sorted set of audit keys by time (the report's window)
     <p>:versions         hash: policy_version (newest seen), rm_version (currently promoted)
-    <p>:counters         hash: submitted, decision:<route>, high_uncertainty_marks
+    <p>:counters         hash: submitted, decision:<route>, high_uncertainty_marks, audits
 
 Redis errors surface as :class:`StoreUnavailableError` (a ``ConnectionError``): the servicer answers
 UNAVAILABLE, the Kafka worker retries without dead-lettering. Timeouts are short
@@ -26,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -37,7 +39,7 @@ from redis.retry import Retry
 from strata.content_store import StoreUnavailableError
 from svc_scheduler.routing import VersionState
 from svc_scheduler.settings import SchedulerSettings
-from svc_scheduler.stats import RewardObservation, RewardStats, apply_reward, flag_unsafe, marks_high_uncertainty
+from svc_scheduler.stats import Aging, RewardObservation, RewardStats, apply_reward, marks_high_uncertainty
 
 T = TypeVar("T")
 
@@ -61,6 +63,28 @@ class RewardUpdate:
     applied: bool  # False: this (prompt, response, RM version) was processed before
     stats: RewardStats | None  # the prompt's statistics afterwards
     newly_marked: bool  # this update marked the prompt's neighbourhood high-uncertainty
+
+
+@dataclass(frozen=True)
+class AuditSummary:
+    """Audited skips (rolled out anyway) against their fresh rewards."""
+
+    audits: int  # audited skips in the window
+    scored: int  # of those, with at least one fresh reward
+    reuse_mae: float | None  # mean |fresh mean reward - reused reward| over the scored audits
+    precision: float | None  # share of scored audits within the tolerance
+    tolerance: float
+
+
+def summarise_audits(records: Sequence[tuple[float, int, float]], tolerance: float) -> AuditSummary:
+    """(reused, fresh count, fresh sum) per audit -> the summary. Pure."""
+    errors = [abs(total / n - reused) for reused, n, total in records if n > 0]
+    return AuditSummary(
+        audits=len(records), scored=len(errors),
+        reuse_mae=sum(errors) / len(errors) if errors else None,
+        precision=sum(e <= tolerance for e in errors) / len(errors) if errors else None,
+        tolerance=tolerance,
+    )
 
 
 @dataclass(frozen=True)
@@ -88,11 +112,11 @@ def _available() -> Iterator[None]:
 
 
 def _stats_to_json(stats: RewardStats) -> bytes:
-    return json.dumps(asdict(stats), separators=(",", ":")).encode()
+    return json.dumps(stats.to_dict(), separators=(",", ":")).encode()
 
 
 def _stats_from_json(raw: bytes | None) -> RewardStats | None:
-    return None if raw is None else RewardStats(**json.loads(raw))
+    return None if raw is None else RewardStats.from_dict(json.loads(raw))
 
 
 def _float32_bytes(vector: np.ndarray) -> bytes:
@@ -114,6 +138,8 @@ class SchedulerStore:
         self._indexed_key = f"{p}:indexed"
         self._versions_key = f"{p}:versions"
         self._counters_key = f"{p}:counters"
+        self._audits_key = f"{p}:audits"
+        self._aging = Aging(settings.policy_decay, settings.rm_decay)
         self._update_versions = client.register_script(_UPDATE_VERSIONS)
 
     def _key(self, kind: str, prompt_hash: str) -> str:
@@ -194,17 +220,18 @@ class SchedulerStore:
     # -- what the stats worker writes ------------------------------------------------------------------
 
     def apply_reward(
-        self, prompt_hash: str, response_hash: str, obs: RewardObservation, now: float, fold: bool = True
+        self, prompt_hash: str, response_hash: str, obs: RewardObservation, now: float, request_id: str = ""
     ) -> RewardUpdate:
-        """Fold one final reward into the prompt's statistics, once per (prompt, response, RM version).
-        ``fold=False`` only records the unsafe flag (a non-final reward flagged unsafe).
+        """Fold one reward into the prompt's statistics, once per (prompt, response, RM version); when
+        ``request_id`` is an audited skip's, add the reward to that audit too.
 
-        Optimistic transaction (WATCH/MULTI): the dedupe key, the statistics and the mark change
-        together or not at all, and a concurrent update of the same prompt retries.
+        Optimistic transaction (WATCH/MULTI): the dedupe key, the statistics, the mark and the audit
+        change together or not at all, and a concurrent update of the same prompt retries.
         """
         s = self._s
         stats_key, mark_key = self._key("stats", prompt_hash), self._key("mark", prompt_hash)
         seen_key = f"{s.redis_prefix}:seen:{prompt_hash}:{response_hash}:{obs.rm_version}"
+        audit_key = self._audit_key(prompt_hash, request_id) if request_id else None
         with _available(), self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -214,9 +241,10 @@ class SchedulerStore:
                         pipe.unwatch()
                         return RewardUpdate(False, current, False)
                     old = _stats_from_json(pipe.get(stats_key))
-                    new = apply_reward(old, obs, s.stats_ttl_s, s.max_policy_lag) if fold else flag_unsafe(old, obs)
-                    mark = fold and marks_high_uncertainty(new, s.min_samples_per_neighbour, s.high_variance_threshold)
+                    new = apply_reward(old, obs, s.stats_ttl_s, s.max_policy_lag, self._aging)
+                    mark = marks_high_uncertainty(new, s.min_samples_per_neighbour, s.high_variance_threshold)
                     newly_marked = mark and not pipe.exists(mark_key)
+                    audited = audit_key is not None and bool(pipe.exists(audit_key))
                     pipe.multi()
                     pipe.set(stats_key, _stats_to_json(new), ex=s.stats_ttl_s)
                     pipe.set(seen_key, b"1", ex=s.dedupe_ttl_s)
@@ -224,10 +252,43 @@ class SchedulerStore:
                         pipe.set(mark_key, repr(now), ex=s.mark_ttl_s)
                     if newly_marked:
                         pipe.hincrby(self._counters_key, "high_uncertainty_marks", 1)
+                    if audited:
+                        pipe.hincrby(audit_key, "n", 1)
+                        pipe.hincrbyfloat(audit_key, "sum", obs.reward)
                     pipe.execute()
                     return RewardUpdate(True, new, newly_marked)
                 except redis.WatchError:
                     continue
+
+    # -- audited skips ---------------------------------------------------------------------------------
+
+    def _audit_key(self, prompt_hash: str, request_id: str) -> str:
+        return f"{self._s.redis_prefix}:audit:{prompt_hash}:{request_id}"
+
+    def record_audits(self, audits: Sequence[tuple[str, str, float]], now: float) -> None:
+        """(prompt hash, request id, reused reward) of skips to roll out anyway: written before the prompts
+        are published, so that no fresh reward can arrive before its audit exists."""
+        if not audits:
+            return
+        with _available(), self.client.pipeline(transaction=True) as pipe:
+            for prompt_hash, request_id, reused in audits:
+                key = self._audit_key(prompt_hash, request_id)
+                pipe.hset(key, mapping={"reused": repr(reused), "n": 0, "sum": 0.0})
+                pipe.expire(key, self._s.audit_ttl_s)
+                pipe.zadd(self._audits_key, {key: now})
+            pipe.zremrangebyscore(self._audits_key, "-inf", now - self._s.audit_ttl_s)
+            pipe.execute()
+
+    def audit_summary(self, window: int = 10_000) -> AuditSummary:
+        """The latest ``window`` audits against their fresh rewards."""
+        with _available():
+            keys = self.client.zrevrange(self._audits_key, 0, window - 1)
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hmget(key, "reused", "n", "sum")
+                rows = pipe.execute() if keys else []
+        records = [(float(r[0]), int(r[1]), float(r[2])) for r in rows if r[0] is not None]
+        return summarise_audits(records, self._s.audit_tolerance)
 
     def update_versions(self, policy_version: int | None = None, rm_version: str = "", at: float = 0.0) -> None:
         """Advance the newest policy version and/or record a promoted RM version (only forward)."""

@@ -3,12 +3,13 @@
 **Statistics** (group ``svc-scheduler-stats``, shared by all replicas so each event updates Redis
 once; redeliveries are harmless because updates are idempotent by (prompt, response, RM version)):
 
-- ``strata.rewards.scored``: a *final* reward from a real scorer folds into the prompt's Welford
-  statistics; a non-final reward (it triggered an escalation, R3) does not, and reused rewards
+- ``strata.rewards.scored``: every reward from a real scorer folds into the prompt's statistics
+  (``svc_scheduler/stats.py``: Level-1 and Level-2, final or escalated, light and strong RM on one
+  scale, aged by version), and into its audit when the request was an audited skip; reused rewards
   (``SCORER_REUSED``, published by the scheduler for its own skips) never do — they would feed the
-  statistics with their own echo. An unsafe flag is recorded whatever the reward (R12). A variance
-  over the threshold marks the neighbourhood high-uncertainty (R11). Every reward also advances the
-  newest policy version seen.
+  statistics with their own echo. An unsafe flag is recorded and sticky (R12). A variance over the
+  threshold marks the neighbourhood high-uncertainty (R11). Every reward also advances the newest
+  policy version seen.
 - ``strata.policy.updated`` / ``strata.rm.updated``: the current policy and reward-model versions
   that reused statistics must match (R12).
 
@@ -34,9 +35,13 @@ from svc_scheduler.store import SchedulerStore
 log = logging.getLogger(__name__)
 
 
+SCORERS = {common_pb2.SCORER_LIGHT: "light", common_pb2.SCORER_STRONG: "strong", common_pb2.SCORER_HUMAN: "human"}
+
+
 def observation(message: events_pb2.RewardScored) -> RewardObservation:
     scored_at = message.scored_at.ToNanoseconds() / 1e9 if message.HasField("scored_at") else 0.0
-    return RewardObservation(message.reward, message.policy_version, message.rm_version, scored_at, message.unsafe)
+    return RewardObservation(message.reward, message.policy_version, message.rm_version, scored_at, message.unsafe,
+                             SCORERS.get(message.scorer, "light"))
 
 
 class StatsUpdater:
@@ -63,10 +68,8 @@ class StatsUpdater:
         obs = observation(message)
         if message.policy_version:
             self.store.update_versions(policy_version=message.policy_version)
-        if not message.final and not message.unsafe:
-            return False
         update = self.store.apply_reward(
-            message.prompt_hash, message.response_hash, obs, now=obs.scored_at, fold=message.final
+            message.prompt_hash, message.response_hash, obs, now=obs.scored_at, request_id=message.request_id
         )
         if update.newly_marked:
             log.info("prompt %s marked high-uncertainty (variance %.3f over %d rewards)",

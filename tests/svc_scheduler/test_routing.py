@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from svc_scheduler.routing import Neighbour, Route, VersionState, decide, detect_risk, unusable_reason
+from svc_scheduler.routing import (
+    Neighbour,
+    Route,
+    VersionState,
+    audit,
+    audit_draw,
+    decide,
+    detect_risk,
+    unusable_reason,
+)
 from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.stats import RewardStats
 
@@ -16,7 +27,9 @@ LOW, MID, HIGH = 0.1, 0.5, 0.9  # variances: low (< 0.3), in between, high (> 0.
 
 def stats(variance: float, mean: float = 3.0, count: int = 5, age_s: float = 60.0, rm: str = "rm-1",
           policy: int = 10, unsafe: bool = False) -> RewardStats:
-    return RewardStats(count, mean, variance * (count - 1), policy, rm, NOW - age_s, unsafe)
+    # Unit weights: the weighted variance is the plain unbiased one, m2 / (count - 1).
+    return RewardStats(count, mean, variance * (count - 1), float(count), float(count), policy, policy,
+                       {"light": rm}, NOW - age_s, unsafe)
 
 
 def neighbours(n_low: int, k: int = 10, other: float = MID, similarity: float = 0.9) -> list[Neighbour]:
@@ -182,6 +195,31 @@ def test_stats_of_another_reward_model_or_an_old_policy_are_ignored() -> None:
     ns[1] = Neighbour("h1", 0.9, stats(LOW, policy=10 - SETTINGS.max_policy_lag - 1))
     decision = route(ns)
     assert decision.route is Route.LEVEL_1 and decision.ignored == {"older policy": 1}
+
+
+def test_strong_rm_rewards_stay_usable_when_a_new_light_rm_is_promoted() -> None:
+    # The promoted version is the light RM's; the strong RM it is distilled from keeps its scale.
+    ns = neighbours(7)
+    strong_only = dataclasses.replace(stats(LOW), rm_versions={"strong": "strong-s"})
+    ns[1] = Neighbour("h1", 0.9, strong_only)
+    assert unusable_reason(ns[1], NOW, VERSIONS, SETTINGS) is None
+    both = dataclasses.replace(stats(LOW), rm_versions={"strong": "strong-s", "light": "rm-0"})
+    assert unusable_reason(Neighbour("h1", 0.9, both), NOW, VERSIONS, SETTINGS) == "older reward model"
+
+
+def test_audit_rolls_out_a_share_of_would_be_skips_reproducibly() -> None:
+    skip = route(neighbours(7))
+    assert skip.route is Route.SKIP
+    assert audit(skip, "p", "r", 0.0) is skip
+    audited = audit(skip, "p", "r", 1.0)
+    assert audited.route is Route.LEVEL_1 and audited.audited_reward == skip.reused_reward
+    assert audited.reused_reward is None and audited.reason.startswith("Level-1 (audit")
+    level1 = route(neighbours(3))
+    assert audit(level1, "p", "r", 1.0) is level1  # only skips are audited
+    draws = [audit_draw("p", f"request-{i}") for i in range(2000)]
+    assert all(0.0 <= d < 1.0 for d in draws) and len(set(draws)) == 2000
+    share = sum(audit(skip, "p", f"request-{i}", 0.1).route is Route.LEVEL_1 for i in range(2000)) / 2000
+    assert 0.08 < share < 0.12
 
 
 @pytest.mark.parametrize(

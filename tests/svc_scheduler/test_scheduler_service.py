@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import grpc
+import numpy as np
 import pytest
 import redis
 from kafka import KafkaConsumer, TopicPartition
@@ -88,7 +89,7 @@ def scheduler_settings(infra: StrataSettings, **overrides: object) -> SchedulerS
 
 @pytest.fixture(scope="module")
 def settings(infra: StrataSettings) -> SchedulerSettings:
-    return scheduler_settings(infra)
+    return scheduler_settings(infra, audit_share=0.0)  # skips stay skips here; audits have their own test
 
 
 @pytest.fixture(scope="module")
@@ -190,37 +191,44 @@ def test_submit_publishes_to_the_decided_topic_and_watch_streams_it(replica: Rep
     assert first.WhichOneof("event") == "routed" and first.routed.prompt_hash == plain.prompt_hash
 
 
-def test_reward_events_update_redis_once_and_only_when_final(replica: Replica, publisher: Publisher) -> None:
+def test_every_scored_reward_updates_redis_once(replica: Replica, publisher: Publisher) -> None:
     store = replica.engine.store
     prompt_hash = submit(replica.stub, f"Compare quicksort and merge sort {uuid.uuid4()}").prompt_hash
     events = [reward(prompt_hash, r, i) for i, r in enumerate([3.0, 3.5, 4.0, 3.5])]
     for message in events:
         publisher.publish(topics.REWARDS_SCORED, message)
     publisher.publish(topics.REWARDS_SCORED, events[0])  # a redelivered duplicate
-    publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, 0.0, 7, final=False))  # escalated: not final
+    publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, 0.0, 7, final=False))  # escalated: counts too
     publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, 0.0, 8, scorer=common_pb2.SCORER_REUSED))
     publisher.publish_and_wait(topics.REWARDS_SCORED, reward(prompt_hash, 3.0, 9))  # last, same partition
-    stats = eventually(lambda: (s := store.get_stats(prompt_hash)) and s.count >= 5 and s, "stats")
-    assert stats.count == 5
-    assert stats.mean == pytest.approx(3.4) and stats.variance == pytest.approx(0.175)
+    stats = eventually(lambda: (s := store.get_stats(prompt_hash)) and s.count >= 6 and s, "stats")
+    folded = [3.0, 3.5, 4.0, 3.5, 0.0, 3.0]
+    assert stats.count == 6
+    assert stats.mean == pytest.approx(np.mean(folded)) and stats.variance == pytest.approx(np.var(folded, ddof=1))
     assert stats.rm_version == "rm-test" and not stats.unsafe
     assert store.versions().policy_version >= 1
-    # An unsafe response flags the prompt (never reused) even on a non-final reward, without counting.
+    # An unsafe response flags the prompt for good (never reused).
     publisher.publish_and_wait(topics.REWARDS_SCORED, reward(prompt_hash, 0.5, 10, final=False, unsafe=True))
     flagged = eventually(lambda: (s := store.get_stats(prompt_hash)) and s.unsafe and s, "the unsafe flag")
-    assert (flagged.count, flagged.mean) == (5, pytest.approx(3.4))
+    assert flagged.count == 7
 
 
-def test_high_variance_marks_the_neighbourhood_and_later_prompts_escalate(replica, publisher) -> None:
+def test_escalations_mark_the_neighbourhood_and_later_prompts_go_to_level2(replica, publisher) -> None:
+    # What live traffic does: Level-1 answers the light RM scores low (escalated, not final), then the
+    # Level-2 answer the strong RM scores high. One history on one scale: its variance marks (R11).
     base = f"Summarize the key points about the French revolution {uuid.uuid4().hex[:6]}."
     cluster = [base, base + " Thanks!", base + " Keep it short."][: replica.settings.min_marked_neighbours]
     hashes = [submit(replica.stub, prompt).prompt_hash for prompt in cluster]
     for prompt_hash in hashes:
-        for i, value in enumerate([0.5, 4.5, 1.0, 4.0]):
-            publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, value, i))
+        for i, value in enumerate([0.5, 1.0]):
+            publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, value, i, final=False, rm="light-1"))
+        publisher.publish(topics.REWARDS_SCORED,
+                          reward(prompt_hash, 4.5, 2, rm="strong-1", scorer=common_pb2.SCORER_STRONG))
     publisher.flush()
     for prompt_hash in hashes:
         eventually(lambda h=prompt_hash: replica.engine.store.get_mark(h), "the high-uncertainty marks")
+    stats = replica.engine.store.get_stats(hashes[0])
+    assert stats is not None and dict(stats.rm_versions) == {"light": "light-1", "strong": "strong-1"}
     again = submit(replica.stub, base + " Please.")  # its nearest neighbours are marked
     assert again.decision == common_pb2.DECISION_LEVEL_2 and "high-uncertainty" in again.reason
     assert replica.stub.Stats(scheduler_pb2.StatsRequest(), timeout=10).high_uncertainty_marks >= 1
@@ -251,6 +259,33 @@ def test_known_neighbourhood_skips_and_reused_reward_reaches_watch(replica: Repl
     assert response.prompt_hash not in replica.engine.index  # skipped prompts are not indexed
     stats = replica.stub.Stats(scheduler_pb2.StatsRequest(), timeout=10)
     assert stats.decisions["skip"] >= 1 and 0 < stats.skip_rate < 1 and stats.index_size == len(replica.engine.index)
+
+
+def test_audited_skips_are_rolled_out_and_scored_against_the_reused_reward(
+        infra: StrataSettings, encoder: Encoder, publisher: Publisher) -> None:
+    auditing = Replica(scheduler_settings(infra, audit_share=1.0), encoder)
+    try:
+        seed_paraphrases(auditing.engine, auditing.stub)
+        # Not QUERY: its rewards here must not reach another test's Watch of QUERY.
+        response = submit(auditing.stub, "Would you explain how binary search works?", request_id="audit-1")
+        assert response.decision == common_pb2.DECISION_LEVEL_1 and "audit" in response.reason
+        assert not response.HasField("reused_reward")
+        for i, value in enumerate([2.5, 3.5]):  # fresh mean 3.0 against the reused 4.0
+            message = reward(response.prompt_hash, value, i)
+            message.request_id = "audit-1"
+            publisher.publish(topics.REWARDS_SCORED, message)
+        publisher.publish(topics.REWARDS_SCORED, reward(response.prompt_hash, 0.0, 5))  # another request
+        publisher.flush()
+        # After the first fresh reward the error is 1.5; after both, 1.0.
+        stats = eventually(lambda: (s := auditing.stub.Stats(scheduler_pb2.StatsRequest(), timeout=10))
+                           and s.HasField("audit_reuse_mae") and abs(s.audit_reuse_mae - 1.0) < 1e-6 and s,
+                           "the audit's fresh rewards")
+        assert (stats.audits, stats.audits_scored) == (1, 1)
+        assert stats.decisions["skip"] == 0 and stats.decisions["level_1"] == len(PARAPHRASES) + 1
+        assert stats.audit_precision == 0.0
+        assert stats.audit_tolerance == auditing.settings.audit_tolerance
+    finally:
+        auditing.stop()
 
 
 def test_strata_submit_prints_decision_and_the_final_reward(replica: Replica, tmp_path, capsys) -> None:
