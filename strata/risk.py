@@ -91,3 +91,45 @@ def detect_risk(text: str, exemplar_similarity: Mapping[str, float], min_similar
     if best is not None and best[1] >= min_similarity:
         return RiskMatch(best[0], f"close to a {best[0]} exemplar (cosine {best[1]:.2f})")
     return None
+
+
+# -- unsafe advice in a response (R12) ---------------------------------------------------------------
+# Advice that can hurt someone on a risk topic: more of a drug than prescribed, stopping a treatment,
+# staying away from a doctor or a lawyer, ignoring symptoms or a court, signing unread. Written as
+# patterns over the *kind* of advice (any drug word, any professional), not as a list of sentences, and
+# negated advice ("never double the dose") is not advice. Measured by `strata calibrate unsafe`.
+_DRUG = r"(?:dose|doses|dosage|medicine|medicines|medication|medications|pills?|tablets?|antibiotics?|drugs?)"
+_PRO = r"(?:doctor|doctors|physician|gp|nurse|pharmacist|specialist|lawyer|lawyers|attorney|attorneys|solicitor)"
+_OWNER = r"(?:the|your|a|an|any|this|that)"
+UNSAFE_ADVICE: Mapping[str, str] = {
+    "dose increase": rf"\b(?:double|triple|increase|raise)\s+{_OWNER}\s+{_DRUG}\b"
+                     rf"|\btake\s+(?:as\s+much|as\s+many)\s+as\s+you\b"
+                     rf"|\btake\s+(?:more|extra)\s+(?:{_DRUG}\s+)?than\s+(?:the\s+)?(?:label|prescribed|recommended)",
+    "stopping treatment": rf"\bstop\s+(?:taking|using)\s+{_OWNER}\s+{_DRUG}\b"
+                          rf"|\bstop\s+{_OWNER}\s+(?:course|treatment|prescription)(?:\s+early)?\b",
+    "avoiding a professional": rf"\b(?:no\s+need|don'?t\s+need|do\s+not\s+need|never\s+need|not\s+worth)\b"
+                               rf"[^.!?]{{0,24}}?\b{_PRO}\b"
+                               rf"|\b(?:skip|avoid)\s+(?:seeing\s+)?{_OWNER}\s+{_PRO}\b",
+    "ignoring a warning": r"\bignore\s+(?:the|your|any|this|that)\s+(?:symptoms?|pain|court|summons|letters?|"
+                          r"notices?|warnings?|fine|ticket|deadline)\b",
+    "signing unread": r"\bsign\s+(?:it|this|that|the\s+\w+)\s+without\s+reading\b",
+}
+_UNSAFE_PATTERNS = {kind: re.compile(pattern, re.IGNORECASE) for kind, pattern in UNSAFE_ADVICE.items()}
+_NEGATION = re.compile(r"\b(?:not|never|don'?t|do\s+not|no|avoid|without)\s+(?:\w+\s+){0,2}$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class UnsafeMatch:
+    kind: str  # "dose increase", "avoiding a professional", ...
+    evidence: str  # the matched words (never logged at INFO: they are response text)
+
+
+def detect_unsafe_advice(response: str) -> UnsafeMatch | None:
+    """The first piece of unsafe advice in ``response``, if any; advice preceded by a negation within
+    three words ("do not double the dose", "never stop taking your medication") is not counted."""
+    for kind, pattern in _UNSAFE_PATTERNS.items():
+        for found in pattern.finditer(response):
+            if kind != "avoiding a professional" and _NEGATION.search(response[: found.start()]):
+                continue
+            return UnsafeMatch(kind, found.group(0))
+    return None

@@ -48,3 +48,26 @@ def threshold_for_catch(scores: Sequence[float], bad: Sequence[bool], target_cat
                          "(more prompts, or a higher bad threshold)")
     needed = math.ceil(target_catch * len(bad_scores) - 1e-9)
     return math.nextafter(bad_scores[needed - 1], math.inf)  # escalation is score < threshold
+
+
+@dataclass(frozen=True)
+class DetectionFigures:
+    """A binary detector (e.g. unsafe advice) against labels."""
+
+    items: int
+    positives: int
+    recall: float | None  # flagged positives / positives
+    false_positive_rate: float | None  # flagged negatives / negatives
+    precision: float | None  # flagged positives / flagged
+
+
+def detection_figures(labels: Sequence[bool], flags: Sequence[bool]) -> DetectionFigures:
+    if len(labels) != len(flags):
+        raise ValueError("labels and flags must have the same length")
+    positives = sum(labels)
+    negatives = len(labels) - positives
+    hits = sum(f and y for f, y in zip(flags, labels, strict=True))
+    false = sum(f and not y for f, y in zip(flags, labels, strict=True))
+    flagged = hits + false
+    return DetectionFigures(len(labels), positives, hits / positives if positives else None,
+                            false / negatives if negatives else None, hits / flagged if flagged else None)

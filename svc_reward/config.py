@@ -26,6 +26,9 @@ class RewardSettings(StrataSettings):
     )
     aggregation: Literal["mean", "median"] = Field("mean", description="how ensemble members are combined (R8)")
     annotate_level2: bool = Field(True, description="request human annotation for Level-2 samples (R3)")
+    flag_unsafe: bool = Field(
+        True, description="flag responses with unsafe advice (strata.risk): never reused, never final at Level-1 (R12)"
+    )
     review_seconds_per_item: float = Field(
         60.0, ge=0, description="human seconds one annotation costs, booked in the ledger apart from device time"
     )

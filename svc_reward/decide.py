@@ -14,10 +14,14 @@ class Outcome:
 
 
 def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_on_caution: bool = True,
-           annotate_level2: bool = True) -> Outcome:
-    """``tier`` is 1 or 2 (the generator tier that produced the sample)."""
+           annotate_level2: bool = True, unsafe: bool = False) -> Outcome:
+    """``tier`` is 1 or 2 (the generator tier that produced the sample); ``unsafe``: the response gives
+    unsafe advice (R12), so a Level-1 answer is never final and a Level-2 one goes to a human."""
     if tier == 2:
-        return Outcome(final=True, escalate=False, annotate=annotate_level2, reason="level-2 sample")
+        reason = "level-2 sample, unsafe advice" if unsafe else "level-2 sample"
+        return Outcome(final=True, escalate=False, annotate=annotate_level2 or unsafe, reason=reason)
+    if unsafe:
+        return Outcome(False, True, False, "unsafe advice in the response")
     if reward < threshold:
         return Outcome(False, True, False, f"light RM reward {reward:.2f} < {threshold}")
     if caution and escalate_on_caution:

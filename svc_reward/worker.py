@@ -14,7 +14,7 @@ from collections import defaultdict
 import redis
 from prometheus_client import Counter, Histogram
 
-from strata import ledger
+from strata import ledger, risk
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.v1 import common_pb2, events_pb2
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 REWARDS = Histogram("strata_reward_score", "Rewards produced (0-5)", ["tier", "scorer"],
                     buckets=(0.5, 1, 1.5, 2, 2.5, 3, 3.2, 3.5, 4, 4.5, 5))
 ESCALATIONS = Counter("strata_reward_escalations_total", "Level-1 prompts escalated to Level-2 (R3)")
+UNSAFE = Counter("strata_reward_unsafe_total", "Responses flagged for unsafe advice (R12)", ["tier", "kind"])
 SCORE_SECONDS = Histogram("strata_reward_score_batch_seconds", "RM scoring time per batch", ["tier"])
 
 TIER_NUMBER = {common_pb2.TIER_LEVEL_1: 1, common_pb2.TIER_LEVEL_2: 2}
@@ -69,10 +70,14 @@ class RewardWorker:
             with SCORE_SECONDS.labels(tier=str(tier)).time():
                 scores = self._models.score(prompts, responses, strong=(tier == 2 and self._models.has_strong))
             scorer = common_pb2.SCORER_STRONG if tier == 2 and self._models.has_strong else common_pb2.SCORER_LIGHT
-            for event, reward, spread, charge in zip(events, scores.rewards, scores.spreads, scores.charges,
-                                                     strict=True):
+            for event, response, reward, spread, charge in zip(events, responses, scores.rewards, scores.spreads,
+                                                               scores.charges, strict=True):
                 annotated: list[bool] = []
-                futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals, annotated))
+                unsafe = risk.detect_unsafe_advice(response)
+                if unsafe is not None:
+                    UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
+                futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals, annotated,
+                                          unsafe is not None))
                 review = [ledger.Charge("human_review", 2, human_seconds=self._settings.review_seconds_per_item)
                           for _ in annotated]
                 charges.append((event, [charge, *review]))
@@ -90,15 +95,16 @@ class RewardWorker:
                 pipe.execute()
 
     def _emit(self, tier: int, event: events_pb2.RolloutGenerated, reward: float, spread: float, version: str,
-              scorer: int, finals: list[int], annotated: list[bool]) -> list:
+              scorer: int, finals: list[int], annotated: list[bool], unsafe: bool) -> list:
         s = self._settings
         outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
-                         s.annotate_level2)
+                         s.annotate_level2, unsafe=unsafe and s.flag_unsafe)
         scored = events_pb2.RewardScored(
             prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
             policy_version=event.policy_version, rm_version=version, reward=reward, reward_std=spread,
             scorer=scorer, final=outcome.final, escalated=outcome.escalate, sample_index=event.sample_index,
             response_tokens=event.response_tokens, request_id=event.request_id, directions=event.directions,
+            unsafe=unsafe and s.flag_unsafe,
         )
         scored.generated_at.CopyFrom(event.generated_at)
         scored.scored_at.GetCurrentTime()
@@ -128,6 +134,7 @@ class RewardWorker:
             request.requested_at.GetCurrentTime()
             futures.append(self._publisher.publish(topics.ANNOTATIONS_REQUESTED, request))
             annotated.append(True)  # booked as human review once the batch is acknowledged
-        log.info("reward tier=%d prompt=%s response=%s reward=%.3f rm=%s final=%s escalate=%s", tier,
-                 event.prompt_hash[:12], event.response_hash[:12], reward, version, outcome.final, outcome.escalate)
+        log.info("reward tier=%d prompt=%s response=%s reward=%.3f rm=%s final=%s escalate=%s unsafe=%s", tier,
+                 event.prompt_hash[:12], event.response_hash[:12], reward, version, outcome.final, outcome.escalate,
+                 scored.unsafe)
         return futures

@@ -1,4 +1,6 @@
-"""``strata calibrate escalation``: the escalation threshold for a target bad-case catch rate (R3).
+"""``strata calibrate escalation`` / ``unsafe``: thresholds and detectors measured before they are served.
+
+``escalation``: the escalation threshold for a target bad-case catch rate (R3).
 
 On a validation split the bench never uses (the suite's ``fresh`` prompts by default), the zoo's
 probe proposes directions, Level-1 answers with the generator's default sampling, the served light
@@ -6,6 +8,11 @@ RM scores each answer and the oracle judges it. Prompts the probe would send str
 are left out: no threshold applies to them. The command prints the trade-off (catch rate, false
 escalations and the share escalated per threshold) and the lowest threshold that reaches
 ``--target-catch``, as the setting to give the reward service.
+
+``unsafe``: the reward service's unsafe-advice detector (``strata.risk.detect_unsafe_advice``, R12)
+against the oracle's unsafe judgement on the suite's answers: each prompt's reference answer and
+every degradation of it the zoo trains on (unsafe advice and missing caution on risk prompts only).
+Recall on the unsafe answers, false positives on the others, per degradation kind.
 """
 
 from __future__ import annotations
@@ -31,6 +38,54 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     escalation.add_argument("--seed", type=int, default=0)
     escalation.add_argument("--json", action="store_true", help="machine-readable output")
     escalation.set_defaults(func=run_escalation)
+    unsafe = sub.add_parser("unsafe", help="the unsafe-advice detector against the oracle on the suite's answers")
+    unsafe.add_argument("--split", default="fresh", choices=("fresh", "eval", "train", "all"),
+                        help="prompts whose answers are judged")
+    unsafe.add_argument("--seed", type=int, default=0)
+    unsafe.add_argument("--json", action="store_true", help="machine-readable output")
+    unsafe.set_defaults(func=run_unsafe)
+
+
+def run_unsafe(args: argparse.Namespace) -> int:
+    from collections import defaultdict
+
+    from strata.risk import detect_unsafe_advice
+    from strata.zoo.corpus import DEGRADATIONS, RISK_ONLY_DEGRADATIONS, degrade, reference_response
+    from strata.zoo.oracle import judge
+    from strata.zoo.suite import load_suite
+    from svc_reward.calibrate import detection_figures
+
+    records = load_suite(None if args.split == "all" else args.split)
+    rng = random.Random(args.seed)
+    labels: list[bool] = []
+    flags: list[bool] = []
+    by_kind: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    for record in records:
+        reference = reference_response(record, rng)
+        kinds = [k for k in DEGRADATIONS if record.risk or k not in RISK_ONLY_DEGRADATIONS]
+        for kind, response in [("reference", reference), *((k, degrade(record, reference, k, rng)) for k in kinds)]:
+            label = bool(judge(record, response).breakdown["unsafe"])
+            flag = detect_unsafe_advice(response) is not None
+            labels.append(label)
+            flags.append(flag)
+            by_kind[kind].append((label, flag))
+    figures = detection_figures(labels, flags)
+    if args.json:
+        print(json.dumps({"split": args.split, "prompts": len(records), **figures.__dict__,
+                          "flag_rate_by_kind": {k: sum(f for _, f in v) / len(v) for k, v in by_kind.items()}}))
+        return 0
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    print(f"suite split {args.split}: {len(records)} prompts ({sum(r.risk for r in records)} risk), "
+          f"{figures.items} answers, {figures.positives} unsafe by the oracle")
+    print(f"unsafe-advice detector: recall {pct(figures.recall)}, false positives {pct(figures.false_positive_rate)}, "
+          f"precision {pct(figures.precision)}")
+    print(f"{'answer':<14} {'answers':>8} {'unsafe':>7} {'flagged':>8}")
+    for kind, rows in by_kind.items():
+        print(f"{kind:<14} {len(rows):>8} {sum(y for y, _ in rows):>7} {pct(sum(f for _, f in rows) / len(rows)):>8}")
+    return 0
 
 
 def run_escalation(args: argparse.Namespace) -> int:

@@ -190,7 +190,7 @@ DEGRADATIONS: tuple[str, ...] = (
     "filler", "repeat", "wrong_intent", "off_topic", "truncate", "too_long", "too_short", "unsafe",
     "no_caution", "scramble", "generic",
 )
-_RISK_ONLY = ("unsafe", "no_caution")
+RISK_ONLY_DEGRADATIONS = ("unsafe", "no_caution")  # degradations only a risk prompt gets
 _GENERIC = (
     "That is a good question. There are many things to think about here, and it depends.",
     "I am not sure. It depends on many things.",
@@ -306,7 +306,7 @@ def rm_pairs(records: Sequence[PromptRecord], pairs_per_prompt: int, seed: int) 
             if rng.random() < 0.25:
                 pairs.append(RmPair(record, response, "reference"))
                 continue
-            allowed = DEGRADATIONS if record.risk else tuple(k for k in DEGRADATIONS if k not in _RISK_ONLY)
+            allowed = DEGRADATIONS if record.risk else tuple(k for k in DEGRADATIONS if k not in RISK_ONLY_DEGRADATIONS)
             kinds = rng.sample(allowed, 1 if rng.random() < 0.7 else 2)
             for kind in kinds:
                 response = degrade(record, response, kind, rng)
@@ -327,7 +327,7 @@ def rm_groups(records: Sequence[PromptRecord], group_size: int, seed: int) -> li
     groups = []
     for record in records:
         reference = reference_response(record, rng)
-        allowed = DEGRADATIONS if record.risk else tuple(k for k in DEGRADATIONS if k not in _RISK_ONLY)
+        allowed = DEGRADATIONS if record.risk else tuple(k for k in DEGRADATIONS if k not in RISK_ONLY_DEGRADATIONS)
         group = [RmPair(record, reference, "reference")]
         for _ in range(group_size - 1):
             response = reference

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata.risk import KEYWORDS, LEGAL_KEYWORDS, MEDICAL_KEYWORDS, detect_risk, match_keywords
+from strata.risk import KEYWORDS, LEGAL_KEYWORDS, MEDICAL_KEYWORDS, detect_risk, detect_unsafe_advice, match_keywords
 from svc_probe.config import ProbeSettings
 from svc_scheduler.routing import detect_risk as scheduler_detect_risk
 from svc_scheduler.settings import SchedulerSettings
@@ -67,3 +67,46 @@ def test_the_probe_and_the_scheduler_share_one_keyword_list() -> None:
     settings = SchedulerSettings()
     assert (settings.risk_keywords_medical, settings.risk_keywords_legal) == (KEYWORDS["medical"],
                                                                                KEYWORDS["legal"])
+
+
+# Unsafe advice written for this test, none of it in the zoo's phrase list (strata/zoo/lexicon.py),
+# and safe answers that use the same words: the detector must generalise past the suite's 12 phrases.
+HELD_OUT_UNSAFE = [
+    "You can safely triple your dosage if the pain stays.",
+    "Feel free to take more pills than the label says.",
+    "Just stop using the antibiotics once you feel better.",
+    "Stop your treatment early if it makes you tired.",
+    "Honestly there is no need to bother a physician for this.",
+    "You don't need an attorney for a case like this.",
+    "Skip seeing your GP, it is a waste of time.",
+    "It is not worth paying a lawyer here.",
+    "Ignore the pain, it will pass.",
+    "Ignore any notices from the court.",
+    "Sign the contract without reading it closely.",
+    "Raise the dose until it works.",
+]
+HELD_OUT_SAFE = [
+    "Do not double the dose without asking your doctor.",
+    "Never stop taking your medication on your own.",
+    "You should see a doctor if the fever lasts.",
+    "Talk to a lawyer before you sign the lease.",
+    "Do not ignore the summons: answer it before the deadline.",
+    "Read the whole contract before you sign it.",
+    "A pharmacist can tell you whether the doses are safe together.",
+    "Keep the dosage the doctor prescribed.",
+    "Avoid signing it without reading it first.",
+    "If the symptoms get worse, call your doctor.",
+]
+
+
+def test_unsafe_advice_is_found_in_phrasings_the_suite_never_uses() -> None:
+    missed = [t for t in HELD_OUT_UNSAFE if detect_unsafe_advice(t) is None]
+    flagged = [t for t in HELD_OUT_SAFE if detect_unsafe_advice(t) is not None]
+    assert not flagged, flagged
+    assert len(missed) <= 1, missed  # docs/scheduler.md quotes this recall
+
+
+def test_unsafe_advice_match_names_its_kind() -> None:
+    match = detect_unsafe_advice("If it does not help, double the dose.")
+    assert match is not None and match.kind == "dose increase" and match.evidence == "double the dose"
+    assert detect_unsafe_advice("Explain how binary search works.") is None

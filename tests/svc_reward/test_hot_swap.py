@@ -17,7 +17,7 @@ import pytest
 import redis
 from kafka import KafkaConsumer, TopicPartition
 
-from strata.bus import Publisher, Topic, Worker, decode, topics
+from strata.bus import Delivery, Publisher, Topic, Worker, decode, topics
 from strata.bus.admin import ensure_topics
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
@@ -221,3 +221,32 @@ def test_an_ensemble_version_swaps_in_as_one(
     assert scores.version == ensemble
     assert scores.rewards[0] == pytest.approx((3.0 + 3.5 + 4.5) / 3, abs=0.01)  # mean of the members
     assert scores.spreads[0] == pytest.approx(0.624, abs=0.01)  # their standard deviation
+
+
+def test_unsafe_advice_is_flagged_escalated_and_never_final_at_level1(
+    infra: StrataSettings, redis_client: redis.Redis, publisher: Publisher, make_rm: Callable[..., Path],
+) -> None:
+    # An RM that likes everything (4.5): only the unsafe-advice policy can keep the unsafe answer from
+    # being final, and the flag reaches the scheduler's statistics (R12: never reused).
+    settings = RewardSettings(**infra.model_dump())
+    store = ContentStore(redis_client, settings.content_ttl_s, settings.content_max_bytes)
+    handler = RewardWorker(settings, light_models(make_rm("rm_kind", 4.5)), store, redis_client, publisher)
+    request_id = f"unsafe-{uuid.uuid4().hex[:8]}"
+    prompt = store.put(f"My head hurts after the new pills, what should I do? {request_id}")
+    answers = ["Rest, drink water and ask your doctor if it lasts.", "It will pass. If not, double the dose."]
+    reader = ScoredReader(infra, request_id)
+    deliveries = []
+    for i, text in enumerate(answers):
+        event = events_pb2.RolloutGenerated(prompt_hash=prompt, response_hash=store.put(text),
+                                            tier=common_pb2.TIER_LEVEL_1, sample_index=i, request_id=request_id)
+        deliveries.append(Delivery(topics.ROLLOUTS_GENERATED, event, None, 0, i, 1, 0))
+    try:
+        handler.handle_batch(deliveries)
+        reader.drain()
+        by_index = {e.sample_index: e for e in reader.events}
+        assert set(by_index) == {0, 1}
+        assert not by_index[0].unsafe and by_index[0].final
+        assert by_index[1].unsafe and not by_index[1].final and by_index[1].escalated
+        assert by_index[1].reward == pytest.approx(4.5, abs=0.01)  # the RM's score is kept; the flag says why
+    finally:
+        reader.close()

@@ -64,3 +64,11 @@ def test_decide(tier: int, reward: float, caution: bool, final: bool, escalate: 
 
 def test_caution_escalation_can_be_turned_off() -> None:
     assert decide(1, 4.8, True, 3.2, escalate_on_caution=False).final
+
+
+def test_unsafe_advice_is_never_final_at_level1_and_always_reviewed_at_level2() -> None:
+    level1 = decide(1, 4.9, False, 3.2, unsafe=True)
+    assert (level1.final, level1.escalate, level1.reason) == (False, True, "unsafe advice in the response")
+    level2 = decide(2, 4.9, False, 3.2, annotate_level2=False, unsafe=True)
+    assert level2.final and level2.annotate and "unsafe" in level2.reason
+    assert not decide(2, 4.9, False, 3.2, annotate_level2=False).annotate
