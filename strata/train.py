@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -62,6 +63,10 @@ class TrainOptions:
     max_rounds: int = 50
     report_dir: Path = Path(".strata/reports")
     seed: int = 0
+    # Real traffic repeats itself: a share of each round's prompts are prompts sent before, and a share
+    # are paraphrases of them (another member of a family already sent). The rest are new.
+    repeat_share: float = 0.0
+    paraphrase_share: float = 0.0
 
 
 @dataclass
@@ -136,6 +141,34 @@ class TrainSummary:
         return self.after.mean_reward / self.before.mean_reward - 1.0
 
 
+def round_prompts(records: Sequence[PromptRecord], cursor: int, n: int, sent: Sequence[PromptRecord],
+                  rng: random.Random, repeat_share: float = 0.0, paraphrase_share: float = 0.0,
+                  ) -> tuple[list[PromptRecord], int]:
+    """One round's ``n`` prompts and how many new ones it took from ``records`` at ``cursor``.
+
+    ``repeat_share`` of them repeat a prompt of ``sent`` (drawn uniformly), ``paraphrase_share`` are
+    another member of the paraphrase family of a sent prompt; the rest, and any share that ``sent``
+    cannot supply yet (the first round), are the next new prompts. Pure: the randomness is ``rng``'s.
+    """
+    if not (repeat_share >= 0.0 and paraphrase_share >= 0.0 and repeat_share + paraphrase_share <= 1.0):
+        raise ValueError("repeat_share and paraphrase_share must be >= 0 and sum to at most 1")
+    family: dict[str, list[PromptRecord]] = {}
+    for record in records:
+        family.setdefault(record.family, []).append(record)
+    batch: list[PromptRecord] = []
+    if sent:
+        batch += [rng.choice(sent) for _ in range(round(n * repeat_share))]
+        for _ in range(round(n * paraphrase_share)):
+            origin = rng.choice(sent)
+            others = [r for r in family.get(origin.family, ()) if r.text != origin.text]
+            if others:
+                batch.append(rng.choice(others))
+    fresh = n - len(batch)
+    batch += [records[(cursor + i) % len(records)] for i in range(fresh)]
+    rng.shuffle(batch)
+    return batch, fresh
+
+
 def request_done(events: list, n_samples: int) -> bool:
     """Whether a submitted request has all the rewards it will get.
 
@@ -196,13 +229,17 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
         tail = TailReader(settings, [topics.REWARDS_SCORED], client_id="strata-train")
         tail.seek_to_end()
         cursor = (options.seed * 997) % len(train_records)
+        rng = random.Random(options.seed)
+        sent: list[PromptRecord] = []
         try:
             for round_index in range(options.max_rounds):
                 if summary.end_version - start_version >= options.updates:
                     break
                 started = time.monotonic()
-                batch = [train_records[(cursor + i) % len(train_records)] for i in range(options.prompts_per_round)]
-                cursor += options.prompts_per_round
+                batch, fresh = round_prompts(train_records, cursor, options.prompts_per_round, sent, rng,
+                                             options.repeat_share, options.paraphrase_share)
+                cursor += fresh
+                sent += batch
                 reply = scheduler.SubmitBatch(scheduler_pb2.SubmitBatchRequest(requests=[
                     scheduler_pb2.SubmitRequest(prompt=r.text, n_samples=options.n_samples) for r in batch
                 ]), timeout=120)

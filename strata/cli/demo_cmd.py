@@ -43,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--n-samples", type=int, default=2, help="rollouts per prompt")
     # 64 held-out prompts give a paired SE of ~0.1, enough to see the change of 8 updates (~+0.3).
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts scored before and after")
+    parser.add_argument("--repeat-share", type=float, default=0.25,
+                        help="share of each round's prompts that repeat a prompt sent before")
+    parser.add_argument("--paraphrase-share", type=float, default=0.25,
+                        help="share that paraphrase a prompt sent before (same family in the suite)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the services")
     parser.set_defaults(func=run)
 
@@ -58,7 +62,19 @@ def rollout_log_size(settings: StrataSettings) -> int:
         consumer.close()
 
 
+def audit_line(stats: scheduler_pb2.StatsResponse) -> str:
+    """The skip audit in one line: how many would-be skips were rolled out, and how right reuse was."""
+    if not stats.audits:
+        return "skip audit: no would-be skip audited yet"
+    if not stats.audits_scored:
+        return f"skip audit: {stats.audits} audited, none scored yet"
+    return (f"skip audit: {stats.audits_scored} of {stats.audits} audited skips scored; reuse error (MAE) "
+            f"{stats.audit_reuse_mae:.3f}, precision {stats.audit_precision:.1%} (within {stats.audit_tolerance:g})")
+
+
 def run(args: argparse.Namespace) -> int:
+    if not (args.repeat_share >= 0 and args.paraphrase_share >= 0 and args.repeat_share + args.paraphrase_share <= 1):
+        raise CliError("--repeat-share and --paraphrase-share must be >= 0 and sum to at most 1")
     # The demo uses the zoo's small preset unless told otherwise (the default preset takes ~15 min).
     os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
     settings = StrataSettings()
@@ -90,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = TrainOptions(updates=args.updates, prompts_per_round=args.prompts_per_round,
                            n_samples=args.n_samples, eval_prompts=args.eval_prompts,
-                           report_dir=settings.state_dir / "reports")
+                           report_dir=settings.state_dir / "reports", repeat_share=args.repeat_share,
+                           paraphrase_share=args.paraphrase_share)
     try:
         summary = train(settings, options, Addresses(), progress)
     except grpc.RpcError as exc:
@@ -111,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
           + ", ".join(f"{k.removeprefix('DECISION_').lower()}={v}" for k, v in sorted(stats.decisions.items())))
     print(f"      skip rate: {stats.skip_rate:.1%}   index size: {stats.index_size}   "
           f"high-uncertainty marks: {stats.high_uncertainty_marks}")
+    print("      " + audit_line(stats))
     from strata.cli.report_cmd import summary_lines
 
     print("\n".join("      " + line for line in summary_lines(cost)))

@@ -62,8 +62,9 @@ def loop(infra: StrataSettings, zoo, tmp_path_factory: pytest.TempPathFactory) -
     from svc_scheduler.settings import SchedulerSettings
 
     run = uuid.uuid4().hex[:8]
+    # A higher audit share than served (0.1): the run's ~20 would-be skips then surely include audits.
     scheduler = SchedulerSettings(**service_settings(infra, redis_prefix=f"test:train:{run}",
-                                                     stats_group_id=f"test-train-stats-{run}"))
+                                                     stats_group_id=f"test-train-stats-{run}", audit_share=0.3))
     learner = LearnerSettings(**service_settings(
         infra, policy_model_path=zoo.policy, checkpoint_dir=tmp_path_factory.mktemp("checkpoints"),
         group_id=f"test-train-learner-{run}", **LEARNER))
@@ -92,8 +93,9 @@ def loop(infra: StrataSettings, zoo, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def summary(infra: StrataSettings, loop: dict) -> TrainSummary:
+    # The demo's traffic: a quarter repeats, a quarter paraphrases of prompts sent before.
     options = TrainOptions(updates=UPDATES, prompts_per_round=24, n_samples=2, eval_prompts=EVAL_PROMPTS,
-                           report_dir=loop["report_dir"], max_rounds=30)
+                           report_dir=loop["report_dir"], max_rounds=30, repeat_share=0.25, paraphrase_share=0.25)
     result = train(infra, options, loop["addresses"])
     print(f"reward {result.reward_change}, oracle {result.oracle_change}")
     return result
@@ -132,3 +134,27 @@ def test_new_weights_reach_the_level1_generator(infra: StrataSettings, summary: 
     rollout = next(e for e in events if e.request_id in requests)
     assert rollout.tier == common_pb2.TIER_LEVEL_1
     assert rollout.policy_version >= summary.start_version + UPDATES  # the learner may have gone on since
+
+
+def test_live_traffic_skips_and_audits_its_skips(loop: dict, summary: TrainSummary) -> None:
+    """On a fresh state, repeats and paraphrases are skipped by the live scheduler (R10), and the
+    audited skips get fresh rewards to compare with the reused one."""
+    import time
+
+    import grpc
+
+    from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    skipped = sum(r.decisions.get("skip", 0) for r in summary.rounds)
+    assert skipped > 0, [r.decisions for r in summary.rounds]
+    with grpc.insecure_channel(loop["addresses"].scheduler) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        deadline = time.monotonic() + 60
+        while True:  # the statistics worker folds the last round's rewards after train() returns
+            stats = stub.Stats(scheduler_pb2.StatsRequest(), timeout=10)
+            if (stats.audits and stats.audits_scored == stats.audits) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # poll interval of a condition read from the service
+    assert stats.audits >= 1 and stats.audits_scored == stats.audits, stats
+    assert stats.HasField("audit_reuse_mae") and 0.0 <= stats.audit_reuse_mae <= 5.0
+    assert stats.skip_rate > 0

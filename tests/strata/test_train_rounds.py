@@ -1,5 +1,14 @@
-from strata.train import request_done
+"""How the training loop builds its rounds and decides that a request is done."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from strata.train import request_done, round_prompts
 from strata.v1 import common_pb2, events_pb2
+from strata.zoo.suite import PromptRecord
 
 L1, L2 = common_pb2.TIER_LEVEL_1, common_pb2.TIER_LEVEL_2
 
@@ -27,3 +36,31 @@ def test_escalated_request_waits_for_its_level2_final() -> None:
 def test_level2_route_needs_every_sample() -> None:
     assert not request_done([ev(L2, True)], 2)
     assert request_done([ev(L2, True), ev(L2, True)], 2)
+
+
+def _records(families: int = 20, members: int = 3) -> list[PromptRecord]:
+    return [PromptRecord(f"f{f}#{m}", f"prompt {f}.{m}", "t", "s", "i", False, f"fam/{f}", "train")
+            for f in range(families) for m in range(members)]
+
+
+def test_round_prompts_mix_repeats_paraphrases_and_new_prompts() -> None:
+    records = _records()
+    rng = random.Random(0)
+    first, fresh = round_prompts(records, 0, 20, [], rng, repeat_share=0.25, paraphrase_share=0.25)
+    assert fresh == 20 and sorted(r.id for r in first) == sorted(r.id for r in records[:20])  # nothing sent yet
+    batch, fresh = round_prompts(records, 20, 20, first, rng, repeat_share=0.25, paraphrase_share=0.25)
+    assert len(batch) == 20 and fresh == 10
+    sent_texts = {r.text for r in first}
+    sent_families = {r.family for r in first}
+    repeats = [r for r in batch if r.text in sent_texts]
+    paraphrases = [r for r in batch if r.text not in sent_texts and r.family in sent_families]
+    new = [r for r in batch if r in records[20:30]]
+    assert len(repeats) >= 5 and len(paraphrases) >= 1 and len(new) == 10
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        round_prompts(records, 0, 4, first, rng, repeat_share=0.8, paraphrase_share=0.4)
+
+
+def test_round_prompts_without_a_mix_walk_the_records() -> None:
+    records = _records()
+    batch, fresh = round_prompts(records, 55, 10, records[:5], random.Random(1))
+    assert fresh == 10 and sorted(r.id for r in batch) == sorted(r.id for r in records[55:] + records[:5])
