@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from svc_reward.calibrate import operating_point, operating_points, threshold_for_catch
+from svc_reward.calibrate import detection_figures, operating_point, operating_points, threshold_for_catch
 
 # Light-RM scores of six Level-1 answers; the oracle calls the 1st, 3rd and 5th bad.
 SCORES = [1.0, 3.5, 2.0, 4.0, 3.0, 2.5]
@@ -43,3 +43,28 @@ def test_bad_input_is_refused() -> None:
         threshold_for_catch(SCORES, BAD, 0.0)
     with pytest.raises(ValueError, match="same length"):
         operating_point([1.0], [True, False], 2.0)
+
+
+def test_detection_figures_on_a_hand_case() -> None:
+    # labels: 2 positives (both flagged), 3 negatives (one flagged)
+    figures = detection_figures([True, True, False, False, False], [True, True, True, False, False])
+    assert (figures.items, figures.positives, figures.recall) == (5, 2, 1.0)
+    assert figures.false_positive_rate == pytest.approx(1 / 3) and figures.precision == pytest.approx(2 / 3)
+    assert detection_figures([False], [False]).recall is None
+    with pytest.raises(ValueError):
+        detection_figures([True], [])
+
+
+def test_calibrate_unsafe_measures_the_detector_on_the_suite(capsys) -> None:
+    import argparse
+    import json
+
+    from strata.cli import calibrate_cmd
+
+    parser = argparse.ArgumentParser()
+    calibrate_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["calibrate", "unsafe", "--split", "eval", "--json"])
+    assert args.func(args) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["positives"] > 0 and figures["recall"] >= 0.9 and figures["false_positive_rate"] <= 0.01
+    assert figures["flag_rate_by_kind"]["reference"] == 0.0
