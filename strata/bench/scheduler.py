@@ -41,9 +41,18 @@ the scheduler (probe, generators, reward models) are simulated, because generati
    100k prompts indexed (synthetic clustered unit vectors; queries are real suite prompts), and
    **ANN recall@10** of the HNSW index against exact search (synthetic queries at 100k, and the suite).
 
+8. **``--live``: the simulation checked against the real pipeline.** A smaller stream (every prompt
+   of ``--live-families`` paraphrase families, ``--passes`` times) goes through the real scheduler,
+   probe, generators and reward models (the ``--live-zoo`` preset's models, each service in its own
+   process, run first on a quiet Kafka), batch by batch with each batch's rewards folded in before
+   the next; the simulated tier then runs the *same* stream. The live scheduler audits
+   ``--live-audit-share`` of its would-be skips, and its reuse error is the audits' (fresh RM rewards
+   against the reused one): real tiers have no oracle truth per policy version.
+
 The bench refuses to run while another consumer group reads the prompt topics (a running stack's
 probe would roll out the bench's prompts and its reward service would score them).
-Last line: ``scheduler trigger_reduction=<fraction> reuse_mae=<x>``.
+Last line: ``scheduler trigger_reduction=<x> reuse_mae=<y> greso_trigger_reduction=<z> live_skip_rate=<w>``
+(``nan`` without ``--live``).
 """
 
 from __future__ import annotations
@@ -97,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-sizes", default="10000,100000", help="index sizes for the latency test")
     parser.add_argument("--latency-queries", type=int, default=200, help="single-prompt decisions timed per size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--live", action="store_true",
+                        help="also run a smaller stream through the real probe, generators and reward models, "
+                             "next to the simulated tier on the same stream")
+    parser.add_argument("--live-families", type=int, default=8,
+                        help="paraphrase families (7 prompts each, risk ones at their share) in the live stream")
+    parser.add_argument("--live-zoo", default="ci", help="zoo preset whose models the live tiers serve")
+    parser.add_argument("--live-audit-share", type=float, default=0.25,
+                        help="share of would-be skips the live scheduler rolls out anyway to measure reuse error")
 
 
 # -- the simulated policy, scored by the oracle ------------------------------------------------------
@@ -273,13 +290,13 @@ class GroupLag:
         committed = self._admin.list_group_offsets({self.group: self._partitions})[self.group]
         return sum(max(0, offset - committed[tp].offset) if tp in committed else offset for tp, offset in end.items())
 
-    def wait_caught_up(self, timeout_s: float, running: RunningService) -> None:
+    def wait_caught_up(self, timeout_s: float, running: RunningService | None = None) -> None:
         from strata.cli.main import CliError
 
         end = self._consumer.end_offsets(self._partitions)  # includes everything published and acknowledged
         deadline = time.monotonic() + timeout_s
         while (behind := self.behind(end)) > 0:
-            if running.failures:
+            if running is not None and running.failures:
                 raise CliError(f"the scheduler service failed: {running.failures[0]!r}")
             if time.monotonic() > deadline:
                 raise CliError(f"timed out after {timeout_s:.0f} s: the scheduler's statistics worker "
@@ -389,6 +406,7 @@ class RuleResult:
     submitted: int = 0
     rollouts: int = 0  # submissions that triggered a rollout (Level-1 or Level-2)
     level2: int = 0
+    audits: int = 0  # would-be skips rolled out anyway (audit_share); counted in rollouts
     reuse_errors: list[float] | None = None
 
     @property
@@ -407,8 +425,20 @@ def greso_usable(mine: RewardStats | None, version: int, settings: SchedulerSett
             and version - mine.policy_version <= settings.max_policy_lag)
 
 
-def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: CachedEncoder,
-                run_id: str) -> tuple[RuleResult, RuleResult, RuleResult]:
+def make_stream(records: Sequence[PromptRecord], passes: int, seed: int) -> list[PromptRecord]:
+    """Every record ``passes`` times, each pass in its own shuffled order."""
+    stream: list[PromptRecord] = []
+    order_rng = random.Random(seed + 2)
+    for _ in range(passes):
+        batch = list(records)
+        order_rng.shuffle(batch)
+        stream.extend(batch)
+    return stream
+
+
+def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: CachedEncoder, run_id: str,
+                records: Sequence[PromptRecord], stream: Sequence[PromptRecord], quiet: bool = False,
+                ) -> tuple[RuleResult, RuleResult, RuleResult]:
     import grpc
 
     from strata.bus import Publisher, topics
@@ -416,22 +446,12 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     from strata.cli.main import CliError
     from strata.service import start_service, stop_service
     from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
-    from strata.zoo.suite import load_suite
     from svc_scheduler.__main__ import build_parts
     from svc_scheduler.routing import detect_risk
     from svc_scheduler.stats import RewardObservation, apply_reward
 
-    records = load_suite()
-    if args.limit:
-        records = random.Random(args.seed).sample(records, args.limit)
     policy = SimulatedPolicy(records, args.seed, args.truth_samples)
     by_hash = {content_hash(r.text): r for r in records}  # the scheduler's prompt hash
-    stream = []
-    order_rng = random.Random(args.seed + 2)
-    for _ in range(args.passes):
-        batch = list(records)
-        order_rng.shuffle(batch)
-        stream.extend(batch)
 
     tier_group = f"bench-sched-tier-{run_id}"
     stats_topics = [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED]
@@ -485,6 +505,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
                 else:
                     knn.rollouts += 1
                     knn.level2 += decision == common_pb2.DECISION_LEVEL_2
+                    knn.audits += result.response.reason.startswith("Level-1 (audit")
                     routed.append(rid)
                 everything.submitted += 1
                 everything.rollouts += 1
@@ -504,7 +525,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
                     own[record.text] = mine
             tier.wait_for(routed, SYNC_TIMEOUT_S)
             lag.wait_caught_up(SYNC_TIMEOUT_S, running)
-            if (b + 1) % PROGRESS_EVERY == 0 or b + 1 == n_batches:
+            if not quiet and ((b + 1) % PROGRESS_EVERY == 0 or b + 1 == n_batches):
                 print(f"  batch {b + 1}/{n_batches}: {knn.submitted} submitted, {knn.submitted - knn.rollouts} "
                       f"skipped, {knn.level2} Level-2, policy v{version}, {time.perf_counter() - started:.0f} s",
                       flush=True)
@@ -519,6 +540,8 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
         lag.close()
         publisher.close()
         delete_groups(settings, [tier_group, settings.stats_group_id])
+    if quiet:
+        return everything, greso, knn
     risk_recall = np.mean([detect_risk(r.text, {}, settings) is not None for r in records if r.risk])
     risk_false = np.mean([detect_risk(r.text, {}, settings) is not None for r in records if not r.risk])
     print(f"routing: {len(stream)} submissions ({len(records)} prompts x {args.passes} passes, batches of "
@@ -527,6 +550,95 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     print(f"simulated rollout tier: {len(tier.handled)} routed prompts, {tier.rollouts} oracle-scored rollouts; "
           f"policy v1 -> v{version}", flush=True)
     return everything, greso, knn
+
+
+# -- part 8: the same kind of stream through the real tiers ---------------------------------------------
+
+
+@dataclass
+class LiveResult:
+    """A stream through the real scheduler, probe, generators and reward models."""
+
+    zoo: str
+    submitted: int
+    rollouts: int  # submissions rolled out (Level-1, Level-2, audited skips)
+    skipped: int
+    level2: int
+    audits: int
+    audits_scored: int
+    audit_mae: float | None  # mean |fresh mean reward - reused reward| over the scored audits
+    audit_precision: float | None
+    marks: int
+    wall_s: float
+
+    @property
+    def trigger_rate(self) -> float:
+        return self.rollouts / self.submitted if self.submitted else 0.0
+
+    @property
+    def skip_rate(self) -> float:
+        return self.skipped / self.submitted if self.submitted else 0.0
+
+
+def live_families(records: Sequence[PromptRecord], n: int, seed: int) -> list[PromptRecord]:
+    """Every prompt of ``n`` paraphrase families, risk families at their share (pure)."""
+    by_family: dict[str, list[PromptRecord]] = {}
+    for record in records:
+        by_family.setdefault(record.family, []).append(record)
+    rng = random.Random(seed + 7)
+    names = sorted(by_family)
+    risky = [f for f in names if by_family[f][0].risk]
+    safe = [f for f in names if not by_family[f][0].risk]
+    n_risky = min(len(risky), round(n * len(risky) / len(names))) if names else 0
+    chosen = rng.sample(risky, n_risky) + rng.sample(safe, min(len(safe), n - n_risky))
+    return [r for f in sorted(chosen) for r in by_family[f]]
+
+
+def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
+             stream: Sequence[PromptRecord]) -> LiveResult:
+    """``stream`` through the real services (each its own process, the ``--live-zoo`` models), batch
+    by batch: each batch's rewards are folded into the scheduler's statistics before the next."""
+    import grpc
+
+    from strata.bench.tiers import LiveTiers
+    from strata.bus import topics
+    from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
+    from strata.zoo.build import ZooSettings, ensure_zoo
+
+    zoo = ensure_zoo(ZooSettings(cache_dir=settings.cache_dir, zoo_preset=args.live_zoo))
+    live_id = f"{run_id}-live"
+    live = LiveTiers(settings, zoo, live_id, review_seconds=0.0, seed=args.seed,
+                     scheduler_env={"STRATA_AUDIT_SHARE": repr(args.live_audit_share)})
+    print(f"live: zoo {zoo.root.name} ({args.live_zoo}), {len(stream)} submissions, n_samples {args.n_samples}, "
+          f"audit share {args.live_audit_share:g}; each service in its own process", flush=True)
+    skipped = level2 = 0
+    started = time.perf_counter()
+    n_batches = (len(stream) + args.batch - 1) // args.batch
+    with live.started():
+        lag = GroupLag(settings, f"bench-{live_id}-stats", [topics.REWARDS_SCORED])
+        try:
+            for b in range(n_batches):
+                chunk = stream[b * args.batch : (b + 1) * args.batch]
+                arm = live.run_arm(f"live batch {b + 1}", chunk, "scheduler", SYNC_TIMEOUT_S * 5,
+                                   lambda line: print(line, flush=True), n_samples=args.n_samples,
+                                   tag=f"{live_id}-{b}")
+                skipped += sum(r.decision == "DECISION_SKIP" for r in arm.requests)
+                level2 += sum(r.decision == "DECISION_LEVEL_2" for r in arm.requests)
+                lag.wait_caught_up(SYNC_TIMEOUT_S)
+                print(f"  live batch {b + 1}/{n_batches}: {(b + 1) * args.batch if b + 1 < n_batches else len(stream)} "
+                      f"submitted, {skipped} skipped, {level2} Level-2, {time.perf_counter() - started:.0f} s",
+                      flush=True)
+        finally:
+            lag.close()
+        with grpc.insecure_channel(live.scheduler_address) as channel:
+            stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=30)
+    return LiveResult(
+        zoo=zoo.root.name, submitted=len(stream), rollouts=len(stream) - skipped, skipped=skipped, level2=level2,
+        audits=stats.audits, audits_scored=stats.audits_scored,
+        audit_mae=stats.audit_reuse_mae if stats.HasField("audit_reuse_mae") else None,
+        audit_precision=stats.audit_precision if stats.HasField("audit_precision") else None,
+        marks=stats.high_uncertainty_marks, wall_s=time.perf_counter() - started,
+    )
 
 
 # -- part 7: latency and recall -----------------------------------------------------------------------
@@ -666,6 +778,7 @@ def bench_infra(settings: S, run_id: str, bench: str) -> Iterator[S]:
 
 def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> int:
     from strata.cli.main import CliError
+    from strata.zoo.suite import load_suite
     from svc_scheduler.encoder import Encoder
     from svc_scheduler.store import connect
 
@@ -683,23 +796,53 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
         settings.encoder_path, settings.encoder_device, settings.encoder_batch_size, settings.encoder_threads
     )
     cached = CachedEncoder(encoder)
+    suite = load_suite()
+    records = random.Random(args.seed).sample(suite, args.limit) if args.limit else suite
+    subset = live_families(suite, args.live_families, args.seed) if args.live else []  # whole families
+    subset_stream = make_stream(subset, args.passes, args.seed)
+    live: LiveResult | None = None
+    sim_subset: RuleResult | None = None
     try:
+        if args.live:  # first, on a quiet Kafka: the simulated run's thousands of events come after
+            live = run_live(args, settings, run_id, subset_stream)
         with _quiet("svc_scheduler.engine"):
-            everything, greso, knn = run_routing(args, settings, cached, run_id)
+            everything, greso, knn = run_routing(args, settings, cached, run_id, records,
+                                                 make_stream(records, args.passes, args.seed))
+            if args.live:
+                sub_settings = settings.model_copy(update={
+                    "redis_prefix": f"{settings.redis_prefix}-sub", "stats_group_id": f"{settings.stats_group_id}-sub"})
+                _, _, sim_subset = run_routing(args, sub_settings, cached, f"{run_id}-sub", subset, subset_stream,
+                                               quiet=True)
             latency = run_latency(args, settings, encoder, client)
         recall_suite = suite_recall(settings, cached)
     finally:
-        for key in client.scan_iter(f"{settings.redis_prefix}:*", count=1000):
-            client.delete(key)
+        for prefix in (settings.redis_prefix, f"{settings.redis_prefix}-sub"):
+            for key in client.scan_iter(f"{prefix}:*", count=1000):
+                client.delete(key)
         client.close()
 
     print()
-    print(f"{'rule':<20} {'submitted':>9} {'rollouts':>9} {'trigger':>8} {'level-2':>8} {'skipped':>8} "
+    print(f"{'rule':<34} {'submitted':>9} {'rollouts':>9} {'trigger':>8} {'level-2':>8} {'skipped':>8} "
           f"{'reuse MAE':>10}")
     for rule in (everything, greso, knn):
         skipped = rule.submitted - rule.rollouts
-        print(f"{rule.name:<20} {rule.submitted:>9} {rule.rollouts:>9} {rule.trigger_rate:>8.3f} "
+        print(f"{rule.name:<34} {rule.submitted:>9} {rule.rollouts:>9} {rule.trigger_rate:>8.3f} "
               f"{rule.level2:>8} {skipped:>8} {rule.mae:>10.3f}")
+    print(f"knn rollouts include {knn.audits} audited skips (audit_share {settings.audit_share:g}: rolled out "
+          "anyway to measure the reused reward, docs/scheduler.md)")
+    if live is not None and sim_subset is not None:
+        print(f"live stream: {args.live_families} families x 7 paraphrases x {args.passes} passes; the simulated "
+              f"tier's reuse MAE is against the oracle truth, the live one is the audit's (fresh light/strong-RM "
+              f"rewards of {live.audits_scored} of {live.audits} audited skips)")
+        sim_skipped = sim_subset.submitted - sim_subset.rollouts
+        print(f"{'knn, simulated tier (same stream)':<34} {sim_subset.submitted:>9} {sim_subset.rollouts:>9} "
+              f"{sim_subset.trigger_rate:>8.3f} {sim_subset.level2:>8} {sim_skipped:>8} {sim_subset.mae:>10.3f}")
+        mae = "-" if live.audit_mae is None else f"{live.audit_mae:.3f}"
+        print(f"{'knn, real tiers (zoo ' + live.zoo + ')':<34} {live.submitted:>9} {live.rollouts:>9} "
+              f"{live.trigger_rate:>8.3f} {live.level2:>8} {live.skipped:>8} {mae:>10}")
+        precision = "-" if live.audit_precision is None else f"{live.audit_precision:.1%}"
+        print(f"live: skip rate {live.skip_rate:.1%}, audit precision {precision}, high-uncertainty marks "
+              f"{live.marks}, {live.wall_s:.0f} s")
     print()
     print(f"{'indexed':>8} {'index':>6} {'p50 ms':>8} {'p99 ms':>8} {'recall@10':>10}")
     for size, kind, p50, p99, recall in latency:
@@ -707,8 +850,9 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
     print(f"HNSW recall@10 on the suite's own embeddings: {recall_suite:.3f}")
     greso_reduction = 1 - greso.trigger_rate / everything.trigger_rate
     reduction = 1 - knn.trigger_rate / everything.trigger_rate
-    print(f"GRESO-style trigger_reduction={greso_reduction:.3f} reuse_mae={greso.mae:.3f}")
-    print(f"scheduler trigger_reduction={reduction:.3f} reuse_mae={knn.mae:.3f}")
+    live_rate = "nan" if live is None else f"{live.skip_rate:.3f}"
+    print(f"scheduler trigger_reduction={reduction:.3f} reuse_mae={knn.mae:.3f} "
+          f"greso_trigger_reduction={greso_reduction:.3f} live_skip_rate={live_rate}")
     return 0
 
 

@@ -119,9 +119,11 @@ def pick_prompts(records: Sequence[Any], n: int, seed: int) -> list[Any]:
 class LiveTiers:
     """The services, each in its own process, and the means to push an arm through them."""
 
-    def __init__(self, settings: Any, zoo: Any, run_id: str, review_seconds: float, seed: int) -> None:
+    def __init__(self, settings: Any, zoo: Any, run_id: str, review_seconds: float, seed: int,
+                 scheduler_env: dict[str, str] | None = None) -> None:
         self.settings, self.zoo, self.run_id, self.seed = settings, zoo, run_id, seed
         self.review_seconds = review_seconds
+        self.scheduler_env = scheduler_env or {}
         self.ports: dict[str, int] = {}
 
     @contextmanager
@@ -131,6 +133,8 @@ class LiveTiers:
         import subprocess
         import sys
 
+        from strata.bus import topics
+        from strata.bus.admin import start_group_at_end
         from strata.infra.process import free_port
         from strata.stack.control import health
 
@@ -140,15 +144,31 @@ class LiveTiers:
         common = {"STRATA_KAFKA_BOOTSTRAP": s.kafka_address, "STRATA_REDIS_URL": s.redis_address,
                   "STRATA_STATE_DIR": str(s.state_dir), "STRATA_DEVICE": "cpu", "STRATA_LOG_LEVEL": "WARNING",
                   "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        # Consumer groups of this run only, started at the end of their topics: what an earlier run (or
+        # another bench on the same Kafka) left there is never rolled out or folded in again.
+        groups = {
+            "probe": (f"bench-{self.run_id}-probe", [topics.PROMPTS_LEVEL0]),
+            "generator-l1": (f"bench-{self.run_id}-l1", [topics.PROMPTS_LEVEL1]),
+            "generator-l2": (f"bench-{self.run_id}-l2", [topics.PROMPTS_LEVEL2]),
+            "reward": (f"bench-{self.run_id}-reward", [topics.ROLLOUTS_GENERATED]),
+            "scheduler": (f"bench-{self.run_id}-stats",
+                          [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED]),
+        }
+        for group, topic_list in groups.values():
+            start_group_at_end(s.kafka_address, group, topic_list)
         specs = {
-            "probe": ("svc_probe", ["--model", str(zoo.probe)], {}),
-            "generator-l1": ("svc_generator", ["--tier", "1", "--model", str(zoo.level1)], {}),
-            "generator-l2": ("svc_generator", ["--tier", "2", "--model", str(zoo.level2)], {}),
+            "probe": ("svc_probe", ["--model", str(zoo.probe)], {"STRATA_GROUP_ID": groups["probe"][0]}),
+            "generator-l1": ("svc_generator", ["--tier", "1", "--model", str(zoo.level1)],
+                             {"STRATA_GROUP_ID": groups["generator-l1"][0]}),
+            "generator-l2": ("svc_generator", ["--tier", "2", "--model", str(zoo.level2)],
+                             {"STRATA_GROUP_ID": groups["generator-l2"][0]}),
             "reward": ("svc_reward", ["--light-rm", str(zoo.light_rm), "--strong-rm", str(zoo.strong_rm)],
-                       {"STRATA_RM_WATCH": "false", "STRATA_REVIEW_SECONDS_PER_ITEM": str(self.review_seconds)}),
+                       {"STRATA_RM_WATCH": "false", "STRATA_REVIEW_SECONDS_PER_ITEM": str(self.review_seconds),
+                        "STRATA_GROUP_ID": groups["reward"][0]}),
             "scheduler": ("svc_scheduler", [], {
                 "STRATA_REDIS_PREFIX": f"strata:bench:{self.run_id}",
-                "STRATA_STATS_GROUP_ID": f"bench-tiers-stats-{self.run_id}", "STRATA_WATCH_LOOKBACK_S": "0"}),
+                "STRATA_STATS_GROUP_ID": groups["scheduler"][0], "STRATA_WATCH_LOOKBACK_S": "0",
+                **self.scheduler_env}),
         }
         logs = s.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -187,8 +207,9 @@ class LiveTiers:
         return f"127.0.0.1:{self.ports['scheduler']}"
 
     def run_arm(self, name: str, records: Sequence[Any], route: str, timeout_s: float,
-                progress: Callable[[str], None]) -> ArmRun:
-        """Send ``records`` through one arm (route: level2 | level0 | scheduler) and wait for every final."""
+                progress: Callable[[str], None], n_samples: int = 1, tag: str = "") -> ArmRun:
+        """Send ``records`` through one arm (route: level2 | level0 | scheduler) and wait for every final;
+        ``n_samples`` rollouts per prompt through the scheduler (the other routes roll out one)."""
         import redis
 
         from strata.bus import topics
@@ -200,20 +221,21 @@ class LiveTiers:
         store = ContentStore(client, s.content_ttl_s, s.content_max_bytes)
         tail = TailReader(s, [topics.REWARDS_SCORED], client_id=f"bench-tiers-{self.run_id}")
         tail.seek_to_end()
-        tag = f"{self.run_id}-{name.replace(' ', '').replace('+', '-')}"
+        tag = tag or f"{self.run_id}-{name.replace(' ', '').replace('+', '-')}"
         requests = [Request(r, f"{tag}-{i}") for i, r in enumerate(records)]
+        n = n_samples if route == "scheduler" else 1
         before = ledger.read_stages(client)
         started = time.monotonic()
         try:
             if route == "scheduler":
-                self._submit(requests)
+                self._submit(requests, n)
             else:
                 self._publish(requests, route, store)
             refused = [r for r in requests if r.decision == "refused"]
             if refused:
                 raise RuntimeError(f"{name}: the scheduler refused {len(refused)} prompts (see the log)")
             by_id = {r.request_id: r for r in requests}
-            self._wait(tail, by_id, started + timeout_s, name, progress)
+            self._wait(tail, by_id, started + timeout_s, name, progress, n)
         finally:
             tail.close()
         wall = time.monotonic() - started
@@ -265,7 +287,7 @@ class LiveTiers:
         finally:
             publisher.close()
 
-    def _submit(self, requests: Sequence[Request]) -> None:
+    def _submit(self, requests: Sequence[Request], n_samples: int = 1) -> None:
         import grpc
 
         from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -277,7 +299,7 @@ class LiveTiers:
                 chunk = requests[start:start + batch_size]
                 reply = stub.SubmitBatch(scheduler_pb2.SubmitBatchRequest(requests=[
                     scheduler_pb2.SubmitRequest(
-                        prompt=r.record.text, n_samples=1, request_id=r.request_id,
+                        prompt=r.record.text, n_samples=n_samples, request_id=r.request_id,
                         sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + start + j))
                     for j, r in enumerate(chunk)
                 ]), timeout=300)
@@ -291,12 +313,12 @@ class LiveTiers:
 
     @staticmethod
     def _wait(tail: Any, by_id: dict[str, Request], deadline: float, name: str,
-              progress: Callable[[str], None]) -> None:
+              progress: Callable[[str], None], n_samples: int = 1) -> None:
         from strata.train import request_done
 
         last = 0.0
         while True:
-            pending = [r for r in by_id.values() if not request_done(r.events, 1)]
+            pending = [r for r in by_id.values() if not request_done(r.events, n_samples)]
             if not pending:
                 return
             now = time.monotonic()
