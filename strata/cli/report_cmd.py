@@ -1,6 +1,8 @@
-"""``strata report``: what every stage cost, per tier, and the saving against all-Level-2 (R4).
+"""``strata report``: what every stage cost, per tier, and the saving against all-Level-2 (R4), then
+the scheduler's live skipping and its audit (R10-R12).
 
-Reads the cost ledger (``strata.ledger``). ``--prompt HASH`` cuts it to one prompt's requests.
+Reads the cost ledger (``strata.ledger``) and the scheduler's counters and audits in Redis.
+``--prompt HASH`` cuts the ledger to one prompt's requests.
 """
 
 from __future__ import annotations
@@ -60,6 +62,29 @@ def summary_lines(summary: ledger.CostSummary) -> list[str]:
     return lines
 
 
+def skip_lines(client: redis.Redis) -> list[str]:
+    """The scheduler's live skipping (R10-R12): decisions, skip rate and the skip audit, from its Redis state."""
+    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.store import SchedulerStore
+
+    store = SchedulerStore(client, SchedulerSettings())
+    counters = store.summary().counters
+    audits = store.audit_summary()
+    submitted = counters.get("submitted", 0)
+    if not submitted:
+        return ["skipping: no prompt submitted to the scheduler yet"]
+    skips = counters.get("decision:skip", 0)
+    lines = [f"skipping: {submitted} prompts submitted, {skips} skipped ({skips / submitted:.1%}), "
+             f"{counters.get('decision:level_2', 0)} to Level-2, "
+             f"{counters.get('high_uncertainty_marks', 0)} high-uncertainty marks"]
+    if audits.reuse_mae is None or audits.precision is None:
+        lines.append(f"skip audit: {audits.audits} audited skips, none scored yet")
+    else:
+        lines.append(f"skip audit: {audits.scored} of {audits.audits} audited skips scored; reuse error (MAE) "
+                     f"{audits.reuse_mae:.3f}, precision {audits.precision:.1%} (within {audits.tolerance:g})")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     settings = StrataSettings()
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=5)
@@ -68,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             requests = ledger.read_prompt(client, args.prompt)
         else:
             summary = ledger.read(client)
+            skipping = skip_lines(client)
     except redis.ConnectionError as exc:
         raise CliError(f"Redis at {settings.redis_address} does not answer ({exc}); run `strata infra up`") from exc
     finally:
@@ -92,5 +118,5 @@ def run(args: argparse.Namespace) -> int:
             "saving": summary.saving, "param_token_saving": summary.param_token_saving,
         }, indent=2))
         return 0
-    print("\n".join(summary_lines(summary)))
+    print("\n".join([*summary_lines(summary), *skipping]))
     return 0

@@ -11,6 +11,8 @@ generators and the reward service), so one small exporter reads them at scrape t
 - ``strata_ledger_stage_device_seconds_total{stage,tier}``, ``strata_ledger_stage_param_tokens_total{stage,tier}``,
   ``strata_ledger_human_seconds_total``: every stage's cost (encoder, probe, generate, RMs, human review);
 - ``strata_ledger_saving_ratio``: 1 - actual / all-Level-2 device seconds (``strata.ledger``'s baseline);
+- ``strata_scheduler_skip_rate``, ``strata_scheduler_skip_audits{state}``, ``strata_scheduler_skip_reuse_error``,
+  ``strata_scheduler_skip_precision``: live skipping and its audit (R10-R12, docs/scheduler.md);
 - ``strata_exporter_up{source}``: 1 when Kafka / Redis answered this scrape.
 
 ``strata diagnose exporter`` serves them (compose: the ``strata-exporter`` service).
@@ -54,6 +56,7 @@ class StackCollector(Collector):
             up.add_metric(["kafka"], 0)
         try:
             yield from self._ledger()
+            yield from self._skipping()
             up.add_metric(["redis"], 1)
         except Exception as exc:
             log.warning("cost ledger unavailable: %s", exc)
@@ -97,6 +100,37 @@ class StackCollector(Collector):
             yield GaugeMetricFamily("strata_ledger_saving_ratio",
                                     "1 - device seconds / all-Level-2 (R4; an estimate unless measured)",
                                     value=summary.saving)
+
+
+    def _skipping(self) -> Iterator[Metric]:
+        import redis
+
+        from svc_scheduler.settings import SchedulerSettings
+        from svc_scheduler.store import SchedulerStore
+
+        client = redis.Redis.from_url(self._settings.redis_address, socket_timeout=5)
+        try:
+            store = SchedulerStore(client, SchedulerSettings())
+            counters = store.summary().counters
+            audits = store.audit_summary()
+        finally:
+            client.close()
+        submitted = counters.get("submitted", 0)
+        if submitted:
+            yield GaugeMetricFamily("strata_scheduler_skip_rate", "Share of submitted prompts skipped (R10)",
+                                    value=counters.get("decision:skip", 0) / submitted)
+        audit_counts = GaugeMetricFamily("strata_scheduler_skip_audits",
+                                         "Would-be skips rolled out anyway, in the audit window", labels=["state"])
+        audit_counts.add_metric(["audited"], audits.audits)
+        audit_counts.add_metric(["scored"], audits.scored)
+        yield audit_counts
+        if audits.reuse_mae is not None and audits.precision is not None:
+            yield GaugeMetricFamily("strata_scheduler_skip_reuse_error",
+                                    "Mean |fresh mean reward - reused reward| of the scored audits",
+                                    value=audits.reuse_mae)
+            yield GaugeMetricFamily("strata_scheduler_skip_precision",
+                                    "Share of scored audits whose fresh reward is within the tolerance",
+                                    value=audits.precision)
 
 
 def exporter_registry(settings: StrataSettings, groups: Sequence[str] = DEFAULT_GROUPS) -> CollectorRegistry:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from concurrent import futures
 from pathlib import Path
@@ -135,3 +136,27 @@ def test_exporter_scrape_survives_a_dead_kafka_and_redis() -> None:
     values = _values(registry)
     assert values[("strata_exporter_up", (("source", "kafka"),))] == 0
     assert values[("strata_exporter_up", (("source", "redis"),))] == 0
+
+
+def test_exporter_and_report_show_the_skip_audit(infra: StrataSettings, redis_client) -> None:
+    from strata.cli.report_cmd import skip_lines
+    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.stats import RewardObservation
+    from svc_scheduler.store import SchedulerStore
+
+    registry = CollectorRegistry()
+    registry.register(StackCollector(infra, []))
+    store = SchedulerStore(redis_client, SchedulerSettings())  # the prefix the services use
+    before = _values(registry)
+    prompt, request = uuid.uuid4().hex * 2, f"audit-{uuid.uuid4().hex[:8]}"
+    store.record_audits([(prompt, request, 4.0)], time.time())
+    store.count({"submitted": 1, "decision:level_1": 1, "audits": 1})
+    store.apply_reward(prompt, "response-1", RewardObservation(3.8, 1, "rm", time.time()), time.time(), request)
+    after = _values(registry)
+    audited, scored = ("strata_scheduler_skip_audits", (("state", "audited"),)), \
+        ("strata_scheduler_skip_audits", (("state", "scored"),))
+    assert after[audited] == before.get(audited, 0) + 1 and after[scored] == before.get(scored, 0) + 1
+    assert 0.0 <= after[("strata_scheduler_skip_reuse_error", ())] <= 5.0
+    assert 0.0 <= after[("strata_scheduler_skip_precision", ())] <= 1.0
+    lines = skip_lines(redis_client)
+    assert lines[0].startswith("skipping: ") and "reuse error (MAE)" in lines[1]
