@@ -64,8 +64,9 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -408,6 +409,7 @@ class RuleResult:
     level2: int = 0
     audits: int = 0  # would-be skips rolled out anyway (audit_share); counted in rollouts
     reuse_errors: list[float] | None = None
+    reasons: Counter[str] = field(default_factory=Counter)  # decisions by the rule that made them
 
     @property
     def trigger_rate(self) -> float:
@@ -416,6 +418,20 @@ class RuleResult:
     @property
     def mae(self) -> float:
         return float(np.mean(self.reuse_errors)) if self.reuse_errors else float("nan")
+
+
+# The rule behind a decision, from the start of its reason (svc_scheduler/routing.py writes them).
+_RULES = (("Level-2: high-risk topic", "risk topic -> Level-2"),
+          ("Level-2: a response to this prompt was flagged unsafe", "flagged unsafe -> Level-2"),
+          ("skip: this prompt has", "own history -> skip"),
+          ("Level-2:", "uncertain neighbourhood -> Level-2"),
+          ("skip:", "known neighbourhood -> skip"),
+          ("Level-1 (audit", "audited skip -> Level-1"),
+          ("Level-1:", "too little known -> Level-1"))
+
+
+def rule_of(reason: str) -> str:
+    return next((name for prefix, name in _RULES if reason.startswith(prefix)), "other")
 
 
 def greso_usable(mine: RewardStats | None, version: int, settings: SchedulerSettings) -> bool:
@@ -500,6 +516,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
                 decision = result.response.decision
                 # Strata: a skip reuses a reward, a rollout goes through the tier and the statistics worker.
                 knn.submitted += 1
+                knn.reasons[rule_of(result.response.reason)] += 1
                 if decision == common_pb2.DECISION_SKIP:
                     knn.reuse_errors.append(abs(result.response.reused_reward - policy.truth(record, version)))
                 else:
@@ -828,6 +845,8 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
         skipped = rule.submitted - rule.rollouts
         print(f"{rule.name:<34} {rule.submitted:>9} {rule.rollouts:>9} {rule.trigger_rate:>8.3f} "
               f"{rule.level2:>8} {skipped:>8} {rule.mae:>10.3f}")
+    print("knn decisions by rule: " + ", ".join(f"{name} {count} ({count / knn.submitted:.1%})"
+                                               for name, count in knn.reasons.most_common()))
     print(f"knn rollouts include {knn.audits} audited skips (audit_share {settings.audit_share:g}: rolled out "
           "anyway to measure the reused reward, docs/scheduler.md)")
     if live is not None and sim_subset is not None:

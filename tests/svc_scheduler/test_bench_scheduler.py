@@ -43,3 +43,29 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     assert match, last
     assert float(match.group(1)) == pytest.approx(1 - rollouts / submitted, abs=1e-3)
     assert float(match.group(4)) == pytest.approx(int(live.group(4)) / 14, abs=1e-3)
+
+
+def test_rule_of_names_the_rule_behind_each_reason() -> None:
+    from svc_scheduler.routing import Neighbour, Route, VersionState, audit, decide
+    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.stats import RewardStats
+
+    settings, versions, now = SchedulerSettings(), VersionState(1, None), 1000.0
+
+    def known(variance: float) -> RewardStats:
+        return RewardStats(5, 3.0, variance * 4, 5.0, 5.0, 1, 1, {"light": "rm"}, now)
+
+    stable = [Neighbour(f"h{i}", 0.9, known(0.1)) for i in range(8)]
+    skip = decide("self", stable, None, now, versions, settings)
+    assert skip.route is Route.SKIP and bench.rule_of(skip.reason) == "known neighbourhood -> skip"
+    assert bench.rule_of(audit(skip, "p", "r", 1.0).reason) == "audited skip -> Level-1"
+    own = decide("h0", stable, None, now, versions, settings)
+    assert bench.rule_of(own.reason) == "own history -> skip"
+    noisy = [Neighbour(f"h{i}", 0.9, known(2.0)) for i in range(8)]
+    assert bench.rule_of(decide("x", noisy, None, now, versions, settings).reason) == \
+        "uncertain neighbourhood -> Level-2"
+    assert bench.rule_of(decide("x", [], None, now, versions, settings).reason) == "too little known -> Level-1"
+    from svc_scheduler.routing import detect_risk
+
+    risky = decide("x", [], detect_risk("What dose of ibuprofen?", {}, settings), now, versions, settings)
+    assert bench.rule_of(risky.reason) == "risk topic -> Level-2"
