@@ -46,6 +46,9 @@ class StrataSettings(BaseSettings):
     cache_dir: Path = Field(
         default_factory=default_cache_dir, description="Kafka jars, model zoo (outside the checkout)"
     )
+    zoo_preset: str = Field(
+        "default", description="which built zoo a service uses when no model is configured: default | ci"
+    )
     kafka_port: int = Field(19092, ge=1, le=65535)
     kafka_controller_port: int = Field(19093, ge=1, le=65535)
     kafka_heap: str = Field("512m", description="-Xmx of the local broker")

@@ -6,10 +6,10 @@ No I/O.
 
 from __future__ import annotations
 
+from strata.contract.directions import DIRECTIONS
 from strata.hashing import InvalidTextError, encode_utf8
 from strata.sampling import Sampling, SamplingBounds, SamplingError, ValidatedSampling, resolve_sampling
 from strata.v1 import common_pb2
-from strata.zoo.directions import DIRECTIONS
 
 
 class RequestError(ValueError):

@@ -9,6 +9,7 @@ import redis
 
 from strata.bus import Publisher, Worker
 from strata.content_store import ContentStore
+from strata.contract.models import model_path
 from strata.debug_store import debug_store_for
 from strata.devicetime import device_clock
 from strata.rpc import ServiceBinding
@@ -22,16 +23,15 @@ from svc_generator.servicer import GeneratorServicer
 from svc_generator.worker import GeneratorWorker
 
 
-def default_model_path(settings: GeneratorSettings) -> str:
-    from strata.zoo.build import ensure_zoo
-
-    paths = ensure_zoo(settings)
-    return str(paths.level1 if settings.tier == 1 else paths.level2)
+def model_dir(settings: GeneratorSettings) -> str:
+    """``--model``, else the built zoo's model of this tier (never built here: strata.contract.models)."""
+    return model_path("level1" if settings.tier == 1 else "level2", settings.model, settings.cache_dir,
+                      settings.zoo_preset, "--model (STRATA_MODEL)")
 
 
 def build(settings: GeneratorSettings) -> ServiceParts:
     """Wire the service: backend, batcher, servicer, worker, policy watcher."""
-    backend = create_backend(settings, settings.model or default_model_path(settings))
+    backend = create_backend(settings, model_dir(settings))
     batcher = DynamicBatcher(backend, settings.max_batch_size, settings.max_wait_ms / 1000, settings.policy_version,
                              clock=device_clock(backend.device))
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)

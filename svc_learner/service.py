@@ -18,6 +18,7 @@ import redis
 
 from strata.bus import Publisher, Worker
 from strata.content_store import ContentStore
+from strata.contract.models import ModelNotConfiguredError, model_path
 from strata.models.tokens import tokenizer_id as shared_tokenizer_id
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts
@@ -43,17 +44,13 @@ class LearnerSetupError(ValueError):
 
 
 def initial_policy_path(settings: LearnerSettings) -> Path:
-    """``policy_model_path``, else the zoo's Level-1 model (the generators' initial policy)."""
-    if settings.policy_model_path is not None:
-        return settings.policy_model_path
+    """``policy_model_path``, else the built zoo's Level-1 model (the generators' initial policy)."""
     try:
-        from strata.zoo.build import ensure_zoo  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise LearnerSetupError(
-            "no initial policy: pass --policy-model-path DIR (STRATA_POLICY_MODEL_PATH), the same model the "
-            "Level-1 generator starts from (the zoo's ensure_zoo is not available in this checkout)"
-        ) from exc
-    return Path(ensure_zoo(settings).level1)
+        return Path(model_path("level1", settings.policy_model_path, settings.cache_dir, settings.zoo_preset,
+                               "--policy-model-path (STRATA_POLICY_MODEL_PATH), the model the Level-1 generator "
+                               "starts from,"))
+    except ModelNotConfiguredError as exc:
+        raise LearnerSetupError(str(exc)) from exc
 
 
 @dataclass

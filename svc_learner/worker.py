@@ -36,15 +36,15 @@ from kafka import KafkaConsumer, TopicPartition
 
 from strata.bus import Delivery, PoisonMessageError, Publisher, Topic, TransientError, decode, topics
 from strata.content_store import ContentNotFoundError, ContentStore
+from strata.contract.template import format_prompt
+from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
-from strata.zoo.template import format_prompt
 from svc_learner import metrics
 from svc_learner.config import LearnerSettings
 from svc_learner.engine import LearnerEngine, NewCheckpoint, Outcome, Sample, Source, UpdateResult
 
 log = logging.getLogger(__name__)
 
-TIER_NUMBER = {common_pb2.TIER_LEVEL_1: 1, common_pb2.TIER_LEVEL_2: 2}
 
 
 @dataclass(frozen=True)

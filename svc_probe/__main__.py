@@ -11,6 +11,7 @@ from prometheus_client import Counter, Histogram
 
 from strata.bus import Publisher, Worker, topics
 from strata.content_store import ContentStore
+from strata.contract.models import model_path
 from strata.devicetime import device_clock
 from strata.models.loading import LoadedModel, load_causal_lm
 from strata.rpc import ServiceBinding
@@ -28,12 +29,7 @@ CAUTIONS = Counter("strata_probe_cautions_total", "Prompts the probe sent to Lev
 
 def make_probe_fn(settings: ProbeSettings) -> tuple[ProbeFn, LoadedModel]:
     """The probe as a function of prompts (thread-safe), and its model."""
-    if settings.model:
-        path = settings.model
-    else:
-        from strata.zoo.build import ensure_zoo
-
-        path = str(ensure_zoo(settings).probe)
+    path = model_path("probe", settings.model, settings.cache_dir, settings.zoo_preset, "--model (STRATA_MODEL)")
     lm = load_causal_lm(path, device=settings.device, dtype=settings.dtype)
     rules = ProbeRules(settings.top_k, settings.min_confidence, settings.risk_threshold, settings.keywords())
     lock = threading.Lock()  # one forward at a time: gRPC threads and the worker share the model

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.contract.directions import DIRECTION_NAMES
+from strata.contract.template import RISK_PREFIX, format_probe_query
 from strata.models.loading import LoadedModel
 from strata.risk import match_keywords
-from strata.zoo.directions import DIRECTION_NAMES
-from strata.zoo.template import RISK_PREFIX, format_probe_query
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import redis
 
 from strata.bus import Publisher, Worker, topics
 from strata.content_store import ContentStore
+from strata.contract.models import model_path
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, service_main
 from strata.v1 import reward_pb2, reward_pb2_grpc
@@ -24,14 +25,11 @@ logger = logging.getLogger(__name__)
 
 
 def model_paths(settings: RewardSettings) -> tuple[list[str], str]:
-    """The light RM directories (ensemble members) and the strong RM directory: set, else the zoo's."""
-    light, strong = settings.light_rm, settings.strong_rm
-    if light is None or strong is None:
-        from strata.zoo.build import ensure_zoo
-
-        paths = ensure_zoo(settings)
-        light = light or str(paths.light_rm)
-        strong = strong or str(paths.strong_rm)
+    """The light RM directories (ensemble members) and the strong RM directory: set, else the built zoo's."""
+    light = model_path("rm_light", settings.light_rm, settings.cache_dir, settings.zoo_preset,
+                       "--light-rm (STRATA_LIGHT_RM)")
+    strong = model_path("rm_strong", settings.strong_rm, settings.cache_dir, settings.zoo_preset,
+                        "--strong-rm (STRATA_STRONG_RM)")
     return [p.strip() for p in light.split(",") if p.strip()], strong
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from strata.zoo.template import RM_MAX_LENGTH
+from strata.contract.template import RM_MAX_LENGTH
 from strata.zoo.train import ModelShape
 
 # --- the loss -------------------------------------------------------------------------------------

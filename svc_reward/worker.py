@@ -17,6 +17,7 @@ from prometheus_client import Counter, Histogram
 from strata import ledger, risk
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
+from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
 from svc_reward.config import RewardSettings
 from svc_reward.decide import decide
@@ -30,7 +31,6 @@ ESCALATIONS = Counter("strata_reward_escalations_total", "Level-1 prompts escala
 UNSAFE = Counter("strata_reward_unsafe_total", "Responses flagged for unsafe advice (R12)", ["tier", "kind"])
 SCORE_SECONDS = Histogram("strata_reward_score_batch_seconds", "RM scoring time per batch", ["tier"])
 
-TIER_NUMBER = {common_pb2.TIER_LEVEL_1: 1, common_pb2.TIER_LEVEL_2: 2}
 
 
 def done_key(event: events_pb2.RolloutGenerated) -> str:

@@ -29,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from strata.sampling import Sampling
+    from strata.zoo.build import ensure_zoo
     from strata.zoo.suite import load_suite
-    from svc_generator.__main__ import default_model_path
+    from svc_generator.__main__ import model_dir
     from svc_generator.backends.base import GenerationRequest
     from svc_generator.backends.hf import HfBackend
     from svc_generator.batcher import DynamicBatcher
@@ -39,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
 
     settings = GeneratorSettings(tier=args.tier, model=args.model, device="cpu", max_batch_size=args.clients,
                                  max_new_tokens=args.max_new_tokens)
-    backend = HfBackend(settings.model or default_model_path(settings), device="cpu")
+    if not settings.model:
+        ensure_zoo(settings)  # a bench may build the zoo; the service never does
+    backend = HfBackend(model_dir(settings), device="cpu")
     prompts = [r.text for r in load_suite("eval")[: args.prompts]]
     sampling = Sampling(settings.temperature, settings.top_p, args.max_new_tokens)
 

@@ -145,10 +145,10 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
     from strata.bus import Publisher, Topic
     from strata.bus.admin import ensure_topics
     from strata.content_store import ContentStore
+    from strata.contract.directions import DIRECTION_NAMES
     from strata.sampling import Sampling
     from strata.service import start_service, stop_service
     from strata.v1 import common_pb2, events_pb2
-    from strata.zoo.directions import DIRECTION_NAMES
     from svc_generator.backends.base import GenerationRequest
     from svc_generator.backends.hf import HfBackend
     from svc_generator.batcher import DynamicBatcher

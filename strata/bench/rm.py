@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from strata.zoo.template import RM_MAX_LENGTH
+from strata.contract.template import RM_MAX_LENGTH
 
 SPEARMAN_TARGET = 0.91
 LATENCY_RATIO_TARGET = 10.0

@@ -22,13 +22,13 @@ import time
 from scipy.stats import spearmanr
 
 from strata.cli.models_cmd import add_zoo_arguments
+from strata.contract.template import format_probe_query, format_rm_input
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import LoadedModel, load_causal_lm, load_reward_model
 from strata.models.reward import prompt_match, score_responses
 from strata.zoo.corpus import prompt_swaps, rm_pairs
 from strata.zoo.oracle import oracle_score
 from strata.zoo.suite import PromptRecord, load_suite
-from strata.zoo.template import format_probe_query, format_rm_input
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

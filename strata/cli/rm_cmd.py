@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.cli.main import CliError, read_jsonl
-from strata.zoo.template import RM_MAX_LENGTH
+from strata.contract.template import RM_MAX_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +365,7 @@ def _print_metrics(metrics: dict[str, float]) -> None:
 def _train_strong(args: argparse.Namespace) -> int:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from strata.contract.template import format_rm_input
     from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
     from strata.models.reward import expected_reward, save_rm_tokenizer
     from strata.zoo.build import (
@@ -376,7 +377,6 @@ def _train_strong(args: argparse.Namespace) -> int:
         rm_init_overrides,
     )
     from strata.zoo.suite import load_suite
-    from strata.zoo.template import format_rm_input
     from strata.zoo.train import TrainConfig, train_reward_model
     from svc_reward.distill import rank_metrics
 
@@ -593,9 +593,9 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     """Pseudo-label pairs with the strong RM, fit light RM(s) to its bin distributions, evaluate."""
     from tqdm import tqdm
 
+    from strata.contract.template import format_rm_input
     from strata.models.loading import ModelLoadError, load_reward_model
     from strata.models.reward import expected_reward, prompt_match, save_rm_tokenizer
-    from strata.zoo.template import format_rm_input
     from svc_reward.augment import augment_responses
     from svc_reward.distill import DistillConfig, comparison_metrics, rank_metrics, train_light
     from svc_reward.registry import describe

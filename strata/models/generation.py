@@ -1,4 +1,4 @@
-"""Batched sampling from a causal LM with the Strata prompt template (``strata.zoo.template``)."""
+"""Batched sampling from a causal LM with the Strata prompt template (``strata.contract.template``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.contract.template import format_prompt
 from strata.models.loading import LoadedModel
-from strata.zoo.template import format_prompt
 
 
 @dataclass(frozen=True)

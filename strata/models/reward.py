@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from strata.contract.template import format_rm_input
 from strata.models.loading import LoadedModel
-from strata.zoo.template import format_rm_input
 
 MAX_SCORE = 5.0
 

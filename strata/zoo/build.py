@@ -34,15 +34,16 @@ from tqdm import tqdm
 from transformers import AutoTokenizer, GPT2ForSequenceClassification, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from strata.config import StrataSettings
+from strata.contract.directions import DIRECTION_NAMES
+from strata.contract.models import write_manifest
+from strata.contract.template import RM_MAX_LENGTH, format_rm_input
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import ZOO_INFO_FILE, load_causal_lm, load_reward_model
 from strata.models.reward import save_rm_tokenizer
 from strata.zoo import corpus
-from strata.zoo.directions import DIRECTION_NAMES
 from strata.zoo.lexicon import TOPICS
 from strata.zoo.oracle import SUBJECT_NAMES, answer_features, oracle_score
 from strata.zoo.suite import PromptRecord, load_suite
-from strata.zoo.template import RM_MAX_LENGTH, format_rm_input
 from strata.zoo.train import (
     FeatureLabels,
     MatchPool,
@@ -256,7 +257,6 @@ PRESETS: dict[str, Callable[[], ZooConfig]] = {"default": ZooConfig, "ci": _ci_p
 class ZooSettings(StrataSettings):
     """Which zoo to build and where: ``STRATA_ZOO_PRESET`` (default|ci), ``STRATA_CACHE_DIR``."""
 
-    zoo_preset: str = Field("default", description="zoo build preset: " + " | ".join(PRESETS))
     zoo_threads: int = Field(0, ge=0, description="torch CPU threads for the build; 0 = all cores")
 
 
@@ -307,12 +307,12 @@ def zoo_root(settings: ZooSettings, config: ZooConfig) -> Path:
 
 
 def as_zoo_settings(settings: StrataSettings | None = None) -> ZooSettings:
-    """``ZooSettings`` for any Strata settings object: its cache dir, the preset from the environment."""
+    """``ZooSettings`` for any Strata settings object: its cache dir and zoo preset."""
     if isinstance(settings, ZooSettings):
         return settings
     if settings is None:
         return ZooSettings()
-    return ZooSettings(cache_dir=settings.cache_dir)
+    return ZooSettings(cache_dir=settings.cache_dir, zoo_preset=settings.zoo_preset)
 
 
 def zoo_paths(settings: StrataSettings | None = None) -> ZooPaths:
@@ -332,10 +332,15 @@ def ensure_zoo(settings: StrataSettings | None = None, *, force: bool = False, p
     paths = zoo_paths(zoo_settings)
     if paths.is_complete() and not force:
         logger.info("zoo %s (%s) already built at %s", paths.config.config_hash(), paths.config.preset, paths.root)
-        return paths
-    if force and paths.root.exists():
-        shutil.rmtree(paths.root)
-    ZooBuilder(paths, zoo_settings.zoo_threads, progress, reuse_other_zoos=not force).build()
+    else:
+        if force and paths.root.exists():
+            shutil.rmtree(paths.root)
+        ZooBuilder(paths, zoo_settings.zoo_threads, progress, reuse_other_zoos=not force).build()
+    # Services find a built zoo through this manifest (strata.contract.models); they never build one.
+    write_manifest(zoo_settings.cache_dir, paths.config.preset, paths.config.config_hash(), {
+        "probe": paths.probe, "level1": paths.level1, "level2": paths.level2,
+        "rm_light": paths.rm_light, "rm_strong": paths.rm_strong,
+    })
     return paths
 
 

@@ -20,10 +20,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from strata.zoo.directions import DIRECTION_NAMES
+from strata.contract.directions import DIRECTION_NAMES
+from strata.contract.template import format_example, format_probe_example
 from strata.zoo.lexicon import FILLER_PHRASES, TOPIC_BY_NAME, TOPICS, UNSAFE_PHRASES, Subject, Topic
 from strata.zoo.suite import PromptRecord, subject_of
-from strata.zoo.template import format_example, format_probe_example
 
 # Sentence banks per direction: (openers, body sentences, closers). Fields: {Name} {name} {alt}
 # {task} {label} {k0}..{k3} (the subject's keywords, shuffled) {v0} {v1} (field vocabulary).

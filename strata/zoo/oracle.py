@@ -28,7 +28,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from strata.zoo.directions import DIRECTION_NAMES
+from strata.contract.directions import DIRECTION_NAMES
 from strata.zoo.lexicon import (
     CAUTION_PHRASES,
     FILLER_PHRASES,

@@ -1,7 +1,7 @@
 """The prompt suite: a few thousand prompts in topic x intent clusters, with paraphrase families.
 
 Every prompt is built from the lexicon (topic, subject) and an intent (a direction of
-``strata.zoo.directions``). A *family* is one (subject, intent) pair asked several ways, so that
+``strata.contract.directions``). A *family* is one (subject, intent) pair asked several ways, so that
 every prompt has close semantic neighbours (R9-R11); prompts of one subject with another intent are
 near neighbours that ask for something else.
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from strata.zoo.directions import DIRECTION_NAMES
+from strata.contract.directions import DIRECTION_NAMES
 from strata.zoo.lexicon import TOPIC_BY_NAME, TOPICS, Subject, Topic
 
 SUITE_SEED = 20240501

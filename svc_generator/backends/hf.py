@@ -10,10 +10,10 @@ from contextlib import contextmanager
 import torch
 from transformers import AutoModelForCausalLM
 
+from strata.contract.template import format_prompt
 from strata.models.loading import LoadedModel, from_pretrained, load_causal_lm
 from strata.models.tokens import tokenizer_id
 from strata.sampling import Sampling
-from strata.zoo.template import format_prompt
 from svc_generator.backends.base import GenerationOutput, GenerationRequest
 
 log = logging.getLogger(__name__)

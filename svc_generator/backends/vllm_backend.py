@@ -11,8 +11,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from strata.contract.template import format_prompt
 from strata.models.loading import params_on_disk
-from strata.zoo.template import format_prompt
 from svc_generator.backends.base import GenerationOutput, GenerationRequest
 from svc_generator.config import GeneratorSettings
 

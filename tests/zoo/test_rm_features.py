@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from strata.contract.directions import DIRECTION_NAMES
+from strata.contract.template import format_rm_input
 from strata.zoo.build import match_pool, rm_features
 from strata.zoo.corpus import reference_response
-from strata.zoo.directions import DIRECTION_NAMES
 from strata.zoo.lexicon import TOPICS
 from strata.zoo.oracle import SUBJECT_NAMES, oracle_score
 from strata.zoo.suite import load_suite
-from strata.zoo.template import format_rm_input
 from strata.zoo.train import (
     FeatureLabels,
     MatchPool,

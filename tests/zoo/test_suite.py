@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from strata.zoo.directions import DIRECTION_NAMES
+from strata.contract.directions import DIRECTION_NAMES
+from strata.contract.template import format_probe_example, format_prompt, format_rm_input
 from strata.zoo.lexicon import RISK_TOPICS, TOPIC_BY_NAME
 from strata.zoo.suite import PARAPHRASES_PER_FAMILY, SPLITS, generate_suite, load_suite
-from strata.zoo.template import format_probe_example, format_prompt, format_rm_input
 
 
 def test_generation_is_deterministic_and_matches_the_shipped_file() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from strata.zoo.directions import check_direction
+from strata.contract.directions import check_direction
 
 PROMPT_PREFIX = "Q: "
 DIRECTIONS_PREFIX = "Directions: "

@@ -1,0 +1,10 @@
+"""What every Strata service must agree on at run time, and nothing else.
+
+- ``template``: the text every model reads and writes (generator, probe and reward-model inputs);
+- ``directions``: the response directions the probe proposes and the generators follow (R1);
+- ``tiers``: the tier numbers of the protobuf tier enum;
+- ``models``: where a service finds its model when none is configured: a built zoo's manifest.
+
+The model zoo (``strata.zoo``) builds models offline and is *not* a run-time dependency: services
+import this package, never the zoo, and never build a model.
+"""

@@ -1,0 +1,68 @@
+"""The run-time contract: services find a built zoo through its manifest, and never import the zoo."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from strata.contract.models import ModelNotConfiguredError, manifest_path, model_path, write_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Offline RM tooling still in a service package; issue 20 item 2 moves it to strata/rm/.
+ZOO_IMPORT_ALLOWED = {"svc_reward/distill.py"}
+
+
+def test_a_configured_path_wins_and_the_manifest_fills_in(tmp_path: Path) -> None:
+    probe = tmp_path / "models" / "probe"
+    probe.mkdir(parents=True)
+    assert model_path("probe", "/my/probe", tmp_path, "ci", "--model") == "/my/probe"
+    write_manifest(tmp_path, "ci", "abc123", {"probe": probe})
+    assert manifest_path(tmp_path, "ci").is_file()
+    assert model_path("probe", None, tmp_path, "ci", "--model") == str(probe)
+
+
+def test_no_zoo_or_a_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotConfiguredError, match=r"set --model \(STRATA_MODEL\).*strata models build --preset ci"):
+        model_path("probe", None, tmp_path, "ci", "--model (STRATA_MODEL)")
+    write_manifest(tmp_path, "ci", "abc123", {"probe": tmp_path / "gone"})
+    with pytest.raises(ModelNotConfiguredError, match="names no probe model on disk"):
+        model_path("probe", None, tmp_path, "ci", "--model")
+    manifest_path(tmp_path, "ci").write_text("{not json")
+    with pytest.raises(ModelNotConfiguredError, match="unreadable"):
+        model_path("probe", None, tmp_path, "ci", "--model")
+    with pytest.raises(ValueError, match="unknown model role"):
+        model_path("policy", None, tmp_path, "ci", "--model")
+
+
+def test_a_built_zoo_leaves_its_manifest(zoo) -> None:
+    # The session's zoo went through ensure_zoo, which writes the manifest every time.
+    cache_dir = zoo.root.parents[1]
+    for role, expected in (("probe", zoo.probe), ("level1", zoo.level1), ("rm_light", zoo.rm_light)):
+        assert model_path(role, None, cache_dir, zoo.config.preset, "--model") == str(expected)
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_no_service_imports_the_zoo_or_another_service() -> None:
+    services = sorted(p.name for p in ROOT.glob("svc_*") if p.is_dir())
+    offenders = []
+    for service in services:
+        for path in sorted((ROOT / service).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for name in _imports(path):
+                other = name.split(".")[0]
+                if other.startswith("svc_") and other != service:
+                    offenders.append(f"{rel} imports {name}")
+                if (name == "strata.zoo" or name.startswith("strata.zoo.")) and rel not in ZOO_IMPORT_ALLOWED:
+                    offenders.append(f"{rel} imports {name}")
+    assert not offenders, "\n".join(offenders)
