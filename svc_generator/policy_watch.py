@@ -7,29 +7,17 @@ which swaps them in between batches. The event carries a path and a checksum, ne
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
-from pathlib import Path
 
 from kafka import KafkaConsumer, TopicPartition
 
 from strata.bus import PoisonMessageError, decode, topics
+from strata.contract.checksums import policy_checksum
 from strata.v1 import events_pb2
 from svc_generator.batcher import DynamicBatcher
 
 log = logging.getLogger(__name__)
-
-WEIGHTS_FILE = "model.safetensors"
-
-
-def weights_checksum(checkpoint_dir: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(Path(checkpoint_dir) / WEIGHTS_FILE, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 class PolicyWatcher:
     def __init__(self, bootstrap: str, batcher: DynamicBatcher,
@@ -67,7 +55,7 @@ class PolicyWatcher:
             return
         self.latest_seen = event.policy_version
         try:
-            actual = weights_checksum(event.checkpoint_path)
+            actual = policy_checksum(event.checkpoint_path)
         except OSError as exc:
             log.error("policy v%d: cannot read %s: %s", event.policy_version, event.checkpoint_path, exc)
             return

@@ -19,6 +19,7 @@ from prometheus_client import Counter
 from strata import ledger
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
+from strata.contract.identity import request_identity
 from strata.debug_store import DebugSample, DebugStore
 from strata.v1 import common_pb2, events_pb2
 from strata.validation import RequestError, check_directions, sampling_from_proto, sampling_to_proto
@@ -35,7 +36,7 @@ TIER_ENUM = {1: common_pb2.TIER_LEVEL_1, 2: common_pb2.TIER_LEVEL_2}  # Generato
 
 def request_key(message: events_pb2.PromptRouted) -> str:
     """Identity of one routed request (a resubmitted prompt is a new request)."""
-    return message.request_id or f"t{message.routed_at.seconds}.{message.routed_at.nanos}"
+    return request_identity(message.request_id, message.routed_at.seconds, message.routed_at.nanos)
 
 
 def claim_key(tier: int, message: events_pb2.PromptRouted, sample_index: int) -> str:

@@ -24,7 +24,6 @@ skips any delivery that :meth:`AppliedBatches.is_applied` recognises.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -38,11 +37,12 @@ from typing import Any
 
 import torch
 
+from strata.contract.checksums import POLICY_WEIGHTS_FILE, sha256_file
 from svc_learner.policy import PolicyWithValueHead
 
 FORMAT_VERSION = 1
 META_FILE = "strata_checkpoint.json"
-WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_FILE = POLICY_WEIGHTS_FILE
 LEARNER_CONFIG_FILE = "learner_config.json"
 OPTIMIZER_FILE = "optimizer.pt"
 MAX_BATCH_IDS = 256  # applied batch ids remembered per checkpoint (offsets cover everything older)
@@ -103,14 +103,6 @@ class LoadedCheckpoint:
     info: CheckpointInfo
     policy: PolicyWithValueHead
     optimizer_state: dict[str, Any] | None  # for optimizer.load_state_dict, None if not saved
-
-
-def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(chunk_bytes):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync(path: Path) -> None:

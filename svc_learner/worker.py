@@ -36,6 +36,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from strata.bus import Delivery, PoisonMessageError, Publisher, Topic, TransientError, decode, topics
 from strata.content_store import ContentNotFoundError, ContentStore
+from strata.contract.identity import sample_identity
 from strata.contract.template import format_prompt
 from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
@@ -58,7 +59,7 @@ class LearnerTopics:
 
 def sample_key(event: events_pb2.RewardScored) -> str:
     """Identity of one sample, whatever offset it arrives at."""
-    return f"{event.prompt_hash}:{event.response_hash}:{event.request_id}:{event.sample_index}"
+    return sample_identity(event.prompt_hash, event.response_hash, event.request_id, event.sample_index)
 
 
 def skip_reason(event: events_pb2.RewardScored, trained_tiers: frozenset[int],

@@ -6,26 +6,16 @@ a batch is scored entirely by one version, and every reward carries the version 
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from strata import ledger
+from strata.contract.checksums import version_id, weights_checksum
 from strata.devicetime import device_clock
 from strata.models.loading import LoadedModel, load_reward_model
 from strata.models.reward import reward_logits_and_lengths
 from svc_reward.scoring import aggregate, tempered_reward
-
-
-def model_version(prefix: str, path: str | Path) -> str:
-    """``<prefix>-<sha256 of the weights, 12 hex>``: same weights, same version."""
-    directory = Path(path)
-    digest = hashlib.sha256()
-    for weights in sorted(directory.glob("*.safetensors")) or sorted(directory.glob("*.bin")):
-        digest.update(weights.read_bytes())
-    return f"{prefix}-{digest.hexdigest()[:12]}"
 
 
 @dataclass(frozen=True)
@@ -57,7 +47,7 @@ class RewardModels:
     def _load(self, paths: Sequence[str], version: str | None, prefix: str) -> _Scorer:
         members = [load_reward_model(p, device=self._device, dtype=self._dtype) for p in paths]
         if version is None:
-            version = "+".join(model_version(prefix, p) for p in paths)
+            version = "+".join(version_id(prefix, weights_checksum([p])) for p in paths)
         return _Scorer(members, version)
 
     @property

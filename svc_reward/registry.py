@@ -1,9 +1,9 @@
 """Registry of reward-model versions, in Redis, and their promotion over Kafka (R7).
 
 A version is content-addressed: ``<kind>-<first 12 hex of its checksum>``, where the checksum is
-the SHA-256 of the members' weight files (``rm_checksum``). For one light RM this is exactly the
-version ``svc_reward`` reports when started on that directory (``svc_reward.models.model_version``),
-so a reward's ``rm_version`` names the same thing whichever way the model was loaded.
+the SHA-256 of the members' weight files (``strata.contract.checksums.weights_checksum``). For one
+light RM this is exactly the version ``svc_reward`` reports when started on that directory, so a
+reward's ``rm_version`` names the same thing whichever way the model was loaded.
 
 Redis keys (``prefix`` = ``strata:rm``):
 
@@ -20,7 +20,6 @@ serves (the strong RM is a deployment setting, ``--strong-rm``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ from typing import Any
 import redis
 
 from strata.bus import Publisher, Topic, topics
+from strata.contract.checksums import version_id, weights_checksum
 from strata.v1 import events_pb2
 
 KINDS: tuple[str, ...] = ("strong", "light")
@@ -50,35 +50,12 @@ class ChecksumMismatchError(RegistryError):
     """The weights on disk are not the ones that were registered."""
 
 
-def weight_files(model_dir: str | Path) -> list[Path]:
-    directory = Path(model_dir)
-    return sorted(directory.glob("*.safetensors")) or sorted(directory.glob("*.bin"))
-
-
-def rm_checksum(paths: Sequence[str | Path]) -> str:
-    """SHA-256 of the weight files of every member, in order (hex)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        files = weight_files(path)
-        if not files:
-            raise FileNotFoundError(f"no weights (*.safetensors or *.bin) in {path}")
-        for weights in files:
-            with open(weights, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-    return digest.hexdigest()
-
-
-def version_id(kind: str, checksum: str) -> str:
-    return f"{kind}-{checksum[:12]}"
-
-
 @dataclass(frozen=True)
 class RmVersion:
     version: str
     kind: str  # "strong" | "light"
     paths: tuple[str, ...]  # model directories; several for an ensemble (R8)
-    checksum: str  # rm_checksum(paths)
+    checksum: str  # weights_checksum(paths)
     metrics: dict[str, float] = field(default_factory=dict)  # e.g. "spearman/strong_eval"
     parent: str | None = None  # the strong version a light one was distilled from
     config: dict[str, Any] = field(default_factory=dict)  # resolved training config
@@ -107,7 +84,7 @@ def describe(kind: str, paths: Sequence[str | Path], metrics: dict[str, float] |
     if not paths:
         raise ValueError("a version needs at least one model directory")
     resolved = tuple(str(Path(p).expanduser().resolve()) for p in paths)
-    checksum = rm_checksum(resolved)
+    checksum = weights_checksum(resolved)
     return RmVersion(version_id(kind, checksum), kind, resolved, checksum, dict(metrics or {}), parent,
                      dict(config or {}))
 
@@ -195,7 +172,7 @@ class RmRegistry:
                                 "(set the strong RM with svc_reward's --strong-rm)")
         if verify:
             try:
-                actual = rm_checksum(entry.paths)
+                actual = weights_checksum(entry.paths)
             except OSError as exc:
                 raise RegistryError(f"cannot read the weights of {version}: {exc}") from exc
             if actual != entry.checksum:

@@ -20,10 +20,10 @@ from kafka import KafkaConsumer, TopicPartition
 from prometheus_client import Counter
 
 from strata.bus import PoisonMessageError, Topic, decode, topics
+from strata.contract.checksums import weights_checksum
 from strata.models.loading import ModelLoadError
 from strata.v1 import events_pb2
 from svc_reward.models import RewardModels
-from svc_reward.registry import rm_checksum
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class RmWatcher:
         paths = list(event.ensemble_paths) or [event.path]
         if self._verify and event.checksum:
             try:
-                actual = rm_checksum(paths)
+                actual = weights_checksum(paths)
             except OSError as exc:
                 return self._reject(event, f"cannot read the weights: {exc}")
             if actual != event.checksum:

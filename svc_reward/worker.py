@@ -17,6 +17,7 @@ from prometheus_client import Counter, Histogram
 from strata import ledger, risk
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
+from strata.contract.identity import sample_identity
 from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
 from svc_reward.config import RewardSettings
@@ -34,8 +35,8 @@ SCORE_SECONDS = Histogram("strata_reward_score_batch_seconds", "RM scoring time 
 
 
 def done_key(event: events_pb2.RolloutGenerated) -> str:
-    return (f"strata:reward:done:{event.tier}:{event.prompt_hash}:{event.response_hash}:"
-            f"{event.request_id}:{event.sample_index}")
+    sample = sample_identity(event.prompt_hash, event.response_hash, event.request_id, event.sample_index)
+    return f"strata:reward:done:{event.tier}:{sample}"
 
 
 def escalation_key(event: events_pb2.RolloutGenerated) -> str:

@@ -67,11 +67,11 @@ def _light_members(spec: str, settings: Any) -> list[Path]:
 def _distilled_light(strong_path: Path, settings: Any) -> list[Path]:
     """The default distillation of ``strong_path``, built once and cached."""
     from strata.cli.rm_cmd import RM_INFO_FILE, DistillOptions, finalize_version, run_distill
-    from svc_reward.registry import rm_checksum
+    from strata.contract.checksums import weights_checksum
 
     options = DistillOptions(strong=str(strong_path), rollout_log=False, device="cpu")
     root = Path(settings.cache_dir).expanduser() / "rm"
-    cached = root / "bench" / f"{rm_checksum([strong_path])[:12]}-{options.key()}"
+    cached = root / "bench" / f"{weights_checksum([strong_path])[:12]}-{options.key()}"
     if (cached / RM_INFO_FILE).is_file():
         print(f"light RM: cached distillation {cached}")
         return [cached]

@@ -237,12 +237,12 @@ def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_
     (weights checksum, max_length, texts) when ``cache_dir`` is given."""
     import torch
 
+    from strata.contract.checksums import weights_checksum
     from strata.zoo.build import score_in_length_order
-    from svc_reward.registry import rm_checksum
 
     cache_file = None
     if cache_dir is not None:
-        digest = hashlib.sha256(f"{rm_checksum([rm.path])}:{max_length}".encode())
+        digest = hashlib.sha256(f"{weights_checksum([rm.path])}:{max_length}".encode())
         for prompt, response in zip(prompts, responses, strict=True):
             digest.update(prompt.encode() + b"\0" + response.encode() + b"\1")
         cache_file = Path(cache_dir) / f"{digest.hexdigest()[:24]}.pt"
@@ -336,9 +336,10 @@ def finalize_version(staging: Path, members: Sequence[Path], kind: str, out: Pat
 
     Returns the ``RmVersion`` describing the final directories.
     """
-    from svc_reward.registry import describe, rm_checksum, version_id
+    from strata.contract.checksums import version_id, weights_checksum
+    from svc_reward.registry import describe
 
-    version = version_id(kind, rm_checksum(members))
+    version = version_id(kind, weights_checksum(members))
     target = out or Path(settings.cache_dir).expanduser() / "rm" / version
     if target.exists():
         if not (target / RM_INFO_FILE).is_file():

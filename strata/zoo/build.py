@@ -618,9 +618,9 @@ def student_init_dir(strong_dir: Path) -> Path | None:
 
 def teacher_version(strong_dir: Path) -> str:
     """The registry version of a strong RM directory (``strong-<checksum>``), as a light RM records it."""
-    from svc_reward.registry import rm_checksum, version_id
+    from strata.contract.checksums import version_id, weights_checksum
 
-    return version_id("strong", rm_checksum([strong_dir]))
+    return version_id("strong", weights_checksum([strong_dir]))
 
 
 def distill_pairs(rows: list[dict[str, Any]], train_records: list[PromptRecord], n_pairs: int, n_swaps: int,

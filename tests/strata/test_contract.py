@@ -66,3 +66,31 @@ def test_no_service_imports_the_zoo_or_another_service() -> None:
                 if (name == "strata.zoo" or name.startswith("strata.zoo.")) and rel not in ZOO_IMPORT_ALLOWED:
                     offenders.append(f"{rel} imports {name}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_checksums_and_versions(tmp_path: Path) -> None:
+    import hashlib
+
+    from strata.contract.checksums import policy_checksum, sha256_file, version_id, weights_checksum
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "model.safetensors").write_bytes(b"policy weights")
+    (b / "part-1.safetensors").write_bytes(b"one")
+    (b / "part-2.safetensors").write_bytes(b"two")
+    assert policy_checksum(a) == hashlib.sha256(b"policy weights").hexdigest() == sha256_file(a / "model.safetensors")
+    # Members in order, their weight files sorted: a then b is not b then a.
+    assert weights_checksum([a, b]) == hashlib.sha256(b"policy weightsonetwo").hexdigest()
+    assert weights_checksum([b, a]) != weights_checksum([a, b])
+    assert version_id("light", weights_checksum([a])) == "light-" + hashlib.sha256(b"policy weights").hexdigest()[:12]
+    with pytest.raises(FileNotFoundError, match="no weights"):
+        weights_checksum([tmp_path])
+
+
+def test_identities_keep_their_spelling() -> None:
+    from strata.contract.identity import request_identity, sample_identity
+
+    # These strings are inside Redis keys of running deployments: changing them forgets every claim.
+    assert sample_identity("p", "r", "req", 3) == "p:r:req:3"
+    assert request_identity("req", 5, 6) == "req" and request_identity("", 5, 6) == "t5.6"

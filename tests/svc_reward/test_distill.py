@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from strata.cli.main import CliError, main
 from strata.cli.rm_cmd import RM_INFO_FILE, read_pairs
+from strata.contract.checksums import version_id, weights_checksum
 from strata.models.loading import load_reward_model
 from strata.models.reward import expected_reward
 from strata.zoo.build import STUDENT_INIT_DIR, ZooConfig, student_init_dir
@@ -25,7 +26,6 @@ from svc_reward.distill import (
     rank_metrics,
     train_light,
 )
-from svc_reward.models import model_version
 from svc_reward.registry import describe
 
 
@@ -199,7 +199,7 @@ def test_cli_distill_writes_a_light_version(monkeypatch: pytest.MonkeyPatch, tmp
                  "--no-register", "--out", str(out), "--threads", "1"])
     assert code == 0
     info = json.loads((out / RM_INFO_FILE).read_text())
-    assert info["kind"] == "light" and info["version"] == model_version("light", out)
+    assert info["kind"] == "light" and info["version"] == version_id("light", weights_checksum([out]))
     assert info["parent"] == describe("strong", [tiny_strong]).version
     assert {"spearman/strong_eval", "pearson/oracle_fresh"} <= set(info["metrics"])
     assert info["config"]["n_augmented"] > 0  # synonym and reorder copies by default

@@ -20,10 +20,10 @@ from strata.cli.main import main
 from strata.cli.rm_cmd import PSEUDO_LABELS_FILE, SourceUnavailableError, historical_rollouts
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
+from strata.contract.checksums import version_id, weights_checksum
 from strata.hashing import content_hash
 from strata.v1 import events_pb2
 from strata.zoo.train import new_reward_model
-from svc_reward.models import model_version
 from svc_reward.registry import (
     ChecksumMismatchError,
     RegistryError,
@@ -31,7 +31,6 @@ from svc_reward.registry import (
     UnknownVersionError,
     describe,
     register_served,
-    rm_checksum,
 )
 
 pytestmark = pytest.mark.integration
@@ -73,11 +72,11 @@ def read_all(infra: StrataSettings, topic: Topic, expected: int) -> list[events_
 def test_versions_are_content_addressed_like_the_service_reports_them(make_rm: Callable[..., Path]) -> None:
     a, b = make_rm("a", 3.5), make_rm("b", 4.5)
     single = describe("light", [a], metrics={"spearman/strong_eval": 0.93})
-    assert single.version == model_version("light", a)  # what svc_reward calls the same weights
-    assert single.checksum == rm_checksum([a]) and len(single.checksum) == 64
+    assert single.version == version_id("light", weights_checksum([a]))  # what svc_reward calls the same weights
+    assert single.checksum == weights_checksum([a]) and len(single.checksum) == 64
     ensemble = describe("light", [a, b])
     assert ensemble.paths == (str(a.resolve()), str(b.resolve()))
-    assert ensemble.checksum not in (single.checksum, rm_checksum([b]))
+    assert ensemble.checksum not in (single.checksum, weights_checksum([b]))
     assert describe("strong", [a]).version.startswith("strong-")
     with pytest.raises(ValueError, match="kind"):
         describe("medium", [a])
@@ -269,7 +268,7 @@ def test_the_served_rms_are_registered_with_the_teacher_the_light_one_names(
     assert sorted(e.kind for e in registry.list()) == ["light", "strong"]
     entry = registry.get(describe("light", [light]).version)
     assert entry.parent == teacher and registry.get(teacher).kind == "strong"
-    assert entry.version == model_version("light", light)  # what the service reports on its rewards
+    assert entry.version == version_id("light", weights_checksum([light]))  # what the service reports on its rewards
     # A light RM that names no teacher (a user's) is registered without one; an ensemble too.
     other = make_rm("other", 1.0)
     register_served(registry, [other], None)

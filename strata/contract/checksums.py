@@ -1,0 +1,52 @@
+"""Checksums and versions of model weights: what a publisher writes and every loader verifies.
+
+- ``policy_checksum(dir)``: SHA-256 of a policy checkpoint's ``model.safetensors``
+  (``PolicyUpdated.checksum``, written by the learner, verified by the generators);
+- ``weights_checksum(dirs)``: SHA-256 over the weight files of every member, in order
+  (``RewardModelUpdated.checksum``; for one model, the digest of its weight files);
+- ``version_id(kind, checksum)``: ``<kind>-<12 hex>``, the version a model is served and logged as.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+POLICY_WEIGHTS_FILE = "model.safetensors"
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: str | Path, chunk_bytes: int = _CHUNK) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while block := handle.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def policy_checksum(checkpoint_dir: str | Path) -> str:
+    return sha256_file(Path(checkpoint_dir) / POLICY_WEIGHTS_FILE)
+
+
+def weight_files(model_dir: str | Path) -> list[Path]:
+    directory = Path(model_dir)
+    return sorted(directory.glob("*.safetensors")) or sorted(directory.glob("*.bin"))
+
+
+def weights_checksum(model_dirs: Sequence[str | Path]) -> str:
+    """SHA-256 of the weight files of every member, in order (hex)."""
+    digest = hashlib.sha256()
+    for model_dir in model_dirs:
+        files = weight_files(model_dir)
+        if not files:
+            raise FileNotFoundError(f"no weights (*.safetensors or *.bin) in {model_dir}")
+        for weights in files:
+            with weights.open("rb") as handle:
+                while block := handle.read(_CHUNK):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
+def version_id(kind: str, checksum: str) -> str:
+    return f"{kind}-{checksum[:12]}"
