@@ -152,6 +152,7 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
     from svc_generator.backends.base import GenerationRequest
     from svc_generator.backends.hf import HfBackend
     from svc_generator.batcher import DynamicBatcher
+    from svc_generator.policy_watch import PolicyWatcher
     from svc_learner.config import LearnerSettings
     from svc_learner.service import build_learner
     from svc_learner.worker import LearnerTopics
@@ -183,7 +184,8 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
         raise RuntimeError(f"generator tokenizer id {backend.tokenizer_id} != learner's {learner.tokenizer_id}")
     batcher = DynamicBatcher(backend, max_batch_size=max(args.batch_size, args.eval_samples), max_wait_s=0.01)
     stop = threading.Event()
-    watcher = _TopicWatcher(infra.kafka_address, batcher, topics.policy.name)
+    # Its own policy topic: a real generator's watcher reads strata.policy.updated.
+    watcher = PolicyWatcher(infra.kafka_address, batcher, topic=topics.policy)
     threads = [threading.Thread(target=target, args=(stop,), daemon=True) for target in (batcher.run, watcher.run)]
     for thread in threads:
         thread.start()
@@ -266,28 +268,3 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
     print(f"samples: {dict((k, v) for k, v in status.counts.items() if v)}")
     print(f"learner reward_gain={gain:.3f} sync_s={statistics.median(syncs):.2f}")
     return 0
-
-
-class _TopicWatcher:
-    """``svc_generator.policy_watch.PolicyWatcher`` on another topic (its own reads strata.policy.updated)."""
-
-    def __init__(self, bootstrap: str, batcher: Any, topic_name: str) -> None:
-        from svc_generator.policy_watch import PolicyWatcher
-
-        self._watcher = PolicyWatcher(bootstrap, batcher)
-        self._bootstrap = bootstrap
-        self._topic_name = topic_name
-
-    def run(self, stop: threading.Event) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-
-        consumer = KafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
-                                 auto_offset_reset="earliest", group_id=None)  # fmt: skip
-        consumer.assign([TopicPartition(self._topic_name, 0)])
-        try:
-            while not stop.is_set():
-                for records in consumer.poll(timeout_ms=200).values():
-                    for record in records:
-                        self._watcher.on_record(record.value, record.key)
-        finally:
-            consumer.close()

@@ -11,6 +11,8 @@ import pytest
 from kafka import KafkaConsumer
 
 from strata.bus import Delivery, Publisher, Topic, TransientError, Worker
+from strata.bus.admin import ensure_topics
+from strata.bus.follow import VersionFollower
 from strata.config import StrataSettings
 from strata.hashing import content_hash
 from strata.v1 import common_pb2, events_pb2
@@ -220,3 +222,42 @@ def test_batch_handler_gets_events_together_and_a_bad_one_is_isolated(infra, pub
     stages = sorted(dict(r.headers)["strata-dlq-stage"] for r in dead)
     assert stages == [b"decode", b"handler"]
     assert {r.key for r in dead} == {poison_key, bad.prompt_hash.encode()}
+
+
+class _Recorder(VersionFollower[events_pb2.PolicyUpdated]):
+    """Takes even versions only, as a watcher refuses a version whose weights do not verify."""
+
+    def __init__(self, bootstrap: str, topic: Topic[events_pb2.PolicyUpdated]) -> None:
+        super().__init__(bootstrap, topic)
+        self.offered: list[int] = []
+
+    def apply(self, event: events_pb2.PolicyUpdated) -> bool:
+        self.offered.append(event.policy_version)
+        return event.policy_version % 2 == 0
+
+
+def test_a_version_follower_catches_up_to_the_newest_and_skips_poison(infra: StrataSettings) -> None:
+    topic = Topic(f"test.follow.{uuid.uuid4().hex[:8]}", events_pb2.PolicyUpdated, key_field="policy_version")
+    ensure_topics(infra.kafka_address, 1, topics=[topic])
+    publisher = Publisher(infra.kafka_address, client_id="test-follow")
+    try:
+        for version in (1, 2):
+            publisher.publish(topic, events_pb2.PolicyUpdated(policy_version=version))
+        publisher.flush()
+        publisher.publish_raw(topic.name, None, b"\xff not a protobuf")  # poison, last on the partition
+        follower = _Recorder(infra.kafka_address, topic)
+        follower.connect()
+        try:
+            assert follower.catch_up()  # only the newest decodable announcement: v2
+            assert follower.offered == [2]
+            publisher.publish(topic, events_pb2.PolicyUpdated(policy_version=3))
+            publisher.flush()
+            deadline = time.monotonic() + 30
+            while follower.offered == [2]:
+                assert time.monotonic() < deadline, "the follower never saw v3"
+                follower.poll_once(0.5)
+            assert follower.offered == [2, 3]  # offered, refused by apply: the caller keeps v2
+        finally:
+            follower.close()
+    finally:
+        publisher.close()
