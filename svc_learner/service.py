@@ -17,6 +17,7 @@ from pathlib import Path
 import redis
 
 from strata.bus import Publisher, Worker
+from strata.bus.admin import resume_offsets
 from strata.content_store import ContentStore
 from strata.contract.models import ModelNotConfiguredError, model_path
 from strata.models.tokens import tokenizer_id as shared_tokenizer_id
@@ -35,7 +36,6 @@ from svc_learner.worker import (
     UpdateLoop,
     lineage_of,
     recover_pending,
-    start_offsets,
 )
 
 
@@ -88,7 +88,7 @@ def build_learner(settings: LearnerSettings, learner_topics: LearnerTopics | Non
     """Load or create the policy, recover pending rewards, and wire every piece (nothing runs yet)."""
     learner_topics = learner_topics or LearnerTopics()
     model_dir = initial_policy_path(settings)
-    offsets = start_offsets(settings, learner_topics.rewards)
+    offsets = resume_offsets(settings.kafka_address, settings.group_id, learner_topics.rewards)
     engine = LearnerEngine.start(
         settings, model_dir,
         initial_offsets={(learner_topics.rewards.name, p): offset for p, offset in offsets.items()},

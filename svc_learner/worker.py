@@ -32,9 +32,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
-from kafka import KafkaConsumer, TopicPartition
 
-from strata.bus import Delivery, PoisonMessageError, Publisher, Topic, TransientError, decode, topics
+from strata.bus import Delivery, Publisher, Topic, TransientError, topics
+from strata.bus.admin import resume_offsets
+from strata.bus.tail import TailReader, read_ranges
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.contract.identity import sample_identity
 from strata.contract.template import format_prompt
@@ -251,39 +252,26 @@ class RolloutTail:
         self._settings = settings
         self._engine = engine
         self._topic = topic
-        self._consumer: KafkaConsumer | None = None
+        self._reader: TailReader | None = None
 
     def connect(self) -> None:
-        """Assign every partition at its end now: only rollouts produced from here on count."""
-        consumer = KafkaConsumer(bootstrap_servers=self._settings.kafka_address, group_id=None,
-                                 enable_auto_commit=False)  # fmt: skip
-        partitions = consumer.partitions_for_topic(self._topic.name) or set()
-        assignment = [TopicPartition(self._topic.name, p) for p in sorted(partitions)]
-        consumer.assign(assignment)
-        consumer.seek_to_end(*assignment)
-        for tp in assignment:
-            consumer.position(tp)  # resolve "end" before anything new is published
-        self._consumer = consumer
+        """Every partition at its end now: only rollouts produced from here on count."""
+        self._reader = TailReader(self._settings, [self._topic], client_id="svc-learner-rollout-tail")
+        self._reader.seek_to_end()
 
     def poll_once(self, timeout_s: float = 0.2) -> int:
-        if self._consumer is None:
+        if self._reader is None:
             self.connect()
-        assert self._consumer is not None
-        seen = 0
-        for records in self._consumer.poll(timeout_ms=int(timeout_s * 1000)).values():
-            arrived = time.monotonic()
-            for record in records:
-                try:
-                    rollout = decode(self._topic, record.value, record.key)
-                except PoisonMessageError:
-                    continue
-                seen += 1
-                if TIER_NUMBER.get(rollout.tier) not in self._settings.trained_tiers:
-                    continue
-                for version, seconds in self._engine.sync.observed(rollout.policy_version, arrived):
-                    metrics.SYNC_SECONDS.observe(seconds)
-                    log.info("weight sync: first rollout on policy v%d %.2f s after publish", version, seconds)
-        return seen
+        assert self._reader is not None
+        events = self._reader.poll(timeout_s)
+        arrived = time.monotonic()
+        for _topic, rollout in events:
+            if TIER_NUMBER.get(rollout.tier) not in self._settings.trained_tiers:
+                continue
+            for version, seconds in self._engine.sync.observed(rollout.policy_version, arrived):
+                metrics.SYNC_SECONDS.observe(seconds)
+                log.info("weight sync: first rollout on policy v%d %.2f s after publish", version, seconds)
+        return len(events)
 
     def run(self, stop: threading.Event) -> None:
         try:
@@ -293,28 +281,12 @@ class RolloutTail:
             self.close()
 
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
 
 # -- offsets at start ------------------------------------------------------------------------------
-
-
-def start_offsets(settings: LearnerSettings, topic: Topic) -> dict[int, int]:
-    """Per partition, where the group resumes: its committed offset, else the partition's beginning."""
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=settings.group_id,
-                             enable_auto_commit=False)  # fmt: skip
-    try:
-        partitions = [TopicPartition(topic.name, p) for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
-        beginning = consumer.beginning_offsets(partitions)
-        offsets = {}
-        for tp in partitions:
-            committed = consumer.committed(tp)
-            offsets[tp.partition] = committed if committed is not None else beginning[tp]
-        return offsets
-    finally:
-        consumer.close(autocommit=False)
 
 
 def recover_pending(settings: LearnerSettings, topic: Topic[events_pb2.RewardScored], intake: RewardIntake,
@@ -325,47 +297,19 @@ def recover_pending(settings: LearnerSettings, topic: Topic[events_pb2.RewardSco
     offset. Batches that fill up on the way are learned at once (``loop.step``).
     """
     applied = engine.applied()
-    committed = start_offsets(settings, topic)
+    committed = resume_offsets(settings.kafka_address, settings.group_id, topic)
     ranges = {
         p: (applied.offsets[f"{topic.name}:{p}"], end)
         for p, end in committed.items()
         if f"{topic.name}:{p}" in applied.offsets and applied.offsets[f"{topic.name}:{p}"] < end
     }
-    if not ranges:
-        return 0
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False)
     recovered = 0
-    try:
-        assignment = [TopicPartition(topic.name, p) for p in ranges]
-        consumer.assign(assignment)
-        for tp in assignment:
-            consumer.seek(tp, ranges[tp.partition][0])
-        remaining = set(assignment)
-        deadline = time.monotonic() + timeout_s
-        while remaining:
-            if time.monotonic() > deadline:
-                raise TransientError(f"could not re-read {topic.name} up to the committed offsets in {timeout_s} s")
-            deliveries = []
-            for tp, records in consumer.poll(timeout_ms=500).items():
-                end = ranges[tp.partition][1]
-                for record in records:
-                    if record.offset >= end:
-                        break
-                    try:
-                        message = decode(topic, record.value, record.key)
-                    except PoisonMessageError:
-                        continue  # dead-lettered by the run that committed it
-                    deliveries.append(Delivery(topic, message, record.key, record.partition, record.offset, 1,
-                                               record.timestamp))  # fmt: skip
-            for tp in list(remaining):
-                if consumer.position(tp) >= ranges[tp.partition][1]:
-                    remaining.discard(tp)
-            for start in range(0, len(deliveries), settings.batch_size):
-                intake.handle_batch(deliveries[start : start + settings.batch_size])
-                recovered += len(deliveries[start : start + settings.batch_size])
-                while loop.step() is not None:
-                    pass
-    finally:
-        consumer.close()
-    log.info("recovered %d events of %s committed before the last checkpoint", recovered, topic.name)
+    for deliveries in read_ranges(settings, topic, ranges, "svc-learner-recover", timeout_s):
+        for start in range(0, len(deliveries), settings.batch_size):
+            intake.handle_batch(deliveries[start : start + settings.batch_size])
+            recovered += len(deliveries[start : start + settings.batch_size])
+            while loop.step() is not None:
+                pass
+    if recovered:
+        log.info("recovered %d events of %s committed before the last checkpoint", recovered, topic.name)
     return recovered

@@ -67,20 +67,19 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
-from strata.v1 import common_pb2, events_pb2
+from strata.v1 import common_pb2
 
 if TYPE_CHECKING:
     import redis
-    from kafka.structs import TopicPartition
 
-    from strata.bus import Delivery, Publisher, Topic
+    from strata.bus import Topic
+    from strata.bus.admin import GroupLag
     from strata.service import RunningService
     from strata.zoo.suite import PromptRecord
     from svc_scheduler.encoder import Encoder
@@ -88,11 +87,8 @@ if TYPE_CHECKING:
     from svc_scheduler.settings import SchedulerSettings
     from svc_scheduler.stats import RewardStats
 
-S = TypeVar("S", bound=StrataSettings)
 SYNC_TIMEOUT_S = 120.0  # one batch's rollouts or statistics taking longer means the stack is stuck
 OFFSET_POLL_S = 0.02  # interval between reads of the statistics group's committed offsets
-TARGET_P_GOOD = 0.95  # what a policy update moves each family's competence toward
-POLICY_STEP_GAIN = 0.1  # share of the remaining gap closed per policy version
 PROGRESS_EVERY = 20  # batches between progress lines
 
 
@@ -117,231 +113,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of would-be skips the live scheduler rolls out anyway to measure reuse error")
 
 
-# -- the simulated policy, scored by the oracle ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Competence:
-    p_good: float  # chance a rollout is a decent answer
-    failure: str  # the family's typical way of failing (a corpus degradation)
-
-
-def family_competence(families: Sequence[str], risk: dict[str, bool], seed: int) -> dict[str, Competence]:
-    from strata.zoo.corpus import DEGRADATIONS
-
-    rng = random.Random(seed)
-    kinds = [k for k in DEGRADATIONS if k not in ("unsafe", "no_caution")]
-    table = {}
-    for family in sorted(families):
-        roll = rng.random()
-        p_good = 0.95 if roll < 0.45 else 0.05 if roll < 0.7 else rng.uniform(0.3, 0.7)
-        failure = rng.choice(kinds + (["no_caution"] if risk[family] else []))
-        table[family] = Competence(p_good, failure)
-    return table
-
-
-def rollout_reward(record: PromptRecord, competence: Competence, rng: random.Random) -> float:
-    from strata.zoo.corpus import degrade, reference_response
-    from strata.zoo.oracle import oracle_score
-
-    response = reference_response(record, rng)
-    if rng.random() >= competence.p_good:
-        response = degrade(record, response, competence.failure, rng)
-    return oracle_score(record, response)
-
-
-class SimulatedPolicy:
-    """The policy behind the generators, by version; its rollouts are scored by the oracle.
-
-    Rewards are a pure function of (seed, request id, policy version): the rollout tier and the
-    baselines get the same rewards for the same submission, and a redelivery repeats them exactly.
-    """
-
-    def __init__(self, records: Sequence[PromptRecord], seed: int, truth_samples: int) -> None:
-        self._base = family_competence({r.family for r in records}, {r.family: r.risk for r in records}, seed)
-        self._seed = seed
-        self._truth_samples = truth_samples
-        self._truth: dict[tuple[str, int], float] = {}
-
-    def competence(self, record: PromptRecord, version: int) -> Competence:
-        base = self._base[record.family]
-        p_good = TARGET_P_GOOD - (TARGET_P_GOOD - base.p_good) * (1 - POLICY_STEP_GAIN) ** max(0, version - 1)
-        return Competence(p_good, base.failure)
-
-    def rewards(self, record: PromptRecord, request_id: str, version: int, n: int) -> list[float]:
-        rng = random.Random(f"{self._seed}:rollout:{request_id}:v{version}")
-        competence = self.competence(record, version)
-        return [rollout_reward(record, competence, rng) for _ in range(n)]
-
-    def truth(self, record: PromptRecord, version: int) -> float:
-        """Mean oracle reward of ``truth_samples`` rollouts by policy ``version`` (cached: skips repeat)."""
-        key = (record.text, version)
-        if key not in self._truth:
-            rng = random.Random(f"{self._seed}:truth:{record.text}:v{version}")
-            competence = self.competence(record, version)
-            self._truth[key] = float(np.mean([rollout_reward(record, competence, rng)
-                                              for _ in range(self._truth_samples)]))
-        return self._truth[key]
-
-
-def reward_event(prompt_hash: str, request_id: str, version: int, tier: int, i: int,
-                 value: float) -> events_pb2.RewardScored:
-    message = events_pb2.RewardScored(
-        prompt_hash=prompt_hash,
-        # Distinct per sample and submission; the same on a redelivery (the statistics dedupe by it).
-        response_hash=content_hash(f"bench response {request_id} v{version} #{i} {prompt_hash}"),
-        tier=tier, policy_version=version, rm_version="oracle", reward=value,
-        scorer=common_pb2.SCORER_HUMAN, final=True, sample_index=i, request_id=request_id,
-    )
-    message.scored_at.GetCurrentTime()
-    return message
-
-
-class SimulatedRolloutTier:
-    """Probe, generators and reward service in one Kafka worker: routed prompts in, oracle rewards out.
-
-    Prompts it does not know (another client's) are left alone. ``version`` is the simulated policy's
-    version (set by the bench, as a generator loads new weights); ``handled`` maps each handled
-    request id to the version it was rolled out with.
-    """
-
-    def __init__(self, settings: SchedulerSettings, group_id: str, policy: SimulatedPolicy,
-                 records: dict[str, PromptRecord], publisher: Publisher) -> None:
-        from strata.bus import Worker, topics
-
-        self._policy = policy
-        self._records = records
-        self._publisher = publisher
-        self._level2 = topics.PROMPTS_LEVEL2.name
-        self._done = threading.Condition()
-        self.handled: dict[str, int] = {}
-        self.version = 1
-        self.rollouts = 0
-        self.error: BaseException | None = None
-        self.worker = Worker(settings, group_id, publisher=publisher, client_id=group_id, batch_handlers={
-            topics.PROMPTS_LEVEL0: self.on_batch, topics.PROMPTS_LEVEL2: self.on_batch,
-        })
-
-    def on_batch(self, deliveries: list[Delivery[events_pb2.PromptRouted]]) -> None:
-        from strata.bus import Publisher, topics
-
-        futures = []
-        done: dict[str, int] = {}
-        rollouts = 0
-        for delivery in deliveries:
-            routed = delivery.message
-            record = self._records.get(routed.prompt_hash)
-            if record is None:
-                continue
-            tier = common_pb2.TIER_LEVEL_2 if delivery.topic.name == self._level2 else common_pb2.TIER_LEVEL_1
-            version = self.version
-            values = self._policy.rewards(record, routed.request_id, version, routed.n_samples)
-            for i, value in enumerate(values):
-                event = reward_event(routed.prompt_hash, routed.request_id, version, tier, i, value)
-                futures.append(self._publisher.publish(topics.REWARDS_SCORED, event))
-            if routed.request_id not in self.handled and routed.request_id not in done:
-                rollouts += len(values)  # a redelivery republishes the same rewards; count them once
-            done[routed.request_id] = version
-        Publisher.wait(futures)  # durable before the offsets are committed and before the bench is told
-        with self._done:
-            self.rollouts += rollouts
-            self.handled.update(done)
-            self._done.notify_all()
-
-    def run(self, stop: threading.Event) -> None:
-        try:
-            self.worker.run(stop)
-        except BaseException as exc:  # reported to the waiting bench instead of dying silently
-            with self._done:
-                self.error = exc
-                self._done.notify_all()
-
-    def wait_for(self, request_ids: Sequence[str], timeout_s: float) -> None:
-        from strata.cli.main import CliError
-
-        with self._done:
-            finished = self._done.wait_for(
-                lambda: self.error is not None or all(r in self.handled for r in request_ids), timeout_s)
-            if self.error is not None:
-                raise CliError(f"the simulated rollout tier failed: {type(self.error).__name__}: {self.error}")
-            if not finished:
-                missing = sum(r not in self.handled for r in request_ids)
-                raise CliError(f"timed out after {timeout_s:.0f} s: {missing} routed prompts never reached the "
-                               "simulated rollout tier")
-
-
 # -- plumbing: Kafka offsets, a recorder in place of Kafka (latency part), an encoder cache -------------
 
 
-class GroupLag:
-    """Whether a consumer group has committed everything on its topics (end offsets read once per wait)."""
+def wait_for_stats(lag: GroupLag, timeout_s: float, running: RunningService | None = None) -> None:
+    """Until the statistics worker's group has folded in everything published so far."""
+    from strata.cli.main import CliError
 
-    def __init__(self, settings: SchedulerSettings, group: str, topic_list: Sequence[Topic[Any]]) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-        from kafka.admin import KafkaAdminClient
+    def check() -> None:
+        if running is not None and running.failures:
+            raise CliError(f"the scheduler service failed: {running.failures[0]!r}")
 
-        self.group = group
-        self._admin = KafkaAdminClient(bootstrap_servers=settings.kafka_address, client_id=f"{group}-lag")
-        self._consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, enable_auto_commit=False)
-        self._partitions: list[TopicPartition] = [
-            TopicPartition(t.name, p) for t in topic_list for p in sorted(self._consumer.partitions_for_topic(t.name))
-        ]
-
-    def behind(self, end: dict[TopicPartition, int]) -> int:
-        committed = self._admin.list_group_offsets({self.group: self._partitions})[self.group]
-        return sum(max(0, offset - committed[tp].offset) if tp in committed else offset for tp, offset in end.items())
-
-    def wait_caught_up(self, timeout_s: float, running: RunningService | None = None) -> None:
-        from strata.cli.main import CliError
-
-        end = self._consumer.end_offsets(self._partitions)  # includes everything published and acknowledged
-        deadline = time.monotonic() + timeout_s
-        while (behind := self.behind(end)) > 0:
-            if running is not None and running.failures:
-                raise CliError(f"the scheduler service failed: {running.failures[0]!r}")
-            if time.monotonic() > deadline:
-                raise CliError(f"timed out after {timeout_s:.0f} s: the scheduler's statistics worker "
-                               f"({self.group}) is still {behind} events behind")
-            time.sleep(OFFSET_POLL_S)  # interval between reads of a real condition, not a stand-in for sync
-
-    def close(self) -> None:
-        self._consumer.close()
-        self._admin.close()
-
-
-def live_prompt_consumers(settings: SchedulerSettings) -> list[str]:
-    """Consumer groups with members reading the prompt topics (e.g. a running stack's probe)."""
-    from kafka.admin import KafkaAdminClient
-
-    from strata.bus import topics
-
-    wanted = {topics.PROMPTS_LEVEL0.name, topics.PROMPTS_LEVEL2.name}
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_address, client_id="bench-scheduler-check")
     try:
-        active = [g["group_id"] for g in admin.list_groups() if g.get("group_state") not in ("Empty", "Dead")]
-        found = []
-        for group, info in (admin.describe_groups(active) if active else {}).items():
-            for member in info.get("members") or []:
-                metadata = member.get("member_metadata")
-                read = wanted & set(metadata.get("topics") or []) if isinstance(metadata, dict) else set()
-                if read:
-                    found.append(f"{group} ({', '.join(sorted(read))})")
-                    break
-        return found
-    finally:
-        admin.close()
-
-
-def delete_groups(settings: SchedulerSettings, groups: Sequence[str]) -> None:
-    from kafka.admin import KafkaAdminClient
-    from kafka.errors import KafkaError
-
-    with contextlib.suppress(KafkaError):  # best effort: an empty group's offsets expire anyway
-        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_address, client_id="bench-scheduler-cleanup")
-        try:
-            admin.delete_groups(list(groups))
-        finally:
-            admin.close()
+        lag.wait_caught_up(timeout_s, check, OFFSET_POLL_S)
+    except TimeoutError as exc:
+        raise CliError(f"timed out: the scheduler's statistics worker is behind ({exc})") from exc
 
 
 class _Acked:
@@ -457,8 +243,9 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
                 ) -> tuple[RuleResult, RuleResult, RuleResult]:
     import grpc
 
+    from strata.bench.simulated_tier import SimulatedPolicy, SimulatedRolloutTier
     from strata.bus import Publisher, topics
-    from strata.bus.admin import start_group_at_end
+    from strata.bus.admin import GroupLag, delete_groups, start_group_at_end
     from strata.cli.main import CliError
     from strata.service import start_service, stop_service
     from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -477,7 +264,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     start_group_at_end(settings.kafka_address, tier_group, [topics.PROMPTS_LEVEL0, topics.PROMPTS_LEVEL2])
     publisher = Publisher(settings.kafka_address, client_id=tier_group)
     tier = SimulatedRolloutTier(settings, tier_group, policy, by_hash, publisher)
-    lag = GroupLag(settings, settings.stats_group_id, [topics.REWARDS_SCORED])
+    lag = GroupLag(settings.kafka_address, settings.stats_group_id, [topics.REWARDS_SCORED])
     parts, engine = build_parts(settings, encoder)
     parts.grpc_host = "127.0.0.1"  # a bench has no business listening on every interface
     running = start_service(parts)
@@ -541,7 +328,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
                                             settings.stats_ttl_s, settings.max_policy_lag)
                     own[record.text] = mine
             tier.wait_for(routed, SYNC_TIMEOUT_S)
-            lag.wait_caught_up(SYNC_TIMEOUT_S, running)
+            wait_for_stats(lag, SYNC_TIMEOUT_S, running)
             if not quiet and ((b + 1) % PROGRESS_EVERY == 0 or b + 1 == n_batches):
                 print(f"  batch {b + 1}/{n_batches}: {knn.submitted} submitted, {knn.submitted - knn.rollouts} "
                       f"skipped, {knn.level2} Level-2, policy v{version}, {time.perf_counter() - started:.0f} s",
@@ -556,7 +343,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
         stop_service(parts, running, grace_s=1.0)
         lag.close()
         publisher.close()
-        delete_groups(settings, [tier_group, settings.stats_group_id])
+        delete_groups(settings.kafka_address, [tier_group, settings.stats_group_id], "bench-scheduler-cleanup")
     if quiet:
         return everything, greso, knn
     risk_recall = np.mean([detect_risk(r.text, {}, settings) is not None for r in records if r.risk])
@@ -619,6 +406,7 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
 
     from strata.bench.tiers import LiveTiers
     from strata.bus import topics
+    from strata.bus.admin import GroupLag
     from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
     from strata.zoo.build import ZooSettings, ensure_zoo
 
@@ -632,7 +420,7 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
     started = time.perf_counter()
     n_batches = (len(stream) + args.batch - 1) // args.batch
     with live.started():
-        lag = GroupLag(settings, f"bench-{live_id}-stats", [topics.REWARDS_SCORED])
+        lag = GroupLag(settings.kafka_address, f"bench-{live_id}-stats", [topics.REWARDS_SCORED])
         try:
             for b in range(n_batches):
                 chunk = stream[b * args.batch : (b + 1) * args.batch]
@@ -641,7 +429,7 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
                                    tag=f"{live_id}-{b}")
                 skipped += sum(r.decision == "DECISION_SKIP" for r in arm.requests)
                 level2 += sum(r.decision == "DECISION_LEVEL_2" for r in arm.requests)
-                lag.wait_caught_up(SYNC_TIMEOUT_S)
+                wait_for_stats(lag, SYNC_TIMEOUT_S)
                 print(f"  live batch {b + 1}/{n_batches}: {(b + 1) * args.batch if b + 1 < n_batches else len(stream)} "
                       f"submitted, {skipped} skipped, {level2} Level-2, {time.perf_counter() - started:.0f} s",
                       flush=True)
@@ -727,23 +515,6 @@ def suite_recall(settings: SchedulerSettings, encoder: CachedEncoder) -> float:
 # -- entry point ----------------------------------------------------------------------------------------
 
 
-def _start_infra(settings: StrataSettings) -> None:
-    from kafka.errors import KafkaError
-
-    from strata.cli.main import CliError
-    from strata.infra import InfraError, up
-
-    try:
-        up(settings)  # starts managed Kafka and Redis, checks external ones, creates the topics
-    except (InfraError, KafkaError, OSError) as exc:
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise CliError(f"could not start or reach Kafka ({settings.kafka_address}) and Redis "
-                       f"({settings.redis_address}): {first}") from exc
-    if live := live_prompt_consumers(settings):
-        raise CliError(f"consumer groups are reading the prompt topics: {'; '.join(live)}: a running stack would "
-                       "roll out and score the bench's prompts; stop it first (`strata down`)")
-
-
 def run(args: argparse.Namespace) -> int:
     from strata.cli.main import CliError
     from svc_scheduler.settings import SchedulerSettings
@@ -758,39 +529,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.batch > settings.max_batch_size:
         raise CliError(f"--batch {args.batch} is over the scheduler's max_batch_size {settings.max_batch_size}")
+    from strata.bench.infra import bench_infra
+
     with bench_infra(settings, run_id, "scheduler") as settings:
         return _run(args, settings, run_id)
-
-
-@contextlib.contextmanager
-def bench_infra(settings: S, run_id: str, bench: str) -> Iterator[S]:
-    """Kafka and Redis for one run. Managed ones (the default) are the bench's own, on free ports
-    under a throw-away state dir, purged at the end: the run publishes thousands of prompts and
-    rewards, which a later `strata up` would otherwise roll out and learn from. External clusters
-    (STRATA_KAFKA_BOOTSTRAP / STRATA_REDIS_URL) are used as they are; the events stay there."""
-    import shutil
-
-    from strata.infra import down
-    from strata.infra.process import free_port
-
-    own = settings.kafka_managed or settings.redis_managed
-    if own:
-        state_dir = settings.state_dir / f"bench-{bench}-{run_id}"
-        settings = settings.model_copy(update={
-            "state_dir": state_dir, "kafka_port": free_port(), "kafka_controller_port": free_port(),
-            "redis_port": free_port(), "topic_partitions": 3,
-        })
-    else:
-        print(f"{bench} bench: on the configured Kafka; its prompts and rewards stay on the shared topics",
-              flush=True)
-    try:
-        _start_infra(settings)
-        yield settings
-    finally:
-        if own:
-            with contextlib.suppress(Exception):  # best effort: the state dir goes anyway
-                down(settings, purge=True)
-            shutil.rmtree(settings.state_dir, ignore_errors=True)
 
 
 def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> int:

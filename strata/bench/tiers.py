@@ -433,7 +433,7 @@ def arm_table(arms: Sequence[ArmFigures]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.bench.scheduler import bench_infra
+    from strata.bench.infra import bench_infra
     from strata.cli.main import CliError
     from strata.config import StrataSettings
 

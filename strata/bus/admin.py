@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import TopicAlreadyExistsError
@@ -94,3 +96,92 @@ def consumer_lags(bootstrap: str, groups: Iterable[str], client_id: str = "strat
         admin.close()
         consumer.close()
     return lags
+
+
+def resume_offsets(bootstrap: str, group: str, topic: Topic) -> dict[int, int]:
+    """Per partition, where ``group`` resumes on ``topic``: its committed offset, else the beginning."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic.name, p) for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
+        beginning = consumer.beginning_offsets(partitions)
+        offsets = {}
+        for tp in partitions:
+            committed = consumer.committed(tp)
+            offsets[tp.partition] = committed if committed is not None else beginning[tp]
+        return offsets
+    finally:
+        consumer.close(autocommit=False)
+
+
+class GroupLag:
+    """Whether a consumer group has committed everything published so far on some topics."""
+
+    def __init__(self, bootstrap: str, group: str, topic_list: Iterable[Topic]) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        self.group = group
+        self._admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=f"{group}-lag")
+        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self._partitions = [
+            TopicPartition(t.name, p) for t in topic_list for p in sorted(self._consumer.partitions_for_topic(t.name))
+        ]
+
+    def end_offsets(self) -> dict:
+        """The end of every partition now: everything published and acknowledged so far."""
+        return self._consumer.end_offsets(self._partitions)
+
+    def behind(self, end: dict) -> int:
+        """Events before ``end`` that the group has not committed."""
+        committed = self._admin.list_group_offsets({self.group: self._partitions})[self.group]
+        return sum(max(0, offset - committed[tp].offset) if tp in committed else offset for tp, offset in end.items())
+
+    def wait_caught_up(self, timeout_s: float, check: Callable[[], None] | None = None,
+                       poll_s: float = 0.02) -> None:
+        """Until the group has committed everything published before this call; ``check`` may raise to
+        stop waiting (its consumer failed). TimeoutError after ``timeout_s``."""
+        end = self.end_offsets()
+        deadline = time.monotonic() + timeout_s
+        while (behind := self.behind(end)) > 0:
+            if check is not None:
+                check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"consumer group {self.group} is still {behind} events behind "
+                                   f"after {timeout_s:.0f} s")
+            time.sleep(poll_s)  # interval between reads of a real condition, not a stand-in for sync
+
+    def close(self) -> None:
+        self._consumer.close()
+        self._admin.close()
+
+
+def groups_reading(bootstrap: str, topic_names: Iterable[str], client_id: str = "strata-check") -> list[str]:
+    """Consumer groups with live members reading any of ``topic_names``, as "group (topics)"."""
+    wanted = set(topic_names)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id)
+    try:
+        active = [g["group_id"] for g in admin.list_groups() if g.get("group_state") not in ("Empty", "Dead")]
+        found = []
+        for group, info in (admin.describe_groups(active) if active else {}).items():
+            for member in info.get("members") or []:
+                metadata = member.get("member_metadata")
+                read = wanted & set(metadata.get("topics") or []) if isinstance(metadata, dict) else set()
+                if read:
+                    found.append(f"{group} ({', '.join(sorted(read))})")
+                    break
+        return found
+    finally:
+        admin.close()
+
+
+def delete_groups(bootstrap: str, groups: Iterable[str], client_id: str = "strata-cleanup") -> None:
+    """Delete consumer groups, best effort: an empty group's offsets expire anyway."""
+    from kafka.errors import KafkaError
+
+    with contextlib.suppress(KafkaError):
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id)
+        try:
+            admin.delete_groups(list(groups))
+        finally:
+            admin.close()

@@ -9,7 +9,8 @@ assignment, no group, nothing committed) and positions itself by time or at the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kafka import KafkaConsumer
@@ -17,6 +18,7 @@ from kafka.structs import TopicPartition
 
 from strata.bus.serde import PoisonMessageError, decode
 from strata.bus.topics import Topic
+from strata.bus.worker import Delivery, TransientError
 from strata.config import StrataSettings
 
 log = logging.getLogger(__name__)
@@ -70,3 +72,43 @@ class TailReader:
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)
+
+
+def read_ranges(settings: StrataSettings, topic: Topic[Any], ranges: dict[int, tuple[int, int]],
+                client_id: str, timeout_s: float = 60.0) -> Iterator[list[Delivery[Any]]]:
+    """The events of ``topic`` in ``[start, end)`` per partition, as batches of deliveries, then stop.
+
+    For re-reading what a group committed but a checkpoint does not hold (the learner's recovery).
+    Undecodable events are skipped: the run that committed them dead-lettered them.
+    """
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False,
+                             client_id=client_id)
+    try:
+        assignment = [TopicPartition(topic.name, p) for p, (start, end) in ranges.items() if start < end]
+        consumer.assign(assignment)
+        for tp in assignment:
+            consumer.seek(tp, ranges[tp.partition][0])
+        remaining = set(assignment)
+        deadline = time.monotonic() + timeout_s
+        while remaining:
+            if time.monotonic() > deadline:
+                raise TransientError(f"could not re-read {topic.name} up to the wanted offsets in {timeout_s} s")
+            deliveries = []
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                end = ranges[tp.partition][1]
+                for record in records:
+                    if record.offset >= end:
+                        break
+                    try:
+                        message = decode(topic, record.value, record.key)
+                    except PoisonMessageError:
+                        continue
+                    deliveries.append(Delivery(topic, message, record.key, record.partition, record.offset, 1,
+                                               record.timestamp))
+            for tp in list(remaining):
+                if consumer.position(tp) >= ranges[tp.partition][1]:
+                    remaining.discard(tp)
+            if deliveries:
+                yield deliveries
+    finally:
+        consumer.close(autocommit=False)
