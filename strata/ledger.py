@@ -270,3 +270,18 @@ def subtract(after: Sequence[StageCost], before: Sequence[StageCost]) -> list[St
         b = earlier.get((s.stage, s.tier), StageCost(s.stage, s.tier))
         out.append(replace(s, **{name: getattr(s, name) - getattr(b, name) for name in METRICS}))
     return out
+
+
+_TIER_LABEL = {0: "-", 1: "Level-1", 2: "Level-2"}
+
+
+def stage_table(stages: Sequence[StageCost]) -> list[str]:
+    """Rows of device-seconds, tokens and params x tokens per stage and tier."""
+    lines = [f"{'stage':<13} {'tier':<8} {'items':>7} {'tokens':>9} {'device s':>10} {'ms/token':>9} "
+             f"{'params x tokens':>16} {'human s':>9}"]
+    for s in stages:
+        per_token = f"{1000 * s.seconds_per_token:.2f}" if s.seconds_per_token else "-"
+        human = f"{s.human_seconds:.0f}" if s.human_seconds else "-"
+        lines.append(f"{s.stage:<13} {_TIER_LABEL.get(s.tier, str(s.tier)):<8} {s.items:>7} {s.tokens:>9} "
+                     f"{s.device_seconds:>10.2f} {per_token:>9} {s.param_tokens:>16.3g} {human:>9}")
+    return lines

@@ -3,7 +3,7 @@
 - :class:`GrpcMetricsInterceptor`: ``strata_grpc_requests_total{service,method,code}`` and
   ``strata_grpc_request_seconds{service,method}`` for every unary and server-streaming RPC; pass it to
   ``grpc.server(..., interceptors=[GrpcMetricsInterceptor()])`` (``strata.rpc.start_server``).
-- :func:`strata.diagnose.memory.register_device_memory_metrics`: CUDA memory per device, read by the
+- :func:`register_device_memory_metrics`: CUDA memory per device, read by the
   ``memory`` check; call it where the Prometheus endpoint starts (``strata.service.start_service``).
 """
 
@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-from prometheus_client import Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-from strata.diagnose.memory import register_device_memory_metrics
+DEVICE_METRIC = "strata_device_memory_allocated_bytes"
 
 GRPC_REQUESTS = Counter("strata_grpc_requests_total", "gRPC requests handled, by final status code",
                         ["service", "method", "code"])
@@ -85,4 +87,34 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
         return handler  # client-streaming RPCs: none in Strata's protos
 
 
-__all__ = ["GRPC_REQUESTS", "GRPC_SECONDS", "GrpcMetricsInterceptor", "register_device_memory_metrics"]
+class DeviceMemoryCollector(Collector):
+    """``strata_device_memory_{allocated,reserved}_bytes{device}`` at scrape time (CUDA only)."""
+
+    def collect(self) -> Iterator[Metric]:
+        import sys
+
+        torch = sys.modules.get("torch")  # never import torch (or initialise CUDA) just to scrape
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return
+        allocated = GaugeMetricFamily(DEVICE_METRIC, "torch.cuda.memory_allocated per device", labels=["device"])
+        reserved = GaugeMetricFamily("strata_device_memory_reserved_bytes", "torch.cuda.memory_reserved per device",
+                                     labels=["device"])
+        for i in range(torch.cuda.device_count()):
+            allocated.add_metric([f"cuda:{i}"], torch.cuda.memory_allocated(i))
+            reserved.add_metric([f"cuda:{i}"], torch.cuda.memory_reserved(i))
+        yield allocated
+        yield reserved
+
+
+_registered: set[int] = set()
+
+
+def register_device_memory_metrics(registry: CollectorRegistry = REGISTRY) -> None:
+    """Export device memory from this process (idempotent); services call it next to their metrics."""
+    if id(registry) not in _registered:
+        registry.register(DeviceMemoryCollector())
+        _registered.add(id(registry))
+
+
+__all__ = ["DEVICE_METRIC", "GRPC_REQUESTS", "GRPC_SECONDS", "DeviceMemoryCollector", "GrpcMetricsInterceptor",
+           "register_device_memory_metrics"]

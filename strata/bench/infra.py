@@ -16,7 +16,7 @@ def _start_infra(settings: StrataSettings) -> None:
 
     from strata.bus import topics
     from strata.bus.admin import groups_reading
-    from strata.cli.main import CliError
+    from strata.errors import CliError
     from strata.infra import InfraError, up
 
     try:

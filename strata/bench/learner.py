@@ -99,8 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _require_infra() -> Any:
-    from strata.cli.main import CliError
     from strata.config import StrataSettings
+    from strata.errors import CliError
     from strata.infra import kafka_broker, redis_server
 
     settings = StrataSettings()
@@ -116,7 +116,7 @@ def _require_infra() -> Any:
 def run(args: argparse.Namespace) -> int:
     import shutil
 
-    from strata.cli.main import CliError
+    from strata.errors import CliError
 
     if args.updates < 2:
         raise CliError("--updates must be >= 2 (a version's sync is timed by the next round's rollouts)")

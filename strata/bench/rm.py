@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _light_members(spec: str, settings: Any) -> list[Path]:
-    from strata.cli.main import CliError
+    from strata.errors import CliError
 
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -104,8 +104,8 @@ def _interleaved_medians(fns: list[Any], repeats: int) -> list[float]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from strata.cli.main import CliError
     from strata.cli.rm_cmd import eval_sets, eval_swaps, mean_rewards, score_logits
+    from strata.errors import CliError
     from strata.models.loading import load_reward_model
     from strata.models.reward import expected_reward, prompt_match, reward_logits
     from strata.zoo.build import ZooSettings, ensure_zoo

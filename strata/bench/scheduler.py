@@ -118,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def wait_for_stats(lag: GroupLag, timeout_s: float, running: RunningService | None = None) -> None:
     """Until the statistics worker's group has folded in everything published so far."""
-    from strata.cli.main import CliError
+    from strata.errors import CliError
 
     def check() -> None:
         if running is not None and running.failures:
@@ -246,7 +246,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     from strata.bench.simulated_tier import SimulatedPolicy, SimulatedRolloutTier
     from strata.bus import Publisher, topics
     from strata.bus.admin import GroupLag, delete_groups, start_group_at_end
-    from strata.cli.main import CliError
+    from strata.errors import CliError
     from strata.service import start_service, stop_service
     from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
     from svc_scheduler.__main__ import build_parts
@@ -516,7 +516,7 @@ def suite_recall(settings: SchedulerSettings, encoder: CachedEncoder) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.cli.main import CliError
+    from strata.errors import CliError
     from svc_scheduler.settings import SchedulerSettings
 
     if args.batch < 1 or args.n_samples < 1 or args.passes < 1 or args.policy_step_every < 0:
@@ -536,7 +536,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> int:
-    from strata.cli.main import CliError
+    from strata.errors import CliError
     from strata.zoo.suite import load_suite
     from svc_scheduler.encoder import Encoder
     from svc_scheduler.store import connect

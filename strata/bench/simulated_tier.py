@@ -165,7 +165,7 @@ class SimulatedRolloutTier:
                 self._done.notify_all()
 
     def wait_for(self, request_ids: Sequence[str], timeout_s: float) -> None:
-        from strata.cli.main import CliError
+        from strata.errors import CliError
 
         with self._done:
             finished = self._done.wait_for(

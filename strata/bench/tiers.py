@@ -434,8 +434,8 @@ def arm_table(arms: Sequence[ArmFigures]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from strata.bench.infra import bench_infra
-    from strata.cli.main import CliError
     from strata.config import StrataSettings
+    from strata.errors import CliError
 
     if args.prompts < 4 or args.history < 0:
         raise CliError("--prompts must be >= 4 and --history >= 0")
@@ -493,7 +493,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
 
 def build_report(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any], runs: dict[str, ArmRun],
                  answers: dict[str, list[Answers]]) -> dict[str, Any]:
-    from strata.cli.main import CliError
+    from strata.errors import CliError
 
     hashes = [r.prompt_hash for r in runs["all-Level-2"].requests]
     level2 = [a.level2 for a in answers["all-Level-2"]]
@@ -612,6 +612,4 @@ def _escalation_threshold() -> float:
 
 
 def _stage_lines(stages: Sequence[ledger.StageCost]) -> list[str]:
-    from strata.cli.report_cmd import stage_table
-
-    return stage_table([s for s in stages if s.items or s.device_seconds])
+    return ledger.stage_table([s for s in stages if s.items or s.device_seconds])

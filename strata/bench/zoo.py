@@ -21,11 +21,11 @@ import time
 
 from scipy.stats import spearmanr
 
-from strata.cli.models_cmd import add_zoo_arguments
 from strata.contract.template import format_probe_query, format_rm_input
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import LoadedModel, load_causal_lm, load_reward_model
 from strata.models.reward import prompt_match, score_responses
+from strata.zoo.arguments import add_zoo_arguments
 from strata.zoo.corpus import prompt_swaps, rm_pairs
 from strata.zoo.oracle import oracle_score
 from strata.zoo.suite import PromptRecord, load_suite
@@ -62,8 +62,8 @@ def _probe_accuracy(probe: LoadedModel, records: list[PromptRecord], batch_size:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.cli.main import CliError
-    from strata.cli.models_cmd import zoo_settings_from_args
+    from strata.errors import CliError
+    from strata.zoo.arguments import zoo_settings_from_args
     from strata.zoo.build import ensure_zoo, zoo_paths
 
     if args.prompts < 1 or args.rm_prompts < 0:

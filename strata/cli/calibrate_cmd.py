@@ -21,7 +21,7 @@ import argparse
 import json
 import random
 
-from strata.cli.main import CliError
+from strata.errors import CliError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from strata import ledger
 from strata.bus import topics
-from strata.cli.main import CliError
 from strata.config import StrataSettings
+from strata.errors import CliError
 from strata.infra import InfraError
 from strata.infra import up as infra_up
 from strata.stack import control

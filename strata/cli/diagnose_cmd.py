@@ -46,9 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.cli.main import CliError
     from strata.diagnose import runner
     from strata.diagnose.settings import DiagnoseSettings
+    from strata.errors import CliError
 
     try:
         settings = settings_from_flags(DiagnoseSettings, args)

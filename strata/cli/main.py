@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from strata import __version__
+from strata.errors import CliError
 from strata.telemetry import setup_logging
 
 # Command-group modules, in help order. A module that fails to import (e.g. a missing optional
@@ -35,10 +36,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.rm_cmd",
     "strata.cli.calibrate_cmd",
 )
-
-
-class CliError(Exception):
-    """A problem the user can fix; printed without a traceback, exit code 2."""
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:

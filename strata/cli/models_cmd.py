@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from typing import Any
+
+from strata.zoo.arguments import add_zoo_arguments, zoo_settings_from_args
 
 
 def register(subparsers: Any) -> None:
@@ -22,26 +23,6 @@ def register(subparsers: Any) -> None:
     path = sub.add_parser("path", help="print the zoo's model directories as JSON (built or not)")
     add_zoo_arguments(path)
     path.set_defaults(func=_path)
-
-
-def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default=None, help="zoo preset: default | ci (env STRATA_ZOO_PRESET)")
-    parser.add_argument("--cache-dir", default=None, help="cache root (env STRATA_CACHE_DIR, default ~/.cache/strata)")
-
-
-def zoo_settings_from_args(args: argparse.Namespace, **extra: Any) -> Any:
-    from strata.cli.main import CliError
-    from strata.zoo.build import PRESETS, ZooSettings
-
-    overrides: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
-    if args.preset is not None:
-        overrides["zoo_preset"] = args.preset
-    if args.cache_dir is not None:
-        overrides["cache_dir"] = os.path.expanduser(args.cache_dir)
-    settings = ZooSettings(**overrides)
-    if settings.zoo_preset not in PRESETS:
-        raise CliError(f"unknown zoo preset {settings.zoo_preset!r}: use one of {', '.join(PRESETS)}")
-    return settings
 
 
 def _paths_dict(paths: Any) -> dict[str, str]:

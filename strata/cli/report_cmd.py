@@ -10,15 +10,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Sequence
 
 import redis
 
 from strata import ledger
-from strata.cli.main import CliError
 from strata.config import StrataSettings
-
-_TIER_LABEL = {0: "-", 1: "Level-1", 2: "Level-2"}
+from strata.errors import CliError
+from strata.ledger import stage_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,18 +24,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt", metavar="HASH", help="only this prompt's requests (its content hash)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
-
-
-def stage_table(stages: Sequence[ledger.StageCost]) -> list[str]:
-    """Rows of device-seconds, tokens and params x tokens per stage and tier."""
-    lines = [f"{'stage':<13} {'tier':<8} {'items':>7} {'tokens':>9} {'device s':>10} {'ms/token':>9} "
-             f"{'params x tokens':>16} {'human s':>9}"]
-    for s in stages:
-        per_token = f"{1000 * s.seconds_per_token:.2f}" if s.seconds_per_token else "-"
-        human = f"{s.human_seconds:.0f}" if s.human_seconds else "-"
-        lines.append(f"{s.stage:<13} {_TIER_LABEL.get(s.tier, str(s.tier)):<8} {s.items:>7} {s.tokens:>9} "
-                     f"{s.device_seconds:>10.2f} {per_token:>9} {s.param_tokens:>16.3g} {human:>9}")
-    return lines
 
 
 def summary_lines(summary: ledger.CostSummary) -> list[str]:

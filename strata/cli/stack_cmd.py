@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from strata.cli.main import CliError
 from strata.config import StrataSettings
+from strata.errors import CliError
 from strata.infra import InfraError
 from strata.infra import down as infra_down
 from strata.infra import up as infra_up

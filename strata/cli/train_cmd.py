@@ -8,8 +8,8 @@ from pathlib import Path
 import grpc
 from tqdm import tqdm
 
-from strata.cli.main import CliError
 from strata.config import StrataSettings
+from strata.errors import CliError
 from strata.train import Addresses, RoundStats, TrainOptions, train
 
 

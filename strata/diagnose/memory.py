@@ -6,7 +6,7 @@ at the end of the rollout loop ``del outputs; torch.cuda.empty_cache()`` (the ge
 calls ``backend.release_memory()`` after every batch).
 
 The generator's memory is read from its Prometheus endpoint: ``strata_device_memory_allocated_bytes``
-(CUDA, exported by :class:`DeviceMemoryCollector`) when present, else ``process_resident_memory_bytes``
+(CUDA, exported by ``strata.rpc_metrics.DeviceMemoryCollector``) when present, else ``process_resident_memory_bytes``
 (RSS, exported by prometheus_client on Linux). After warm-up rounds (first batches allocate caches
 and kernels once), a baseline is read, then one reading after each rollout round; the least-squares
 slope in bytes per round is the number. A one-off jump barely moves the slope; a leak moves it by the
@@ -16,21 +16,18 @@ leaked size per round.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
 
 from strata.diagnose.verdict import CheckResult, Verdict
+from strata.rpc_metrics import DEVICE_METRIC
 
 NAME = "memory"
 CURE = ("release the rollout's memory at the end of every batch: `del outputs; torch.cuda.empty_cache()` "
         "(a Strata backend does it in release_memory); look for references kept to outputs or KV caches")
 MIB = 1 << 20
-DEVICE_METRIC = "strata_device_memory_allocated_bytes"
 RSS_METRIC = "process_resident_memory_bytes"
 
 
@@ -83,35 +80,6 @@ def local_reading() -> MemoryReading:
                              "CUDA allocated")
     with open("/proc/self/statm") as handle:
         return MemoryReading(float(int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")), "process RSS")
-
-
-class DeviceMemoryCollector(Collector):
-    """``strata_device_memory_{allocated,reserved}_bytes{device}`` at scrape time (CUDA only)."""
-
-    def collect(self) -> Iterator[Metric]:
-        import sys
-
-        torch = sys.modules.get("torch")  # never import torch (or initialise CUDA) just to scrape
-        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return
-        allocated = GaugeMetricFamily(DEVICE_METRIC, "torch.cuda.memory_allocated per device", labels=["device"])
-        reserved = GaugeMetricFamily("strata_device_memory_reserved_bytes", "torch.cuda.memory_reserved per device",
-                                     labels=["device"])
-        for i in range(torch.cuda.device_count()):
-            allocated.add_metric([f"cuda:{i}"], torch.cuda.memory_allocated(i))
-            reserved.add_metric([f"cuda:{i}"], torch.cuda.memory_reserved(i))
-        yield allocated
-        yield reserved
-
-
-_registered: set[int] = set()
-
-
-def register_device_memory_metrics(registry: CollectorRegistry = REGISTRY) -> None:
-    """Export device memory from this process (idempotent); services call it next to their metrics."""
-    if id(registry) not in _registered:
-        registry.register(DeviceMemoryCollector())
-        _registered.add(id(registry))
 
 
 @dataclass(frozen=True)

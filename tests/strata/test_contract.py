@@ -10,8 +10,12 @@ import pytest
 from strata.contract.models import ModelNotConfiguredError, manifest_path, model_path, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
-# Offline RM tooling still in a service package; issue 20 item 2 moves it to strata/rm/.
+# Offline RM tooling still in a service package and the CLI; issue 20 item 2 moves it to strata/rm/.
 ZOO_IMPORT_ALLOWED = {"svc_reward/distill.py"}
+SERVICE_IMPORT_ALLOWED = {"strata/zoo/build.py"}  # imports svc_reward.distill
+CLI_IMPORT_ALLOWED = {"strata/bench/rm.py"}  # imports strata.cli.rm_cmd's RM library
+# Tools run by people or by CI; the rest of strata is the library every service may use.
+TOOLING = ("strata/cli/", "strata/bench/", "strata/diagnose/", "strata/zoo/", "strata/train.py")
 
 
 def test_a_configured_path_wins_and_the_manifest_fills_in(tmp_path: Path) -> None:
@@ -94,3 +98,28 @@ def test_identities_keep_their_spelling() -> None:
     # These strings are inside Redis keys of running deployments: changing them forgets every claim.
     assert sample_identity("p", "r", "req", 3) == "p:r:req:3"
     assert request_identity("req", 5, 6) == "req" and request_identity("", 5, 6) == "t5.6"
+
+
+def _modules(pattern: str) -> list[tuple[str, set[str]]]:
+    return [(p.relative_to(ROOT).as_posix(), _imports(p)) for p in sorted(ROOT.glob(pattern))]
+
+
+def test_the_library_never_imports_tools_or_services() -> None:
+    offenders = []
+    for rel, names in _modules("strata/**/*.py"):
+        if rel.startswith("strata/v1/"):
+            continue
+        tooling = rel.startswith(TOOLING)
+        for name in names:
+            top = name.split(".")[0]
+            if top.startswith("svc_") and not tooling:
+                offenders.append(f"{rel} imports {name}")
+            if top.startswith("svc_") and rel.startswith("strata/zoo/") and rel not in SERVICE_IMPORT_ALLOWED:
+                offenders.append(f"{rel} imports {name}")
+            if (name == "strata.cli" or name.startswith("strata.cli.")) and not rel.startswith("strata/cli/") \
+                    and rel not in CLI_IMPORT_ALLOWED:
+                offenders.append(f"{rel} imports {name}")
+            if not tooling and any(name == t or name.startswith(t + ".") for t in
+                                   ("strata.zoo", "strata.bench", "strata.diagnose", "strata.train")):
+                offenders.append(f"{rel} imports {name}")
+    assert not offenders, "\n".join(offenders)
