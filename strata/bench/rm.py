@@ -54,7 +54,7 @@ def _light_members(spec: str, settings: Any) -> list[Path]:
     if path.is_dir():
         members = sorted(p for p in path.glob("member-*") if p.is_dir())
         return members or [path]
-    from strata.cli.rm_cmd import open_registry
+    from strata.rm.lifecycle import open_registry
     from svc_reward.registry import UnknownVersionError
 
     try:
@@ -66,8 +66,8 @@ def _light_members(spec: str, settings: Any) -> list[Path]:
 
 def _distilled_light(strong_path: Path, settings: Any) -> list[Path]:
     """The default distillation of ``strong_path``, built once and cached."""
-    from strata.cli.rm_cmd import RM_INFO_FILE, DistillOptions, finalize_version, run_distill
     from strata.contract.checksums import weights_checksum
+    from strata.rm.lifecycle import RM_INFO_FILE, DistillOptions, finalize_version, run_distill
 
     options = DistillOptions(strong=str(strong_path), rollout_log=False, device="cpu")
     root = Path(settings.cache_dir).expanduser() / "rm"
@@ -104,10 +104,10 @@ def _interleaved_medians(fns: list[Any], repeats: int) -> list[float]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from strata.cli.rm_cmd import eval_sets, eval_swaps, mean_rewards, score_logits
     from strata.errors import CliError
     from strata.models.loading import load_reward_model
     from strata.models.reward import expected_reward, prompt_match, reward_logits
+    from strata.rm.lifecycle import eval_sets, eval_swaps, mean_rewards, score_logits
     from strata.zoo.build import ZooSettings, ensure_zoo
     from svc_reward.distill import comparison_metrics
 

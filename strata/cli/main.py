@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import sys
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 from strata import __version__
 from strata.errors import CliError
+from strata.jsonl import read_jsonl  # noqa: F401  (commands import it from here)
 from strata.telemetry import setup_logging
 
 # Command-group modules, in help order. A module that fails to import (e.g. a missing optional
@@ -36,21 +34,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.rm_cmd",
     "strata.cli.calibrate_cmd",
 )
-
-
-def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, value) for each non-blank line of a JSONL file given on the command line; a
-    missing file or a line that is not JSON is a ``CliError`` naming the file and the line."""
-    if not path.is_file():
-        raise CliError(f"{path}: no such file")
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CliError(f"{path}:{number}: not JSON ({exc.msg})") from exc
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -644,7 +644,7 @@ def score_in_length_order(rm: Any, prompts: Sequence[str], responses: Sequence[s
                           desc: str, batch_size: int = 32, progress: bool = True) -> torch.Tensor:
     """An RM's bin logits (N, bins) for the pairs, scored in length order (little padding) behind a
     progress bar, returned in the pairs' order: the strong RM labelling the light RM's pairs here, and
-    every scoring pass of ``strata rm`` (``rm_cmd.score_logits`` adds a disk cache)."""
+    every scoring pass of ``strata rm`` (``strata.rm.lifecycle.score_logits`` adds a disk cache)."""
     from strata.models.reward import reward_logits
     from svc_reward.distill import in_length_order
 

@@ -8,10 +8,10 @@ from rmutil import N_BINS, TINY
 from transformers import PreTrainedTokenizerFast
 
 from strata.cli.main import CliError, main
-from strata.cli.rm_cmd import RM_INFO_FILE, read_pairs
 from strata.contract.checksums import version_id, weights_checksum
 from strata.models.loading import load_reward_model
 from strata.models.reward import expected_reward
+from strata.rm.lifecycle import RM_INFO_FILE, read_pairs
 from strata.zoo.build import STUDENT_INIT_DIR, ZooConfig, student_init_dir
 from strata.zoo.train import new_reward_model
 from svc_reward.distill import (

@@ -1,0 +1,487 @@
+"""The reward-model lifecycle as a library (R5-R8): evaluation sets, teacher logits, distillation,
+versions and promotion. ``strata rm`` (argparse and printing), ``strata bench rm`` and the zoo call it.
+
+Artifacts go to ``<cache_dir>/rm/<version>/`` (one ``save_pretrained`` directory, or ``member-<i>``
+directories for an ensemble) with ``strata_rm.json`` (kind, version, checksum, metrics, the resolved
+config, data sources). Versions are registered in Redis (``svc_reward.registry``); promotion
+publishes ``strata.rm.updated``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from strata.contract.template import RM_MAX_LENGTH
+from strata.errors import CliError
+from strata.jsonl import read_jsonl
+
+log = logging.getLogger(__name__)
+
+RM_INFO_FILE = "strata_rm.json"
+PSEUDO_LABELS_FILE = "pseudo_labels.jsonl"
+EVAL_SEED = 7  # synthetic (prompt, response) pairs of the eval and fresh splits, one per prompt
+EVAL_SPLITS: tuple[str, ...] = ("eval", "fresh")
+
+
+def _zoo(settings: Any) -> Any:
+    from strata.zoo.build import ensure_zoo
+
+    return ensure_zoo(settings)
+
+
+def open_registry(settings: Any) -> Any:
+    """The registry on the configured Redis, or a CliError saying how to get one."""
+    import redis
+
+    from svc_reward.registry import RmRegistry
+
+    client = redis.Redis.from_url(settings.redis_address, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        client.close()
+        raise CliError(f"Redis at {settings.redis_address} does not answer ({exc}): run `strata infra up`, set "
+                       "STRATA_REDIS_URL, or pass --no-register") from exc
+    return RmRegistry(client)
+
+
+def read_pairs(path: Path, need_score: bool) -> list[dict[str, Any]]:
+    """Rows of a JSONL file of {prompt, response[, score]}, checked line by line."""
+    rows: list[dict[str, Any]] = []
+    for number, row in read_jsonl(path):
+        if not isinstance(row, dict):
+            raise CliError(f"{path}:{number}: expected an object with prompt and response")
+        for key in ("prompt", "response"):
+            if not isinstance(row.get(key), str) or not row[key].strip():
+                raise CliError(f"{path}:{number}: {key!r} must be a non-empty string")
+        if need_score:
+            score = row.get("score")
+            if not isinstance(score, int | float) or not 0.0 <= float(score) <= 5.0:
+                raise CliError(f"{path}:{number}: 'score' must be a number in [0, 5], got {score!r}")
+        rows.append(row)
+    if not rows:
+        raise CliError(f"{path} holds no pairs")
+    return rows
+
+
+def eval_sets(seed: int = EVAL_SEED) -> dict[str, tuple[list[str], list[str], list[float]]]:
+    """Per held-out split: prompts, synthetic responses of mixed quality, and their oracle scores."""
+    from strata.zoo.corpus import rm_pairs
+    from strata.zoo.oracle import oracle_score
+    from strata.zoo.suite import load_suite
+
+    sets = {}
+    for split in EVAL_SPLITS:
+        pairs = rm_pairs(load_suite(split), 1, seed)
+        sets[split] = ([p.record.text for p in pairs], [p.response for p in pairs],
+                       [oracle_score(p.record, p.response) for p in pairs])
+    return sets
+
+
+def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_length: int, desc: str,
+                 cache_dir: Path | None = None, batch_size: int = 32) -> Any:
+    """RM logits (N, bins) for the pairs, in length order with a progress bar; cached on disk by
+    (weights checksum, max_length, texts) when ``cache_dir`` is given."""
+    import torch
+
+    from strata.contract.checksums import weights_checksum
+    from strata.zoo.build import score_in_length_order
+
+    cache_file = None
+    if cache_dir is not None:
+        digest = hashlib.sha256(f"{weights_checksum([rm.path])}:{max_length}".encode())
+        for prompt, response in zip(prompts, responses, strict=True):
+            digest.update(prompt.encode() + b"\0" + response.encode() + b"\1")
+        cache_file = Path(cache_dir) / f"{digest.hexdigest()[:24]}.pt"
+        if cache_file.is_file():
+            return torch.load(cache_file)
+    logits = score_in_length_order(rm, prompts, responses, max_length, desc, batch_size)
+    if cache_file is not None:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(logits, cache_file)
+    return logits
+
+
+def mean_rewards(rms: Sequence[Any], prompts: Sequence[str], responses: Sequence[str], max_length: int,
+                 desc: str) -> list[float]:
+    """Rewards of the pairs under an RM or ensemble (mean of the members' expected scores, R8)."""
+    import torch
+
+    from strata.models.reward import expected_reward
+
+    return torch.stack([expected_reward(score_logits(rm, prompts, responses, max_length, desc))
+                        for rm in rms]).mean(dim=0).tolist()
+
+
+class SourceUnavailableError(Exception):
+    """Kafka or Redis could not be read; historical rollouts are skipped."""
+
+
+def historical_rollouts(settings: Any, limit: int, timeout_s: float = 30.0) -> tuple[list[dict[str, Any]], int]:
+    """The newest ``limit`` distinct (prompt, response) pairs of the rollout log, with their texts from
+    the content store. Returns the rows and how many were logged but have expired from the store."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
+
+    from strata.bus import decode, topics
+    from strata.content_store import ContentNotFoundError, ContentStore, StoreUnavailableError
+
+    try:
+        consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False,
+                                 request_timeout_ms=15_000, bootstrap_timeout_ms=5_000)
+    except KafkaError as exc:
+        raise SourceUnavailableError(f"Kafka at {settings.kafka_address}: {exc}") from exc
+    logged: dict[tuple[str, str], float] = {}
+    try:
+        partitions = [TopicPartition(topics.ROLLOUT_LOG.name, p)
+                      for p in sorted(consumer.partitions_for_topic(topics.ROLLOUT_LOG.name) or ())]
+        if not partitions or limit <= 0:
+            return [], 0
+        consumer.assign(partitions)
+        begin, end = consumer.beginning_offsets(partitions), consumer.end_offsets(partitions)
+        per_partition = max(1, limit // len(partitions))
+        for tp in partitions:
+            consumer.seek(tp, max(begin[tp], end[tp] - per_partition))
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < end[tp] for tp in partitions) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    event = decode(topics.ROLLOUT_LOG, record.value, record.key)
+                    logged[(event.prompt_hash, event.response_hash)] = event.reward
+    except KafkaError as exc:
+        raise SourceUnavailableError(f"rollout log on {settings.kafka_address}: {exc}") from exc
+    finally:
+        consumer.close()
+    store = ContentStore.from_url(settings.redis_address, settings.content_ttl_s, settings.content_max_bytes)
+    rows, expired = [], 0
+    try:
+        for (prompt_hash, response_hash), reward in list(logged.items())[-limit:]:
+            try:
+                prompt, response = store.get_text(prompt_hash), store.get_text(response_hash)
+            except ContentNotFoundError:
+                expired += 1
+                continue
+            rows.append({"prompt_hash": prompt_hash, "response_hash": response_hash, "prompt": prompt,
+                         "response": response, "logged_reward": reward})
+    except StoreUnavailableError as exc:
+        raise SourceUnavailableError(f"content store at {settings.redis_address}: {exc}") from exc
+    return rows, expired
+
+
+def rollout_rows(settings: Any, limit: int) -> tuple[list[dict[str, Any]], str]:
+    """Historical rollouts, or none with a line saying why."""
+    try:
+        rows, expired = historical_rollouts(settings, limit)
+    except SourceUnavailableError as exc:
+        return [], f"rollout log skipped ({exc})"
+    return rows, f"rollout log: {len(rows)} pairs ({expired} expired from the content store)"
+
+
+def finalize_version(staging: Path, members: Sequence[Path], kind: str, out: Path | None, settings: Any,
+                     info: dict[str, Any]) -> Any:
+    """Move ``staging`` to its final directory, named by the version, and write ``strata_rm.json``.
+
+    Returns the ``RmVersion`` describing the final directories.
+    """
+    from strata.contract.checksums import version_id, weights_checksum
+    from svc_reward.registry import describe
+
+    version = version_id(kind, weights_checksum(members))
+    target = out or Path(settings.cache_dir).expanduser() / "rm" / version
+    if target.exists():
+        if not (target / RM_INFO_FILE).is_file():
+            raise CliError(f"{target} exists and is not an RM version directory; pass another --out")
+        shutil.rmtree(target)  # same version (same weights) built again
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(target)
+    final_members = [target / m.relative_to(staging) for m in members]
+    entry = describe(kind, final_members, info.get("metrics"), info.get("parent"), info.get("config"))
+    (target / RM_INFO_FILE).write_text(json.dumps({**info, "kind": kind, "version": entry.version,
+                                                   "checksum": entry.checksum, "paths": list(entry.paths)},
+                                                  indent=2, sort_keys=True, default=str))
+    return entry
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    """One distillation run (what `strata rm distill` and `strata bench rm --distill` run).
+
+    ``init``: ``auto`` starts from the strong RM's student init (the zoo's strong RM keeps its trunk
+    before growth; so does a grown ``strata rm train-strong``) and else from a fresh model of
+    ``n_embd`` x ``n_layer``; ``fresh``; or a directory (e.g. the light RM in service, to re-distil).
+    ``steps`` and ``lr`` default to the zoo's light-RM recipe from an init, to a longer, faster
+    schedule from scratch. ``swaps``: prompt swaps of the suite's train prompts (0 without zoo pairs).
+    """
+
+    strong: str | None = None  # directory; None = the zoo's strong RM
+    data: tuple[str, ...] = ()  # extra JSONL files of {prompt, response}
+    zoo_pairs: bool = True
+    rollout_log: bool = True
+    max_rollouts: int = 5000
+    max_pairs: int = 3000
+    swaps: int | None = None  # None: the zoo's rm_light_distill_swaps with zoo pairs, else 0
+    augment: tuple[str, ...] = ("synonym", "reorder")
+    augment_fraction: float = 0.3
+    members: int = 1
+    init: str = "auto"
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 2
+    steps: int | None = None
+    batch_size: int = 32
+    lr: float | None = None
+    temperature: float = 2.0
+    max_length: int = RM_MAX_LENGTH  # what the zoo's RMs read (ZooConfig.rm_max_length); the teacher sees no more
+    hold_out: float = 0.0  # share of the rollout log's prompts kept out of training, to compare versions on
+    seed: int = 0
+    device: str = "auto"
+
+    def key(self) -> str:
+        """Hash of what determines the light RM (for caching a bench's distillation)."""
+        payload = {k: v for k, v in asdict(self).items() if k != "device"}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass
+class DistillResult:
+    staging: Path
+    members: list[Path]
+    metrics: dict[str, float]
+    info: dict[str, Any]
+    strong_path: Path
+    strong_version: str
+    # The rollout log's held-out pairs (``hold_out``) and the strong RM's rewards for them.
+    held_out: tuple[list[str], list[str], list[float]] = ([], [], [])
+
+
+def held_out_prompt(prompt: str, share: float) -> bool:
+    """Whether a rollout's prompt is in the held-out share (by its content hash: stable across runs)."""
+    from strata.hashing import content_hash
+
+    return share > 0 and int(content_hash(prompt)[:8], 16) / 0xFFFFFFFF < share
+
+
+def eval_swaps(split: str = "eval", seed: int = EVAL_SEED) -> tuple[list[str], list[str], list[str]]:
+    """Prompt swaps of a held-out split: responses, their own prompts, other prompts (prompt match)."""
+    from strata.zoo.corpus import prompt_swaps
+    from strata.zoo.suite import load_suite
+
+    records = load_suite(split)
+    swaps = prompt_swaps(records, seed, records)
+    return [s.response for s in swaps], [s.record.text for s in swaps], [s.other.text for s in swaps]
+
+
+def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions, n_bins: int, seed: int) -> Any:
+    """The model a light RM starts from, and what it is: ``fresh`` or the directory it was loaded from."""
+    from transformers import GPT2ForSequenceClassification
+
+    from strata.zoo.build import student_init_dir
+    from strata.zoo.train import ModelShape, new_reward_model
+
+    if init == "auto":
+        found = student_init_dir(strong_path)
+        init = str(found) if found is not None else "fresh"
+    if init == "fresh":
+        shape = ModelShape(options.n_embd, options.n_layer, options.n_head)
+        n_positions = max(256, options.max_length)  # svc_reward reads up to 256 tokens by default
+        return new_reward_model(strong.tokenizer, shape, n_positions, n_bins, seed), "fresh"
+    try:
+        model = GPT2ForSequenceClassification.from_pretrained(init, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"--init {init}: not a GPT-2 sequence-classification RM ({exc})") from exc
+    if model.config.num_labels != n_bins:
+        raise CliError(f"--init {init} has {model.config.num_labels} score bins, the strong RM {n_bins}")
+    if model.config.n_positions < options.max_length:
+        raise CliError(f"--max-length {options.max_length} exceeds the {model.config.n_positions} positions of {init}")
+    return model, init
+
+
+def run_distill(options: DistillOptions, settings: Any, staging: Path) -> DistillResult:
+    """Pseudo-label pairs with the strong RM, fit light RM(s) to its bin distributions, evaluate."""
+    from tqdm import tqdm
+
+    from strata.contract.template import format_rm_input
+    from strata.models.loading import ModelLoadError, load_reward_model
+    from strata.models.reward import expected_reward, prompt_match, save_rm_tokenizer
+    from svc_reward.augment import augment_responses
+    from svc_reward.distill import DistillConfig, comparison_metrics, rank_metrics, train_light
+    from svc_reward.registry import describe
+
+    zoo = _zoo(settings) if (options.strong is None or options.zoo_pairs) else None
+    strong_path = Path(options.strong) if options.strong else zoo.rm_strong
+    try:
+        strong = load_reward_model(strong_path, device=options.device)
+    except ModelLoadError as exc:
+        raise CliError(str(exc)) from exc
+    if strong.model.config.num_labels < 2:
+        raise CliError(f"{strong_path} is a regression RM (1 logit): distillation needs score-bin logits")
+    strong_version = describe("strong", [strong_path]).version
+    cache_dir = Path(settings.cache_dir).expanduser() / "rm" / "logits"
+
+    # 1. Pairs to pseudo-label: the zoo's RM pairs and prompt swaps, the user's files, historical rollouts.
+    pairs: list[tuple[str, str]] = []
+    sources: dict[str, Any] = {}
+    rng = random.Random(options.seed)
+    if options.zoo_pairs:
+        from strata.zoo.build import distill_pairs
+        from strata.zoo.suite import load_suite
+
+        swaps = zoo.config.rm_light_distill_swaps if options.swaps is None else options.swaps
+        zoo_rows = read_pairs(zoo.rm_data, need_score=False)
+        prompts, responses, counts = distill_pairs(zoo_rows, load_suite("train"), options.max_pairs, swaps,
+                                                   options.seed)
+        pairs += list(zip(prompts, responses, strict=True))
+        sources |= {"zoo_pairs": counts["rm_data"], "prompt_swaps": counts["prompt_swaps"]}
+    for path in options.data:
+        rows = read_pairs(Path(path), need_score=False)
+        pairs += [(r["prompt"], r["response"]) for r in rows]
+        sources[str(path)] = len(rows)
+    held_prompts: list[str] = []
+    held_responses: list[str] = []
+    if options.rollout_log:
+        rows, line = rollout_rows(settings, options.max_rollouts)
+        print(line)
+        for row in rows:
+            if held_out_prompt(row["prompt"], options.hold_out):
+                held_prompts.append(row["prompt"])
+                held_responses.append(row["response"])
+            else:
+                pairs.append((row["prompt"], row["response"]))
+        sources["rollout_log"] = len(rows) - len(held_prompts)
+        if options.hold_out:
+            sources["rollout_log_held_out"] = len(held_prompts)
+    pairs = list(dict.fromkeys(pairs))  # distinct, order kept
+    if not pairs:
+        raise CliError("no pairs to distil on: enable --zoo-pairs, pass --data, or fill the rollout log")
+    # 2. Adversarial augmentation: perturbed copies, re-scored by the strong RM like the rest.
+    augmented = 0
+    if options.augment and options.augment_fraction > 0:
+        chosen = rng.sample(range(len(pairs)), round(options.augment_fraction * len(pairs)))
+        copies = augment_responses([pairs[i][1] for i in chosen], options.augment, 1, options.seed)
+        pairs += [(pairs[chosen[c.index]][0], c.response) for c in copies]
+        augmented = len(copies)
+    prompts, responses = [p for p, _ in pairs], [r for _, r in pairs]
+    print(f"distilling {strong_path} ({strong.n_params / 1e6:.1f}M params) on {len(pairs)} pairs "
+          f"({augmented} augmented); sources {sources}")
+
+    # 3. The strong RM's bin distributions: the targets (cached by weights and texts).
+    teacher = score_logits(strong, prompts, responses, options.max_length, "strong RM pseudo-labels", cache_dir)
+    texts = [format_rm_input(p, r) for p, r in pairs]
+
+    # 4. Light RM(s): from the student init (or fresh), on the strong RM's tokenizer, fitted by KL.
+    from strata.zoo.build import RM_LIGHT_TRAIN
+
+    zoo_recipe = zoo.config.rm_light_train if zoo is not None else RM_LIGHT_TRAIN  # the schedule from an init
+    members: list[Path] = []
+    losses: list[float] = []
+    started_from = ""
+    for member in range(options.members):
+        model, started_from = _student(options.init, strong, strong_path, options, teacher.shape[1],
+                                       options.seed + member)
+        warm = started_from != "fresh"
+        steps = options.steps or (zoo_recipe.steps if warm else 700)
+        lr = options.lr or (zoo_recipe.lr if warm else 3e-3)
+        cfg = DistillConfig(steps=steps, batch_size=options.batch_size, lr=lr, temperature=options.temperature,
+                            max_length=options.max_length, seed=options.seed + member)
+        model.config.pad_token_id = strong.tokenizer.pad_token_id
+        with tqdm(total=cfg.steps, desc=f"light RM {member + 1}/{options.members}", unit="step", leave=False) as bar:
+            def report(step: int, loss: float, bar: Any = bar) -> None:
+                bar.update(1)
+                if step % 20 == 0:
+                    bar.set_postfix(kl=f"{loss:.4f}")
+
+            losses.append(train_light(model, strong.tokenizer, texts, teacher, cfg, report))
+        out = staging if options.members == 1 else staging / f"member-{member}"
+        model.config.problem_type = "single_label_classification"
+        model.save_pretrained(out)
+        save_rm_tokenizer(strong.tokenizer, out, options.max_length)
+        members.append(out)
+
+    # 5. Evaluation on held-out prompts: light vs strong and vs the oracle, eval and fresh splits; the
+    # prompt match on eval prompt swaps; the rollout log's held-out pairs.
+    light_rms = [load_reward_model(m, device=options.device) for m in members]
+    light_scores, strong_scores, oracle_scores = {}, {}, {}
+    for split, (p, r, oracle) in eval_sets().items():
+        strong_scores[split] = expected_reward(score_logits(strong, p, r, options.max_length, f"strong {split}",
+                                                            cache_dir)).tolist()
+        light_scores[split] = mean_rewards(light_rms, p, r, options.max_length, f"light {split}")
+        oracle_scores[split] = oracle
+    metrics = comparison_metrics(light_scores, strong_scores, oracle_scores)
+    match_swaps = eval_swaps()
+    metrics["match/light_eval"] = prompt_match(light_rms, *match_swaps, options.max_length)
+    metrics["match/strong_eval"] = prompt_match([strong], *match_swaps, options.max_length)
+    held_strong: list[float] = []
+    if held_prompts:
+        held_strong = expected_reward(score_logits(strong, held_prompts, held_responses, options.max_length,
+                                                   "strong held-out", cache_dir)).tolist()
+        metrics |= {f"{name}/strong_log": value for name, value in rank_metrics(
+            mean_rewards(light_rms, held_prompts, held_responses, options.max_length, "light held-out"),
+            held_strong).items()}
+    info = {
+        "metrics": metrics, "parent": strong_version,
+        "config": {**asdict(options), "strong": str(strong_path), "final_kl": losses, "n_pairs": len(pairs),
+                   "n_augmented": augmented, "sources": sources, "light_params": light_rms[0].n_params,
+                   "strong_params": strong.n_params, "init": started_from,
+                   "loss": "T^2 * KL(strong || light) over score bins"},
+    }
+    return DistillResult(staging, members, metrics, info, strong_path, strong_version,
+                         (held_prompts, held_responses, held_strong))
+
+
+def serving_light(registry: Any, settings: Any) -> tuple[str, list[Path]]:
+    """The light RM svc_reward serves: the version promoted last, else the zoo's (its default)."""
+    promoted = registry.promoted() if registry is not None else None
+    if promoted:
+        return promoted, [Path(p) for p in registry.get(promoted).paths]
+    from svc_reward.registry import describe
+
+    path = _zoo(settings).rm_light
+    return describe("light", [path]).version, [path]
+
+
+def better_than_current(current: tuple[str, list[Path]], entry: Any, result: DistillResult,
+                         options: DistillOptions) -> bool:
+    """Whether the new light RM ranks the held-out logged pairs closer to the strong RM than the one in
+    service does (Spearman), printing both."""
+    from strata.models.loading import load_reward_model
+    from svc_reward.distill import rank_metrics
+
+    prompts, responses, strong = result.held_out
+    version, paths = current
+    serving = [load_reward_model(p, device=options.device) for p in paths]
+    before = rank_metrics(mean_rewards(serving, prompts, responses, options.max_length, "in service"),
+                          strong)["spearman"]
+    after = result.metrics["spearman/strong_log"]
+    better = after > before
+    print(f"held-out logged pairs ({len(prompts)}): Spearman vs the strong RM {before:.3f} ({version}, in service) "
+          f"-> {after:.3f} ({entry.version}): {'better' if better else 'not better, keeping ' + version}")
+    return better
+
+
+def promote_version(registry: Any, settings: Any, version: str, verify: bool) -> None:
+    from strata.bus import Publisher, PublishError
+    from svc_reward.registry import RegistryError
+
+    try:
+        publisher = Publisher(settings.kafka_address, client_id="strata-rm-promote")
+    except Exception as exc:  # kafka-python raises NoBrokersAvailable and friends
+        raise CliError(f"Kafka at {settings.kafka_address} does not answer ({exc}): run `strata infra up`") from exc
+    try:
+        event = registry.promote(version, publisher, verify=verify)
+    except RegistryError as exc:
+        raise CliError(str(exc)) from exc
+    except PublishError as exc:
+        raise CliError(f"the promotion was not acknowledged by Kafka: {exc}") from exc
+    finally:
+        publisher.close()
+    print(f"promoted {event.rm_version}: svc_reward replicas swap to it between batches "
+          f"({len(event.ensemble_paths)} member(s), checksum {event.checksum[:12]})")
