@@ -107,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
     from strata.errors import CliError
     from strata.models.loading import load_reward_model
     from strata.models.reward import expected_reward, prompt_match, reward_logits
+    from strata.rm.distill import comparison_metrics
     from strata.rm.lifecycle import eval_sets, eval_swaps, mean_rewards, score_logits
     from strata.zoo.build import ZooSettings, ensure_zoo
-    from svc_reward.distill import comparison_metrics
 
     if args.light and args.distill:
         raise CliError("--light and --distill both choose the light RM: pass one")

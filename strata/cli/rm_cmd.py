@@ -219,6 +219,7 @@ def _train_strong(args: argparse.Namespace) -> int:
     from strata.contract.template import format_rm_input
     from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
     from strata.models.reward import expected_reward, save_rm_tokenizer
+    from strata.rm.distill import rank_metrics
     from strata.zoo.build import (
         STUDENT_INIT_DIR,
         ZooConfig,
@@ -229,7 +230,6 @@ def _train_strong(args: argparse.Namespace) -> int:
     )
     from strata.zoo.suite import load_suite
     from strata.zoo.train import TrainConfig, train_reward_model
-    from svc_reward.distill import rank_metrics
 
     settings = _settings()
     registry = open_registry(settings) if args.register else None
@@ -379,7 +379,7 @@ def _distill(args: argparse.Namespace) -> int:
             raise CliError(f"{strong} is a {entry.kind} version; --strong needs a strong one")
         strong = entry.path
     augment = tuple(a.strip() for a in args.augment.split(",") if a.strip() and a.strip() != "none")
-    from svc_reward.augment import KINDS
+    from strata.rm.augment import KINDS
 
     if unknown := set(augment) - set(KINDS):
         raise CliError(f"unknown augmentation(s) {sorted(unknown)}: use {', '.join(KINDS)} or none")

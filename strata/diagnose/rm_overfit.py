@@ -3,7 +3,7 @@
 Symptom: human evaluation improves while the automatic metric (the RM score) drops. Check: test the
 RM on newly collected, unseen prompts; a Spearman correlation under 0.7 confirms overfitting. Cure:
 adversarial augmentation of the RM's training data (perturb responses: synonym swaps, sentence
-reordering, then re-score them; ``svc_reward.augment``).
+reordering, then re-score them; ``strata.rm.augment``).
 
 The reference ranking is the oracle judge (the zoo's stand-in for human scores) on the suite's
 ``fresh`` split, a user file's scores, or the strong RM (R5) on the same items.
@@ -18,7 +18,7 @@ from strata.diagnose.verdict import CheckResult, Verdict
 
 NAME = "rm-overfit"
 CURE = ("augment the RM's training data with adversarial samples: perturbed responses (synonym swaps, "
-        "sentence reordering) re-scored, then retrain / re-distil the light RM (svc_reward.augment)")
+        "sentence reordering) re-scored, then retrain / re-distil the light RM (strata.rm.augment)")
 
 
 @dataclass(frozen=True)

@@ -312,8 +312,8 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     from strata.contract.template import format_rm_input
     from strata.models.loading import ModelLoadError, load_reward_model
     from strata.models.reward import expected_reward, prompt_match, save_rm_tokenizer
-    from svc_reward.augment import augment_responses
-    from svc_reward.distill import DistillConfig, comparison_metrics, rank_metrics, train_light
+    from strata.rm.augment import augment_responses
+    from strata.rm.distill import DistillConfig, comparison_metrics, rank_metrics, train_light
     from svc_reward.registry import describe
 
     zoo = _zoo(settings) if (options.strong is None or options.zoo_pairs) else None
@@ -453,7 +453,7 @@ def better_than_current(current: tuple[str, list[Path]], entry: Any, result: Dis
     """Whether the new light RM ranks the held-out logged pairs closer to the strong RM than the one in
     service does (Spearman), printing both."""
     from strata.models.loading import load_reward_model
-    from svc_reward.distill import rank_metrics
+    from strata.rm.distill import rank_metrics
 
     prompts, responses, strong = result.held_out
     version, paths = current

@@ -548,7 +548,7 @@ class ZooBuilder:
     def _rm_light(self, out: Path) -> dict[str, Any]:
         """The light RM, distilled from the strong RM (R6): its student init fitted to its bin
         distributions by KL on RM pairs and prompt swaps that the strong RM labels."""
-        from svc_reward.distill import DistillConfig, train_light
+        from strata.rm.distill import DistillConfig, train_light
 
         cfg = self.cfg
         teacher = load_reward_model(self.paths.rm_strong, device="cpu")
@@ -646,7 +646,7 @@ def score_in_length_order(rm: Any, prompts: Sequence[str], responses: Sequence[s
     progress bar, returned in the pairs' order: the strong RM labelling the light RM's pairs here, and
     every scoring pass of ``strata rm`` (``strata.rm.lifecycle.score_logits`` adds a disk cache)."""
     from strata.models.reward import reward_logits
-    from svc_reward.distill import in_length_order
+    from strata.rm.distill import in_length_order
 
     with tqdm(total=len(prompts), desc=desc, unit="pair", leave=False, disable=not progress) as bar:
         return in_length_order(lambda p, r: reward_logits(rm, p, r, batch_size, max_length), prompts, responses,

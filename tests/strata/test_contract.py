@@ -10,10 +10,6 @@ import pytest
 from strata.contract.models import ModelNotConfiguredError, manifest_path, model_path, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
-# Offline RM tooling still in a service package; issue 20 item 2 moves it to strata/rm/.
-ZOO_IMPORT_ALLOWED = {"svc_reward/distill.py"}
-SERVICE_IMPORT_ALLOWED = {"strata/zoo/build.py"}  # imports svc_reward.distill
-CLI_IMPORT_ALLOWED: set[str] = set()
 # Tools run by people or by CI; the rest of strata is the library every service may use.
 TOOLING = ("strata/cli/", "strata/bench/", "strata/diagnose/", "strata/zoo/", "strata/rm/", "strata/train.py")
 
@@ -67,7 +63,7 @@ def test_no_service_imports_the_zoo_or_another_service() -> None:
                 other = name.split(".")[0]
                 if other.startswith("svc_") and other != service:
                     offenders.append(f"{rel} imports {name}")
-                if (name == "strata.zoo" or name.startswith("strata.zoo.")) and rel not in ZOO_IMPORT_ALLOWED:
+                if name == "strata.zoo" or name.startswith("strata.zoo."):
                     offenders.append(f"{rel} imports {name}")
     assert not offenders, "\n".join(offenders)
 
@@ -114,10 +110,9 @@ def test_the_library_never_imports_tools_or_services() -> None:
             top = name.split(".")[0]
             if top.startswith("svc_") and not tooling:
                 offenders.append(f"{rel} imports {name}")
-            if top.startswith("svc_") and rel.startswith("strata/zoo/") and rel not in SERVICE_IMPORT_ALLOWED:
+            if top.startswith("svc_") and rel.startswith("strata/zoo/"):  # the zoo builds models, no service
                 offenders.append(f"{rel} imports {name}")
-            if (name == "strata.cli" or name.startswith("strata.cli.")) and not rel.startswith("strata/cli/") \
-                    and rel not in CLI_IMPORT_ALLOWED:
+            if (name == "strata.cli" or name.startswith("strata.cli.")) and not rel.startswith("strata/cli/"):
                 offenders.append(f"{rel} imports {name}")
             if not tooling and any(name == t or name.startswith(t + ".") for t in
                                    ("strata.zoo", "strata.bench", "strata.diagnose", "strata.train")):

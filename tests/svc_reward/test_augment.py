@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from svc_reward.augment import KINDS, SYNONYMS, augment_responses, reorder_sentences, synonym_replace
+from strata.rm.augment import KINDS, SYNONYMS, augment_responses, reorder_sentences, synonym_replace
 
 PROSE = "The idea is simple. Check the flour first! Then measure the water. Is it right?"
 CODE = (

@@ -11,10 +11,7 @@ from strata.cli.main import CliError, main
 from strata.contract.checksums import version_id, weights_checksum
 from strata.models.loading import load_reward_model
 from strata.models.reward import expected_reward
-from strata.rm.lifecycle import RM_INFO_FILE, read_pairs
-from strata.zoo.build import STUDENT_INIT_DIR, ZooConfig, student_init_dir
-from strata.zoo.train import new_reward_model
-from svc_reward.distill import (
+from strata.rm.distill import (
     DistillConfig,
     collate,
     comparison_metrics,
@@ -26,6 +23,9 @@ from svc_reward.distill import (
     rank_metrics,
     train_light,
 )
+from strata.rm.lifecycle import RM_INFO_FILE, read_pairs
+from strata.zoo.build import STUDENT_INIT_DIR, ZooConfig, student_init_dir
+from strata.zoo.train import new_reward_model
 from svc_reward.registry import describe
 
 
