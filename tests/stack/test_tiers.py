@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from stackutil import Tail, spawn, submit
@@ -106,6 +108,15 @@ def test_level0_prompts_come_out_as_final_rewards_with_escalations_and_hash_only
     assert sorted((r.prompt_hash, r.response_hash, round(r.reward, 6)) for r in ours_log) == sorted(final_triples)
 
 
+def wait_for_log(path: Path, text: str, process: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Until ``text`` appears in a service's log (it logs it once serving)."""
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text(errors="replace"):
+        assert process.poll() is None, f"the process exited with {process.returncode}: {path.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"{text!r} not in {path} after {timeout_s:.0f} s"
+        time.sleep(0.2)  # poll interval of a file written by another process
+
+
 def test_generator_killed_mid_stream_loses_nothing_and_doubles_nothing(infra, stack, zoo, tmp_path) -> None:
     # Stop the in-process Level-1 generator and run one as a real process that we SIGKILL.
     parts, running = stack["parts"], stack["running"]
@@ -132,6 +143,9 @@ def test_generator_killed_mid_stream_loses_nothing_and_doubles_nothing(infra, st
             seen = rewards.read(lambda evs: len(finals_by_request(evs, requests)) == len(requests))
             # A little longer: a duplicate final would show up now.
             seen += rewards.drain(seconds=5)
+            # The first may have finished everything before the kill: the second must still be up (its
+            # SIGTERM handler installed) before it is told to stop, or it dies of the signal mid-start.
+            wait_for_log(tmp_path / "second.log", "gRPC serving", second)
             second.send_signal(signal.SIGTERM)
             assert second.wait(60) == 0, (tmp_path / "second.log").read_text()[-2000:]
         finally:
