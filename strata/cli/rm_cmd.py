@@ -19,13 +19,14 @@ versions) is ``strata.rm.lifecycle``, which ``strata bench rm`` and the zoo call
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +34,14 @@ from strata.cli.main import CliError
 from strata.rm.lifecycle import (
     PSEUDO_LABELS_FILE,
     DistillOptions,
+    StrongOptions,
     better_than_current,
-    eval_sets,
     finalize_version,
     open_registry,
     promote_version,
-    read_pairs,
-    rollout_rows,
     run_distill,
-    score_logits,
     serving_light,
+    train_strong,
 )
 
 log = logging.getLogger(__name__)
@@ -214,129 +213,16 @@ def _print_metrics(metrics: dict[str, float]) -> None:
 
 
 def _train_strong(args: argparse.Namespace) -> int:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from strata.contract.template import format_rm_input
-    from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
-    from strata.models.reward import expected_reward, save_rm_tokenizer
-    from strata.rm.distill import rank_metrics
-    from strata.zoo.build import (
-        STUDENT_INIT_DIR,
-        ZooConfig,
-        groups_of,
-        grow_from_student_init,
-        match_training,
-        rm_init_overrides,
-    )
-    from strata.zoo.suite import load_suite
-    from strata.zoo.train import TrainConfig, train_reward_model
-
     settings = _settings()
     registry = open_registry(settings) if args.register else None
     _set_threads(args.threads)
-    zoo = None if (args.data and args.init) else _zoo(settings)
-    data_path = args.data or zoo.rm_data
-    rows = read_pairs(Path(data_path), need_score=True)
-    recipe = zoo.config if zoo is not None else ZooConfig()
-    for name, value in (("steps", recipe.rm_strong_train.steps), ("lr", recipe.rm_strong_train.lr),
-                        ("groups_per_step", recipe.rm_strong_train.batch_size), ("max_length", recipe.rm_max_length)):
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.match_pairs is None:
-        args.match_pairs = recipe.rm_strong_match_pairs if args.data is None else 0
-    if args.match_pairs < 0:
-        raise CliError(f"--match-pairs must be at least 0 (0: no match steps), got {args.match_pairs}")
-    if args.widen is None:
-        args.widen = 1 if args.init else recipe.rm_strong_widen
-    if args.grow_layers is None:
-        args.grow_layers = 0 if args.init else recipe.rm_strong_grow_layers
-    if args.widen < 1 or args.grow_layers < 0 or (args.grow_steps is not None and args.grow_steps < 1):
-        raise CliError(f"--widen must be at least 1, --grow-layers at least 0 and --grow-steps at least 1, got "
-                       f"{args.widen}, {args.grow_layers} and {args.grow_steps}")
-    init = args.init or str(getattr(zoo, recipe.rm_strong_init or "level1"))
-    # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
-    overrides = {} if args.init else rm_init_overrides(recipe.rm_strong_init_layers)
-    try:
-        init_dir = check_model_dir(init)
-        tokenizer = AutoTokenizer.from_pretrained(init_dir, local_files_only=True)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            init_dir, num_labels=args.n_bins, ignore_mismatched_sizes=True, local_files_only=True, **overrides)
-    except (ModelLoadError, OSError, ValueError) as exc:
-        raise CliError(f"cannot start the strong RM from {init}: {exc}") from exc
-    positions = getattr(model.config, "max_position_embeddings", None)
-    if positions is not None and args.max_length > positions:
-        raise CliError(f"--max-length {args.max_length} exceeds the {positions} positions of {init_dir}")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "right"
-    model.config.pad_token_id = tokenizer.pad_token_id
-    print(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
-          f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {args.steps} steps")
-    texts = [format_rm_input(r["prompt"], r["response"]) for r in rows]
-    grouped = any("group" in r for r in rows)
-    cfg = TrainConfig(steps=args.steps, batch_size=args.groups_per_step if grouped else args.batch_size, lr=args.lr,
-                      warmup_steps=min(10, args.steps))
-    match: dict[str, Any] = {}
-    if args.match_pairs:
-        match = match_training(rows, load_suite("train"), args.match_pairs, recipe.rm_strong_feature_weight, args.seed)
-        print(f"  + a match step of {args.match_pairs} prompt swaps (suite train prompts) after each step")
-    started = time.perf_counter()
-    scores = [float(r["score"]) for r in rows]
-    loss = train_reward_model(model, tokenizer, texts, scores, args.max_length, cfg,
-                              args.seed, "strong RM", groups=groups_of(rows) if grouped else None,
-                              pairwise_weight=args.pairwise_weight, **match)
-    model.config.problem_type = "single_label_classification"
-    staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
-    growth: dict[str, Any] = {}
-    if args.widen > 1 or args.grow_layers:
-        # The model before growth is what a light RM distilled from this one starts from.
-        model, growth = grow_from_student_init(model, tokenizer, staging / STUDENT_INIT_DIR, args.max_length,
-                                               args.widen, args.grow_layers, args.seed + 2)
-        grow_cfg = recipe.rm_strong_grow_train
-        if args.grow_steps is not None:
-            grow_cfg = replace(grow_cfg, steps=args.grow_steps,
-                               warmup_steps=min(grow_cfg.warmup_steps, args.grow_steps))
-        print(f"  grown to {model.config.n_layer} x {model.config.n_embd} "
-              f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {grow_cfg.steps} more steps")
-        if args.match_pairs:
-            match = match_training(rows, load_suite("train"), args.match_pairs,
-                                   recipe.rm_strong_grow_feature_weight, args.seed + 1)
-        loss = train_reward_model(model, tokenizer, texts, scores, args.max_length,
-                                  replace(grow_cfg, batch_size=cfg.batch_size), args.seed + 1, "strong RM (grown)",
-                                  groups=groups_of(rows) if grouped else None, pairwise_weight=args.pairwise_weight,
-                                  **match)
-        model.config.problem_type = "single_label_classification"
-    model.save_pretrained(staging)
-    save_rm_tokenizer(tokenizer, staging, args.max_length)
-    strong = load_reward_model(staging, device=args.device)
-    metrics: dict[str, float] = {}
-    for split, (prompts, responses, oracle) in eval_sets().items():
-        rewards = expected_reward(score_logits(strong, prompts, responses, args.max_length, f"eval {split}")).tolist()
-        for name, value in rank_metrics(rewards, oracle).items():
-            metrics[f"{name}/oracle_{split}"] = value
-    pseudo: list[dict[str, Any]] = []
-    if args.pseudo_label:
-        pseudo, line = rollout_rows(settings, args.max_rollouts)
-        print(line)
-        if pseudo:
-            logits = score_logits(strong, [r["prompt"] for r in pseudo], [r["response"] for r in pseudo],
-                                  args.max_length, "pseudo-labelling")
-            for row, reward, row_logits in zip(pseudo, expected_reward(logits).tolist(), logits.tolist(), strict=True):
-                row["score"], row["logits"] = reward, row_logits
-            with (staging / PSEUDO_LABELS_FILE).open("w", encoding="utf-8") as fh:
-                for row in pseudo:
-                    fh.write(json.dumps(row) + "\n")
-    info = {"metrics": metrics, **growth,
-            "config": {**vars(args), "func": None, "final_loss": loss, "init": str(init_dir),
-                                           "data": str(data_path), "n_pairs": len(rows), "n_pseudo_labelled":
-                                           len(pseudo), "train_seconds": round(time.perf_counter() - started, 1),
-                                           "n_params": strong.n_params}}
-    del strong
-    entry = finalize_version(staging, [staging], "strong", args.out, settings, info)
-    print(f"strong RM {entry.version} at {entry.path} (final loss {loss:.3f})")
-    _print_metrics(metrics)
-    if pseudo:
-        print(f"  pseudo-labels: {len(pseudo)} rollouts -> {Path(entry.path) / PSEUDO_LABELS_FILE}")
+    names = {f.name for f in dataclasses.fields(StrongOptions)}
+    result = train_strong(StrongOptions(**{k: v for k, v in vars(args).items() if k in names}), settings)
+    entry = result.entry
+    print(f"strong RM {entry.version} at {entry.path} (final loss {result.loss:.3f})")
+    _print_metrics(result.metrics)
+    if result.n_pseudo_labelled:
+        print(f"  pseudo-labels: {result.n_pseudo_labelled} rollouts -> {Path(entry.path) / PSEUDO_LABELS_FILE}")
     if registry is not None:
         registry.register(entry)
         print(f"registered {entry.version} (strata rm list)")

@@ -15,8 +15,9 @@ import logging
 import random
 import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -485,3 +486,155 @@ def promote_version(registry: Any, settings: Any, version: str, verify: bool) ->
         publisher.close()
     print(f"promoted {event.rm_version}: svc_reward replicas swap to it between batches "
           f"({len(event.ensemble_paths)} member(s), checksum {event.checksum[:12]})")
+
+
+@dataclass(frozen=True)
+class StrongOptions:
+    """One strong-RM training run (what ``strata rm train-strong`` runs). Unset numbers take the zoo's
+    recipe (``ZooConfig.rm_strong_*``); ``data`` unset: the zoo's oracle-labelled pairs."""
+
+    data: Path | None = None
+    init: str | None = None
+    n_bins: int = 11
+    steps: int | None = None
+    batch_size: int = 16
+    lr: float | None = None
+    groups_per_step: int | None = None
+    pairwise_weight: float = 1.0
+    match_pairs: int | None = None
+    max_length: int | None = None
+    widen: int | None = None
+    grow_layers: int | None = None
+    grow_steps: int | None = None
+    pseudo_label: bool = True
+    max_rollouts: int = 20000
+    out: Path | None = None
+    seed: int = 0
+    device: str = "auto"
+
+
+@dataclass
+class StrongResult:
+    entry: Any  # svc_reward.registry.RmVersion of the new version
+    loss: float
+    metrics: dict[str, float]
+    n_pseudo_labelled: int
+
+
+def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str], None] = print) -> StrongResult:
+    """Train, evaluate and finalize a strong RM version (R5); pseudo-label logged rollouts when asked."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from strata.contract.template import format_rm_input
+    from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
+    from strata.models.reward import expected_reward, save_rm_tokenizer
+    from strata.rm.distill import rank_metrics
+    from strata.zoo.build import (
+        STUDENT_INIT_DIR,
+        ZooConfig,
+        groups_of,
+        grow_from_student_init,
+        match_training,
+        rm_init_overrides,
+    )
+    from strata.zoo.suite import load_suite
+    from strata.zoo.train import TrainConfig, train_reward_model
+
+    zoo = None if (options.data and options.init) else _zoo(settings)
+    data_path = options.data or zoo.rm_data
+    rows = read_pairs(Path(data_path), need_score=True)
+    recipe = zoo.config if zoo is not None else ZooConfig()
+    defaults = {"steps": recipe.rm_strong_train.steps, "lr": recipe.rm_strong_train.lr,
+                "groups_per_step": recipe.rm_strong_train.batch_size, "max_length": recipe.rm_max_length,
+                "match_pairs": recipe.rm_strong_match_pairs if options.data is None else 0,
+                "widen": 1 if options.init else recipe.rm_strong_widen,
+                "grow_layers": 0 if options.init else recipe.rm_strong_grow_layers}
+    options = replace(options, **{k: v for k, v in defaults.items() if getattr(options, k) is None})
+    if options.match_pairs < 0:
+        raise CliError(f"--match-pairs must be at least 0 (0: no match steps), got {options.match_pairs}")
+    if options.widen < 1 or options.grow_layers < 0 or (options.grow_steps is not None and options.grow_steps < 1):
+        raise CliError(f"--widen must be at least 1, --grow-layers at least 0 and --grow-steps at least 1, got "
+                       f"{options.widen}, {options.grow_layers} and {options.grow_steps}")
+    init = options.init or str(getattr(zoo, recipe.rm_strong_init or "level1"))
+    # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
+    overrides = {} if options.init else rm_init_overrides(recipe.rm_strong_init_layers)
+    try:
+        init_dir = check_model_dir(init)
+        tokenizer = AutoTokenizer.from_pretrained(init_dir, local_files_only=True)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            init_dir, num_labels=options.n_bins, ignore_mismatched_sizes=True, local_files_only=True, **overrides)
+    except (ModelLoadError, OSError, ValueError) as exc:
+        raise CliError(f"cannot start the strong RM from {init}: {exc}") from exc
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is not None and options.max_length > positions:
+        raise CliError(f"--max-length {options.max_length} exceeds the {positions} positions of {init_dir}")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    model.config.pad_token_id = tokenizer.pad_token_id
+    progress(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
+          f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {options.steps} steps")
+    texts = [format_rm_input(r["prompt"], r["response"]) for r in rows]
+    grouped = any("group" in r for r in rows)
+    batch_size = options.groups_per_step if grouped else options.batch_size
+    cfg = TrainConfig(steps=options.steps, batch_size=batch_size, lr=options.lr, warmup_steps=min(10, options.steps))
+    match: dict[str, Any] = {}
+    if options.match_pairs:
+        match = match_training(rows, load_suite("train"), options.match_pairs, recipe.rm_strong_feature_weight,
+                               options.seed)
+        progress(f"  + a match step of {options.match_pairs} prompt swaps (suite train prompts) after each step")
+    started = time.perf_counter()
+    scores = [float(r["score"]) for r in rows]
+    loss = train_reward_model(model, tokenizer, texts, scores, options.max_length, cfg,
+                              options.seed, "strong RM", groups=groups_of(rows) if grouped else None,
+                              pairwise_weight=options.pairwise_weight, **match)
+    model.config.problem_type = "single_label_classification"
+    staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
+    growth: dict[str, Any] = {}
+    if options.widen > 1 or options.grow_layers:
+        # The model before growth is what a light RM distilled from this one starts from.
+        model, growth = grow_from_student_init(model, tokenizer, staging / STUDENT_INIT_DIR, options.max_length,
+                                               options.widen, options.grow_layers, options.seed + 2)
+        grow_cfg = recipe.rm_strong_grow_train
+        if options.grow_steps is not None:
+            grow_cfg = replace(grow_cfg, steps=options.grow_steps,
+                               warmup_steps=min(grow_cfg.warmup_steps, options.grow_steps))
+        progress(f"  grown to {model.config.n_layer} x {model.config.n_embd} "
+              f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {grow_cfg.steps} more steps")
+        if options.match_pairs:
+            match = match_training(rows, load_suite("train"), options.match_pairs,
+                                   recipe.rm_strong_grow_feature_weight, options.seed + 1)
+        loss = train_reward_model(model, tokenizer, texts, scores, options.max_length,
+                                  replace(grow_cfg, batch_size=cfg.batch_size), options.seed + 1, "strong RM (grown)",
+                                  groups=groups_of(rows) if grouped else None, pairwise_weight=options.pairwise_weight,
+                                  **match)
+        model.config.problem_type = "single_label_classification"
+    model.save_pretrained(staging)
+    save_rm_tokenizer(tokenizer, staging, options.max_length)
+    strong = load_reward_model(staging, device=options.device)
+    metrics: dict[str, float] = {}
+    for split, (prompts, responses, oracle) in eval_sets().items():
+        logits = score_logits(strong, prompts, responses, options.max_length, f"eval {split}")
+        rewards = expected_reward(logits).tolist()
+        for name, value in rank_metrics(rewards, oracle).items():
+            metrics[f"{name}/oracle_{split}"] = value
+    pseudo: list[dict[str, Any]] = []
+    if options.pseudo_label:
+        pseudo, line = rollout_rows(settings, options.max_rollouts)
+        progress(line)
+        if pseudo:
+            logits = score_logits(strong, [r["prompt"] for r in pseudo], [r["response"] for r in pseudo],
+                                  options.max_length, "pseudo-labelling")
+            for row, reward, row_logits in zip(pseudo, expected_reward(logits).tolist(), logits.tolist(), strict=True):
+                row["score"], row["logits"] = reward, row_logits
+            with (staging / PSEUDO_LABELS_FILE).open("w", encoding="utf-8") as fh:
+                for row in pseudo:
+                    fh.write(json.dumps(row) + "\n")
+    info = {"metrics": metrics, **growth,
+            "config": {**asdict(options), "final_loss": loss, "init": str(init_dir),
+                                           "data": str(data_path), "n_pairs": len(rows), "n_pseudo_labelled":
+                                           len(pseudo), "train_seconds": round(time.perf_counter() - started, 1),
+                                           "n_params": strong.n_params}}
+    del strong
+    entry = finalize_version(staging, [staging], "strong", options.out, settings, info)
+    return StrongResult(entry, loss, metrics, len(pseudo))
