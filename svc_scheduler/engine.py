@@ -324,12 +324,10 @@ class SchedulerEngine:
     def stats(self) -> SchedulerStats:
         summary = self.store.summary()
         counters = summary.counters
-        decisions = {r.value: counters.get(f"decision:{r.value}", 0) for r in Route}
-        submitted = counters.get("submitted", 0)
         return SchedulerStats(
-            decisions=decisions,
-            submitted=submitted,
-            skip_rate=decisions[Route.SKIP.value] / submitted if submitted else 0.0,
+            decisions={r.value: counters.get(f"decision:{r.value}", 0) for r in Route},
+            submitted=summary.submitted,
+            skip_rate=summary.skip_rate,
             index_size=len(self.index),
             high_uncertainty_marks=counters.get("high_uncertainty_marks", 0),
             audits=self.store.audit_summary(),

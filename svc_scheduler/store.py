@@ -75,6 +75,13 @@ class AuditSummary:
     precision: float | None  # share of scored audits within the tolerance
     tolerance: float
 
+    def describe(self) -> str:
+        """One line for reports: how many skips were audited and how right their reused rewards were."""
+        if self.reuse_mae is None or self.precision is None:
+            return f"skip audit: {self.audits} audited skips, none scored yet"
+        return (f"skip audit: {self.scored} of {self.audits} audited skips scored; reuse error (MAE) "
+                f"{self.reuse_mae:.3f}, precision {self.precision:.1%} (within {self.tolerance:g})")
+
 
 def summarise_audits(records: Sequence[tuple[float, int, float]], tolerance: float) -> AuditSummary:
     """(reused, fresh count, fresh sum) per audit -> the summary. Pure."""
@@ -91,6 +98,15 @@ def summarise_audits(records: Sequence[tuple[float, int, float]], tolerance: flo
 class StoreSummary:
     counters: Mapping[str, int]
     indexed: int
+
+    @property
+    def submitted(self) -> int:
+        return self.counters.get("submitted", 0)
+
+    @property
+    def skip_rate(self) -> float:
+        """Skipped / submitted over all replicas (0 before any submission)."""
+        return self.counters.get("decision:skip", 0) / self.submitted if self.submitted else 0.0
 
 
 def connect(settings: SchedulerSettings) -> redis.Redis:

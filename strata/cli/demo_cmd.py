@@ -62,16 +62,6 @@ def rollout_log_size(settings: StrataSettings) -> int:
         consumer.close()
 
 
-def audit_line(stats: scheduler_pb2.StatsResponse) -> str:
-    """The skip audit in one line: how many would-be skips were rolled out, and how right reuse was."""
-    if not stats.audits:
-        return "skip audit: no would-be skip audited yet"
-    if not stats.audits_scored:
-        return f"skip audit: {stats.audits} audited, none scored yet"
-    return (f"skip audit: {stats.audits_scored} of {stats.audits} audited skips scored; reuse error (MAE) "
-            f"{stats.audit_reuse_mae:.3f}, precision {stats.audit_precision:.1%} (within {stats.audit_tolerance:g})")
-
-
 def run(args: argparse.Namespace) -> int:
     if not (args.repeat_share >= 0 and args.paraphrase_share >= 0 and args.repeat_share + args.paraphrase_share <= 1):
         raise CliError("--repeat-share and --paraphrase-share must be >= 0 and sum to at most 1")
@@ -121,15 +111,16 @@ def run(args: argparse.Namespace) -> int:
         stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=10)
     import redis
 
+    from strata.cli.report_cmd import skip_lines, summary_lines
+
     client = redis.Redis.from_url(settings.redis_address)
     cost = ledger.read(client)
+    skipping = skip_lines(client)
     client.close()
-    print(f"      prompts submitted: {stats.submitted}   decisions: "
-          + ", ".join(f"{k.removeprefix('DECISION_').lower()}={v}" for k, v in sorted(stats.decisions.items())))
-    print(f"      skip rate: {stats.skip_rate:.1%}   index size: {stats.index_size}   "
-          f"high-uncertainty marks: {stats.high_uncertainty_marks}")
-    print("      " + audit_line(stats))
-    from strata.cli.report_cmd import summary_lines
+    print("      decisions: "
+          + ", ".join(f"{k.removeprefix('DECISION_').lower()}={v}" for k, v in sorted(stats.decisions.items()))
+          + f"   index size: {stats.index_size}")
+    print("\n".join("      " + line for line in skipping))
 
     print("\n".join("      " + line for line in summary_lines(cost)))
     if summary.before and summary.after:

@@ -54,21 +54,14 @@ def skip_lines(client: redis.Redis) -> list[str]:
     from svc_scheduler.store import SchedulerStore
 
     store = SchedulerStore(client, SchedulerSettings())
-    counters = store.summary().counters
-    audits = store.audit_summary()
-    submitted = counters.get("submitted", 0)
-    if not submitted:
+    summary = store.summary()
+    if not summary.submitted:
         return ["skipping: no prompt submitted to the scheduler yet"]
-    skips = counters.get("decision:skip", 0)
-    lines = [f"skipping: {submitted} prompts submitted, {skips} skipped ({skips / submitted:.1%}), "
-             f"{counters.get('decision:level_2', 0)} to Level-2, "
-             f"{counters.get('high_uncertainty_marks', 0)} high-uncertainty marks"]
-    if audits.reuse_mae is None or audits.precision is None:
-        lines.append(f"skip audit: {audits.audits} audited skips, none scored yet")
-    else:
-        lines.append(f"skip audit: {audits.scored} of {audits.audits} audited skips scored; reuse error (MAE) "
-                     f"{audits.reuse_mae:.3f}, precision {audits.precision:.1%} (within {audits.tolerance:g})")
-    return lines
+    counters = summary.counters
+    return [f"skipping: {summary.submitted} prompts submitted, {counters.get('decision:skip', 0)} skipped "
+            f"({summary.skip_rate:.1%}), {counters.get('decision:level_2', 0)} to Level-2, "
+            f"{counters.get('high_uncertainty_marks', 0)} high-uncertainty marks",
+            store.audit_summary().describe()]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -111,14 +111,13 @@ class StackCollector(Collector):
         client = redis.Redis.from_url(self._settings.redis_address, socket_timeout=5)
         try:
             store = SchedulerStore(client, SchedulerSettings())
-            counters = store.summary().counters
+            summary = store.summary()
             audits = store.audit_summary()
         finally:
             client.close()
-        submitted = counters.get("submitted", 0)
-        if submitted:
+        if summary.submitted:
             yield GaugeMetricFamily("strata_scheduler_skip_rate", "Share of submitted prompts skipped (R10)",
-                                    value=counters.get("decision:skip", 0) / submitted)
+                                    value=summary.skip_rate)
         audit_counts = GaugeMetricFamily("strata_scheduler_skip_audits",
                                          "Would-be skips rolled out anyway, in the audit window", labels=["state"])
         audit_counts.add_metric(["audited"], audits.audits)
