@@ -74,7 +74,7 @@ class RewardWorker:
             for event, response, reward, spread, charge in zip(events, responses, scores.rewards, scores.spreads,
                                                                scores.charges, strict=True):
                 annotated: list[bool] = []
-                unsafe = risk.detect_unsafe_advice(response)
+                unsafe = risk.detect_unsafe_advice(response) if self._settings.flag_unsafe else None
                 if unsafe is not None:
                     UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
                 futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals, annotated,
@@ -99,13 +99,13 @@ class RewardWorker:
               scorer: int, finals: list[int], annotated: list[bool], unsafe: bool) -> list:
         s = self._settings
         outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
-                         s.annotate_level2, unsafe=unsafe and s.flag_unsafe)
+                         s.annotate_level2, unsafe=unsafe)
         scored = events_pb2.RewardScored(
             prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
             policy_version=event.policy_version, rm_version=version, reward=reward, reward_std=spread,
             scorer=scorer, final=outcome.final, escalated=outcome.escalate, sample_index=event.sample_index,
             response_tokens=event.response_tokens, request_id=event.request_id, directions=event.directions,
-            unsafe=unsafe and s.flag_unsafe,
+            unsafe=unsafe,
         )
         scored.generated_at.CopyFrom(event.generated_at)
         scored.scored_at.GetCurrentTime()
@@ -137,5 +137,5 @@ class RewardWorker:
             annotated.append(True)  # booked as human review once the batch is acknowledged
         log.info("reward tier=%d prompt=%s response=%s reward=%.3f rm=%s final=%s escalate=%s unsafe=%s", tier,
                  event.prompt_hash[:12], event.response_hash[:12], reward, version, outcome.final, outcome.escalate,
-                 scored.unsafe)
+                 unsafe)
         return futures
