@@ -193,7 +193,6 @@ class RuleResult:
     submitted: int = 0
     rollouts: int = 0  # submissions that triggered a rollout (Level-1 or Level-2)
     level2: int = 0
-    audits: int = 0  # would-be skips rolled out anyway (audit_share); counted in rollouts
     reuse_errors: list[float] | None = None
     reasons: Counter[str] = field(default_factory=Counter)  # decisions by the rule that made them
 
@@ -206,13 +205,14 @@ class RuleResult:
         return float(np.mean(self.reuse_errors)) if self.reuse_errors else float("nan")
 
 
+AUDITED = "audited skip -> Level-1"  # a would-be skip rolled out anyway (audit_share); a rollout
 # The rule behind a decision, from the start of its reason (svc_scheduler/routing.py writes them).
 _RULES = (("Level-2: high-risk topic", "risk topic -> Level-2"),
           ("Level-2: a response to this prompt was flagged unsafe", "flagged unsafe -> Level-2"),
           ("skip: this prompt has", "own history -> skip"),
           ("Level-2:", "uncertain neighbourhood -> Level-2"),
           ("skip:", "known neighbourhood -> skip"),
-          ("Level-1 (audit", "audited skip -> Level-1"),
+          ("Level-1 (audit", AUDITED),
           ("Level-1:", "too little known -> Level-1"))
 
 
@@ -309,7 +309,6 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
                 else:
                     knn.rollouts += 1
                     knn.level2 += decision == common_pb2.DECISION_LEVEL_2
-                    knn.audits += result.response.reason.startswith("Level-1 (audit")
                     routed.append(rid)
                 everything.submitted += 1
                 everything.rollouts += 1
@@ -589,8 +588,8 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
               f"{rule.level2:>8} {skipped:>8} {rule.mae:>10.3f}")
     print("knn decisions by rule: " + ", ".join(f"{name} {count} ({count / knn.submitted:.1%})"
                                                for name, count in knn.reasons.most_common()))
-    print(f"knn rollouts include {knn.audits} audited skips (audit_share {settings.audit_share:g}: rolled out "
-          "anyway to measure the reused reward, docs/scheduler.md)")
+    print(f"knn rollouts include {knn.reasons[AUDITED]} audited skips (audit_share {settings.audit_share:g}: "
+          "rolled out anyway to measure the reused reward, docs/scheduler.md)")
     if live is not None and sim_subset is not None:
         print(f"live stream: {args.live_families} families x 7 paraphrases x {args.passes} passes; the simulated "
               f"tier's reuse MAE is against the oracle truth, the live one is the audit's (fresh light/strong-RM "

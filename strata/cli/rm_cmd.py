@@ -174,12 +174,6 @@ def _settings() -> Any:
     return ZooSettings()
 
 
-def _zoo(settings: Any) -> Any:
-    from strata.zoo.build import ensure_zoo
-
-    return ensure_zoo(settings)
-
-
 def _set_threads(threads: int | None) -> None:
     import torch
 
