@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +52,7 @@ def _light_members(spec: str, settings: Any) -> list[Path]:
     if path.is_dir():
         members = sorted(p for p in path.glob("member-*") if p.is_dir())
         return members or [path]
-    from strata.rm.lifecycle import open_registry
+    from strata.rm.versions import open_registry
     from svc_reward.registry import UnknownVersionError
 
     try:
@@ -67,24 +65,17 @@ def _light_members(spec: str, settings: Any) -> list[Path]:
 def _distilled_light(strong_path: Path, settings: Any) -> list[Path]:
     """The default distillation of ``strong_path``, built once and cached."""
     from strata.contract.checksums import weights_checksum
-    from strata.rm.lifecycle import RM_INFO_FILE, DistillOptions, finalize_version, run_distill
+    from strata.rm.lifecycle import DistillOptions, distill_version
+    from strata.rm.versions import RM_INFO_FILE
 
     options = DistillOptions(strong=str(strong_path), rollout_log=False, device="cpu")
-    root = Path(settings.cache_dir).expanduser() / "rm"
-    cached = root / "bench" / f"{weights_checksum([strong_path])[:12]}-{options.key()}"
+    key = f"{weights_checksum([strong_path])[:12]}-{options.key()}"
+    cached = Path(settings.cache_dir).expanduser() / "rm" / "bench" / key
     if (cached / RM_INFO_FILE).is_file():
         print(f"light RM: cached distillation {cached}")
         return [cached]
     print("light RM: distilling now (once; cached for the next runs)")
-    staging = root / f".staging-{uuid.uuid4().hex[:8]}"
-    started = time.perf_counter()
-    try:
-        result = run_distill(options, settings, staging)
-        result.info["config"]["distill_seconds"] = round(time.perf_counter() - started, 1)
-        entry = finalize_version(staging, result.members, "light", cached, settings, result.info)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    print(f"light RM: distilled {entry.version} in {time.perf_counter() - started:.0f}s")
+    entry = distill_version(options, settings, None, out=cached)
     return [Path(p) for p in entry.paths]
 
 

@@ -23,26 +23,12 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
-import time
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from strata.cli.main import CliError
-from strata.rm.lifecycle import (
-    PSEUDO_LABELS_FILE,
-    DistillOptions,
-    StrongOptions,
-    better_than_current,
-    finalize_version,
-    open_registry,
-    promote_version,
-    run_distill,
-    serving_light,
-    train_strong,
-)
+from strata.rm.lifecycle import PSEUDO_LABELS_FILE, DistillOptions, StrongOptions, distill_version, train_strong
+from strata.rm.versions import open_registry, promote_version, version_table
 
 log = logging.getLogger(__name__)
 
@@ -180,24 +166,6 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or os.cpu_count() or 1)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def _print_metrics(metrics: dict[str, float]) -> None:
     for key in sorted(metrics):
         print(f"  {key:32s} {metrics[key]:.4f}")
@@ -226,105 +194,20 @@ def _train_strong(args: argparse.Namespace) -> int:
 # --- distill --------------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def _distill(args: argparse.Namespace) -> int:
     settings = _settings()
     registry = open_registry(settings) if (args.register or args.promote or args.from_log) else None
     _set_threads(args.threads)
-    strong = args.strong
-    if strong and not Path(strong).expanduser().exists():
-        # A registered strong version rather than a directory.
-        if registry is None:
-            raise CliError(f"no directory {strong}; to name a registered version, leave --register on")
-        from svc_reward.registry import UnknownVersionError
-
-        try:
-            entry = registry.get(strong)
-        except UnknownVersionError as exc:
-            raise CliError(f"{strong} is neither a directory nor a registered version (strata rm list)") from exc
-        if entry.kind != "strong":
-            raise CliError(f"{strong} is a {entry.kind} version; --strong needs a strong one")
-        strong = entry.path
-    augment = tuple(a.strip() for a in args.augment.split(",") if a.strip() and a.strip() != "none")
-    from strata.rm.augment import KINDS
-
-    if unknown := set(augment) - set(KINDS):
-        raise CliError(f"unknown augmentation(s) {sorted(unknown)}: use {', '.join(KINDS)} or none")
-    if args.members < 1:
-        raise CliError("--members must be at least 1")
-    if not 0.0 <= args.hold_out < 1.0:
-        raise CliError(f"--hold-out must be in [0, 1), got {args.hold_out}")
-    if args.init not in ("auto", "fresh") and not (Path(args.init) / "config.json").is_file():
-        raise CliError(f"--init {args.init}: not a model directory (no config.json); use auto, fresh or a "
-                       "sequence-classification RM directory")
-    init, hold_out, current = args.init, args.hold_out, None
-    if args.from_log:
-        # One turn of the loop: re-distil the light RM in service on newly logged rollouts labelled by
-        # the strong RM; promote it if it agrees better with the strong RM on held-out logged prompts.
-        if not args.rollout_log:
-            raise CliError("--from-log reads the rollout log: drop --no-rollout-log")
-        current = serving_light(registry, settings)
-        if args.members != 1 or len(current[1]) != 1:
-            raise CliError("--from-log re-distils a single light RM (the one in service is an ensemble, or "
-                           "--members was given): use --init with one member instead")
-        init = str(current[1][0]) if init == "auto" else init
-        hold_out = hold_out or 0.2
-        print(f"re-distilling {current[0]} (in service) from the rollout log; {hold_out:.0%} of its prompts held out")
-    options = DistillOptions(
-        strong=strong, data=tuple(str(p) for p in args.data), zoo_pairs=args.zoo_pairs,
-        rollout_log=args.rollout_log, max_rollouts=args.max_rollouts, max_pairs=args.max_pairs, swaps=args.swaps,
-        augment=augment, augment_fraction=args.augment_fraction, members=args.members, init=init,
-        n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head, steps=args.steps, batch_size=args.batch_size,
-        lr=args.lr, temperature=args.temperature, max_length=args.max_length, hold_out=hold_out, seed=args.seed,
-        device=args.device,
-    )
-    staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
-    started = time.perf_counter()
-    try:
-        result = run_distill(options, settings, staging)
-        if args.from_log and not result.held_out[0]:
-            raise CliError("the rollout log has no held-out prompts to compare the versions on: run more "
-                           "rollouts first (or raise --hold-out)")
-        result.info["config"]["distill_seconds"] = round(time.perf_counter() - started, 1)
-        entry = finalize_version(staging, result.members, "light", args.out, settings, result.info)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    where = Path(entry.path).parent if len(entry.paths) > 1 else entry.path
-    print(f"light RM {entry.version} ({len(entry.paths)} member(s)) at {where}, distilled from "
-          f"{result.strong_version} in {time.perf_counter() - started:.0f}s")
-    _print_metrics(result.metrics)
-    promote = args.promote
-    if current is not None:
-        better = better_than_current(current, entry, result, options)
-        promote = better and args.promote_if_better
-        if better and not promote:
-            print("not promoting it (--no-promote-if-better)")
-    if registry is not None:
-        registry.register(entry)
-        print(f"registered {entry.version}; serve it with: strata rm promote {entry.version}")
-        if promote:
-            promote_version(registry, settings, entry.version, verify=True)
+    names = {f.name for f in dataclasses.fields(DistillOptions)}
+    fields = {k: v for k, v in vars(args).items() if k in names}
+    fields["data"] = tuple(str(p) for p in args.data)
+    fields["augment"] = tuple(a.strip() for a in args.augment.split(",") if a.strip() and a.strip() != "none")
+    distill_version(DistillOptions(**fields), settings, registry, out=args.out, from_log=args.from_log,
+                    promote=args.promote, promote_if_better=args.promote_if_better)
     return 0
 
 
-
-
 # --- promote, list --------------------------------------------------------------------------------
-
-
 
 
 def _promote(args: argparse.Namespace) -> int:
@@ -344,18 +227,5 @@ def _list(args: argparse.Namespace) -> int:
     if not entries:
         print("no RM versions registered yet: strata rm train-strong / strata rm distill")
         return 0
-    print(f"  {'version':20s} {'kind':6s} {'registered':19s} {'members':>7s} {'spearman/strong':>15s} "
-          f"{'spearman/oracle':>15s}  {'distilled from':20s} path")
-    for e in entries:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.registered_at))
-        vs_strong = e.metrics.get("spearman/strong_eval")
-        vs_oracle = e.metrics.get("spearman/oracle_eval")
-        print(f"{'*' if e.version == promoted else ' '} {e.version:20s} {e.kind:6s} {when:19s} {len(e.paths):>7d} "
-              f"{_fmt(vs_strong):>15s} {_fmt(vs_oracle):>15s}  {e.parent or '-':20s} {e.path}")
-    if promoted:
-        print(f"* promoted last (what svc_reward serves): {promoted}")
+    print("\n".join(version_table(entries, promoted)))
     return 0
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"

@@ -1,10 +1,6 @@
-"""The reward-model lifecycle as a library (R5-R8): evaluation sets, teacher logits, distillation,
-versions and promotion. ``strata rm`` (argparse and printing), ``strata bench rm`` and the zoo call it.
-
-Artifacts go to ``<cache_dir>/rm/<version>/`` (one ``save_pretrained`` directory, or ``member-<i>``
-directories for an ensemble) with ``strata_rm.json`` (kind, version, checksum, metrics, the resolved
-config, data sources). Versions are registered in Redis (``svc_reward.registry``); promotion
-publishes ``strata.rm.updated``.
+"""The reward-model lifecycle as a library (R5-R8): evaluation sets, teacher logits, training the
+strong RM, distillation and the distillation loop. ``strata rm`` (argparse and printing),
+``strata bench rm`` and the zoo call it; versions, the registry and promotion are ``strata.rm.versions``.
 """
 
 from __future__ import annotations
@@ -24,10 +20,10 @@ from typing import Any
 from strata.contract.template import RM_MAX_LENGTH
 from strata.errors import CliError
 from strata.jsonl import read_jsonl
+from strata.rm.versions import finalize_version, promote_version, serving_light
 
 log = logging.getLogger(__name__)
 
-RM_INFO_FILE = "strata_rm.json"
 PSEUDO_LABELS_FILE = "pseudo_labels.jsonl"
 EVAL_SEED = 7  # synthetic (prompt, response) pairs of the eval and fresh splits, one per prompt
 EVAL_SPLITS: tuple[str, ...] = ("eval", "fresh")
@@ -37,22 +33,6 @@ def _zoo(settings: Any) -> Any:
     from strata.zoo.build import ensure_zoo
 
     return ensure_zoo(settings)
-
-
-def open_registry(settings: Any) -> Any:
-    """The registry on the configured Redis, or a CliError saying how to get one."""
-    import redis
-
-    from svc_reward.registry import RmRegistry
-
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=5, socket_connect_timeout=5)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        client.close()
-        raise CliError(f"Redis at {settings.redis_address} does not answer ({exc}): run `strata infra up`, set "
-                       "STRATA_REDIS_URL, or pass --no-register") from exc
-    return RmRegistry(client)
 
 
 def read_pairs(path: Path, need_score: bool) -> list[dict[str, Any]]:
@@ -187,31 +167,6 @@ def rollout_rows(settings: Any, limit: int) -> tuple[list[dict[str, Any]], str]:
     return rows, f"rollout log: {len(rows)} pairs ({expired} expired from the content store)"
 
 
-def finalize_version(staging: Path, members: Sequence[Path], kind: str, out: Path | None, settings: Any,
-                     info: dict[str, Any]) -> Any:
-    """Move ``staging`` to its final directory, named by the version, and write ``strata_rm.json``.
-
-    Returns the ``RmVersion`` describing the final directories.
-    """
-    from strata.contract.checksums import version_id, weights_checksum
-    from svc_reward.registry import describe
-
-    version = version_id(kind, weights_checksum(members))
-    target = out or Path(settings.cache_dir).expanduser() / "rm" / version
-    if target.exists():
-        if not (target / RM_INFO_FILE).is_file():
-            raise CliError(f"{target} exists and is not an RM version directory; pass another --out")
-        shutil.rmtree(target)  # same version (same weights) built again
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging.rename(target)
-    final_members = [target / m.relative_to(staging) for m in members]
-    entry = describe(kind, final_members, info.get("metrics"), info.get("parent"), info.get("config"))
-    (target / RM_INFO_FILE).write_text(json.dumps({**info, "kind": kind, "version": entry.version,
-                                                   "checksum": entry.checksum, "paths": list(entry.paths)},
-                                                  indent=2, sort_keys=True, default=str))
-    return entry
-
-
 @dataclass(frozen=True)
 class DistillOptions:
     """One distillation run (what `strata rm distill` and `strata bench rm --distill` run).
@@ -245,6 +200,20 @@ class DistillOptions:
     hold_out: float = 0.0  # share of the rollout log's prompts kept out of training, to compare versions on
     seed: int = 0
     device: str = "auto"
+
+    def validate(self) -> None:
+        """Raise a CliError naming the option that cannot work."""
+        from strata.rm.augment import KINDS
+
+        if unknown := set(self.augment) - set(KINDS):
+            raise CliError(f"unknown augmentation(s) {sorted(unknown)}: use {', '.join(KINDS)} or none")
+        if self.members < 1:
+            raise CliError("--members must be at least 1")
+        if not 0.0 <= self.hold_out < 1.0:
+            raise CliError(f"--hold-out must be in [0, 1), got {self.hold_out}")
+        if self.init not in ("auto", "fresh") and not (Path(self.init) / "config.json").is_file():
+            raise CliError(f"--init {self.init}: not a model directory (no config.json); use auto, fresh or a "
+                           "sequence-classification RM directory")
 
     def key(self) -> str:
         """Hash of what determines the light RM (for caching a bench's distillation)."""
@@ -438,17 +407,6 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
                          (held_prompts, held_responses, held_strong))
 
 
-def serving_light(registry: Any, settings: Any) -> tuple[str, list[Path]]:
-    """The light RM svc_reward serves: the version promoted last, else the zoo's (its default)."""
-    promoted = registry.promoted() if registry is not None else None
-    if promoted:
-        return promoted, [Path(p) for p in registry.get(promoted).paths]
-    from svc_reward.registry import describe
-
-    path = _zoo(settings).rm_light
-    return describe("light", [path]).version, [path]
-
-
 def better_than_current(current: tuple[str, list[Path]], entry: Any, result: DistillResult,
                          options: DistillOptions) -> bool:
     """Whether the new light RM ranks the held-out logged pairs closer to the strong RM than the one in
@@ -468,24 +426,72 @@ def better_than_current(current: tuple[str, list[Path]], entry: Any, result: Dis
     return better
 
 
-def promote_version(registry: Any, settings: Any, version: str, verify: bool) -> None:
-    from strata.bus import Publisher, PublishError
-    from svc_reward.registry import RegistryError
+def resolve_strong(spec: str | None, registry: Any) -> str | None:
+    """A strong RM directory: ``spec`` itself, or the directory of the registered strong version it names."""
+    if not spec or Path(spec).expanduser().exists():
+        return spec
+    if registry is None:
+        raise CliError(f"no directory {spec}; to name a registered version, leave --register on")
+    from svc_reward.registry import UnknownVersionError
 
     try:
-        publisher = Publisher(settings.kafka_address, client_id="strata-rm-promote")
-    except Exception as exc:  # kafka-python raises NoBrokersAvailable and friends
-        raise CliError(f"Kafka at {settings.kafka_address} does not answer ({exc}): run `strata infra up`") from exc
+        entry = registry.get(spec)
+    except UnknownVersionError as exc:
+        raise CliError(f"{spec} is neither a directory nor a registered version (strata rm list)") from exc
+    if entry.kind != "strong":
+        raise CliError(f"{spec} is a {entry.kind} version; --strong needs a strong one")
+    return str(entry.path)
+
+
+def distill_version(options: DistillOptions, settings: Any, registry: Any, *, out: Path | None = None,
+                    from_log: bool = False, promote: bool = False, promote_if_better: bool = True) -> Any:
+    """Distil, write the version directory, register it (with a registry) and maybe promote it.
+
+    ``from_log``: one turn of the loop (R6): re-distil the light RM in service on newly logged
+    rollouts labelled by the strong RM, and promote the new version if it agrees better with the
+    strong RM on held-out logged prompts (unless ``promote_if_better`` is off).
+    """
+    options = replace(options, strong=resolve_strong(options.strong, registry))
+    options.validate()
+    current = None
+    if from_log:
+        if not options.rollout_log:
+            raise CliError("--from-log reads the rollout log: drop --no-rollout-log")
+        current = serving_light(registry, settings)
+        if options.members != 1 or len(current[1]) != 1:
+            raise CliError("--from-log re-distils a single light RM (the one in service is an ensemble, or "
+                           "--members was given): use --init with one member instead")
+        options = replace(options, init=str(current[1][0]) if options.init == "auto" else options.init,
+                          hold_out=options.hold_out or 0.2)
+        print(f"re-distilling {current[0]} (in service) from the rollout log; {options.hold_out:.0%} of its "
+              "prompts held out")
+    staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
+    started = time.perf_counter()
     try:
-        event = registry.promote(version, publisher, verify=verify)
-    except RegistryError as exc:
-        raise CliError(str(exc)) from exc
-    except PublishError as exc:
-        raise CliError(f"the promotion was not acknowledged by Kafka: {exc}") from exc
+        result = run_distill(options, settings, staging)
+        if from_log and not result.held_out[0]:
+            raise CliError("the rollout log has no held-out prompts to compare the versions on: run more "
+                           "rollouts first (or raise --hold-out)")
+        result.info["config"]["distill_seconds"] = round(time.perf_counter() - started, 1)
+        entry = finalize_version(staging, result.members, "light", out, settings, result.info)
     finally:
-        publisher.close()
-    print(f"promoted {event.rm_version}: svc_reward replicas swap to it between batches "
-          f"({len(event.ensemble_paths)} member(s), checksum {event.checksum[:12]})")
+        shutil.rmtree(staging, ignore_errors=True)
+    where = Path(entry.path).parent if len(entry.paths) > 1 else entry.path
+    print(f"light RM {entry.version} ({len(entry.paths)} member(s)) at {where}, distilled from "
+          f"{result.strong_version} in {time.perf_counter() - started:.0f}s")
+    for key in sorted(result.metrics):
+        print(f"  {key:32s} {result.metrics[key]:.4f}")
+    if current is not None:
+        better = better_than_current(current, entry, result, options)
+        promote = better and promote_if_better
+        if better and not promote:
+            print("not promoting it (--no-promote-if-better)")
+    if registry is not None:
+        registry.register(entry)
+        print(f"registered {entry.version}; serve it with: strata rm promote {entry.version}")
+        if promote:
+            promote_version(registry, settings, entry.version, verify=True)
+    return entry
 
 
 @dataclass(frozen=True)

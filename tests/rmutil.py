@@ -1,12 +1,18 @@
-"""Tiny reward models for the svc_reward tests: built in memory in milliseconds, no zoo needed."""
+"""Tiny reward models for the RM tests (tests/rm, tests/svc_reward): built in milliseconds, no zoo needed.
+
+The fixtures are imported by those directories' conftest files."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
 import torch
 from transformers import GPT2ForSequenceClassification, PreTrainedTokenizerFast
 
 from strata.models.reward import score_bins
-from strata.zoo.train import ModelShape, new_reward_model
+from strata.zoo.train import ModelShape, new_reward_model, train_tokenizer
 
 N_BINS = 11
 TINY = ModelShape(n_embd=32, n_layer=1, n_head=2)
@@ -31,3 +37,30 @@ def constant_rm(tokenizer: PreTrainedTokenizerFast, score: float, seed: int = 0)
         model.score.weight.zero_()
         model.score.weight[target].fill_(12.0 / TINY.n_embd)  # logit 12 on the target bin, 0 elsewhere
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    return train_tokenizer(TEXTS * 4, vocab_size=300)
+
+
+@pytest.fixture
+def make_rm(tmp_path: Path, tiny_tokenizer: PreTrainedTokenizerFast) -> Callable[[str, float], Path]:
+    """``make_rm(name, score)`` saves a constant tiny RM under tmp_path and returns its directory."""
+
+    def make(name: str, score: float, seed: int = 0) -> Path:
+        out = tmp_path / name
+        constant_rm(tiny_tokenizer, score, seed).save_pretrained(out)
+        tiny_tokenizer.save_pretrained(out)
+        return out
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    # Tiny models on a shared 2-core machine: one thread beats two that fight other processes.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -23,7 +23,8 @@ from strata.rm.distill import (
     rank_metrics,
     train_light,
 )
-from strata.rm.lifecycle import RM_INFO_FILE, read_pairs
+from strata.rm.lifecycle import read_pairs
+from strata.rm.versions import RM_INFO_FILE
 from strata.zoo.build import STUDENT_INIT_DIR, ZooConfig, student_init_dir
 from strata.zoo.train import new_reward_model
 from svc_reward.registry import describe

@@ -1,0 +1,5 @@
+"""Tiny reward models built in tmp_path (no zoo needed)."""
+
+from rmutil import make_rm, one_torch_thread, tiny_tokenizer
+
+__all__ = ["make_rm", "one_torch_thread", "tiny_tokenizer"]
