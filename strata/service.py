@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from strata.bus import Worker
 from strata.config import S, StrataSettings, add_settings_flags, parse_settings
+from strata.contract.models import ModelNotConfiguredError
 from strata.lifecycle import stop_on_signals
 from strata.rpc import RunningServer, ServiceBinding, start_server
 from strata.rpc_metrics import register_device_memory_metrics
@@ -122,7 +123,13 @@ def service_main(settings_type: type[S], build: Callable[[S], ServiceParts], pro
     add_settings_flags(parser, settings_type)
     settings, _args = parse_settings(parser, settings_type, argv)
     setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
-    return run_service(build(settings))
+    try:
+        parts = build(settings)
+    except ModelNotConfiguredError as exc:
+        # A deployment mistake, not a crash: say which setting to give, without a traceback.
+        log.error("%s: %s", prog, exc)
+        return 2
+    return run_service(parts)
 
 
 def run_service(parts: ServiceParts) -> int:
