@@ -4,7 +4,7 @@ The fixtures are imported by those directories' conftest files."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,12 +55,3 @@ def make_rm(tmp_path: Path, tiny_tokenizer: PreTrainedTokenizerFast) -> Callable
         return out
 
     return make
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    # Tiny models on a shared 2-core machine: one thread beats two that fight other processes.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

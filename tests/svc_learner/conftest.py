@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
+from torchutil import one_torch_thread
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from svc_learner.policy import PolicyWithValueHead
@@ -32,11 +31,4 @@ def tiny_policy(tiny_lm: GPT2LMHeadModel) -> PolicyWithValueHead:
     return PolicyWithValueHead(tiny_lm).eval()
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    # Tiny models on a shared 2-core machine: one thread is several times faster than two fighting
-    # other processes. Restored afterwards so other test packages keep their setting.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+__all__ = ["one_torch_thread"]

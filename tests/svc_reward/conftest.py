@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from rmutil import make_rm, one_torch_thread, tiny_tokenizer
+from rmutil import make_rm, tiny_tokenizer
+from torchutil import one_torch_thread
 
 from strata.bus import Topic
 from strata.bus.admin import ensure_topics
