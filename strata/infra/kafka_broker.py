@@ -27,11 +27,9 @@ from strata.infra.process import (
     ensure_tool,
     owned_pid,
     port_open,
-    process_alive,
     start_detached,
     stop_pid,
-    tail,
-    wait_until,
+    wait_serving,
 )
 
 log = logging.getLogger(__name__)
@@ -186,12 +184,8 @@ def start(settings: StrataSettings) -> int:
         pid = start_detached(argv, paths.stdout, paths.pid_file, env=dict(os.environ))
         log.info("started Kafka %s (pid %d) on 127.0.0.1:%d", kafka_version(), pid, settings.kafka_port)
 
-    def died() -> str | None:
-        if not process_alive(pid):
-            return f"the broker exited. Last lines of {paths.logs / 'server.log'}:\n{tail(paths.logs / 'server.log')}"
-        return None
-
-    wait_until(lambda: answers(settings.kafka_address), settings.infra_start_timeout_s, "Kafka", abort=died)
+    wait_serving(pid, "Kafka", "the broker", paths.logs / "server.log", lambda: answers(settings.kafka_address),
+                 settings.infra_start_timeout_s)
     return pid
 
 

@@ -124,6 +124,18 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str,
         time.sleep(interval_s)
 
 
+def wait_serving(pid: int, what: str, process: str, log_file: Path, ready: Callable[[], bool],
+                 timeout_s: float) -> None:
+    """Until ``ready``; gives up at once, with the last lines of ``log_file``, if ``pid`` exits first."""
+
+    def died() -> str | None:
+        if not process_alive(pid):
+            return f"{process} exited. Last lines of {log_file}:\n{tail(log_file)}"
+        return None
+
+    wait_until(ready, timeout_s, what, abort=died)
+
+
 def tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

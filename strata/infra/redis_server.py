@@ -14,11 +14,9 @@ from strata.infra.process import (
     ensure_tool,
     owned_pid,
     port_open,
-    process_alive,
     start_detached,
     stop_pid,
-    tail,
-    wait_until,
+    wait_serving,
 )
 
 log = logging.getLogger(__name__)
@@ -62,12 +60,8 @@ def start(settings: StrataSettings) -> int:
         pid = start_detached(argv, paths.home / "redis.out", paths.pid_file)
         log.info("started Redis (pid %d) on 127.0.0.1:%d", pid, settings.redis_port)
 
-    def died() -> str | None:
-        if not process_alive(pid):
-            return f"redis-server exited. Last lines of {paths.log_file}:\n{tail(paths.log_file)}"
-        return None
-
-    wait_until(lambda: answers(settings.redis_address), settings.infra_start_timeout_s, "Redis", abort=died)
+    wait_serving(pid, "Redis", "redis-server", paths.log_file, lambda: answers(settings.redis_address),
+                 settings.infra_start_timeout_s)
     return pid
 
 
