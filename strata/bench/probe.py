@@ -30,12 +30,15 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from strata.zoo.build import ensure_zoo
     from strata.zoo.suite import load_suite
     from svc_probe.__main__ import make_probe_fn
     from svc_probe.config import ProbeSettings
     from svc_probe.servicer import ProbeServicer
 
     settings = ProbeSettings(model=args.model, device="cpu")
+    if not settings.model:
+        ensure_zoo(settings)  # a bench may build the zoo; the service never does
     probe_fn, _ = make_probe_fn(settings)
     server = start_server([ServiceBinding(probe_pb2_grpc.add_ProbeServicer_to_server,
                                           ProbeServicer(probe_fn, settings.max_prompt_chars, settings.top_k),
