@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from strata.bench.reuse_ceiling import CeilingResult, ReuseHistory
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
 from strata.v1 import common_pb2
@@ -103,6 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-sizes", default="10000,100000", help="index sizes for the latency test")
     parser.add_argument("--latency-queries", type=int, default=200, help="single-prompt decisions timed per size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reuse-budget", type=float, default=0.3,
+                        help="reuse MAE at which the ceiling any rule could reach is measured")
     parser.add_argument("--live", action="store_true",
                         help="also run a smaller stream through the real probe, generators and reward models, "
                              "next to the simulated tier on the same stream")
@@ -240,7 +243,7 @@ def make_stream(records: Sequence[PromptRecord], passes: int, seed: int) -> list
 
 def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: CachedEncoder, run_id: str,
                 records: Sequence[PromptRecord], stream: Sequence[PromptRecord], quiet: bool = False,
-                ) -> tuple[RuleResult, RuleResult, RuleResult]:
+                ) -> tuple[RuleResult, RuleResult, RuleResult, CeilingResult]:
     import grpc
 
     from strata.bench.simulated_tier import SimulatedPolicy, SimulatedRolloutTier
@@ -278,6 +281,8 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     greso = RuleResult("GRESO same-prompt", reuse_errors=[])
     everything = RuleResult("no skipping")
     own: dict[str, RewardStats] = {}  # GRESO: each prompt's own statistics
+    history = ReuseHistory(settings.max_policy_lag)  # the ceiling's: every submission rolled out
+    ceiling = CeilingResult()
     version = 1
     n_batches = (len(stream) + args.batch - 1) // args.batch
     started = time.perf_counter()
@@ -316,6 +321,16 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
                 greso.submitted += 1
                 mine = own.get(record.text)
                 risky = detect_risk(record.text, {}, settings) is not None
+                # The ceiling: what any rule could reuse here, from the history of every earlier submission.
+                ceiling.submitted += 1
+                if not risky:
+                    truth = policy.truth(record, version)
+                    for of_family, errors in ((False, ceiling.own_errors), (True, ceiling.family_errors)):
+                        key = record.family if of_family else record.text
+                        if (known := history.mean(key, version, of_family)) is not None:
+                            errors.append(abs(known - truth))
+                history.add(record.text, record.family, policy.rewards(record, rid, version, args.n_samples),
+                            version)
                 if not risky and greso_usable(mine, version, settings):
                     greso.reuse_errors.append(abs(mine.mean - policy.truth(record, version)))
                 else:
@@ -344,7 +359,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
         publisher.close()
         delete_groups(settings.kafka_address, [tier_group, settings.stats_group_id], "bench-scheduler-cleanup")
     if quiet:
-        return everything, greso, knn
+        return everything, greso, knn, ceiling
     risk_recall = np.mean([detect_risk(r.text, {}, settings) is not None for r in records if r.risk])
     risk_false = np.mean([detect_risk(r.text, {}, settings) is not None for r in records if not r.risk])
     print(f"routing: {len(stream)} submissions ({len(records)} prompts x {args.passes} passes, batches of "
@@ -352,7 +367,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
           f"recall {risk_recall:.3f}, false positives {risk_false:.3f}; marks {marks}")
     print(f"simulated rollout tier: {len(tier.handled)} routed prompts, {tier.rollouts} oracle-scored rollouts; "
           f"policy v1 -> v{version}", flush=True)
-    return everything, greso, knn
+    return everything, greso, knn, ceiling
 
 
 # -- part 8: the same kind of stream through the real tiers ---------------------------------------------
@@ -564,12 +579,12 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
         if args.live:  # first, on a quiet Kafka: the simulated run's thousands of events come after
             live = run_live(args, settings, run_id, subset_stream)
         with _quiet("svc_scheduler.engine"):
-            everything, greso, knn = run_routing(args, settings, cached, run_id, records,
+            everything, greso, knn, ceiling = run_routing(args, settings, cached, run_id, records,
                                                  make_stream(records, args.passes, args.seed))
             if args.live:
                 sub_settings = settings.model_copy(update={
                     "redis_prefix": f"{settings.redis_prefix}-sub", "stats_group_id": f"{settings.stats_group_id}-sub"})
-                _, _, sim_subset = run_routing(args, sub_settings, cached, f"{run_id}-sub", subset, subset_stream,
+                _, _, sim_subset, _ = run_routing(args, sub_settings, cached, f"{run_id}-sub", subset, subset_stream,
                                                quiet=True)
             latency = run_latency(args, settings, encoder, client)
         recall_suite = suite_recall(settings, cached)
@@ -588,6 +603,11 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
               f"{rule.level2:>8} {skipped:>8} {rule.mae:>10.3f}")
     print("knn decisions by rule: " + ", ".join(f"{name} {count} ({count / knn.submitted:.1%})"
                                                for name, count in knn.reasons.most_common()))
+    print(f"ceiling at reuse MAE <= {args.reuse_budget:g} (any rule: the history of every earlier submission, "
+          "a perfect choice of what to skip; docs/scheduler.md):")
+    for of_family, label in ((False, "own history (GRESO's information)"), (True, "paraphrase family")):
+        most, mae = ceiling.reduction(of_family, args.reuse_budget)
+        print(f"  {label:<34} trigger reduction {most:.3f} at reuse MAE {mae:.3f}")
     print(f"knn rollouts include {knn.reasons[AUDITED]} audited skips (audit_share {settings.audit_share:g}: "
           "rolled out anyway to measure the reused reward, docs/scheduler.md)")
     if live is not None and sim_subset is not None:
