@@ -34,16 +34,33 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.rm_cmd",
     "strata.cli.calibrate_cmd",
 )
+# The module that registers each command: `strata <command> ...` imports that module alone, so that
+# a quick command (`strata health`, a container's healthcheck) does not pay for the benchmarks'
+# imports of torch and transformers (seconds).
+MODULE_OF_COMMAND: dict[str, str] = {
+    "infra": "strata.cli.infra_cmd", "demo": "strata.cli.demo_cmd", "report": "strata.cli.report_cmd",
+    "up": "strata.cli.stack_cmd", "down": "strata.cli.stack_cmd", "status": "strata.cli.stack_cmd",
+    "logs": "strata.cli.stack_cmd", "health": "strata.cli.health_cmd", "submit": "strata.cli.submit_cmd",
+    "train": "strata.cli.train_cmd", "models": "strata.cli.models_cmd", "bench": "strata.cli.bench_cmd",
+    "diagnose": "strata.cli.diagnose_cmd", "rm": "strata.cli.rm_cmd", "calibrate": "strata.cli.calibrate_cmd",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command word of ``argv`` (the first argument that is not an option), if any."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser, with only the module of ``argv``'s command when it names a known one."""
     parser = argparse.ArgumentParser(
         prog="strata", description="Strata: tiered rollout for RLHF/PPO training."
     )
     parser.add_argument("--version", action="version", version=f"strata {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
+    only = MODULE_OF_COMMAND.get(_command_of(argv) or "") if argv is not None else None
+    for module_name in (only,) if only else COMMAND_MODULES:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -55,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

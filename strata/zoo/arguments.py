@@ -8,7 +8,6 @@ import os
 from typing import Any
 
 from strata.errors import CliError
-from strata.zoo.build import PRESETS, ZooSettings
 
 
 def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +16,10 @@ def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def zoo_settings_from_args(args: argparse.Namespace, **extra: Any) -> Any:
+    # Imported here: strata.zoo.build loads torch and transformers (seconds), and every `strata`
+    # command registers these arguments, `strata health` (a container's healthcheck) included.
+    from strata.zoo.build import PRESETS, ZooSettings
+
     overrides: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
     if args.preset is not None:
         overrides["zoo_preset"] = args.preset

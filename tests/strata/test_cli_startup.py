@@ -1,0 +1,27 @@
+"""`strata <command>` imports only that command's module: a container's healthcheck (`strata
+health`) must answer within its timeout, without the seconds torch and transformers take."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from strata.cli.main import COMMAND_MODULES, MODULE_OF_COMMAND, build_parser
+
+
+def test_health_loads_no_model_library() -> None:
+    code = ("import sys; from strata.cli.main import main; rc = main(['health', '127.0.0.1:1', '--timeout', '0.2']); "
+            "print(rc, sorted(m for m in ('torch', 'transformers', 'faiss') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == "1 []", done.stdout + done.stderr  # exit 1: nothing serves on port 1; no model library
+
+
+def test_every_command_maps_to_the_module_that_registers_it() -> None:
+    assert set(MODULE_OF_COMMAND.values()) == set(COMMAND_MODULES)
+    full = build_parser()
+    commands = next(a for a in full._actions if a.dest == "command").choices
+    assert set(commands) == set(MODULE_OF_COMMAND)
+    for command, module in MODULE_OF_COMMAND.items():
+        only = next(a for a in build_parser([command])._actions if a.dest == "command").choices
+        assert command in only, (command, module)
