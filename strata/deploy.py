@@ -1,10 +1,15 @@
-"""Static validation of ``compose.yaml`` (there is no Docker engine in CI, so we check what we can).
+"""Static validation of the compose files, in both variants (``make compose-test`` runs them for real).
 
-Checks: each GPU service pinned to exactly one GPU and no GPU shared; ``CUDA_VISIBLE_DEVICES`` and
-the service's device flag agree with the pinning; a gRPC health check on the service's own port;
-named volumes declared; every command is a module that exists and whose flags its settings accept;
-every ``STRATA_*`` variable is read by that service's settings; scalable services have neither a
-``container_name`` nor host ports. ``strata deploy check`` runs it; tests run it on broken copies.
+``compose.yaml`` holds the services; ``compose.override.yaml`` (read by default) pins each GPU
+service to its own GPU; ``compose.cpu.yaml`` runs every service on the CPU with no device request.
+:func:`load` merges files as docker compose does for the keys we use.
+
+Checks: on GPUs, each GPU service pinned to exactly one GPU and no GPU shared, with
+``CUDA_VISIBLE_DEVICES`` and the service's device (flag or ``STRATA_DEVICE``) agreeing with the
+pinning; on the CPU, no device request and every device ``cpu``; a gRPC health check on the
+service's own port; named volumes declared; every command is a module that exists and whose flags
+its settings accept; every ``STRATA_*`` variable is read by that service's settings; scalable
+services have neither a ``container_name`` nor host ports. Tests run it on broken copies.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ EXPECTED_SERVICES = ("svc_scheduler", "svc_probe", "svc_generator_l1", "svc_gene
                      "svc_learner")
 SCALABLE_SERVICES = ("svc_probe", "svc_generator_l1", "svc_generator_l2", "svc_reward")
 DEVICE_FLAGS = ("--device", "--encoder-device")
+DEVICE_VARIABLES = ("STRATA_DEVICE", "STRATA_ENCODER_DEVICE")
+GPU_OVERRIDE = "compose.override.yaml"
+CPU_OVERRIDE = "compose.cpu.yaml"
 # Variables that are not settings but are read by libraries inside the container.
 NON_SETTINGS_ENV = {"HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES", "TRANSFORMERS_OFFLINE"}
 
@@ -59,8 +67,42 @@ def interpolate(value: Any, env: Mapping[str, str]) -> Any:
     return value
 
 
-def load(path: str | Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    return interpolate(yaml.safe_load(Path(path).read_text()), env or {})
+def load(*paths: str | Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The files merged in order (a later file's service keys replace, its environment entries
+    are added; top-level mappings are merged), then interpolated."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        document = yaml.safe_load(Path(path).read_text()) or {}
+        for key, value in document.items():
+            if key == "services":
+                services = merged.setdefault("services", {})
+                for name, service in value.items():
+                    services[name] = _merge_service(services.get(name, {}), service or {})
+            elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+    return interpolate(merged, env or {})
+
+
+def load_variant(root: str | Path, gpu: bool, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``compose.yaml`` with the GPU pinning (what ``docker compose up`` reads) or the CPU override."""
+    root = Path(root)
+    return load(root / "compose.yaml", root / (GPU_OVERRIDE if gpu else CPU_OVERRIDE), env=env)
+
+
+def _merge_service(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = {**base, **override}
+    if "environment" in base and "environment" in override:
+        merged["environment"] = {**base["environment"], **override["environment"]}
+    return merged
+
+
+def _device(command: list[str], environment: Mapping[str, Any]) -> str | None:
+    flag = _flag_value(command, DEVICE_FLAGS)
+    if flag is not None:
+        return flag
+    return next((str(environment[v]) for v in DEVICE_VARIABLES if v in environment), None)
 
 
 def _settings_class(module: str) -> type[StrataSettings] | None:
@@ -107,8 +149,31 @@ def _check_command(name: str, command: list[str], environment: Mapping[str, Any]
             errors.append(f"{name}: environment variable {key} is not used by Strata")
 
 
-def validate(compose: Mapping[str, Any]) -> list[str]:
-    """Problems found in an (interpolated) compose file; empty when it is fine."""
+def _check_gpu(name: str, devices: Any, command: list[str], environment: Mapping[str, Any],
+               gpu_owner: dict[str, str], errors: list[str]) -> None:
+    if not isinstance(devices, list) or len(devices) != 1:
+        errors.append(f"{name}: needs exactly one deploy.resources.reservations.devices entry (one GPU)")
+        return
+    device = devices[0] or {}
+    ids = device.get("device_ids")
+    if device.get("driver") != "nvidia" or "gpu" not in (device.get("capabilities") or []):
+        errors.append(f"{name}: the device reservation needs driver nvidia and capabilities [gpu]")
+    if not isinstance(ids, list) or len(ids) != 1 or not str(ids[0]).strip():
+        errors.append(f"{name}: device_ids must name exactly one GPU, got {ids!r}")
+    else:
+        gpu = str(ids[0]).strip()
+        if gpu in gpu_owner:
+            errors.append(f"{name} and {gpu_owner[gpu]} are both pinned to GPU {gpu}")
+        gpu_owner.setdefault(gpu, name)
+    if str(environment.get("CUDA_VISIBLE_DEVICES")) != "0":
+        errors.append(f"{name}: CUDA_VISIBLE_DEVICES must be 0 (the one reserved GPU inside the container)")
+    if _device(command, environment) != "cuda:0":
+        errors.append(f"{name}: its device (--device or STRATA_DEVICE) must be cuda:0 (the reserved GPU)")
+
+
+def validate(compose: Mapping[str, Any], gpu: bool = True) -> list[str]:
+    """Problems found in an (interpolated, merged) compose configuration; empty when it is fine.
+    ``gpu``: the GPU variant (each service pinned) or the CPU one (no device requested)."""
     errors: list[str] = []
     services: Mapping[str, Any] = compose.get("services") or {}
     declared_volumes = set((compose.get("volumes") or {}).keys())
@@ -127,24 +192,14 @@ def validate(compose: Mapping[str, Any]) -> list[str]:
         environment = service.get("environment") or {}
         _check_command(name, command, environment, errors)
         devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices")
-        if not isinstance(devices, list) or len(devices) != 1:
-            errors.append(f"{name}: needs exactly one deploy.resources.reservations.devices entry (one GPU)")
+        if gpu:
+            _check_gpu(name, devices, command, environment, gpu_owner, errors)
         else:
-            device = devices[0] or {}
-            ids = device.get("device_ids")
-            if device.get("driver") != "nvidia" or "gpu" not in (device.get("capabilities") or []):
-                errors.append(f"{name}: the device reservation needs driver nvidia and capabilities [gpu]")
-            if not isinstance(ids, list) or len(ids) != 1 or not str(ids[0]).strip():
-                errors.append(f"{name}: device_ids must name exactly one GPU, got {ids!r}")
-            else:
-                gpu = str(ids[0]).strip()
-                if gpu in gpu_owner:
-                    errors.append(f"{name} and {gpu_owner[gpu]} are both pinned to GPU {gpu}")
-                gpu_owner.setdefault(gpu, name)
-            if str(environment.get("CUDA_VISIBLE_DEVICES")) != "0":
-                errors.append(f"{name}: CUDA_VISIBLE_DEVICES must be 0 (the one reserved GPU inside the container)")
-            if _flag_value(command, DEVICE_FLAGS) != "cuda:0":
-                errors.append(f"{name}: its command must select --device cuda:0 (the reserved GPU)")
+            if devices:
+                errors.append(f"{name}: the CPU variant must not request a device, got {devices!r}")
+            if _device(command, environment) != "cpu" or str(environment.get("CUDA_VISIBLE_DEVICES", "")) != "":
+                errors.append(f"{name}: the CPU variant must set its device to cpu and hide GPUs "
+                              "(CUDA_VISIBLE_DEVICES empty)")
         port = _flag_value(command, ("--grpc-port",))
         test = [str(t) for t in ((service.get("healthcheck") or {}).get("test") or [])]
         if port is None:

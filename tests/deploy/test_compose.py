@@ -1,5 +1,5 @@
-"""compose.yaml is validated statically (no Docker engine here) and by `docker compose config` when
-a Docker CLI with compose is present."""
+"""The compose files are validated statically, in both variants (GPU pinning and CPU), and by
+`docker compose config` when a Docker CLI with compose is present. `make compose-test` runs them."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from strata.deploy import interpolate, load, read_env_file, validate
+from strata.deploy import CPU_OVERRIDE, GPU_OVERRIDE, interpolate, load, load_variant, read_env_file, validate
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    return load(REPO / "compose.yaml", read_env_file(REPO / "deploy" / "gpus.env"))
+    return load_variant(REPO, gpu=True, env=read_env_file(REPO / "deploy" / "gpus.env"))
 
 
 def test_shipped_compose_is_valid(compose: dict[str, Any]) -> None:
@@ -26,7 +27,28 @@ def test_shipped_compose_is_valid(compose: dict[str, Any]) -> None:
 
 
 def test_default_gpu_map_without_env_file_is_valid() -> None:
-    assert validate(load(REPO / "compose.yaml")) == []
+    assert validate(load_variant(REPO, gpu=True)) == []
+
+
+def test_the_cpu_variant_requests_no_device_and_runs_on_the_cpu() -> None:
+    assert validate(load_variant(REPO, gpu=False), gpu=False) == []
+    # The GPU variant is not a valid CPU one, and the reverse: the check can fail.
+    assert validate(load_variant(REPO, gpu=True), gpu=False)
+    assert validate(load_variant(REPO, gpu=False), gpu=True)
+
+
+def test_the_overrides_change_devices_only() -> None:
+    # Everything else lives in compose.yaml, so the two variants cannot drift apart.
+    device_keys = {"CUDA_VISIBLE_DEVICES", "STRATA_DEVICE", "STRATA_ENCODER_DEVICE"}
+    gpu, cpu = (load(REPO / name)["services"] for name in (GPU_OVERRIDE, CPU_OVERRIDE))
+    assert set(gpu) == set(cpu)
+    for service in cpu.values():
+        assert set(service) == {"environment"} and set(service["environment"]) <= device_keys
+    for service in gpu.values():
+        assert set(service) == {"environment", "deploy"} and set(service["environment"]) <= device_keys
+    base = load(REPO / "compose.yaml")["services"]
+    for service in base.values():
+        assert "deploy" not in service and not device_keys & set(service.get("environment") or {})
 
 
 def test_every_gpu_service_has_its_own_gpu(compose: dict[str, Any]) -> None:
@@ -48,6 +70,10 @@ def broken(compose: dict[str, Any], edit) -> list[str]:
     changed = copy.deepcopy(compose)
     edit(changed["services"])
     return validate(changed)
+
+
+def _reservations(service: dict[str, Any]) -> Any:
+    return ((service.get("deploy") or {}).get("resources") or {}).get("reservations")
 
 
 def _devices(service: dict[str, Any]) -> list:
@@ -94,8 +120,19 @@ def test_docker_compose_config_accepts_the_file() -> None:
     candidates = [["docker", "compose"], ["docker-compose"]]
     for base in candidates:
         if shutil.which(base[0]) and subprocess.run([*base, "version"], capture_output=True).returncode == 0:
-            result = subprocess.run([*base, "-f", str(REPO / "compose.yaml"), "--env-file",
-                                     str(REPO / "deploy" / "gpus.env"), "config", "-q"], capture_output=True, text=True)
-            assert result.returncode == 0, result.stderr
+            for files in (["compose.yaml", GPU_OVERRIDE], ["compose.yaml", CPU_OVERRIDE]):
+                flags = [word for name in files for word in ("-f", str(REPO / name))]
+                result = subprocess.run([*base, *flags, "--env-file", str(REPO / "deploy" / "gpus.env"), "config"],
+                                        capture_output=True, text=True)
+                assert result.returncode == 0, result.stderr
+                # Our merge (what the checks above read) is docker compose's, for every service's
+                # environment, command and device requests.
+                theirs = yaml.safe_load(result.stdout)["services"]
+                ours = load(*(REPO / name for name in files), env=read_env_file(REPO / "deploy" / "gpus.env"))
+                for name, service in ours["services"].items():
+                    env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
+                    assert {k: str(v) for k, v in (theirs[name].get("environment") or {}).items()} == env, name
+                    assert theirs[name].get("command") == service.get("command"), name
+                    assert _reservations(theirs[name]) == _reservations(service), name
             return
     pytest.skip("no Docker CLI with compose")
