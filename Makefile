@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STRATA := $(VENV)/bin/strata
 
-.PHONY: setup test demo protos lint infra-up infra-down clean
+.PHONY: setup test demo compose-test protos lint infra-up infra-down clean
 
 # The virtual environment at .venv/ with Strata installed in editable mode and the dev tools.
 setup: $(VENV)/.installed
@@ -22,6 +22,11 @@ test: setup
 
 demo: setup
 	$(STRATA) demo
+
+# compose.yaml for real on this machine: images built from Debian packages (no registry), podman
+# serving the Docker API, the whole stack up on the CPU (compose.cpu.yaml). Root; docs/deploy.md.
+compose-test: setup
+	$(PY) deploy/compose_check.py
 
 protos: setup
 	$(PY) scripts/gen_protos.py

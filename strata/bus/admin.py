@@ -115,6 +115,19 @@ def resume_offsets(bootstrap: str, group: str, topic: Topic) -> dict[int, int]:
         consumer.close(autocommit=False)
 
 
+def events_retained(bootstrap: str, topic: Topic) -> int:
+    """How many events ``topic`` holds now (end minus beginning offsets, over its partitions)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic.name, p) for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
+        beginning, end = consumer.beginning_offsets(partitions), consumer.end_offsets(partitions)
+        return sum(end[tp] - beginning[tp] for tp in partitions)
+    finally:
+        consumer.close(autocommit=False)
+
+
 class GroupLag:
     """Whether a consumer group has committed everything published so far on some topics."""
 
