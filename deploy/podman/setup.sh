@@ -20,7 +20,8 @@ command -v curl >/dev/null || need+=(curl)
 [[ -e /usr/lib/cni/dnsname ]] || need+=(golang-github-containernetworking-plugin-dnsname)
 if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # With recommends: podman needs slirp4netns, uidmap, fuse-overlayfs and catatonit as tested.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
 conf=/etc/containers/containers.conf
