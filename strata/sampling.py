@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from strata.contract import limits
+
 
 class SamplingError(ValueError):
     """An invalid sampling value; ``field`` names it (e.g. ``sampling.temperature``)."""
@@ -23,10 +25,10 @@ class SamplingError(ValueError):
 
 @dataclass(frozen=True)
 class SamplingBounds:
-    min_temperature: float = 0.3       # exclusive (R16)
-    max_temperature: float = 2.0       # inclusive
-    max_top_p: float = 0.95            # exclusive (R16)
-    max_new_tokens_limit: int = 1024
+    min_temperature: float = limits.MIN_TEMPERATURE   # exclusive (R16)
+    max_temperature: float = limits.MAX_TEMPERATURE   # inclusive
+    max_top_p: float = limits.MAX_TOP_P               # exclusive (R16)
+    max_new_tokens_limit: int = limits.MAX_NEW_TOKENS
     allow_out_of_range: bool = False   # accept R16 violations with a warning instead of rejecting
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from strata.config import StrataSettings
+from strata.contract import limits
 from strata.sampling import Sampling, SamplingBounds
 
 
@@ -29,16 +30,16 @@ class GeneratorSettings(StrataSettings):
     temperature: float = Field(0.8, description="default sampling temperature")
     top_p: float = Field(0.9, description="default nucleus sampling threshold")
     max_new_tokens: int = Field(64, ge=1, description="default response length limit")
-    min_temperature: float = Field(0.3, description="temperature must be above this (R16)")
-    max_top_p: float = Field(0.95, description="top_p must be below this (R16)")
-    max_new_tokens_limit: int = Field(512, ge=1, description="largest max_new_tokens a request may ask")
+    min_temperature: float = Field(limits.MIN_TEMPERATURE, description="temperature must be above this (R16)")
+    max_top_p: float = Field(limits.MAX_TOP_P, description="top_p must be below this (R16)")
+    max_new_tokens_limit: int = Field(limits.MAX_NEW_TOKENS, ge=1, description="largest max_new_tokens asked")
     allow_out_of_range_sampling: bool = Field(False, description="accept R16 violations with a warning")
     rollout_dropout_enabled: bool = Field(False, description="keep dropout on during rollout (R17)")
     rollout_dropout: float = Field(0.1, ge=0, lt=1, description="dropout probability when enabled (R17)")
 
     # Request limits.
-    max_prompt_chars: int = Field(8000, ge=1, description="longest prompt accepted")
-    max_samples_per_request: int = Field(16, ge=1, description="largest n_samples accepted")
+    max_prompt_chars: int = Field(limits.MAX_PROMPT_CHARS, ge=1, description="longest prompt accepted")
+    max_samples_per_request: int = Field(limits.MAX_N_SAMPLES, ge=1, description="largest n_samples accepted")
 
     # Weights.
     policy_version: int = Field(0, ge=0, description="version stamped on rollouts until a policy update")
@@ -67,5 +68,5 @@ class GeneratorSettings(StrataSettings):
                         self.rollout_dropout if self.rollout_dropout_enabled else None)
 
     def sampling_bounds(self) -> SamplingBounds:
-        return SamplingBounds(self.min_temperature, 2.0, self.max_top_p, self.max_new_tokens_limit,
+        return SamplingBounds(self.min_temperature, limits.MAX_TEMPERATURE, self.max_top_p, self.max_new_tokens_limit,
                               self.allow_out_of_range_sampling)

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from strata import risk
 from strata.config import StrataSettings
+from strata.contract import limits
 
 
 class SchedulerSettings(StrataSettings):
@@ -103,15 +104,16 @@ class SchedulerSettings(StrataSettings):
     )
 
     # -- input bounds ---------------------------------------------------------------------------------
-    max_prompt_chars: int = Field(16_000, ge=1, description="longest prompt accepted, in characters")
+    max_prompt_chars: int = Field(limits.MAX_PROMPT_CHARS, ge=1, description="longest prompt accepted, in characters")
     max_prompt_bytes: int = Field(64 * 1024, ge=1, description="longest prompt accepted, in UTF-8 bytes")
     max_batch_size: int = Field(256, ge=1, description="most prompts in one SubmitBatch")
     default_n_samples: int = Field(4, ge=1, description="rollouts per prompt when the request says 0")
-    max_n_samples: int = Field(64, ge=1, description="most rollouts one request may ask for")
-    min_temperature: float = Field(0.3, ge=0, description="temperature must be above this (R16, as the generator)")
-    max_temperature: float = Field(2.0, gt=0, description="temperature must be at most this")
-    max_top_p: float = Field(0.95, gt=0, le=1, description="top_p must be below this (R16, as the generator)")
-    max_new_tokens_limit: int = Field(4096, ge=1, description="largest max_new_tokens a request may ask for")
+    # Defaults from strata.contract.limits: what the tiers serve, so that nothing accepted is refused later.
+    max_n_samples: int = Field(limits.MAX_N_SAMPLES, ge=1, description="most rollouts one request may ask for")
+    min_temperature: float = Field(limits.MIN_TEMPERATURE, ge=0, description="temperature must be above this (R16)")
+    max_temperature: float = Field(limits.MAX_TEMPERATURE, gt=0, description="temperature must be at most this")
+    max_top_p: float = Field(limits.MAX_TOP_P, gt=0, le=1, description="top_p must be below this (R16)")
+    max_new_tokens_limit: int = Field(limits.MAX_NEW_TOKENS, ge=1, description="largest max_new_tokens asked")
     max_request_id_chars: int = Field(128, ge=1, description="longest request_id accepted")
 
     # -- Redis and Kafka behaviour ---------------------------------------------------------------------

@@ -27,7 +27,7 @@ SETTINGS = SchedulerSettings(max_prompt_chars=50, max_prompt_bytes=60, max_n_sam
         ("ok", Sampling(temperature=5.0), 1, "sampling.temperature", "<= 2"),
         ("ok", Sampling(top_p=0.95), 1, "sampling.top_p", "< 0.95"),
         ("ok", Sampling(top_p=0.0), 1, "sampling.top_p", "> 0"),
-        ("ok", Sampling(max_new_tokens=0), 1, "sampling.max_new_tokens", "[1, 4096]"),
+        ("ok", Sampling(max_new_tokens=0), 1, "sampling.max_new_tokens", "[1, 512]"),
         ("ok", Sampling(rollout_dropout=1.0), 1, "sampling.rollout_dropout", "[0, 1)"),
         ("ok", Sampling(), 9, "n_samples", "[0, 8]"),
     ],

@@ -1,0 +1,70 @@
+"""Whatever the scheduler accepts, the tiers serve: the limits of both sides, walked at their edges.
+
+The generator's checks are those of its gRPC servicer and its Kafka worker (strata.validation and
+strata.sampling with GeneratorSettings' bounds); the scheduler's are svc_scheduler.validation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from strata.contract import limits
+from strata.sampling import resolve_sampling
+from strata.validation import check_n_samples, check_prompt
+from svc_generator.config import GeneratorSettings
+from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.validation import InvalidField, Sampling, validate
+
+SCHEDULER = SchedulerSettings()
+TIERS = [GeneratorSettings(tier=1), GeneratorSettings(tier=2)]
+
+
+def served_by_every_tier(prompt: str, sampling: Sampling, n_samples: int) -> None:
+    for tier in TIERS:
+        check_prompt(prompt, tier.max_prompt_chars)
+        check_n_samples(n_samples, tier.max_samples_per_request)
+        resolve_sampling(tier.sampling_defaults(), tier.sampling_bounds(), temperature=sampling.temperature,
+                         top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens, seed=sampling.seed,
+                         rollout_dropout=sampling.rollout_dropout)
+
+
+EDGES = [
+    ("longest prompt", "é" * SCHEDULER.max_prompt_chars, Sampling(), 1),
+    ("most samples", "hi", Sampling(), SCHEDULER.max_n_samples),
+    ("longest response", "hi", Sampling(max_new_tokens=SCHEDULER.max_new_tokens_limit), 1),
+    ("coolest temperature", "hi", Sampling(temperature=math.nextafter(SCHEDULER.min_temperature, 9.0)), 1),
+    ("hottest temperature", "hi", Sampling(temperature=SCHEDULER.max_temperature), 1),
+    ("widest top_p", "hi", Sampling(top_p=math.nextafter(SCHEDULER.max_top_p, 0.0)), 1),
+    ("dropout", "hi", Sampling(rollout_dropout=0.5), 1),
+]
+
+
+@pytest.mark.parametrize(("name", "prompt", "sampling", "n_samples"), EDGES, ids=[e[0] for e in EDGES])
+def test_the_edge_of_what_the_scheduler_accepts_is_served(name: str, prompt: str, sampling: Sampling,
+                                                          n_samples: int) -> None:
+    accepted = validate(prompt, sampling, n_samples, "", SCHEDULER)
+    served_by_every_tier(accepted.prompt, accepted.sampling, accepted.n_samples)
+
+
+BEYOND = [
+    ("prompt", "x" * (SCHEDULER.max_prompt_chars + 1), Sampling(), 1),
+    ("n_samples", "hi", Sampling(), SCHEDULER.max_n_samples + 1),
+    ("sampling.max_new_tokens", "hi", Sampling(max_new_tokens=SCHEDULER.max_new_tokens_limit + 1), 1),
+    ("sampling.temperature", "hi", Sampling(temperature=SCHEDULER.min_temperature), 1),
+    ("sampling.top_p", "hi", Sampling(top_p=SCHEDULER.max_top_p), 1),
+]
+
+
+@pytest.mark.parametrize(("field", "prompt", "sampling", "n_samples"), BEYOND, ids=[b[0] for b in BEYOND])
+def test_one_step_beyond_is_refused_at_the_door(field: str, prompt: str, sampling: Sampling, n_samples: int) -> None:
+    with pytest.raises(InvalidField) as refused:
+        validate(prompt, sampling, n_samples, "", SCHEDULER)
+    assert refused.value.field == field
+
+
+def test_the_defaults_come_from_the_contract() -> None:
+    assert SCHEDULER.max_new_tokens_limit == limits.MAX_NEW_TOKENS == TIERS[0].max_new_tokens_limit
+    assert SCHEDULER.max_n_samples == limits.MAX_N_SAMPLES == TIERS[0].max_samples_per_request
+    assert SCHEDULER.max_prompt_chars == limits.MAX_PROMPT_CHARS == TIERS[0].max_prompt_chars
