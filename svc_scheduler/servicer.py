@@ -62,15 +62,21 @@ _SCHEMAS: dict[str, dict[int, Any]] = {
 }
 
 
+_MAX_VARINT_BYTES = 10  # a 64-bit varint; a longer run of continuation bytes is not protobuf
+
+
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """One varint at ``pos``; IndexError past the end or past 10 bytes (so garbage costs linear time:
+    an unbounded run would build an ever larger int, quadratic in its length)."""
     value = shift = 0
-    while True:
+    for _ in range(_MAX_VARINT_BYTES):
         byte = data[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
             return value, pos
         shift += 7
+    raise IndexError("varint longer than 10 bytes")
 
 
 def _bad_utf8_field(data: bytes, schema: dict[int, Any], prefix: str = "") -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from strata.v1 import scheduler_pb2
-from svc_scheduler.servicer import Malformed, lenient
+from svc_scheduler.servicer import Malformed, _varint, lenient
 from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.validation import InvalidField, Sampling, validate
 
@@ -65,3 +65,13 @@ def test_lenient_parser_finds_the_non_utf8_field() -> None:
 
 def bad_prompt_problem() -> str:
     return "is not valid UTF-8 (binary data is not a prompt)"
+
+
+def test_garbage_is_refused_without_reading_past_a_varints_ten_bytes() -> None:
+    # A run of continuation bytes is not protobuf: the scan gives up after 10 bytes instead of
+    # building an ever larger int (which made 400 KB of garbage take seconds to refuse).
+    with pytest.raises(IndexError, match="longer than 10 bytes"):
+        _varint(b"\xff" * 400_000, 0)
+    assert _varint(b"\xac\x02", 0) == (300, 2)
+    garbage = b"\x0a" + b"\xff" * 400_000
+    assert lenient(scheduler_pb2.SubmitRequest)(garbage) == Malformed("request", "is not a valid SubmitRequest")
