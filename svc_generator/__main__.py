@@ -12,6 +12,7 @@ from strata.content_store import ContentStore
 from strata.contract.models import model_path
 from strata.debug_store import debug_store_for
 from strata.devicetime import device_clock
+from strata.models.budget import TokenBudget
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, service_main
 from strata.v1 import generator_pb2, generator_pb2_grpc
@@ -31,20 +32,22 @@ def model_dir(settings: GeneratorSettings) -> str:
 
 def build(settings: GeneratorSettings) -> ServiceParts:
     """Wire the service: backend, batcher, servicer, worker, policy watcher."""
-    backend = create_backend(settings, model_dir(settings))
+    path = model_dir(settings)
+    backend = create_backend(settings, path)
+    budget = TokenBudget.of_model(f"Level-{settings.tier}", path)
     batcher = DynamicBatcher(backend, settings.max_batch_size, settings.max_wait_ms / 1000, settings.policy_version,
                              clock=device_clock(backend.device))
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings.kafka_address, client_id=f"svc-generator-l{settings.tier}")
     handler = GeneratorWorker(settings, batcher, store, client, publisher, backend.tokenizer_id,
-                              debug_store_for(settings, client), n_params=backend.n_params)
+                              debug_store_for(settings, client), n_params=backend.n_params, budget=budget)
     worker = Worker(settings, settings.consumer_group, publisher=publisher,
                     batch_handlers={handler.topic: handler.handle_batch})
     loops = [batcher.run]
     if settings.follows_policy:
         loops.append(PolicyWatcher(settings.kafka_address, batcher).run)
-    servicer = GeneratorServicer(settings, batcher, store, backend.tokenizer_id)
+    servicer = GeneratorServicer(settings, batcher, store, backend.tokenizer_id, budget)
     binding = ServiceBinding(generator_pb2_grpc.add_GeneratorServicer_to_server, servicer,
                              generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name)
     return ServiceParts(f"svc_generator[l{settings.tier}]", settings, [binding], settings.resolved_grpc_port,

@@ -29,7 +29,7 @@ class GeneratorSettings(StrataSettings):
     # Sampling defaults and the R16 bounds.
     temperature: float = Field(0.8, description="default sampling temperature")
     top_p: float = Field(0.9, description="default nucleus sampling threshold")
-    max_new_tokens: int = Field(64, ge=1, description="default response length limit")
+    max_new_tokens: int = Field(limits.DEFAULT_MAX_NEW_TOKENS, ge=1, description="default response length limit")
     min_temperature: float = Field(limits.MIN_TEMPERATURE, description="temperature must be above this (R16)")
     max_top_p: float = Field(limits.MAX_TOP_P, description="top_p must be below this (R16)")
     max_new_tokens_limit: int = Field(limits.MAX_NEW_TOKENS, ge=1, description="largest max_new_tokens asked")

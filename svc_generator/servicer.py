@@ -10,6 +10,7 @@ import grpc
 
 from strata.content_store import ContentStore, StoreUnavailableError
 from strata.hashing import content_hash
+from strata.models.budget import TokenBudget
 from strata.rpc import abort_invalid, abort_unavailable
 from strata.telemetry import Sensitive
 from strata.v1 import generator_pb2, generator_pb2_grpc
@@ -34,7 +35,8 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
     Kafka worker is the rollout path)."""
 
     def __init__(self, settings: GeneratorSettings, batcher: DynamicBatcher, store: ContentStore | None,
-                 tokenizer_id: str) -> None:
+                 tokenizer_id: str, budget: TokenBudget | None = None) -> None:
+        self._budget = budget  # the model's positions (strata.models.budget)
         self._settings = settings
         self._batcher = batcher
         self._store = store
@@ -48,6 +50,9 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
             n = check_n_samples(request.n_samples, s.max_samples_per_request)
             directions = check_directions([d.name for d in request.directions])
             validated = sampling_from_proto(request.sampling, s.sampling_defaults(), s.sampling_bounds())
+            max_new = validated.sampling.max_new_tokens
+            if self._budget and (problem := self._budget.problem(prompt, max_new, directions)):
+                raise RequestError("prompt", problem)
         except RequestError as exc:
             abort_invalid(context, exc.field, exc.problem)
         for warning in validated.warnings:

@@ -21,6 +21,7 @@ from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.contract.identity import request_identity
 from strata.debug_store import DebugSample, DebugStore
+from strata.models.budget import TokenBudget
 from strata.v1 import common_pb2, events_pb2
 from strata.validation import RequestError, check_directions, sampling_from_proto, sampling_to_proto
 from svc_generator.backends.base import GenerationRequest
@@ -56,7 +57,9 @@ class GeneratorWorker:
 
     def __init__(self, settings: GeneratorSettings, batcher: DynamicBatcher, store: ContentStore,
                  client: redis.Redis, publisher: Publisher, tokenizer_id: str,
-                 debug_store: DebugStore | None = None, n_params: int = 0) -> None:
+                 debug_store: DebugStore | None = None, n_params: int = 0, budget: TokenBudget | None = None,
+                 ) -> None:
+        self._budget = budget  # the model's positions: a prompt that cannot fit is dead-lettered, not retried
         self._debug_store = debug_store  # --debug-rollout only; never read by training
         self._n_params = n_params  # the ledger's params x tokens
         self._settings = settings
@@ -77,6 +80,8 @@ class GeneratorWorker:
                 sampling = sampling_from_proto(routed.sampling, self._settings.sampling_defaults(),
                                                self._settings.sampling_bounds()).sampling
                 directions = check_directions([d.name for d in routed.directions])
+                if self._budget and (problem := self._budget.problem(prompt, sampling.max_new_tokens, directions)):
+                    raise RequestError("prompt", problem)
             except (ContentNotFoundError, RequestError) as exc:
                 raise PoisonMessageError(f"prompt {routed.prompt_hash[:12]}: {exc}") from exc
             for index in range(routed.n_samples or 1):

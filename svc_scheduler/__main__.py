@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import socket
 import sys
 import threading
@@ -18,6 +19,8 @@ from collections.abc import Sequence
 from strata.bus import Publisher, Worker
 from strata.config import add_settings_flags, parse_settings
 from strata.content_store import ContentStore
+from strata.contract.models import ModelNotConfiguredError, model_path
+from strata.models.budget import TokenBudget
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, run_service
 from strata.telemetry import setup_logging
@@ -28,6 +31,25 @@ from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.store import SchedulerStore, connect
 from svc_scheduler.watch import WatchFeed, WatchHub
 from svc_scheduler.workers import IndexSync, StatsUpdater
+
+log = logging.getLogger(__name__)
+
+
+def tier_budgets(settings: SchedulerSettings) -> list[TokenBudget]:
+    """The tiers' models as the prompt token check reads them (tokenizer and positions, no weights)."""
+    if not settings.check_prompt_tokens:
+        return []
+    budgets = []
+    for name, role, configured, flag in (("Level-1", "level1", settings.level1_model, "--level1-model"),
+                                         ("Level-2", "level2", settings.level2_model, "--level2-model")):
+        try:
+            path = model_path(role, configured, settings.cache_dir, settings.zoo_preset, flag)
+        except ModelNotConfiguredError as exc:
+            log.warning("prompt token check: %s; prompts are not checked against the %s model", exc, name)
+            continue
+        budgets.append(TokenBudget.of_model(name, path))
+        log.info("prompt token check: %s model reads %d positions (%s)", name, budgets[-1].n_positions, path)
+    return budgets
 
 
 def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> tuple[ServiceParts, SchedulerEngine]:
@@ -48,7 +70,7 @@ def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> 
     hub = WatchHub(settings.watch_buffer_s, settings.watch_buffer_max_prompts, settings.watch_buffer_max_events)
     feed = WatchFeed(settings, hub, client_id=f"svc-scheduler-watch-{replica}")
     stop_servicer = threading.Event()
-    servicer = SchedulerServicer(engine, hub, settings, stop_servicer)
+    servicer = SchedulerServicer(engine, hub, settings, stop_servicer, tier_budgets(settings))
     stats_worker = Worker(settings, settings.stats_group_id, StatsUpdater(store, settings).handlers(), publisher,
                           client_id=f"svc-scheduler-stats-{replica}")
     parts = ServiceParts(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError, Message
 
 from strata.content_store import StoreUnavailableError
 from strata.hashing import is_content_hash
+from strata.models.budget import TokenBudget
 from strata.rpc import abort_invalid, abort_unavailable
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from svc_scheduler.engine import Accepted, NotAcceptedError, SchedulerEngine
@@ -153,8 +154,10 @@ def sampling_of(message: common_pb2.SamplingParams) -> Sampling:
     return Sampling(opt("temperature"), opt("top_p"), opt("max_new_tokens"), opt("seed"), opt("rollout_dropout"))
 
 
-def request_of(message: scheduler_pb2.SubmitRequest, settings: SchedulerSettings) -> PromptRequest:
-    return validate(message.prompt, sampling_of(message.sampling), message.n_samples, message.request_id, settings)
+def request_of(message: scheduler_pb2.SubmitRequest, settings: SchedulerSettings,
+               budgets: Sequence[TokenBudget] = ()) -> PromptRequest:
+    return validate(message.prompt, sampling_of(message.sampling), message.n_samples, message.request_id, settings,
+                    budgets)
 
 
 def response_of(accepted: Accepted) -> scheduler_pb2.SubmitResponse:
@@ -170,18 +173,20 @@ def response_of(accepted: Accepted) -> scheduler_pb2.SubmitResponse:
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(
-        self, engine: SchedulerEngine, hub: WatchHub, settings: SchedulerSettings, stop: threading.Event | None = None
+        self, engine: SchedulerEngine, hub: WatchHub, settings: SchedulerSettings, stop: threading.Event | None = None,
+        budgets: Sequence[TokenBudget] = (),
     ) -> None:
         self.engine = engine
         self.hub = hub
         self.settings = settings
         self.stop = stop or threading.Event()
+        self.budgets = tuple(budgets)  # the tiers' models: what a prompt must fit (validation.validate)
 
     def Submit(self, request: Any, context: grpc.ServicerContext) -> scheduler_pb2.SubmitResponse:
         if isinstance(request, Malformed):
             abort_invalid(context, request.field, request.problem)
         try:
-            prompt = request_of(request, self.settings)
+            prompt = request_of(request, self.settings, self.budgets)
         except InvalidField as exc:
             abort_invalid(context, exc.field, exc.problem)
         [result] = self._submit(context, [prompt])
@@ -199,7 +204,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         valid: list[tuple[int, PromptRequest]] = []
         for i, item in enumerate(request.requests):
             try:
-                valid.append((i, request_of(item, self.settings)))
+                valid.append((i, request_of(item, self.settings, self.budgets)))
                 results.append(scheduler_pb2.SubmitBatchResult())
             except InvalidField as exc:
                 results.append(scheduler_pb2.SubmitBatchResult(error=f"requests[{i}].{exc}"))

@@ -115,6 +115,11 @@ class SchedulerSettings(StrataSettings):
     max_top_p: float = Field(limits.MAX_TOP_P, gt=0, le=1, description="top_p must be below this (R16)")
     max_new_tokens_limit: int = Field(limits.MAX_NEW_TOKENS, ge=1, description="largest max_new_tokens asked")
     max_request_id_chars: int = Field(128, ge=1, description="longest request_id accepted")
+    # The tiers' models, read for their tokenizers and positions only: a prompt they cannot read
+    # whole (with max_new_tokens) is refused at the door instead of failing in the generator.
+    level1_model: str | None = Field(None, description="Level-1 model directory (prompt token check); unset: the zoo's")
+    level2_model: str | None = Field(None, description="Level-2 model directory (prompt token check); unset: the zoo's")
+    check_prompt_tokens: bool = Field(True, description="refuse prompts the tiers' models cannot read whole")
 
     # -- Redis and Kafka behaviour ---------------------------------------------------------------------
     redis_prefix: str = Field("strata:sched", description="namespace of the scheduler's Redis keys")

@@ -10,9 +10,15 @@ from __future__ import annotations
 import math
 import unicodedata
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from strata.contract import limits
 from svc_scheduler.settings import SchedulerSettings
+
+if TYPE_CHECKING:
+    from strata.models.budget import TokenBudget
 
 # Control characters that ordinary text carries; every other Cc / Cs / Co / Cn character is a sign of
 # binary data (a NUL byte, a terminal escape, a surrogate) and is refused.
@@ -89,11 +95,19 @@ def check_sampling(sampling: Sampling, settings: SchedulerSettings, field: str =
 
 
 def validate(
-    prompt: str, sampling: Sampling, n_samples: int, request_id: str, settings: SchedulerSettings
+    prompt: str, sampling: Sampling, n_samples: int, request_id: str, settings: SchedulerSettings,
+    budgets: Sequence[TokenBudget] = (),
 ) -> PromptRequest:
-    """The request as the scheduler will use it, or :class:`InvalidField` for the first bad field."""
+    """The request as the scheduler will use it, or :class:`InvalidField` for the first bad field.
+
+    ``budgets``: the tiers' models; the prompt, with its ``max_new_tokens``, must fit each of them.
+    """
     check_prompt(prompt, settings)
     check_sampling(sampling, settings)
+    max_new_tokens = sampling.max_new_tokens or limits.DEFAULT_MAX_NEW_TOKENS
+    for budget in budgets:
+        if (problem := budget.problem(prompt, max_new_tokens)) is not None:
+            raise InvalidField("prompt", problem)
     if n_samples < 0 or n_samples > settings.max_n_samples:
         raise InvalidField("n_samples", f"{n_samples} is out of range; must be in [0, {settings.max_n_samples}] "
                            f"(0 means the default, {settings.default_n_samples})")

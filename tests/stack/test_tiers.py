@@ -108,6 +108,41 @@ def test_level0_prompts_come_out_as_final_rewards_with_escalations_and_hash_only
     assert sorted((r.prompt_hash, r.response_hash, round(r.reward, 6)) for r in ours_log) == sorted(final_triples)
 
 
+def test_a_prompt_the_model_cannot_read_is_dead_lettered_once_and_its_batch_mates_served(infra, stack) -> None:
+    # A prompt past the model's positions (which the scheduler refuses at the door) that reaches a
+    # generator anyway: dead-lettered at the first attempt with the reason, not retried five times
+    # inside one failing generation batch; the prompts beside it are rolled out.
+    from kafka import KafkaConsumer, TopicPartition
+
+    dlq = KafkaConsumer(bootstrap_servers=infra.kafka_address, enable_auto_commit=False, group_id=None)
+    dlq_partitions = [TopicPartition(topics.PROMPTS_LEVEL1.dlq, p)
+                      for p in sorted(dlq.partitions_for_topic(topics.PROMPTS_LEVEL1.dlq))]
+    dlq.assign(dlq_partitions)
+    dlq.seek_to_end(*dlq_partitions)
+    for tp in dlq_partitions:
+        dlq.position(tp)
+    rollouts = Tail(infra, topics.ROLLOUTS_GENERATED)
+    try:
+        fine = [r.text for r in load_suite("eval") if not r.risk][40:43]
+        too_long = "Please read all of this carefully before you answer. " * 60 + str(time.time_ns())
+        requests = submit(infra, [*fine, too_long], tier=common_pb2.TIER_LEVEL_1)
+        long_hash = next(h for rid, h in requests.items() if rid == list(requests)[-1])
+        fine_ids = set(list(requests)[:-1])
+        rollouts.read(lambda evs: fine_ids <= {e.request_id for e in evs})
+        dead: list = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while not dead:
+            assert time.monotonic() < deadline, "the too-long prompt was not dead-lettered"
+            for records in dlq.poll(timeout_ms=500).values():
+                dead += [r for r in records if events_pb2.PromptRouted.FromString(r.value).prompt_hash == long_hash]
+        headers = dict(dead[0].headers)
+        assert headers["strata-dlq-attempts"] == b"1"
+        assert b"positions of the Level-1 model" in headers["strata-dlq-error"]
+    finally:
+        dlq.close()
+        rollouts.close()
+
+
 def wait_for_log(path: Path, text: str, process: subprocess.Popen, timeout_s: float = 120.0) -> None:
     """Until ``text`` appears in a service's log (it logs it once serving)."""
     deadline = time.monotonic() + timeout_s
@@ -159,3 +194,4 @@ def test_generator_killed_mid_stream_loses_nothing_and_doubles_nothing(infra, st
     finals = finals_by_request(seen, requests)
     assert set(finals) == set(requests)
     assert all(len(v) == 1 for v in finals.values()), {k: len(v) for k, v in finals.items() if len(v) != 1}
+

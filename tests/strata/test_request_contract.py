@@ -11,6 +11,9 @@ import math
 import pytest
 
 from strata.contract import limits
+from strata.models.budget import TokenBudget
+from strata.models.generation import SamplingConfig, generate
+from strata.models.loading import load_causal_lm
 from strata.sampling import resolve_sampling
 from strata.validation import check_n_samples, check_prompt
 from svc_generator.config import GeneratorSettings
@@ -68,3 +71,31 @@ def test_the_defaults_come_from_the_contract() -> None:
     assert SCHEDULER.max_new_tokens_limit == limits.MAX_NEW_TOKENS == TIERS[0].max_new_tokens_limit
     assert SCHEDULER.max_n_samples == limits.MAX_N_SAMPLES == TIERS[0].max_samples_per_request
     assert SCHEDULER.max_prompt_chars == limits.MAX_PROMPT_CHARS == TIERS[0].max_prompt_chars
+
+
+def _prompt_of(budget: TokenBudget, tokens: int) -> str:
+    """A prompt of plain words that takes exactly ``tokens`` positions with the template, if one exists
+    near it (words cost a token or two each, so the last step may overshoot by one)."""
+    words = 1
+    while budget.prompt_tokens("word " * words) < tokens:
+        words += 1
+    return "word " * words
+
+
+def test_the_longest_prompt_the_door_accepts_is_generated_whole(zoo) -> None:
+    # The tiers' models read n_positions tokens: prompt (with the longest directions) + new tokens.
+    budget = TokenBudget.of_model("Level-1", zoo.level1)
+    max_new = 64
+    fitting = _prompt_of(budget, budget.n_positions - max_new - 1)
+    while budget.prompt_tokens(fitting) + max_new > budget.n_positions:
+        fitting = fitting[: -len("word ")]
+    accepted = validate(fitting, Sampling(max_new_tokens=max_new), 1, "", SCHEDULER, [budget])
+    lm = load_causal_lm(zoo.level1, device="cpu")
+    [generated] = generate(lm, [accepted.prompt], [list(budget.directions)],
+                           SamplingConfig(temperature=0.8, max_new_tokens=max_new, seed=0))
+    assert generated.n_tokens <= max_new
+    # Longer, or asking for more new tokens, no longer fits: refused at the door, naming the field.
+    for prompt, new in ((fitting + "word " * 8, max_new), (fitting, max_new + 8)):
+        with pytest.raises(InvalidField, match="positions of the Level-1 model") as refused:
+            validate(prompt, Sampling(max_new_tokens=new), 1, "", SCHEDULER, [budget])
+        assert refused.value.field == "prompt"

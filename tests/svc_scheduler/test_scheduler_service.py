@@ -88,8 +88,9 @@ def scheduler_settings(infra: StrataSettings, **overrides: object) -> SchedulerS
 
 
 @pytest.fixture(scope="module")
-def settings(infra: StrataSettings) -> SchedulerSettings:
-    return scheduler_settings(infra, audit_share=0.0)  # skips stay skips here; audits have their own test
+def settings(infra: StrataSettings, zoo) -> SchedulerSettings:
+    # Skips stay skips here (audits have their own test); the tiers' models give the prompt token check.
+    return scheduler_settings(infra, audit_share=0.0, level1_model=str(zoo.level1), level2_model=str(zoo.level2))
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +136,8 @@ def test_bad_inputs_get_invalid_argument_naming_the_field(replica: Replica) -> N
     assert invalid(lambda: submit(stub, "")).startswith("prompt: must not be empty")
     assert invalid(lambda: submit(stub, "x" * (replica.settings.max_prompt_chars + 1))).startswith("prompt: is ")
     assert invalid(lambda: submit(stub, "binary\x00\x01\x02")).startswith("prompt: contains a control")
+    # Under the character limit, but more tokens than the tiers' models read: refused, not accepted and dropped.
+    assert "positions of the Level-1 model" in invalid(lambda: submit(stub, "Please read this. " * 120))
     too_cold = common_pb2.SamplingParams(temperature=0.2)
     assert invalid(lambda: submit(stub, "ok", sampling=too_cold)).startswith("sampling.temperature:")
     too_wide = common_pb2.SamplingParams(top_p=0.99)

@@ -1,0 +1,57 @@
+"""How much of a prompt a tier's model can read: its positions, and the prompt in its tokens.
+
+A generator feeds ``format_prompt(prompt, directions)`` and then ``max_new_tokens`` more positions;
+a prompt for which that does not fit fails inside the model (position index out of range). The
+scheduler checks it at the door with the tiers' own tokenizers, so that a prompt it accepts is one
+both tiers can serve (issue 22). Directions are counted at their worst: ``MAX_DIRECTIONS`` of the
+longest names, as many as the probe may return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from strata.contract.directions import DIRECTION_NAMES
+from strata.contract.template import format_prompt
+
+MAX_DIRECTIONS = 3  # the probe's top_k (R1)
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """One tier's model: its name (for messages), positions and tokenizer."""
+
+    name: str
+    n_positions: int
+    tokenizer: Any
+    directions: tuple[str, ...]  # the longest directions line the probe can produce, in tokens
+
+    @classmethod
+    def of_model(cls, name: str, model_dir: str | Path) -> TokenBudget:
+        """Read the tokenizer and the position count of a local model directory (no weights)."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+        if not positions:
+            raise ValueError(f"{model_dir}: its config names no position limit (n_positions)")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        longest = sorted(DIRECTION_NAMES, key=lambda d: len(tokenizer(d)["input_ids"]), reverse=True)
+        return cls(name, int(positions), tokenizer, tuple(longest[:MAX_DIRECTIONS]))
+
+    def prompt_tokens(self, prompt: str, directions: Sequence[str] | None = None) -> int:
+        """Tokens the generator feeds for ``prompt`` with ``directions`` (None: the longest the probe may add)."""
+        chosen = self.directions if directions is None else tuple(directions)
+        return len(self.tokenizer(format_prompt(prompt, chosen))["input_ids"])
+
+    def problem(self, prompt: str, max_new_tokens: int, directions: Sequence[str] | None = None) -> str | None:
+        """Why ``prompt`` cannot be served with ``max_new_tokens`` new tokens, or None when it can."""
+        needed = self.prompt_tokens(prompt, directions) + max_new_tokens
+        if needed <= self.n_positions:
+            return None
+        return (f"needs {needed} positions of the {self.name} model ({needed - max_new_tokens} prompt tokens with "
+                f"the template + max_new_tokens {max_new_tokens}); it reads {self.n_positions}: shorten the "
+                "prompt or ask for fewer new tokens")
