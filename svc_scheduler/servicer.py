@@ -31,7 +31,7 @@ from svc_scheduler.engine import Accepted, NotAcceptedError, SchedulerEngine
 from svc_scheduler.routing import Route
 from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.validation import InvalidField, PromptRequest, Sampling, validate
-from svc_scheduler.watch import WatchHub
+from svc_scheduler.watch import StreamLimiter, WatchHub, client_of
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.settings = settings
         self.stop = stop or threading.Event()
         self.budgets = tuple(budgets)  # the tiers' models: what a prompt must fit (validation.validate)
+        self.watch_streams = StreamLimiter(settings.max_watch_streams, settings.max_watch_streams_per_client)
 
     def Submit(self, request: Any, context: grpc.ServicerContext) -> scheduler_pb2.SubmitResponse:
         if isinstance(request, Malformed):
@@ -228,6 +229,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             abort_invalid(context, request.field, request.problem)
         if not is_content_hash(request.prompt_hash):
             abort_invalid(context, "prompt_hash", "must be 64 lowercase hex digits (the hash Submit returned)")
+        client = client_of(context.peer())
+        if (full := self.watch_streams.acquire(client)) is not None:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, full)
         subscription = self.hub.subscribe(request.prompt_hash)
         deadline = time.monotonic() + self.settings.watch_max_s
         try:
@@ -237,6 +241,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     yield event
         finally:
             subscription.close()
+            self.watch_streams.release(client)
 
     def Stats(self, request: Any, context: grpc.ServicerContext) -> scheduler_pb2.StatsResponse:
         try:

@@ -135,6 +135,10 @@ class SchedulerSettings(StrataSettings):
     watch_buffer_max_prompts: int = Field(20_000, ge=1, description="prompts whose recent events are kept")
     watch_buffer_max_events: int = Field(256, ge=1, description="events kept per prompt")
     watch_max_s: float = Field(3600.0, gt=0, description="longest Watch stream")
+    # Each open Watch holds one of the gRPC server's threads (grpc_max_workers, 16): capped so that
+    # Submit, Stats and the health check always find one free.
+    max_watch_streams: int = Field(8, ge=1, description="Watch streams open at once on one replica")
+    max_watch_streams_per_client: int = Field(4, ge=1, description="Watch streams one client address may hold")
 
     @model_validator(mode="after")
     def _check(self) -> SchedulerSettings:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, help="longest response")
     parser.add_argument("--no-wait", action="store_true", help="print the decision and return without watching")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for final rewards")
+    parser.add_argument("--watch-streams", type=int, default=4,
+                        help="prompts watched at once (the scheduler allows 4 Watch streams per client)")
     parser.set_defaults(func=run)
 
 
@@ -121,6 +125,8 @@ def _line(response: scheduler_pb2.SubmitResponse) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.watch_streams < 1:
+        raise CliError("--watch-streams must be at least 1")
     requests = _requests(args)
     tracked: list[Tracked] = []
     failures = 0
@@ -147,11 +153,11 @@ def run(args: argparse.Namespace) -> int:
             tracked.append(Tracked(response, 1 if skip else max(1, request.n_samples or 1)))
         if args.no_wait or not tracked:
             return 1 if failures else 0
-        threads = [threading.Thread(target=_watch, args=(stub, t, args.timeout), daemon=True) for t in tracked]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        # A few Watch streams at a time (the scheduler caps them per client); a prompt watched later
+        # still gets its events: the scheduler keeps each prompt's recent ones for late watchers.
+        deadline = time.monotonic() + args.timeout
+        with ThreadPoolExecutor(max_workers=args.watch_streams, thread_name_prefix="watch") as pool:
+            list(pool.map(lambda t: _watch(stub, t, max(1.0, deadline - time.monotonic())), tracked))
     missing = 0
     for t in tracked:
         if t.rewards:

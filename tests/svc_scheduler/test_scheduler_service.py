@@ -149,6 +149,31 @@ def test_bad_inputs_get_invalid_argument_naming_the_field(replica: Replica) -> N
     assert invalid(lambda: raw_submit(b"\x0a\x03\xff\xfeA", timeout=10)).startswith("prompt: is not valid UTF-8")
 
 
+def test_watch_streams_are_capped_per_client_and_unary_calls_still_answer(replica: Replica) -> None:
+    # Each Watch holds a server thread: past the cap a client gets RESOURCE_EXHAUSTED at once, and
+    # Submit's siblings (Stats, the health check) keep answering while the streams stay open.
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    limiter = replica.parts.bindings[0].servicer.watch_streams
+    per_client = replica.settings.max_watch_streams_per_client
+    idle = [replica.stub.Watch(scheduler_pb2.WatchRequest(prompt_hash=content_hash(f"idle {i} {uuid.uuid4()}")),
+                               timeout=TIMEOUT_S) for i in range(per_client)]
+    try:
+        eventually(lambda: limiter.open == per_client, "the idle streams to open")
+        extra = replica.stub.Watch(scheduler_pb2.WatchRequest(prompt_hash=content_hash("one too many")), timeout=30)
+        with pytest.raises(grpc.RpcError) as refused:
+            next(extra)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"limit {per_client} per client" in refused.value.details()
+        assert replica.stub.Stats(scheduler_pb2.StatsRequest(), timeout=10).index_size >= 0
+        health = health_pb2_grpc.HealthStub(replica.channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        for stream in idle:
+            stream.cancel()
+    eventually(lambda: limiter.open == 0, "the cancelled streams to be released")
+
+
 def test_batch_reports_errors_per_prompt(replica: Replica) -> None:
     batch = scheduler_pb2.SubmitBatchRequest(requests=[
         scheduler_pb2.SubmitRequest(prompt=f"Summarize the history of the printing press {uuid.uuid4()}"),
