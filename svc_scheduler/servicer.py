@@ -232,6 +232,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         client = client_of(context.peer())
         if (full := self.watch_streams.acquire(client)) is not None:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, full)
+        once = threading.Lock()
+
+        def release() -> None:  # when the client cancels (at once), or when the loop below ends
+            if once.acquire(blocking=False):
+                self.watch_streams.release(client)
+
+        context.add_callback(release)
         subscription = self.hub.subscribe(request.prompt_hash)
         deadline = time.monotonic() + self.settings.watch_max_s
         try:
@@ -241,7 +248,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     yield event
         finally:
             subscription.close()
-            self.watch_streams.release(client)
+            release()
 
     def Stats(self, request: Any, context: grpc.ServicerContext) -> scheduler_pb2.StatsResponse:
         try:

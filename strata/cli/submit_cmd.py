@@ -101,20 +101,34 @@ def _rpc_error(exc: grpc.RpcError, address: str) -> CliError:
     return CliError(f"{code.name}: {exc.details()}")
 
 
-def _watch(stub: scheduler_pb2_grpc.SchedulerStub, tracked: Tracked, timeout_s: float) -> None:
-    stream = stub.Watch(scheduler_pb2.WatchRequest(prompt_hash=tracked.response.prompt_hash), timeout=timeout_s)
+def _watch(stub: scheduler_pb2_grpc.SchedulerStub, tracked: Tracked, deadline: float) -> None:
+    """Collect ``tracked``'s final rewards until it has them all or ``deadline`` (monotonic) passes.
+
+    The scheduler caps Watch streams per client: a stream refused with RESOURCE_EXHAUSTED (one just
+    closed may not be released yet) is retried after a short pause; its events wait in the hub.
+    """
+    pause = 0.1
     try:
-        for event in stream:
-            if event.WhichOneof("event") == "reward" and event.reward.final:
-                if event.reward.request_id and event.reward.request_id != tracked.response.request_id:
-                    continue  # another submission of the same prompt
-                tracked.rewards.append(event.reward.reward)
-                if len(tracked.rewards) >= tracked.expected:
-                    break
-    except grpc.RpcError:
-        pass  # deadline or server gone: reported as "no final reward"
+        while len(tracked.rewards) < tracked.expected and (left := deadline - time.monotonic()) > 0:
+            request = scheduler_pb2.WatchRequest(prompt_hash=tracked.response.prompt_hash)
+            stream = stub.Watch(request, timeout=left)
+            try:
+                for event in stream:
+                    if event.WhichOneof("event") == "reward" and event.reward.final:
+                        if event.reward.request_id and event.reward.request_id != tracked.response.request_id:
+                            continue  # another submission of the same prompt
+                        tracked.rewards.append(event.reward.reward)
+                        if len(tracked.rewards) >= tracked.expected:
+                            break
+                return
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    return  # deadline or server gone: reported as "no final reward"
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))  # the cap frees up as streams end
+                pause = min(pause * 2, 2.0)
+            finally:
+                stream.cancel()
     finally:
-        stream.cancel()
         tracked.done.set()
 
 
@@ -157,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         # still gets its events: the scheduler keeps each prompt's recent ones for late watchers.
         deadline = time.monotonic() + args.timeout
         with ThreadPoolExecutor(max_workers=args.watch_streams, thread_name_prefix="watch") as pool:
-            list(pool.map(lambda t: _watch(stub, t, max(1.0, deadline - time.monotonic())), tracked))
+            list(pool.map(lambda t: _watch(stub, t, deadline), tracked))
     missing = 0
     for t in tracked:
         if t.rewards:

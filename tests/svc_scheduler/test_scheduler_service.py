@@ -332,6 +332,20 @@ def test_strata_submit_prints_decision_and_the_final_reward(replica: Replica, tm
     assert "decision=level-1 tier=level-1" in out and "refused: requests[1].prompt: must not be empty" in out
 
 
+
+def test_strata_submit_watches_more_prompts_than_its_stream_cap(replica: Replica, tmp_path, capsys) -> None:
+    # Twelve skips of a known neighbourhood: each final at once, so the four watch threads open
+    # stream after stream faster than the server releases the closed ones; refused streams retry.
+    parser = argparse.ArgumentParser()
+    submit_cmd.register(parser.add_subparsers())
+    prompts = tmp_path / "skips.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "{QUERY}"}}\n' for _ in range(12)), encoding="utf-8")
+    args = parser.parse_args(["submit", "--address", f"127.0.0.1:{replica.running.port}", "--timeout", "60",
+                              "--file", str(prompts)])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("decision=skip") == 12 and out.count("final_reward=") == 12, out
+
 # -- state in Redis: restart and replicas -------------------------------------------------------------
 
 def test_restart_from_redis_makes_the_same_decisions(replica: Replica, encoder: Encoder) -> None:
