@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -58,7 +57,6 @@ class Tracked:
     response: scheduler_pb2.SubmitResponse
     expected: int  # final rewards to wait for
     rewards: list[float] = field(default_factory=list)
-    done: threading.Event = field(default_factory=threading.Event)
 
 
 def _sampling(values: dict[str, Any]) -> common_pb2.SamplingParams:
@@ -108,28 +106,24 @@ def _watch(stub: scheduler_pb2_grpc.SchedulerStub, tracked: Tracked, deadline: f
     closed may not be released yet) is retried after a short pause; its events wait in the hub.
     """
     pause = 0.1
-    try:
-        while len(tracked.rewards) < tracked.expected and (left := deadline - time.monotonic()) > 0:
-            request = scheduler_pb2.WatchRequest(prompt_hash=tracked.response.prompt_hash)
-            stream = stub.Watch(request, timeout=left)
-            try:
-                for event in stream:
-                    if event.WhichOneof("event") == "reward" and event.reward.final:
-                        if event.reward.request_id and event.reward.request_id != tracked.response.request_id:
-                            continue  # another submission of the same prompt
-                        tracked.rewards.append(event.reward.reward)
-                        if len(tracked.rewards) >= tracked.expected:
-                            break
-                return
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    return  # deadline or server gone: reported as "no final reward"
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))  # the cap frees up as streams end
-                pause = min(pause * 2, 2.0)
-            finally:
-                stream.cancel()
-    finally:
-        tracked.done.set()
+    while len(tracked.rewards) < tracked.expected and (left := deadline - time.monotonic()) > 0:
+        stream = stub.Watch(scheduler_pb2.WatchRequest(prompt_hash=tracked.response.prompt_hash), timeout=left)
+        try:
+            for event in stream:
+                if event.WhichOneof("event") == "reward" and event.reward.final:
+                    if event.reward.request_id and event.reward.request_id != tracked.response.request_id:
+                        continue  # another submission of the same prompt
+                    tracked.rewards.append(event.reward.reward)
+                    if len(tracked.rewards) >= tracked.expected:
+                        break
+            return
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                return  # deadline or server gone: reported as "no final reward"
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))  # the cap frees up as streams end
+            pause = min(pause * 2, 2.0)
+        finally:
+            stream.cancel()
 
 
 def _line(response: scheduler_pb2.SubmitResponse) -> str:
