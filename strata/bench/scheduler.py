@@ -329,15 +329,16 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
                         key = record.family if of_family else record.text
                         if (known := history.mean(key, version, of_family)) is not None:
                             errors.append(abs(known - truth))
-                history.add(record.text, record.family, policy.rewards(record, rid, version, args.n_samples),
-                            version)
+                # The tier and both baselines see the same rollouts: a pure function of (request, version).
+                rewards = policy.rewards(record, rid, version, args.n_samples)
+                history.add(record.text, record.family, rewards, version)
                 if not risky and greso_usable(mine, version, settings):
                     greso.reuse_errors.append(abs(mine.mean - policy.truth(record, version)))
                 else:
                     greso.rollouts += 1
                     greso.level2 += risky
                     now = time.time()
-                    for value in policy.rewards(record, rid, version, args.n_samples):
+                    for value in rewards:
                         mine = apply_reward(mine, RewardObservation(value, version, "oracle", now),
                                             settings.stats_ttl_s, settings.max_policy_lag)
                     own[record.text] = mine
