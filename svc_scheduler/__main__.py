@@ -21,6 +21,7 @@ from strata.config import add_settings_flags, parse_settings
 from strata.content_store import ContentStore
 from strata.contract.models import ModelNotConfiguredError, model_path
 from strata.models.budget import TokenBudget
+from strata.models.tokens import tokenizer_id
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, run_service
 from strata.telemetry import setup_logging
@@ -47,8 +48,14 @@ def tier_budgets(settings: SchedulerSettings) -> list[TokenBudget]:
         except ModelNotConfiguredError as exc:
             log.warning("prompt token check: %s; prompts are not checked against the %s model", exc, name)
             continue
-        budgets.append(TokenBudget.of_model(name, path))
-        log.info("prompt token check: %s model reads %d positions (%s)", name, budgets[-1].n_positions, path)
+        budget = TokenBudget.of_model(name, path)
+        twin = next((b for b in budgets if b.n_positions == budget.n_positions
+                     and tokenizer_id(b.tokenizer) == tokenizer_id(budget.tokenizer)), None)
+        if twin is not None:  # the same tokenizer and positions: one check per prompt serves both
+            log.info("prompt token check: the %s model reads as the %s model does", name, twin.name)
+            continue
+        budgets.append(budget)
+        log.info("prompt token check: %s model reads %d positions (%s)", name, budget.n_positions, path)
     return budgets
 
 

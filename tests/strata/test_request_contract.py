@@ -99,3 +99,12 @@ def test_the_longest_prompt_the_door_accepts_is_generated_whole(zoo) -> None:
         with pytest.raises(InvalidField, match="positions of the Level-1 model") as refused:
             validate(prompt, Sampling(max_new_tokens=new), 1, "", SCHEDULER, [budget])
         assert refused.value.field == "prompt"
+
+
+def test_tiers_that_read_alike_are_checked_once(zoo) -> None:
+    # Both zoo tiers share a tokenizer and 256 positions: one tokenization per prompt serves both.
+    from svc_scheduler.__main__ import tier_budgets
+
+    settings = SchedulerSettings(level1_model=str(zoo.level1), level2_model=str(zoo.level2))
+    assert [b.name for b in tier_budgets(settings)] == ["Level-1"]
+    assert tier_budgets(settings.model_copy(update={"check_prompt_tokens": False})) == []
