@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -75,9 +75,55 @@ class StrataSettings(BaseSettings):
 
     log_level: str = Field("INFO")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port; unset: none")
+    metrics_bind_host: str = Field(
+        "127.0.0.1", description="address /metrics listens on (0.0.0.0 where Prometheus scrapes from elsewhere)"
+    )
+
+    # gRPC edge (docs/security.md). Servers use the grpc_tls_cert/key and tokens-file settings;
+    # clients (strata submit, the stack's health checks, benches) the grpc_tls_ca and token ones.
+    grpc_bind_host: str = Field(
+        "127.0.0.1", description="address gRPC servers listen on; 0.0.0.0 for every interface (compose)"
+    )
+    grpc_reflection: bool = Field(True, description="serve gRPC reflection (grpcurl without .proto files)")
+    grpc_max_workers: int = Field(
+        16, ge=2, description="threads for unary calls and health; streams get their own on top (max_watch_streams)"
+    )
+    grpc_max_receive_bytes: int = Field(
+        4 * 1024 * 1024, ge=64 * 1024, description="largest request message a server parses"
+    )
+    grpc_tls_cert: Path | None = Field(None, description="server: PEM certificate chain; with grpc_tls_key, TLS on")
+    grpc_tls_key: Path | None = Field(None, description="server: PEM private key of grpc_tls_cert")
+    grpc_tls_client_ca: Path | None = Field(
+        None, description="server: require client certificates signed by this PEM CA (mutual TLS)"
+    )
+    grpc_tokens_file: Path | None = Field(
+        None,
+        description="server: file of '<client> <token>' lines (token or sha256:<hex>); set, every call but health "
+        "needs 'authorization: Bearer <token>'",
+    )
+    grpc_auth_health: bool = Field(
+        False, description="server: the health service needs a token too (off: probes and load balancers need none)"
+    )
+    grpc_tls_ca: Path | None = Field(None, description="client: PEM CA that signed the servers' certificates; TLS on")
+    grpc_tls_client_cert: Path | None = Field(None, description="client: PEM certificate for mutual TLS")
+    grpc_tls_client_key: Path | None = Field(None, description="client: PEM private key for mutual TLS")
+    grpc_tls_server_name: str | None = Field(
+        None, description="client: name the server's certificate must carry (default: the target's host)"
+    )
+    grpc_token: SecretStr | None = Field(None, description="client: bearer token sent with every call")
     debug_rollout: bool = Field(
         False, description="keep full samples in a separate store that never feeds training (strata.debug_store)"
     )
+
+    @model_validator(mode="after")
+    def _check_grpc_tls(self) -> StrataSettings:
+        if (self.grpc_tls_cert is None) != (self.grpc_tls_key is None):
+            raise ValueError("grpc_tls_cert and grpc_tls_key go together: set both or neither")
+        if (self.grpc_tls_client_cert is None) != (self.grpc_tls_client_key is None):
+            raise ValueError("grpc_tls_client_cert and grpc_tls_client_key go together: set both or neither")
+        if self.grpc_tls_client_ca is not None and self.grpc_tls_cert is None:
+            raise ValueError("grpc_tls_client_ca (mutual TLS) needs grpc_tls_cert and grpc_tls_key")
+        return self
 
     @property
     def kafka_managed(self) -> bool:
