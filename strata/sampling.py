@@ -44,6 +44,17 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class SamplingRequest:
+    """Sampling parameters as a request gave them; None: the serving tier's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    rollout_dropout: float | None = None
+
+
+@dataclass(frozen=True)
 class ValidatedSampling:
     sampling: Sampling
     warnings: tuple[str, ...] = field(default_factory=tuple)

@@ -1,15 +1,39 @@
-"""Request checks and conversions shared by every service's edge (gRPC servicers, Kafka workers).
+"""The request contract: one set of checks for every service's edge (gRPC servicers, Kafka workers).
 
+The scheduler validates a submission with :func:`validate_submit` against limits that are the tiers'
+own (``strata.contract.limits``, the tiers' token budgets), so that whatever the front door accepts
+the tiers serve; the probe, generator and reward servicers use the same prompt and sampling checks.
 Bad input gets a :class:`RequestError` naming the field; servicers turn it into INVALID_ARGUMENT.
 No I/O.
 """
 
 from __future__ import annotations
 
+import unicodedata
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from strata.contract import limits
 from strata.contract.directions import DIRECTIONS
 from strata.hashing import InvalidTextError, encode_utf8
-from strata.sampling import Sampling, SamplingBounds, SamplingError, ValidatedSampling, resolve_sampling
+from strata.sampling import (
+    Sampling,
+    SamplingBounds,
+    SamplingError,
+    SamplingRequest,
+    ValidatedSampling,
+    resolve_sampling,
+)
 from strata.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from strata.models.budget import TokenBudget
+
+# Control characters that ordinary text carries; every other Cc / Cs / Co / Cn character is a sign of
+# binary data (a NUL byte, a terminal escape, a surrogate) and is refused.
+_ALLOWED_CONTROLS = frozenset("\t\n\r")
 
 
 class RequestError(ValueError):
@@ -21,17 +45,23 @@ class RequestError(ValueError):
         self.problem = problem
 
 
-def check_prompt(prompt: str, max_chars: int, field: str = "prompt") -> str:
+def check_prompt(prompt: str, max_chars: int, field: str = "prompt", max_bytes: int | None = None) -> str:
     if not prompt or not prompt.strip():
         raise RequestError(field, "must not be empty")
     if len(prompt) > max_chars:
         raise RequestError(field, f"is {len(prompt)} characters, over the limit of {max_chars}")
-    if "\x00" in prompt:
-        raise RequestError(field, "contains NUL bytes (binary data is not a prompt)")
     try:
-        encode_utf8(prompt)
+        size = len(encode_utf8(prompt))
     except InvalidTextError as exc:
         raise RequestError(field, str(exc)) from exc
+    if max_bytes is not None and size > max_bytes:
+        raise RequestError(field, f"is {size} bytes in UTF-8, over the limit of {max_bytes}")
+    for position, char in enumerate(prompt):
+        if char not in _ALLOWED_CONTROLS and unicodedata.category(char) in ("Cc", "Cs", "Co", "Cn"):
+            raise RequestError(
+                field, f"contains a control or non-text character (U+{ord(char):04X} at position {position}); "
+                "binary data is not a prompt"
+            )
     return prompt
 
 
@@ -49,29 +79,98 @@ def check_n_samples(n_samples: int, limit: int) -> int:
     return n
 
 
+def check_sampling(requested: SamplingRequest, bounds: SamplingBounds) -> SamplingRequest:
+    """The values a request set, checked against the R16 bounds; unset ones stay unset (the tier's
+    defaults apply where the rollout is served)."""
+    try:
+        resolve_sampling(Sampling(), bounds, temperature=requested.temperature, top_p=requested.top_p,
+                         max_new_tokens=requested.max_new_tokens, seed=requested.seed,
+                         rollout_dropout=requested.rollout_dropout)
+    except SamplingError as exc:
+        raise RequestError(exc.field, exc.problem) from exc
+    return requested
+
+
+# -- a submission at the front door -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SubmitLimits:
+    """What one submission may ask for: the scheduler's settings, defaulting to the tiers' contract."""
+
+    max_prompt_chars: int = limits.MAX_PROMPT_CHARS
+    max_prompt_bytes: int = 64 * 1024
+    max_n_samples: int = limits.MAX_N_SAMPLES
+    default_n_samples: int = 4
+    max_request_id_chars: int = 128
+    bounds: SamplingBounds = field(default_factory=SamplingBounds)
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """One prompt submission after validation."""
+
+    prompt: str
+    sampling: SamplingRequest
+    n_samples: int  # resolved: 0 in the request becomes default_n_samples
+    request_id: str
+
+
+def validate_submit(
+    prompt: str, sampling: SamplingRequest, n_samples: int, request_id: str, submit_limits: SubmitLimits,
+    budgets: Sequence[TokenBudget] = (),
+) -> PromptRequest:
+    """The submission as the scheduler will use it, or :class:`RequestError` for the first bad field.
+
+    ``budgets``: the tiers' models; the prompt, with its ``max_new_tokens``, must fit each of them.
+    """
+    lim = submit_limits
+    check_prompt(prompt, lim.max_prompt_chars, max_bytes=lim.max_prompt_bytes)
+    check_sampling(sampling, lim.bounds)
+    max_new_tokens = sampling.max_new_tokens or limits.DEFAULT_MAX_NEW_TOKENS
+    for budget in budgets:
+        if (problem := budget.problem(prompt, max_new_tokens)) is not None:
+            raise RequestError("prompt", problem)
+    if n_samples < 0 or n_samples > lim.max_n_samples:
+        raise RequestError("n_samples", f"{n_samples} is out of range; must be in [0, {lim.max_n_samples}] "
+                           f"(0 means the default, {lim.default_n_samples})")
+    if len(request_id) > lim.max_request_id_chars:
+        raise RequestError("request_id", f"is {len(request_id)} characters, over {lim.max_request_id_chars}")
+    if any(unicodedata.category(c) == "Cc" for c in request_id):
+        raise RequestError("request_id", "contains control characters")
+    # Every accepted submission is its own request: downstream idempotency keys include this id,
+    # so a client retry with the same id is deduplicated and two plain submits are not.
+    return PromptRequest(prompt, sampling, n_samples or lim.default_n_samples, request_id or uuid.uuid4().hex)
+
+
+# -- protobuf ------------------------------------------------------------------------------------------
+
+def requested_sampling(message: common_pb2.SamplingParams) -> SamplingRequest:
+    def opt(name: str) -> float | int | None:
+        return getattr(message, name) if message.HasField(name) else None
+
+    return SamplingRequest(opt("temperature"), opt("top_p"), opt("max_new_tokens"),  # type: ignore[arg-type]
+                           opt("seed"), opt("rollout_dropout"))  # type: ignore[arg-type]
+
+
 def sampling_from_proto(
     message: common_pb2.SamplingParams, defaults: Sampling, bounds: SamplingBounds
 ) -> ValidatedSampling:
     """Resolve a ``SamplingParams`` message against the deployment's defaults and R16 bounds."""
-
-    def opt(name: str) -> float | int | None:
-        return getattr(message, name) if message.HasField(name) else None
-
+    requested = requested_sampling(message)
     try:
         return resolve_sampling(
-            defaults, bounds, temperature=opt("temperature"), top_p=opt("top_p"),
-            max_new_tokens=opt("max_new_tokens"), seed=opt("seed"), rollout_dropout=opt("rollout_dropout"),
+            defaults, bounds, temperature=requested.temperature, top_p=requested.top_p,
+            max_new_tokens=requested.max_new_tokens, seed=requested.seed, rollout_dropout=requested.rollout_dropout,
         )
     except SamplingError as exc:
         raise RequestError(exc.field, exc.problem) from exc
 
 
-def sampling_to_proto(sampling: Sampling) -> common_pb2.SamplingParams:
-    message = common_pb2.SamplingParams(
-        temperature=sampling.temperature, top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens
-    )
-    if sampling.seed is not None:
-        message.seed = sampling.seed
-    if sampling.rollout_dropout is not None:
-        message.rollout_dropout = sampling.rollout_dropout
+def sampling_to_proto(sampling: Sampling | SamplingRequest) -> common_pb2.SamplingParams:
+    """Set fields only: a request's unset values stay unset on the wire (the tier's defaults apply)."""
+    message = common_pb2.SamplingParams()
+    for name in ("temperature", "top_p", "max_new_tokens", "seed", "rollout_dropout"):
+        value = getattr(sampling, name)
+        if value is not None:
+            setattr(message, name, value)
     return message

@@ -37,6 +37,7 @@ from strata.content_store import ContentStore
 from strata.hashing import content_hash
 from strata.telemetry import Sensitive
 from strata.v1 import common_pb2, events_pb2
+from strata.validation import PromptRequest, sampling_to_proto
 from svc_scheduler.encoder import Encoder
 from svc_scheduler.index import PromptIndex
 from svc_scheduler.routing import (
@@ -51,7 +52,6 @@ from svc_scheduler.routing import (
 )
 from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.store import AuditSummary, SchedulerStore
-from svc_scheduler.validation import PromptRequest, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +101,6 @@ class SchedulerStats:
     index_size: int  # this replica's FAISS index
     high_uncertainty_marks: int
     audits: AuditSummary  # would-be skips rolled out anyway, against their fresh rewards
-
-
-def sampling_proto(sampling: Sampling) -> common_pb2.SamplingParams:
-    message = common_pb2.SamplingParams()
-    for name in ("temperature", "top_p", "max_new_tokens", "seed", "rollout_dropout"):
-        value = getattr(sampling, name)
-        if value is not None:
-            setattr(message, name, value)
-    return message
 
 
 class SchedulerEngine:
@@ -265,7 +256,7 @@ class SchedulerEngine:
             tier=common_pb2.TIER_LEVEL_2 if level2 else common_pb2.TIER_LEVEL_0,
             decision=_DECISION_PROTO[decision.route],
             reason=decision.reason,
-            sampling=sampling_proto(request.sampling),
+            sampling=sampling_to_proto(request.sampling),
             n_samples=request.n_samples,
             caution=decision.caution,
             policy_version=versions.policy_version,

@@ -27,10 +27,10 @@ from strata.hashing import is_content_hash
 from strata.models.budget import TokenBudget
 from strata.rpc import abort_invalid, abort_unavailable
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from strata.validation import PromptRequest, RequestError, requested_sampling, validate_submit
 from svc_scheduler.engine import Accepted, NotAcceptedError, SchedulerEngine
 from svc_scheduler.routing import Route
 from svc_scheduler.settings import SchedulerSettings
-from svc_scheduler.validation import InvalidField, PromptRequest, Sampling, validate
 from svc_scheduler.watch import StreamLimiter, WatchHub, client_of
 
 log = logging.getLogger(__name__)
@@ -147,17 +147,10 @@ def add_to_server(servicer: SchedulerServicer, server: grpc.Server) -> None:
 
 # -- translation ---------------------------------------------------------------------------------------
 
-def sampling_of(message: common_pb2.SamplingParams) -> Sampling:
-    def opt(name: str) -> Any:
-        return getattr(message, name) if message.HasField(name) else None
-
-    return Sampling(opt("temperature"), opt("top_p"), opt("max_new_tokens"), opt("seed"), opt("rollout_dropout"))
-
-
 def request_of(message: scheduler_pb2.SubmitRequest, settings: SchedulerSettings,
                budgets: Sequence[TokenBudget] = ()) -> PromptRequest:
-    return validate(message.prompt, sampling_of(message.sampling), message.n_samples, message.request_id, settings,
-                    budgets)
+    return validate_submit(message.prompt, requested_sampling(message.sampling), message.n_samples,
+                           message.request_id, settings.submit_limits(), budgets)
 
 
 def response_of(accepted: Accepted) -> scheduler_pb2.SubmitResponse:
@@ -188,7 +181,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             abort_invalid(context, request.field, request.problem)
         try:
             prompt = request_of(request, self.settings, self.budgets)
-        except InvalidField as exc:
+        except RequestError as exc:
             abort_invalid(context, exc.field, exc.problem)
         [result] = self._submit(context, [prompt])
         if isinstance(result, NotAcceptedError):
@@ -207,7 +200,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             try:
                 valid.append((i, request_of(item, self.settings, self.budgets)))
                 results.append(scheduler_pb2.SubmitBatchResult())
-            except InvalidField as exc:
+            except RequestError as exc:
                 results.append(scheduler_pb2.SubmitBatchResult(error=f"requests[{i}].{exc}"))
         outcomes = self._submit(context, [p for _, p in valid]) if valid else []
         for (i, _), outcome in zip(valid, outcomes, strict=True):

@@ -13,6 +13,8 @@ from pydantic import Field, model_validator
 from strata import risk
 from strata.config import StrataSettings
 from strata.contract import limits
+from strata.sampling import SamplingBounds
+from strata.validation import SubmitLimits
 
 
 class SchedulerSettings(StrataSettings):
@@ -139,6 +141,16 @@ class SchedulerSettings(StrataSettings):
     # Submit, Stats and the health check always find one free.
     max_watch_streams: int = Field(8, ge=1, description="Watch streams open at once on one replica")
     max_watch_streams_per_client: int = Field(4, ge=1, description="Watch streams one client address may hold")
+
+    def submit_limits(self) -> SubmitLimits:
+        """What one submission may ask for (strata.validation.validate_submit)."""
+        return SubmitLimits(
+            max_prompt_chars=self.max_prompt_chars, max_prompt_bytes=min(self.max_prompt_bytes, self.content_max_bytes),
+            max_n_samples=self.max_n_samples, default_n_samples=self.default_n_samples,
+            max_request_id_chars=self.max_request_id_chars,
+            bounds=SamplingBounds(min_temperature=self.min_temperature, max_temperature=self.max_temperature,
+                                  max_top_p=self.max_top_p, max_new_tokens_limit=self.max_new_tokens_limit),
+        )
 
     @model_validator(mode="after")
     def _check(self) -> SchedulerSettings:

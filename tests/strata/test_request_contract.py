@@ -1,7 +1,8 @@
 """Whatever the scheduler accepts, the tiers serve: the limits of both sides, walked at their edges.
 
 The generator's checks are those of its gRPC servicer and its Kafka worker (strata.validation and
-strata.sampling with GeneratorSettings' bounds); the scheduler's are svc_scheduler.validation.
+strata.sampling with GeneratorSettings' bounds); the scheduler's are strata.validation.validate_submit
+with the scheduler's settings.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from strata.contract import limits
 from strata.models.budget import TokenBudget
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import load_causal_lm
+from strata.sampling import SamplingRequest as Sampling
 from strata.sampling import resolve_sampling
-from strata.validation import check_n_samples, check_prompt
+from strata.validation import RequestError, check_n_samples, check_prompt, validate_submit
 from svc_generator.config import GeneratorSettings
 from svc_scheduler.settings import SchedulerSettings
-from svc_scheduler.validation import InvalidField, Sampling, validate
 
 SCHEDULER = SchedulerSettings()
 TIERS = [GeneratorSettings(tier=1), GeneratorSettings(tier=2)]
@@ -47,7 +48,7 @@ EDGES = [
 @pytest.mark.parametrize(("name", "prompt", "sampling", "n_samples"), EDGES, ids=[e[0] for e in EDGES])
 def test_the_edge_of_what_the_scheduler_accepts_is_served(name: str, prompt: str, sampling: Sampling,
                                                           n_samples: int) -> None:
-    accepted = validate(prompt, sampling, n_samples, "", SCHEDULER)
+    accepted = validate_submit(prompt, sampling, n_samples, "", SCHEDULER.submit_limits())
     served_by_every_tier(accepted.prompt, accepted.sampling, accepted.n_samples)
 
 
@@ -62,8 +63,8 @@ BEYOND = [
 
 @pytest.mark.parametrize(("field", "prompt", "sampling", "n_samples"), BEYOND, ids=[b[0] for b in BEYOND])
 def test_one_step_beyond_is_refused_at_the_door(field: str, prompt: str, sampling: Sampling, n_samples: int) -> None:
-    with pytest.raises(InvalidField) as refused:
-        validate(prompt, sampling, n_samples, "", SCHEDULER)
+    with pytest.raises(RequestError) as refused:
+        validate_submit(prompt, sampling, n_samples, "", SCHEDULER.submit_limits())
     assert refused.value.field == field
 
 
@@ -89,15 +90,15 @@ def test_the_longest_prompt_the_door_accepts_is_generated_whole(zoo) -> None:
     fitting = _prompt_of(budget, budget.n_positions - max_new - 1)
     while budget.prompt_tokens(fitting) + max_new > budget.n_positions:
         fitting = fitting[: -len("word ")]
-    accepted = validate(fitting, Sampling(max_new_tokens=max_new), 1, "", SCHEDULER, [budget])
+    accepted = validate_submit(fitting, Sampling(max_new_tokens=max_new), 1, "", SCHEDULER.submit_limits(), [budget])
     lm = load_causal_lm(zoo.level1, device="cpu")
     [generated] = generate(lm, [accepted.prompt], [list(budget.directions)],
                            SamplingConfig(temperature=0.8, max_new_tokens=max_new, seed=0))
     assert generated.n_tokens <= max_new
     # Longer, or asking for more new tokens, no longer fits: refused at the door, naming the field.
     for prompt, new in ((fitting + "word " * 8, max_new), (fitting, max_new + 8)):
-        with pytest.raises(InvalidField, match="positions of the Level-1 model") as refused:
-            validate(prompt, Sampling(max_new_tokens=new), 1, "", SCHEDULER, [budget])
+        with pytest.raises(RequestError, match="positions of the Level-1 model") as refused:
+            validate_submit(prompt, Sampling(max_new_tokens=new), 1, "", SCHEDULER.submit_limits(), [budget])
         assert refused.value.field == "prompt"
 
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from strata.sampling import SamplingRequest as Sampling
 from strata.v1 import scheduler_pb2
+from strata.validation import RequestError, validate_submit
 from svc_scheduler.servicer import Malformed, _varint, lenient
 from svc_scheduler.settings import SchedulerSettings
-from svc_scheduler.validation import InvalidField, Sampling, validate
 
 SETTINGS = SchedulerSettings(max_prompt_chars=50, max_prompt_bytes=60, max_n_samples=8)
+
+
+def validate(prompt: str, sampling: Sampling, n_samples: int, request_id: str, settings: SchedulerSettings):
+    return validate_submit(prompt, sampling, n_samples, request_id, settings.submit_limits())
 
 
 @pytest.mark.parametrize(
@@ -23,17 +28,17 @@ SETTINGS = SchedulerSettings(max_prompt_chars=50, max_prompt_bytes=60, max_n_sam
         ("ansi \x1b[31m red", Sampling(), 1, "prompt", "U+001B"),
         ("lone \ud800 surrogate", Sampling(), 1, "prompt", "not valid Unicode"),
         ("ok", Sampling(temperature=0.3), 1, "sampling.temperature", "> 0.3"),
-        ("ok", Sampling(temperature=float("nan")), 1, "sampling.temperature", "out of range"),
+        ("ok", Sampling(temperature=float("nan")), 1, "sampling.temperature", "finite"),
         ("ok", Sampling(temperature=5.0), 1, "sampling.temperature", "<= 2"),
         ("ok", Sampling(top_p=0.95), 1, "sampling.top_p", "< 0.95"),
-        ("ok", Sampling(top_p=0.0), 1, "sampling.top_p", "> 0"),
+        ("ok", Sampling(top_p=0.0), 1, "sampling.top_p", "(0, 1]"),
         ("ok", Sampling(max_new_tokens=0), 1, "sampling.max_new_tokens", "[1, 512]"),
         ("ok", Sampling(rollout_dropout=1.0), 1, "sampling.rollout_dropout", "[0, 1)"),
         ("ok", Sampling(), 9, "n_samples", "[0, 8]"),
     ],
 )
 def test_bad_input_names_the_field(prompt, sampling, n_samples, field, words) -> None:
-    with pytest.raises(InvalidField) as caught:
+    with pytest.raises(RequestError) as caught:
         validate(prompt, sampling, n_samples, "", SETTINGS)
     assert caught.value.field == field
     assert str(caught.value).startswith(f"{field}: ")
@@ -47,7 +52,7 @@ def test_good_input_passes_and_zero_samples_means_the_default() -> None:
 
 
 def test_request_id_bounds() -> None:
-    with pytest.raises(InvalidField, match="request_id"):
+    with pytest.raises(RequestError, match="request_id"):
         validate("ok", Sampling(), 1, "x" * 129, SETTINGS)
 
 
