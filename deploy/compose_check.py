@@ -8,7 +8,7 @@ Runs ``compose.yaml`` itself with ``compose.cpu.yaml`` (no GPU requested; the ci
 3. ``docker-compose up -d``, then every healthcheck (Kafka, Redis, six services) healthy and
    ``strata-init`` exited 0;
 4. prompts from outside the containers: ``strata submit`` to the published scheduler port (polite,
-   long and plain prompts) and grpcurl through server reflection; every accepted prompt's final
+   long and plain prompts) and grpcurl from the .proto files; every accepted prompt's final
    rewards, and a ``PolicyUpdated`` from the learner;
 5. ``--scale svc_generator_l1=2``: both replicas assigned partitions and rolling out; one replica
    stopped (``docker stop``, SIGTERM) while a stream is in flight, and every prompt still served;
@@ -198,19 +198,19 @@ def finals_of(output: str) -> tuple[int, int]:
 
 
 def grpcurl(address: str) -> str:
-    """List the scheduler's services and submit one prompt through server reflection."""
-    binary = shutil.which("grpcurl") or str(Path.home() / "go" / "bin" / "grpcurl")
-    if not Path(binary).exists():
-        go = shutil.which("go") or "/usr/local/go/bin/go"
-        if not Path(go).exists():
-            raise SystemExit("compose_check: grpcurl needs Go (go install github.com/fullstorydev/grpcurl/...)")
-        log("grpcurl: go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3")
-        subprocess.run([go, "install", "github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3"], check=True)
-    listed = subprocess.run([binary, "-plaintext", address, "list"], capture_output=True, text=True, check=True)
+    """List the scheduler's services and submit one prompt, from the .proto files (compose turns
+    server reflection off)."""
+    installed = subprocess.run([str(ROOT / "scripts" / "install-grpcurl")], capture_output=True, text=True)
+    if installed.returncode != 0:
+        raise SystemExit(f"compose_check: grpcurl could not be installed: {installed.stderr.strip()}")
+    binary = installed.stdout.strip().splitlines()[-1]
+    protos = ["-import-path", str(ROOT / "protos"), "-proto", "strata/v1/scheduler.proto"]
+    listed = subprocess.run([binary, "-plaintext", *protos, address, "list"], capture_output=True, text=True,
+                            check=True)
     if "strata.v1.Scheduler" not in listed.stdout:
         raise SystemExit(f"compose_check: grpcurl list did not show strata.v1.Scheduler: {listed.stdout}")
     request = json.dumps({"prompt": "Thanks in advance: how do I boil an egg?", "nSamples": 1})
-    called = subprocess.run([binary, "-plaintext", "-d", request, address, "strata.v1.Scheduler/Submit"],
+    called = subprocess.run([binary, "-plaintext", *protos, "-d", request, address, "strata.v1.Scheduler/Submit"],
                             capture_output=True, text=True, check=True)
     reply = json.loads(called.stdout)
     prompt_hash = reply.get("promptHash") or reply.get("prompt_hash")  # grpcurl versions differ
@@ -223,7 +223,7 @@ def policy_updates(compose: Compose) -> int:
     """PolicyUpdated events on strata.policy.updated, read inside the network (Kafka is not published)."""
     script = ("from strata.bus.admin import events_retained; from strata.bus import topics; "
               "from strata.config import StrataSettings; "
-              "print(events_retained(StrataSettings().kafka_address, topics.POLICY_UPDATED))")
+              "print(events_retained(StrataSettings(), topics.POLICY_UPDATED))")
     done = compose.run("exec", "-T", "svc_scheduler", "python", "-c", script, capture=True, check=False)
     try:
         return int(done.stdout.strip().splitlines()[-1])
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             accepted, finals = finals_of(output)
             log(f"strata submit: {accepted} accepted, {finals} with final rewards (exit {first.returncode})")
             prompt_hash = grpcurl(address)
-            log(f"grpcurl: listed strata.v1.Scheduler by reflection, submitted prompt {prompt_hash[:12]}")
+            log(f"grpcurl: listed strata.v1.Scheduler from the protos, submitted prompt {prompt_hash[:12]}")
             wait_for("a PolicyUpdated from the learner", lambda: None if policy_updates(compose) else "an update",
                      args.timeout, every_s=5.0)
             log(f"PolicyUpdated events: {policy_updates(compose)}")

@@ -4,7 +4,7 @@ A service's ``__main__`` builds its settings, its pure core, its servicer and it
 them to :func:`run_service`, which:
 
 1. logs the resolved settings (never secrets or texts),
-2. starts the gRPC server (health + reflection) and, when configured, the Prometheus endpoint,
+2. starts the gRPC server (health, reflection, TLS and tokens as set) and, when configured, the Prometheus endpoint,
 3. runs each worker's poll loop in its own thread,
 4. on SIGTERM/SIGINT: reports NOT_SERVING, drains in-flight RPCs, lets every worker finish its
    current event and commit, then exits. A worker that crashes stops the process (exit code 1) so
@@ -45,7 +45,8 @@ class ServiceParts:
     on_stop: Sequence[Callable[[], None]] = field(default_factory=list)
     # Called as soon as stopping begins, before the gRPC server's grace period (e.g. end open streams).
     on_stopping: Sequence[Callable[[], None]] = field(default_factory=list)
-    grpc_host: str = "0.0.0.0"
+    # Long-lived streams the service admits (its own limiter caps them): threads on top of the pool.
+    stream_slots: int = 0
 
 
 @dataclass
@@ -68,9 +69,9 @@ def start_service(parts: ServiceParts, stop: threading.Event | None = None) -> R
     log.info("%s starting with settings %s", parts.name, json.dumps(parts.settings.as_log_dict(), default=str))
     if parts.settings.metrics_port is not None:
         register_device_memory_metrics()  # CUDA memory per device (the memory diagnostic reads it)
-        port = start_metrics_server(parts.settings.metrics_port)
-        log.info("%s metrics on :%d/metrics", parts.name, port)
-    server = start_server(parts.bindings, parts.grpc_port, host=parts.grpc_host)
+        port = start_metrics_server(parts.settings.metrics_port, host=parts.settings.metrics_bind_host)
+        log.info("%s metrics on %s:%d/metrics", parts.name, parts.settings.metrics_bind_host, port)
+    server = start_server(parts.bindings, parts.grpc_port, parts.settings, stream_slots=parts.stream_slots)
     failures: list[BaseException] = []
     loops_stop = threading.Event()
 

@@ -92,9 +92,9 @@ def setup_logging(level: str | int = "INFO", json_lines: bool = False, debug_rol
     logging.getLogger("kafka").setLevel(max(root.level, logging.WARNING))
 
 
-def start_metrics_server(port: int, registry: CollectorRegistry = REGISTRY) -> int:
-    """Serve ``/metrics`` on ``port`` (0 picks a free one); returns the bound port."""
-    server, _thread = start_http_server(port, registry=registry)
+def start_metrics_server(port: int, registry: CollectorRegistry = REGISTRY, host: str = "127.0.0.1") -> int:
+    """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the bound port."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
     return int(server.server_port)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from strata import rpc
 from strata.bus import topics
 from strata.bus.tail import TailReader
 from strata.config import StrataSettings
@@ -215,7 +216,7 @@ def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], ver
 
 def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses = Addresses(),
           progress: Callable[[RoundStats, int], None] | None = None) -> TrainSummary:
-    channels = {name: grpc.insecure_channel(getattr(addresses, name)) for name in asdict(addresses)}
+    channels = {name: rpc.channel(getattr(addresses, name)) for name in asdict(addresses)}
     store = ContentStore.from_url(settings.redis_address, settings.content_ttl_s, settings.content_max_bytes)
     scheduler = scheduler_pb2_grpc.SchedulerStub(channels["scheduler"])
     learner = learner_pb2_grpc.LearnerStub(channels["learner"])

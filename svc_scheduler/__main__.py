@@ -22,7 +22,8 @@ from strata.content_store import ContentStore
 from strata.contract.models import ModelNotConfiguredError, model_path
 from strata.models.budget import TokenBudget
 from strata.models.tokens import tokenizer_id
-from strata.rpc import ServiceBinding
+from strata.rpc import ServiceBinding, token_table
+from strata.rpc_auth import CallerIdentity
 from strata.service import ServiceParts, run_service
 from strata.telemetry import setup_logging
 from svc_scheduler.encoder import Encoder
@@ -77,7 +78,8 @@ def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> 
     hub = WatchHub(settings.watch_buffer_s, settings.watch_buffer_max_prompts, settings.watch_buffer_max_events)
     feed = WatchFeed(settings, hub, client_id=f"svc-scheduler-watch-{replica}")
     stop_servicer = threading.Event()
-    servicer = SchedulerServicer(engine, hub, settings, stop_servicer, tier_budgets(settings))
+    servicer = SchedulerServicer(engine, hub, settings, stop_servicer, tier_budgets(settings),
+                                 CallerIdentity(token_table(settings)))
     stats_worker = Worker(settings, settings.stats_group_id, StatsUpdater(store, settings).handlers(), publisher,
                           client_id=f"svc-scheduler-stats-{replica}")
     parts = ServiceParts(
@@ -89,6 +91,7 @@ def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> 
         loops=[index_sync.run, feed.run],
         on_stopping=[stop_servicer.set],  # open Watch streams end as soon as the service is told to stop
         on_stop=[publisher.close, client.close],
+        stream_slots=settings.max_watch_streams,
     )
     return parts, engine
 

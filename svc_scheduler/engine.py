@@ -73,6 +73,10 @@ class NotAcceptedError(Exception):
     """Kafka did not acknowledge this prompt's event: it was not accepted (the client should retry)."""
 
 
+class RequestGoneError(Exception):
+    """The caller cancelled or passed its deadline before anything was published."""
+
+
 @dataclass(frozen=True)
 class Routed:
     """One prompt's decision, before anything was published."""
@@ -197,19 +201,25 @@ class SchedulerEngine:
 
     # -- submission ------------------------------------------------------------------------------------
 
-    def submit(self, requests: Sequence[PromptRequest]) -> list[Accepted | NotAcceptedError]:
+    def submit(self, requests: Sequence[PromptRequest],
+               still_wanted: Callable[[], bool] = lambda: True) -> list[Accepted | NotAcceptedError]:
         """Decide, store, publish and index (steps 1-6). Per prompt: accepted, or not (Kafka).
 
-        Raises :class:`StoreUnavailableError` when Redis is down: then nothing was published.
+        Raises :class:`StoreUnavailableError` when Redis is down, and :class:`RequestGoneError` when
+        ``still_wanted`` turns false before publishing (the caller left): then nothing was published.
         """
         if not requests:
             return []
+        if not still_wanted():
+            raise RequestGoneError
         submitted_at = self.clock()
         routed = [
             replace(item, decision=audit(item.decision, item.prompt_hash, request.request_id,
                                          self.settings.audit_share))
             for request, item in zip(requests, self.route([r.prompt for r in requests]), strict=True)
         ]
+        if not still_wanted():  # routing (the encoder) is the slow step: check again before any write
+            raise RequestGoneError
         for request in requests:
             self.content.put(request.prompt)  # before publishing: consumers read the text by hash
         self.store.record_audits([(item.prompt_hash, request.request_id, item.decision.audited_reward)

@@ -25,13 +25,15 @@ from google.protobuf.message import DecodeError, Message
 from strata.content_store import StoreUnavailableError
 from strata.hashing import is_content_hash
 from strata.models.budget import TokenBudget
+from strata.ratelimit import RateLimiter, StreamLimiter
 from strata.rpc import abort_invalid, abort_unavailable
+from strata.rpc_auth import CallerIdentity
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from strata.validation import PromptRequest, RequestError, requested_sampling, validate_submit
-from svc_scheduler.engine import Accepted, NotAcceptedError, SchedulerEngine
+from svc_scheduler.engine import Accepted, NotAcceptedError, RequestGoneError, SchedulerEngine
 from svc_scheduler.routing import Route
 from svc_scheduler.settings import SchedulerSettings
-from svc_scheduler.watch import StreamLimiter, WatchHub, client_of
+from svc_scheduler.watch import WatchHub
 
 log = logging.getLogger(__name__)
 
@@ -167,16 +169,28 @@ def response_of(accepted: Accepted) -> scheduler_pb2.SubmitResponse:
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(
         self, engine: SchedulerEngine, hub: WatchHub, settings: SchedulerSettings, stop: threading.Event | None = None,
-        budgets: Sequence[TokenBudget] = (),
+        budgets: Sequence[TokenBudget] = (), identity: CallerIdentity | None = None,
     ) -> None:
         self.engine = engine
         self.hub = hub
         self.settings = settings
         self.stop = stop or threading.Event()
         self.budgets = tuple(budgets)  # the tiers' models: what a prompt must fit (validation.validate)
-        self.watch_streams = StreamLimiter(settings.max_watch_streams, settings.max_watch_streams_per_client)
+        self.identity = identity or CallerIdentity()  # who is calling: the token's client, else the address
+        self.watch_streams = StreamLimiter(settings.max_watch_streams, settings.max_watch_streams_per_client,
+                                           "Watch streams")
+        self.submit_rate = RateLimiter(settings.submit_rate_per_client, settings.submit_burst_per_client)
+
+    def _charge(self, context: grpc.ServicerContext, prompts: int) -> None:
+        """Per-client Submit rate: RESOURCE_EXHAUSTED, with when to retry, past it."""
+        wait_s = self.submit_rate.take(self.identity.of(context), max(prompts, 1))
+        if wait_s is not None:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"this client is over its Submit rate ({self.settings.submit_rate_per_client:g} prompts/s, "
+                          f"burst {self.settings.submit_burst_per_client}); retry in {wait_s:.2f} s")
 
     def Submit(self, request: Any, context: grpc.ServicerContext) -> scheduler_pb2.SubmitResponse:
+        self._charge(context, 1)
         if isinstance(request, Malformed):
             abort_invalid(context, request.field, request.problem)
         try:
@@ -189,6 +203,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return response_of(result)
 
     def SubmitBatch(self, request: Any, context: grpc.ServicerContext) -> scheduler_pb2.SubmitBatchResponse:
+        self._charge(context, 1 if isinstance(request, Malformed) else len(request.requests))
         if isinstance(request, Malformed):
             abort_invalid(context, request.field, request.problem)
         if len(request.requests) > self.settings.max_batch_size:
@@ -212,7 +227,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def _submit(self, context: grpc.ServicerContext, prompts: list[PromptRequest]) -> list[Any]:
         try:
-            return self.engine.submit(prompts)
+            # A caller that went away (cancelled, or past its deadline) before publishing gets nothing
+            # published: its work is dropped instead of rolled out for no one.
+            return self.engine.submit(prompts, still_wanted=context.is_active)
+        except RequestGoneError:
+            context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled or its deadline passed; "
+                          "nothing was published")
         except StoreUnavailableError as exc:
             log.warning("Submit refused: %s", exc)
             abort_unavailable(context, f"{_REDIS_DOWN} ({exc})")
@@ -222,7 +242,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             abort_invalid(context, request.field, request.problem)
         if not is_content_hash(request.prompt_hash):
             abort_invalid(context, "prompt_hash", "must be 64 lowercase hex digits (the hash Submit returned)")
-        client = client_of(context.peer())
+        client = self.identity.of(context)
         if (full := self.watch_streams.acquire(client)) is not None:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, full)
         once = threading.Lock()

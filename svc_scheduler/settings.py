@@ -137,10 +137,18 @@ class SchedulerSettings(StrataSettings):
     watch_buffer_max_prompts: int = Field(20_000, ge=1, description="prompts whose recent events are kept")
     watch_buffer_max_events: int = Field(256, ge=1, description="events kept per prompt")
     watch_max_s: float = Field(3600.0, gt=0, description="longest Watch stream")
-    # Each open Watch holds one of the gRPC server's threads (grpc_max_workers, 16): capped so that
-    # Submit, Stats and the health check always find one free.
-    max_watch_streams: int = Field(8, ge=1, description="Watch streams open at once on one replica")
-    max_watch_streams_per_client: int = Field(4, ge=1, description="Watch streams one client address may hold")
+    # Each open Watch holds a server thread of its own, on top of the grpc_max_workers that serve
+    # Submit, Stats and health: capped, so that those always find one free (docs/security.md).
+    max_watch_streams: int = Field(64, ge=1, description="Watch streams open at once on one replica")
+    max_watch_streams_per_client: int = Field(16, ge=1, description="Watch streams one client may hold")
+
+    # -- per-client Submit rate (RESOURCE_EXHAUSTED past it) ------------------------------------------
+    submit_rate_per_client: float = Field(
+        200.0, ge=0, description="prompts a second one client may submit, sustained (0: no limit)"
+    )
+    submit_burst_per_client: int = Field(
+        2048, ge=1, description="prompts one client may submit at once before its rate applies"
+    )
 
     def submit_limits(self) -> SubmitLimits:
         """What one submission may ask for (strata.validation.validate_submit)."""

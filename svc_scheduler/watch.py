@@ -49,46 +49,6 @@ class Subscription:
         self._hub.unsubscribe(self)
 
 
-class StreamLimiter:
-    """Open streams, counted globally and per client address; ``acquire`` says why when full."""
-
-    def __init__(self, limit: int, per_client: int) -> None:
-        self.limit = limit
-        self.per_client = per_client
-        self._open: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def open(self) -> int:
-        with self._lock:
-            return sum(self._open.values())
-
-    def acquire(self, client: str) -> str | None:
-        """Take a slot for ``client``; None when taken, else the reason it cannot be."""
-        with self._lock:
-            total, mine = sum(self._open.values()), self._open.get(client, 0)
-            if total >= self.limit:
-                return f"{total} Watch streams are open on this replica (limit {self.limit}); retry later"
-            if mine >= self.per_client:
-                return (f"this client holds {mine} Watch streams (limit {self.per_client} per client); "
-                        "close one or watch fewer prompts at once")
-            self._open[client] = mine + 1
-            return None
-
-    def release(self, client: str) -> None:
-        with self._lock:
-            left = self._open.get(client, 0) - 1
-            if left > 0:
-                self._open[client] = left
-            else:
-                self._open.pop(client, None)
-
-
-def client_of(peer: str) -> str:
-    """The client's address without its port (``ipv4:10.0.0.5:53122`` -> ``ipv4:10.0.0.5``)."""
-    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
-
-
 class WatchHub:
     def __init__(
         self, buffer_s: float, max_prompts: int, max_events: int, clock: Callable[[], float] = time.monotonic

@@ -13,8 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
-
+from strata import rpc
 from strata.rpc import ServiceBinding, start_server
 from strata.v1 import common_pb2, generator_pb2, generator_pb2_grpc
 
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     sequential_tokens = service_tokens = batches = 0
     sequential_s = service_s = 0.0
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel, \
+        with rpc.channel(f"127.0.0.1:{server.port}") as channel, \
                 ThreadPoolExecutor(max_workers=args.clients) as pool:
             stub = generator_pb2_grpc.GeneratorStub(channel)
             params = common_pb2.SamplingParams(max_new_tokens=args.max_new_tokens)

@@ -11,8 +11,7 @@ import argparse
 import statistics
 import time
 
-import grpc
-
+from strata import rpc
 from strata.rpc import ServiceBinding, start_server
 from strata.v1 import probe_pb2, probe_pb2_grpc
 
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     latencies_ms: list[float] = []
     top1 = cautious_risk = risk_total = cautious_safe = 0
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        with rpc.channel(f"127.0.0.1:{server.port}") as channel:
             stub = probe_pb2_grpc.ProbeStub(channel)
             for record in records[: args.warmup]:
                 stub.Directions(probe_pb2.DirectionsRequest(prompt=record.text), timeout=30)

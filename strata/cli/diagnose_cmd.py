@@ -77,8 +77,9 @@ def serve_exporter(settings: DiagnoseSettings) -> int:
     from strata.telemetry import start_metrics_server
 
     groups = [g.strip() for g in settings.lag_groups.split(",") if g.strip()]
-    port = start_metrics_server(settings.exporter_port, exporter_registry(settings, groups))
-    print(f"strata exporter: http://0.0.0.0:{port}/metrics (consumer lag of {len(groups)} groups, cost ledger)")
+    host = settings.metrics_bind_host
+    port = start_metrics_server(settings.exporter_port, exporter_registry(settings, groups), host=host)
+    print(f"strata exporter: http://{host}:{port}/metrics (consumer lag of {len(groups)} groups, cost ledger)")
     stop: threading.Event = stop_on_signals()
     stop.wait()
     return 0

@@ -7,6 +7,8 @@ import argparse
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from strata import rpc
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("health", help="gRPC health check of one service (exit 0 = SERVING)")
@@ -18,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        with grpc.insecure_channel(args.address) as channel:
+        with rpc.channel(args.address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
             )

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from strata import rpc
 from strata.cli.main import CliError, read_jsonl
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     requests = _requests(args)
     tracked: list[Tracked] = []
     failures = 0
-    with grpc.insecure_channel(args.address) as channel:
+    with rpc.channel(args.address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         try:
             if len(requests) == 1:

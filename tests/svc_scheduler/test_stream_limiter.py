@@ -1,20 +1,61 @@
-from svc_scheduler.watch import StreamLimiter, client_of
+"""Per-client limits at the edge: open streams and the Submit rate (strata.ratelimit)."""
+
+from strata.ratelimit import RateLimiter, StreamLimiter
+from strata.rpc_auth import address_of
 
 
-def test_streams_are_capped_globally_and_per_client() -> None:
-    limiter = StreamLimiter(limit=3, per_client=2)
-    assert limiter.acquire("a") is None and limiter.acquire("a") is None
-    assert "limit 2 per client" in (limiter.acquire("a") or "")
+def test_stream_limiter_caps_globally_and_per_client() -> None:
+    limiter = StreamLimiter(limit=3, per_client=2, what="Watch streams")
+    assert limiter.acquire("a") is None
+    assert limiter.acquire("a") is None
+    assert "per client" in (limiter.acquire("a") or "")
     assert limiter.acquire("b") is None
     assert "limit 3" in (limiter.acquire("c") or "")
     limiter.release("a")
-    assert limiter.open == 2 and limiter.acquire("c") is None
-    for client in ("a", "b", "c"):
-        limiter.release(client)
-    assert limiter.open == 0
+    assert limiter.acquire("c") is None
+    assert limiter.open == 3
+    limiter.release("zzz")  # a client that holds nothing: no effect, no negative count
+    assert limiter.open == 3
 
 
-def test_a_client_is_its_address_without_the_port() -> None:
-    assert client_of("ipv4:10.0.0.5:53122") == "ipv4:10.0.0.5"
-    assert client_of("ipv6:[::1]:40000") == "ipv6:[::1]"
-    assert client_of("unix:/tmp/sock") == "unix:/tmp/sock"
+def test_client_address_drops_the_port() -> None:
+    assert address_of("ipv4:10.0.0.5:53122") == "ipv4:10.0.0.5"
+    assert address_of("ipv6:[::1]:40000") == "ipv6:[::1]"
+    assert address_of("unix:/tmp/sock") == "unix:/tmp/sock"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rate_limiter_refills_at_its_rate_and_says_when_to_retry() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=10, burst=5, clock=clock)
+    assert all(limiter.take("a") is None for _ in range(5))
+    wait = limiter.take("a")
+    assert wait is not None and abs(wait - 0.1) < 1e-9
+    assert limiter.take("b") is None  # one client's flood leaves another's bucket alone
+    clock.now = 0.1
+    assert limiter.take("a") is None
+    assert limiter.take("a") is not None
+
+
+def test_a_batch_larger_than_the_burst_passes_once_and_is_paid_for_after() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=10, burst=5, clock=clock)
+    assert limiter.take("a", 20) is None  # needs a full bucket, then owes 15
+    wait = limiter.take("a")
+    assert wait is not None and abs(wait - 1.6) < 1e-9
+
+
+def test_rate_zero_is_no_limit_and_the_client_table_is_bounded() -> None:
+    assert RateLimiter(rate=0, burst=1).take("a", 10**6) is None
+    limiter = RateLimiter(rate=1, burst=1, max_clients=2, clock=Clock())
+    for name in ("a", "b", "c"):
+        assert limiter.take(name) is None
+    assert limiter.take("a") is None  # "a" was forgotten (least recently seen): a fresh bucket
+    assert limiter.take("c") is not None
