@@ -4,6 +4,7 @@ Callers (gRPC threads, the Kafka worker) ``submit`` requests and get futures; on
   1. poll input  — take the first waiting request, then gather more until the batch is full
                    (``max_batch_size``) or the first one has waited ``max_wait_s``;
   2. step        — one backend call for the whole batch (weights swapped first if an update waits);
+                   a batch that fails is retried in halves, so one bad request fails alone;
   3. emit output — resolve each future with its output, the policy version and its share of the
                    batch's device time; then give cached device memory back.
 """
@@ -29,6 +30,7 @@ BATCH_SIZE = Histogram("strata_generator_batch_size", "Sequences per generation 
 BATCH_SECONDS = Histogram("strata_generator_batch_seconds", "Wall time of one generation batch")
 QUEUE_DEPTH = Gauge("strata_generator_queue_depth", "Requests waiting for a batch")
 TOKENS = Counter("strata_generator_tokens_total", "Response tokens generated")
+FAILED = Counter("strata_generator_failed_requests_total", "Requests whose generation failed (alone, after splitting)")
 POLICY_VERSION = Gauge("strata_generator_policy_version", "Policy version of the loaded weights")
 
 
@@ -117,14 +119,28 @@ class DynamicBatcher:
         if not batch:
             return 0
         # 2. step the backend
+        self._generate(batch)
+        return len(batch)
+
+    def _generate(self, batch: list[_Pending]) -> None:
+        """Steps 2 and 3 for ``batch``. A failed batch is split in halves and each retried, so one
+        bad request fails alone and its batch-mates are served (log2(n) extra calls per bad item)."""
         started = self._clock()
         try:
             outputs = self._backend.generate([p.request for p in batch])
         except Exception as exc:
-            log.exception("generation batch of %d failed", len(batch))
-            for pending in batch:
-                pending.future.set_exception(exc)
-            return len(batch)
+            if len(batch) == 1:
+                log.warning("generation failed for one request: %s: %s", type(exc).__name__, exc)
+                FAILED.inc()
+                batch[0].future.set_exception(exc)
+                return
+            log.warning("generation batch of %d failed (%s: %s); retrying it in halves", len(batch),
+                        type(exc).__name__, exc)
+            middle = len(batch) // 2
+            self._backend.release_memory()
+            self._generate(batch[:middle])
+            self._generate(batch[middle:])
+            return
         finally:
             self._backend.release_memory()
         elapsed = self._clock() - started
@@ -139,7 +155,6 @@ class DynamicBatcher:
         BATCH_SIZE.observe(len(batch))
         BATCH_SECONDS.observe(elapsed)
         TOKENS.inc(sum(len(o.token_ids) for o in outputs))
-        return len(batch)
 
     def _apply_weights(self) -> None:
         with self._lock:

@@ -109,13 +109,16 @@ def test_weights_swap_between_batches_and_versions_are_stamped() -> None:
     assert backend.loaded == ["/ckpt/v2"]
 
 
-def test_a_failed_batch_fails_its_futures_and_the_loop_goes_on() -> None:
+def test_one_bad_request_fails_alone_and_its_batch_mates_are_served() -> None:
     backend = RecordingBackend(fail_on="bad")
     batcher = DynamicBatcher(backend, max_batch_size=8, max_wait_s=0.0)
-    failed = batcher.submit([req("ok"), req("bad")])
-    batcher.step()
+    futures = batcher.submit([req(p) for p in ("a", "b", "c", "bad", "e")])
+    assert batcher.step() == 5
     with pytest.raises(RuntimeError, match="backend exploded"):
-        failed[1].result(1)
+        futures[3].result(1)
+    assert [futures[i].result(1).output.text for i in (0, 1, 2, 4)] == ["A", "B", "C", "E"]
+    # Halves: [a b] served, [c bad e] fails, then [c] served and [bad e] fails, then [bad] alone and [e].
+    assert backend.batches[1:] == [["a", "b"], ["c", "bad", "e"], ["c"], ["bad", "e"], ["bad"], ["e"]]
     later = batcher.submit([req("fine")])
     batcher.step()
     assert later[0].result(1).output.text == "FINE"
