@@ -16,6 +16,9 @@ from strata.contract import limits
 from strata.sampling import SamplingBounds
 from strata.validation import SubmitLimits
 
+# Per SubmitRequest on the wire, besides the prompt and the request id: tags, lengths, sampling.
+REQUEST_OVERHEAD_BYTES = 96
+
 
 class SchedulerSettings(StrataSettings):
     """svc_scheduler: encoder, index, routing thresholds (R9-R12), input bounds, gRPC and Watch."""
@@ -107,8 +110,13 @@ class SchedulerSettings(StrataSettings):
 
     # -- input bounds ---------------------------------------------------------------------------------
     max_prompt_chars: int = Field(limits.MAX_PROMPT_CHARS, ge=1, description="longest prompt accepted, in characters")
-    max_prompt_bytes: int = Field(64 * 1024, ge=1, description="longest prompt accepted, in UTF-8 bytes")
-    max_batch_size: int = Field(256, ge=1, description="most prompts in one SubmitBatch")
+    max_prompt_bytes: int = Field(
+        4 * limits.MAX_PROMPT_CHARS, ge=1, description="longest prompt accepted, in UTF-8 bytes"
+    )
+    max_batch_size: int = Field(
+        64, ge=1, description="most prompts in one SubmitBatch; a full batch of the longest prompts must fit "
+        "grpc_max_receive_bytes"
+    )
     default_n_samples: int = Field(4, ge=1, description="rollouts per prompt when the request says 0")
     # Defaults from strata.contract.limits: what the tiers serve, so that nothing accepted is refused later.
     max_n_samples: int = Field(limits.MAX_N_SAMPLES, ge=1, description="most rollouts one request may ask for")
@@ -170,4 +178,15 @@ class SchedulerSettings(StrataSettings):
             raise ValueError("min_temperature must be below max_temperature")
         if self.default_n_samples > self.max_n_samples:
             raise ValueError("default_n_samples cannot exceed max_n_samples")
+        if self.largest_batch_bytes > self.grpc_max_receive_bytes:
+            raise ValueError(
+                f"a SubmitBatch of max_batch_size ({self.max_batch_size}) prompts of max_prompt_bytes "
+                f"({self.max_prompt_bytes}) is {self.largest_batch_bytes} bytes, over grpc_max_receive_bytes "
+                f"({self.grpc_max_receive_bytes}): raise it or lower one of them"
+            )
         return self
+
+    @property
+    def largest_batch_bytes(self) -> int:
+        """The wire size of the largest SubmitBatch the limits allow (prompt plus the other fields)."""
+        return self.max_batch_size * (self.max_prompt_bytes + self.max_request_id_chars + REQUEST_OVERHEAD_BYTES)

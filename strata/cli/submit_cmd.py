@@ -29,7 +29,7 @@ from strata.cli.main import CliError, read_jsonl
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 DEFAULT_ADDRESS = os.environ.get("STRATA_SCHEDULER_ADDRESS", "127.0.0.1:50051")
-BATCH = 256  # the scheduler's default max_batch_size
+BATCH = 64  # the scheduler's default max_batch_size
 _DECISIONS = {common_pb2.DECISION_SKIP: "skip", common_pb2.DECISION_LEVEL_1: "level-1",
               common_pb2.DECISION_LEVEL_2: "level-2"}
 _TIERS = {common_pb2.TIER_UNSPECIFIED: "-", common_pb2.TIER_LEVEL_0: "level-0", common_pb2.TIER_LEVEL_1: "level-1",

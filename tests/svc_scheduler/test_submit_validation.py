@@ -80,3 +80,17 @@ def test_garbage_is_refused_without_reading_past_a_varints_ten_bytes() -> None:
     assert _varint(b"\xac\x02", 0) == (300, 2)
     garbage = b"\x0a" + b"\xff" * 400_000
     assert lenient(scheduler_pb2.SubmitRequest)(garbage) == Malformed("request", "is not a valid SubmitRequest")
+
+
+def test_a_full_batch_of_the_longest_prompts_fits_the_message_limit() -> None:
+    settings = SchedulerSettings()
+    longest = "😀" * (settings.max_prompt_bytes // 4)  # 4 bytes each in UTF-8
+    batch = scheduler_pb2.SubmitBatchRequest(requests=[
+        scheduler_pb2.SubmitRequest(prompt=longest, request_id="r" * settings.max_request_id_chars, n_samples=16,
+                                    sampling={"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 512,
+                                              "seed": 2**62, "rollout_dropout": 0.1})
+        for _ in range(settings.max_batch_size)
+    ])
+    assert batch.ByteSize() <= settings.largest_batch_bytes <= settings.grpc_max_receive_bytes
+    with pytest.raises(ValueError, match="grpc_max_receive_bytes"):
+        SchedulerSettings(max_batch_size=1000)
