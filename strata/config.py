@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,8 +28,15 @@ ENV_PREFIX = "STRATA_"  # every setting is read from STRATA_<FIELD>
 _URL_PASSWORD = re.compile(r"(//[^:/@\s]*:)[^@/\s]+@")
 
 
+def mask_url_password(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part replaced by ``***``."""
+    return _URL_PASSWORD.sub(r"\1***@", url)
+
+
 def _mask_secrets(value: Any) -> Any:
-    return _URL_PASSWORD.sub(r"\1***@", value) if isinstance(value, str) else value
+    if isinstance(value, SecretStr):
+        return "***" if value.get_secret_value() else ""
+    return mask_url_password(value) if isinstance(value, str) else value
 
 
 class StrataSettings(BaseSettings):
@@ -39,7 +47,27 @@ class StrataSettings(BaseSettings):
     # Addresses. Unset means "the local single-node Kafka / Redis that `strata infra up` manages";
     # set them to point at existing clusters, and then nothing is started locally.
     kafka_bootstrap: str | None = Field(None, description="host:port[,host:port] of an existing Kafka")
-    redis_url: str | None = Field(None, description="redis://host:port/db of an existing Redis")
+    redis_url: str | None = Field(
+        None, description="redis[s]://[user:password@]host:port/db[?ssl_ca_certs=PEM] of an existing Redis"
+    )
+
+    # Kafka security (docs/security.md), for every client; `strata infra up` starts the local broker
+    # with SASL/PLAIN when the SASL settings are set.
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="PLAINTEXT | SASL_PLAINTEXT | SSL | SASL_SSL (SASL_*: username and password)"
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "PLAIN", description="SASL mechanism: PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (the local broker: PLAIN)"
+    )
+    kafka_sasl_username: str | None = Field(None, description="SASL user of every Kafka client")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password of kafka_sasl_username")
+    kafka_ssl_cafile: Path | None = Field(None, description="PEM CA that signed the brokers' certificates")
+    kafka_ssl_certfile: Path | None = Field(None, description="PEM client certificate (brokers that want one)")
+    kafka_ssl_keyfile: Path | None = Field(None, description="PEM private key of kafka_ssl_certfile")
+    # Redis credentials: for the managed Redis only (`strata infra up` creates the user, and
+    # redis_address carries them). An external Redis takes its user, password and TLS in redis_url.
+    redis_username: str | None = Field(None, description="local Redis: ACL user (unset: requirepass only)")
+    redis_password: SecretStr | None = Field(None, description="local Redis: password; set, Redis needs it")
 
     # Local infrastructure (used only when the addresses above are unset).
     state_dir: Path = Field(Path(".strata"), description="runtime state: Kafka log dir, Redis data, pids, logs")
@@ -116,6 +144,32 @@ class StrataSettings(BaseSettings):
     )
 
     @model_validator(mode="after")
+    def _check_kafka_security(self) -> StrataSettings:
+        sasl = self.kafka_security_protocol.startswith("SASL_")
+        has_credentials = self.kafka_sasl_username is not None or self.kafka_sasl_password is not None
+        if sasl and (not self.kafka_sasl_username or not self.kafka_sasl_password):
+            raise ValueError(f"kafka_security_protocol {self.kafka_security_protocol} needs kafka_sasl_username "
+                             "and kafka_sasl_password")
+        if has_credentials and not sasl:
+            raise ValueError("kafka_sasl_username / kafka_sasl_password are set but kafka_security_protocol is "
+                             f"{self.kafka_security_protocol}: set it to SASL_PLAINTEXT (or SASL_SSL)")
+        ssl_files = (self.kafka_ssl_cafile, self.kafka_ssl_certfile, self.kafka_ssl_keyfile)
+        if any(f is not None for f in ssl_files) and not self.kafka_security_protocol.endswith("SSL"):
+            raise ValueError("kafka_ssl_* files need kafka_security_protocol SSL or SASL_SSL")
+        if (self.kafka_ssl_certfile is None) != (self.kafka_ssl_keyfile is None):
+            raise ValueError("kafka_ssl_certfile and kafka_ssl_keyfile go together: set both or neither")
+        if self.kafka_managed and self.kafka_security_protocol.endswith("SSL"):
+            # The local broker has no certificates; TLS is for a cluster set up with them.
+            raise ValueError(f"kafka_security_protocol {self.kafka_security_protocol} needs kafka_bootstrap: the "
+                             "local broker of `strata infra up` speaks PLAINTEXT or SASL_PLAINTEXT")
+        if self.kafka_managed and sasl and self.kafka_sasl_mechanism != "PLAIN":
+            raise ValueError("the local broker of `strata infra up` does SASL/PLAIN only: set "
+                             "kafka_sasl_mechanism PLAIN, or kafka_bootstrap to a cluster with SCRAM users")
+        if self.redis_username is not None and self.redis_password is None:
+            raise ValueError("redis_username needs redis_password")
+        return self
+
+    @model_validator(mode="after")
     def _check_grpc_tls(self) -> StrataSettings:
         if (self.grpc_tls_cert is None) != (self.grpc_tls_key is None):
             raise ValueError("grpc_tls_cert and grpc_tls_key go together: set both or neither")
@@ -139,14 +193,36 @@ class StrataSettings(BaseSettings):
         return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
 
     @property
+    def redis_auth(self) -> bool:
+        """True when Redis clients log in: the managed Redis has a password, or redis_url has credentials."""
+        if self.redis_url is not None:
+            url = urlsplit(self.redis_url)
+            return bool(url.username or url.password)
+        return self.redis_password is not None
+
+    @property
     def redis_address(self) -> str:
-        return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+        """The Redis URL clients use; for the managed Redis it carries the credentials. Never log it:
+        ``redis_address_masked`` is for messages."""
+        if self.redis_url is not None:
+            return self.redis_url
+        credentials = ""
+        if self.redis_password is not None:
+            # Quoted: a password may hold ":", "@" or "/"; redis-py's from_url unquotes both parts.
+            credentials = f"{quote(self.redis_username or '', safe='')}:"
+            credentials += f"{quote(self.redis_password.get_secret_value(), safe='')}@"
+        return f"redis://{credentials}127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def redis_address_masked(self) -> str:
+        """``redis_address`` with its password as ``***``: for logs, errors and status lines."""
+        return mask_url_password(self.redis_address)
 
     def as_log_dict(self) -> dict[str, Any]:
         """Resolved settings, JSON-friendly, for the start-up log line and artifact metadata.
 
-        Passwords in URLs (``redis://user:secret@host``) are masked: this dict lands in logs and
-        in every checkpoint.
+        Passwords in URLs (``redis://user:secret@host``) and secret fields (``SecretStr``) are
+        masked as ``***``: this dict lands in logs and in every checkpoint.
         """
         return {key: _mask_secrets(str(value) if isinstance(value, Path) else value)
                 for key, value in self.model_dump().items()}

@@ -1,3 +1,5 @@
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -7,7 +9,8 @@ from strata.config import StrataSettings
 
 
 def test_defaults_manage_local_infra(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("STRATA_KAFKA_BOOTSTRAP", "STRATA_REDIS_URL", "STRATA_KAFKA_PORT", "STRATA_REDIS_PORT"):
+    for var in ("STRATA_KAFKA_BOOTSTRAP", "STRATA_REDIS_URL", "STRATA_KAFKA_PORT", "STRATA_REDIS_PORT",
+                "STRATA_REDIS_USERNAME", "STRATA_REDIS_PASSWORD"):
         monkeypatch.delenv(var, raising=False)
     settings = StrataSettings()
     assert settings.kafka_managed and settings.redis_managed
@@ -49,6 +52,58 @@ def test_log_dict_masks_url_passwords() -> None:
     assert logged["redis_url"] == "redis://user:***@cache:6379/0"
     assert "s3cret" not in str(logged)
     assert logged["kafka_bootstrap"] == "k:9092"
+
+
+def _without_security_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `make test-auth` sets some of these; the cases here spell out their own.
+    for name in StrataSettings.model_fields:
+        if name.startswith(("kafka_", "redis_")):
+            monkeypatch.delenv(f"STRATA_{name.upper()}", raising=False)
+
+
+def test_log_dict_and_repr_mask_secret_fields() -> None:
+    settings = StrataSettings(kafka_bootstrap="k:9093", kafka_security_protocol="SASL_SSL",
+                              kafka_sasl_username="svc", kafka_sasl_password="kafka-s3cret",
+                              redis_username="app", redis_password="redis-s3cret", grpc_token="grpc-s3cret")
+    logged = settings.as_log_dict()
+    assert logged["kafka_sasl_password"] == logged["redis_password"] == logged["grpc_token"] == "***"
+    assert logged["kafka_sasl_username"] == "svc"
+    for text in (json.dumps(logged), repr(settings), str(settings)):
+        assert "s3cret" not in text
+
+
+def test_managed_redis_address_carries_quoted_credentials_and_masks_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    _without_security_env(monkeypatch)
+    settings = StrataSettings(redis_port=6390, redis_username="app", redis_password="p@ss:w/rd")
+    assert settings.redis_address == "redis://app:p%40ss%3Aw%2Frd@127.0.0.1:6390/0"
+    assert settings.redis_address_masked == "redis://app:***@127.0.0.1:6390/0"
+    assert settings.redis_auth
+    password_only = StrataSettings(redis_port=6390, redis_password="pw")
+    assert password_only.redis_address == "redis://:pw@127.0.0.1:6390/0"
+    assert password_only.redis_address_masked == "redis://:***@127.0.0.1:6390/0"
+    # An external Redis: its URL says everything, the redis_* credentials are for the managed one.
+    external = StrataSettings(redis_url="rediss://u:pw@cache:6380/0?ssl_ca_certs=/ca.pem", redis_password="x")
+    assert external.redis_address == "rediss://u:pw@cache:6380/0?ssl_ca_certs=/ca.pem"
+    assert external.redis_auth and not StrataSettings(redis_url="redis://cache:6379/0").redis_auth
+
+
+@pytest.mark.parametrize(("fields", "error"), [
+    ({"kafka_security_protocol": "SASL_PLAINTEXT"}, "needs kafka_sasl_username and kafka_sasl_password"),
+    ({"kafka_sasl_username": "u", "kafka_sasl_password": "p"}, "set it to SASL_PLAINTEXT"),
+    ({"kafka_bootstrap": "k:9093", "kafka_ssl_cafile": "/ca.pem"}, "need kafka_security_protocol SSL or SASL_SSL"),
+    ({"kafka_bootstrap": "k:9093", "kafka_security_protocol": "SSL", "kafka_ssl_certfile": "/c.pem"},
+     "kafka_ssl_certfile and kafka_ssl_keyfile go together"),
+    ({"kafka_security_protocol": "SSL"}, "the local broker of `strata infra up` speaks PLAINTEXT or SASL_PLAINTEXT"),
+    ({"kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_mechanism": "SCRAM-SHA-256",
+      "kafka_sasl_username": "u", "kafka_sasl_password": "p"}, "does SASL/PLAIN only"),
+    ({"redis_username": "app"}, "redis_username needs redis_password"),
+    ({"kafka_security_protocol": "SASL_GSSAPI"}, "kafka_security_protocol"),
+])
+def test_security_settings_that_cannot_work_are_refused(fields: dict, error: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _without_security_env(monkeypatch)
+    with pytest.raises(ValidationError, match=re.escape(error)):
+        StrataSettings(**fields)
 
 
 def test_bad_flags_and_env_end_as_one_line_each_not_a_traceback(
