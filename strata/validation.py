@@ -9,6 +9,7 @@ No I/O.
 
 from __future__ import annotations
 
+import math
 import unicodedata
 import uuid
 from collections.abc import Sequence
@@ -144,9 +145,21 @@ def validate_submit(
 
 # -- protobuf ------------------------------------------------------------------------------------------
 
+_FLOAT32_FIELDS = ("temperature", "top_p", "rollout_dropout")
+
+
+def _as_sent(value: float) -> float:
+    """A float32 wire value as the client wrote it: 0.3 arrives as 0.30000001192..., which would pass
+    a "> 0.3" bound the client did not mean to pass; float32 holds 7 significant digits."""
+    return float(f"{value:.7g}") if math.isfinite(value) else value
+
+
 def requested_sampling(message: common_pb2.SamplingParams) -> SamplingRequest:
     def opt(name: str) -> float | int | None:
-        return getattr(message, name) if message.HasField(name) else None
+        if not message.HasField(name):
+            return None
+        value = getattr(message, name)
+        return _as_sent(value) if name in _FLOAT32_FIELDS else value
 
     return SamplingRequest(opt("temperature"), opt("top_p"), opt("max_new_tokens"),  # type: ignore[arg-type]
                            opt("seed"), opt("rollout_dropout"))  # type: ignore[arg-type]

@@ -109,3 +109,17 @@ def test_tiers_that_read_alike_are_checked_once(zoo) -> None:
     settings = SchedulerSettings(level1_model=str(zoo.level1), level2_model=str(zoo.level2))
     assert [b.name for b in tier_budgets(settings)] == ["Level-1"]
     assert tier_budgets(settings.model_copy(update={"check_prompt_tokens": False})) == []
+
+
+@pytest.mark.parametrize(("field", "value"),
+                         [("temperature", SCHEDULER.min_temperature), ("top_p", SCHEDULER.max_top_p)])
+def test_a_bound_sent_over_the_wire_is_still_the_bound(field: str, value: float) -> None:
+    """SamplingParams carries float32: 0.3 arrives as 0.30000001, which must not pass "> 0.3"."""
+    from strata.v1 import common_pb2
+    from strata.validation import requested_sampling
+
+    wire = common_pb2.SamplingParams.FromString(common_pb2.SamplingParams(**{field: value}).SerializeToString())
+    assert getattr(wire, field) != value  # float32 rounding happened
+    with pytest.raises(RequestError) as refused:
+        validate_submit("hi", requested_sampling(wire), 1, "", SCHEDULER.submit_limits())
+    assert refused.value.field == f"sampling.{field}"
