@@ -39,14 +39,14 @@ def build(settings: GeneratorSettings) -> ServiceParts:
                              clock=device_clock(backend.device))
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
-    publisher = Publisher(settings.kafka_address, client_id=f"svc-generator-l{settings.tier}")
+    publisher = Publisher(settings, client_id=f"svc-generator-l{settings.tier}")
     handler = GeneratorWorker(settings, batcher, store, client, publisher, backend.tokenizer_id,
                               debug_store_for(settings, client), n_params=backend.n_params, budget=budget)
     worker = Worker(settings, settings.consumer_group, publisher=publisher,
                     batch_handlers={handler.topic: handler.handle_batch})
     loops = [batcher.run]
     if settings.follows_policy:
-        loops.append(PolicyWatcher(settings.kafka_address, batcher).run)
+        loops.append(PolicyWatcher(settings, batcher).run)
     servicer = GeneratorServicer(settings, batcher, store, backend.tokenizer_id, budget)
     binding = ServiceBinding(generator_pb2_grpc.add_GeneratorServicer_to_server, servicer,
                              generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name)

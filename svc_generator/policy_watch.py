@@ -12,6 +12,7 @@ import logging
 
 from strata.bus import topics
 from strata.bus.follow import VersionFollower
+from strata.bus.security import KafkaTarget
 from strata.contract.checksums import policy_checksum
 from strata.v1 import events_pb2
 from svc_generator.batcher import DynamicBatcher
@@ -20,9 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class PolicyWatcher(VersionFollower[events_pb2.PolicyUpdated]):
-    def __init__(self, bootstrap: str, batcher: DynamicBatcher,
+    def __init__(self, cluster: KafkaTarget, batcher: DynamicBatcher,
                  topic: topics.Topic[events_pb2.PolicyUpdated] = topics.POLICY_UPDATED) -> None:
-        super().__init__(bootstrap, topic)
+        super().__init__(cluster, topic)
         self._batcher = batcher
         self.latest_seen = -1
         self.lineage = ""

@@ -88,7 +88,7 @@ def build_learner(settings: LearnerSettings, learner_topics: LearnerTopics | Non
     """Load or create the policy, recover pending rewards, and wire every piece (nothing runs yet)."""
     learner_topics = learner_topics or LearnerTopics()
     model_dir = initial_policy_path(settings)
-    offsets = resume_offsets(settings.kafka_address, settings.group_id, learner_topics.rewards)
+    offsets = resume_offsets(settings, settings.group_id, learner_topics.rewards)
     engine = LearnerEngine.start(
         settings, model_dir,
         initial_offsets={(learner_topics.rewards.name, p): offset for p, offset in offsets.items()},
@@ -97,7 +97,7 @@ def build_learner(settings: LearnerSettings, learner_topics: LearnerTopics | Non
     tokenizer_id = settings.tokenizer_id or shared_tokenizer_id(engine.tokenizer)
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
-    publisher = Publisher(settings.kafka_address, client_id="svc-learner")
+    publisher = Publisher(settings, client_id="svc-learner")
     lineage = lineage_of(settings)
     marks = AppliedMarks(client, lineage, settings.dedupe_ttl_s)
     intake = RewardIntake(settings, engine, store, client, marks, tokenizer_id)

@@ -297,7 +297,7 @@ def recover_pending(settings: LearnerSettings, topic: Topic[events_pb2.RewardSco
     offset. Batches that fill up on the way are learned at once (``loop.step``).
     """
     applied = engine.applied()
-    committed = resume_offsets(settings.kafka_address, settings.group_id, topic)
+    committed = resume_offsets(settings, settings.group_id, topic)
     ranges = {
         p: (applied.offsets[f"{topic.name}:{p}"], end)
         for p, end in committed.items()

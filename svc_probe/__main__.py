@@ -47,7 +47,7 @@ def build(settings: ProbeSettings) -> ServiceParts:
     probe_fn, lm = make_probe_fn(settings)
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
-    publisher = Publisher(settings.kafka_address, client_id="svc-probe")
+    publisher = Publisher(settings, client_id="svc-probe")
     handler = ProbeWorker(probe_fn, store, publisher, client, lm.n_params, settings.content_ttl_s,
                           device_clock(lm.device))
     worker = Worker(settings, settings.group_id, publisher=publisher,

@@ -50,7 +50,7 @@ def build(settings: RewardSettings) -> ServiceParts:
     except (redis.RedisError, OSError) as exc:  # the registry is for people; serving does not need it
         logger.warning("could not register the served RM versions: %s", exc)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
-    publisher = Publisher(settings.kafka_address, client_id="svc-reward")
+    publisher = Publisher(settings, client_id="svc-reward")
     handler = RewardWorker(settings, models, store, client, publisher)
     worker = Worker(settings, settings.group_id, publisher=publisher,
                     batch_handlers={topics.ROLLOUTS_GENERATED: handler.handle_batch})
@@ -60,7 +60,7 @@ def build(settings: RewardSettings) -> ServiceParts:
     loops = []
     if settings.rm_watch:
         # Hot swap (R7): load the newest promoted light RM before the first batch, then follow.
-        watcher = RmWatcher(settings.kafka_address, models, settings.rm_verify_checksum)
+        watcher = RmWatcher(settings, models, settings.rm_verify_checksum)
         watcher.connect()
         watcher.catch_up()
         loops.append(watcher.run)

@@ -19,6 +19,7 @@ from prometheus_client import Counter
 
 from strata.bus import Topic, topics
 from strata.bus.follow import VersionFollower
+from strata.bus.security import KafkaTarget
 from strata.contract.checksums import weights_checksum
 from strata.models.loading import ModelLoadError
 from strata.v1 import events_pb2
@@ -30,9 +31,9 @@ SWAPS = Counter("strata_reward_rm_swaps_total", "Light RM versions swapped in", 
 
 
 class RmWatcher(VersionFollower[events_pb2.RewardModelUpdated]):
-    def __init__(self, bootstrap: str, models: RewardModels, verify_checksum: bool = True,
+    def __init__(self, cluster: KafkaTarget, models: RewardModels, verify_checksum: bool = True,
                  topic: Topic[events_pb2.RewardModelUpdated] = topics.RM_UPDATED) -> None:
-        super().__init__(bootstrap, topic)
+        super().__init__(cluster, topic)
         self._models = models
         self._verify = verify_checksum
         self.swaps = 0  # versions swapped in by this watcher

@@ -94,7 +94,7 @@ def redis_client(infra: StrataSettings) -> Iterator[redis.Redis]:
 def fresh_topic(infra: StrataSettings) -> Topic[events_pb2.PromptRouted]:
     """A topic of PromptRouted events used by one test only (and its .dlq twin)."""
     topic = Topic(f"test.{uuid.uuid4().hex[:10]}", events_pb2.PromptRouted)
-    ensure_topics(infra.kafka_address, infra.topic_partitions, topics=[topic])
+    ensure_topics(infra, infra.topic_partitions, topics=[topic])
     return topic
 
 

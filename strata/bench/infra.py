@@ -26,7 +26,7 @@ def _start_infra(settings: StrataSettings) -> None:
         raise CliError(f"could not start or reach Kafka ({settings.kafka_address}) and Redis "
                        f"({settings.redis_address}): {first}") from exc
     prompt_topics = (topics.PROMPTS_LEVEL0.name, topics.PROMPTS_LEVEL2.name)
-    if live := groups_reading(settings.kafka_address, prompt_topics, "bench-check"):
+    if live := groups_reading(settings, prompt_topics, "bench-check"):
         raise CliError(f"consumer groups are reading the prompt topics: {'; '.join(live)}: a running stack would "
                        "roll out and score the bench's prompts; stop it first (`strata down`)")
 

@@ -104,7 +104,7 @@ def _require_infra() -> Any:
     from strata.infra import kafka_broker, redis_server
 
     settings = StrataSettings()
-    if not kafka_broker.answers(settings.kafka_address):
+    if not kafka_broker.answers(settings):
         raise CliError(f"Kafka at {settings.kafka_address} does not answer: run `strata infra up` "
                        "(or set STRATA_KAFKA_BOOTSTRAP)")  # fmt: skip
     if not redis_server.answers(settings.redis_address):
@@ -166,8 +166,8 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
         policy=Topic(f"bench.learner.{run_id}.policy", events_pb2.PolicyUpdated, key_field="policy_version"),
         rollouts=Topic(f"bench.learner.{run_id}.rollouts", events_pb2.RolloutGenerated),
     )
-    ensure_topics(infra.kafka_address, infra.topic_partitions, topics=[topics.rewards, topics.rollouts])
-    ensure_topics(infra.kafka_address, 1, topics=[topics.policy])  # ordered, like strata.policy.updated
+    ensure_topics(infra, infra.topic_partitions, topics=[topics.rewards, topics.rollouts])
+    ensure_topics(infra, 1, topics=[topics.policy])  # ordered, like strata.policy.updated
 
     settings = LearnerSettings(
         kafka_bootstrap=infra.kafka_address, redis_url=infra.redis_address, policy_model_path=model_dir,
@@ -185,13 +185,13 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
     batcher = DynamicBatcher(backend, max_batch_size=max(args.batch_size, args.eval_samples), max_wait_s=0.01)
     stop = threading.Event()
     # Its own policy topic: a real generator's watcher reads strata.policy.updated.
-    watcher = PolicyWatcher(infra.kafka_address, batcher, topic=topics.policy)
+    watcher = PolicyWatcher(infra, batcher, topic=topics.policy)
     threads = [threading.Thread(target=target, args=(stop,), daemon=True) for target in (batcher.run, watcher.run)]
     for thread in threads:
         thread.start()
     client = redis.Redis.from_url(infra.redis_address)
     store = ContentStore(client, infra.content_ttl_s, infra.content_max_bytes)
-    publisher = Publisher(infra.kafka_address, client_id=f"bench-learner-{run_id}")
+    publisher = Publisher(infra, client_id=f"bench-learner-{run_id}")
     sampling = Sampling(temperature=1.0, top_p=0.94, max_new_tokens=args.max_new_tokens)
 
     def evaluate(prompts: list[str]) -> float:

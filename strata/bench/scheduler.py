@@ -263,11 +263,11 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     stats_topics = [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED]
     # All of the statistics worker's topics: replayed policy / RM versions of other runs would
     # make this run's statistics look stale or of the wrong reward model.
-    start_group_at_end(settings.kafka_address, settings.stats_group_id, stats_topics)
-    start_group_at_end(settings.kafka_address, tier_group, [topics.PROMPTS_LEVEL0, topics.PROMPTS_LEVEL2])
-    publisher = Publisher(settings.kafka_address, client_id=tier_group)
+    start_group_at_end(settings, settings.stats_group_id, stats_topics)
+    start_group_at_end(settings, tier_group, [topics.PROMPTS_LEVEL0, topics.PROMPTS_LEVEL2])
+    publisher = Publisher(settings, client_id=tier_group)
     tier = SimulatedRolloutTier(settings, tier_group, policy, by_hash, publisher)
-    lag = GroupLag(settings.kafka_address, settings.stats_group_id, [topics.REWARDS_SCORED])
+    lag = GroupLag(settings, settings.stats_group_id, [topics.REWARDS_SCORED])
     parts, engine = build_parts(settings, encoder)
     parts.grpc_host = "127.0.0.1"  # a bench has no business listening on every interface
     running = start_service(parts)
@@ -358,7 +358,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
         stop_service(parts, running, grace_s=1.0)
         lag.close()
         publisher.close()
-        delete_groups(settings.kafka_address, [tier_group, settings.stats_group_id], "bench-scheduler-cleanup")
+        delete_groups(settings, [tier_group, settings.stats_group_id], "bench-scheduler-cleanup")
     if quiet:
         return everything, greso, knn, ceiling
     risk_recall = np.mean([detect_risk(r.text, {}, settings) is not None for r in records if r.risk])
@@ -435,7 +435,7 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
     started = time.perf_counter()
     n_batches = (len(stream) + args.batch - 1) // args.batch
     with live.started():
-        lag = GroupLag(settings.kafka_address, f"bench-{live_id}-stats", [topics.REWARDS_SCORED])
+        lag = GroupLag(settings, f"bench-{live_id}-stats", [topics.REWARDS_SCORED])
         try:
             for b in range(n_batches):
                 chunk = stream[b * args.batch : (b + 1) * args.batch]

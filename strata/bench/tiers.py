@@ -155,7 +155,7 @@ class LiveTiers:
                           [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED]),
         }
         for group, topic_list in groups.values():
-            start_group_at_end(s.kafka_address, group, topic_list)
+            start_group_at_end(s, group, topic_list)
         specs = {
             "probe": ("svc_probe", ["--model", str(zoo.probe)], {"STRATA_GROUP_ID": groups["probe"][0]}),
             "generator-l1": ("svc_generator", ["--tier", "1", "--model", str(zoo.level1)],
@@ -267,7 +267,7 @@ class LiveTiers:
         from strata.v1 import common_pb2, events_pb2
 
         level2 = route == "level2"
-        publisher = Publisher(self.settings.kafka_address, client_id=f"bench-tiers-{self.run_id}")
+        publisher = Publisher(self.settings, client_id=f"bench-tiers-{self.run_id}")
         try:
             futures = []
             for i, request in enumerate(requests):

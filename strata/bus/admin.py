@@ -10,13 +10,14 @@ from collections.abc import Callable, Iterable
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from strata.bus.security import KafkaTarget, kafka_connection
 from strata.bus.topics import ALL_TOPICS, SINGLE_PARTITION_TOPICS, Topic
 
 log = logging.getLogger(__name__)
 
 
 def ensure_topics(
-    bootstrap: str,
+    cluster: KafkaTarget,
     partitions: int,
     topics: Iterable[Topic] = ALL_TOPICS,
     replication_factor: int = 1,
@@ -27,7 +28,7 @@ def ensure_topics(
     for topic in topics:
         wanted[topic.name] = 1 if topic.name in SINGLE_PARTITION_TOPICS else partitions
         wanted[topic.dlq] = 1
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="strata-admin",
+    admin = KafkaAdminClient(**kafka_connection(cluster), client_id="strata-admin",
                              request_timeout_ms=int(timeout_s * 1000))
     try:
         existing = set(admin.list_topics())
@@ -50,13 +51,13 @@ def ensure_topics(
         admin.close()
 
 
-def start_group_at_end(bootstrap: str, group: str, topic_list: Iterable[Topic]) -> None:
+def start_group_at_end(cluster: KafkaTarget, group: str, topic_list: Iterable[Topic]) -> None:
     """Commit the end of each topic for a new consumer group before its worker starts, so that it
     skips the topic's history (a fresh group would replay it from the beginning)."""
     from kafka import KafkaConsumer, TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_connection(cluster), group_id=group, enable_auto_commit=False)
     try:
         partitions = [
             TopicPartition(t.name, p) for t in topic_list for p in sorted(consumer.partitions_for_topic(t.name) or ())
@@ -68,7 +69,7 @@ def start_group_at_end(bootstrap: str, group: str, topic_list: Iterable[Topic]) 
         consumer.close()
 
 
-def consumer_lags(bootstrap: str, groups: Iterable[str], client_id: str = "strata",
+def consumer_lags(cluster: KafkaTarget, groups: Iterable[str], client_id: str = "strata",
                   timeout_ms: int = 4000) -> dict[tuple[str, str], int]:
     """(group, topic) -> events published but not yet committed by the group (groups with no commits
     are left out). Short timeouts: callers (a status line, a Prometheus scrape) must answer even with
@@ -76,9 +77,9 @@ def consumer_lags(bootstrap: str, groups: Iterable[str], client_id: str = "strat
     from kafka import KafkaConsumer
 
     groups = list(groups)
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms,
+    admin = KafkaAdminClient(**kafka_connection(cluster), request_timeout_ms=timeout_ms,
                              bootstrap_timeout_ms=min(timeout_ms, 3000), client_id=client_id)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+    consumer = KafkaConsumer(**kafka_connection(cluster), group_id=None, enable_auto_commit=False,
                              client_id=client_id)
     lags: dict[tuple[str, str], int] = {}
     try:
@@ -98,11 +99,11 @@ def consumer_lags(bootstrap: str, groups: Iterable[str], client_id: str = "strat
     return lags
 
 
-def resume_offsets(bootstrap: str, group: str, topic: Topic) -> dict[int, int]:
+def resume_offsets(cluster: KafkaTarget, group: str, topic: Topic) -> dict[int, int]:
     """Per partition, where ``group`` resumes on ``topic``: its committed offset, else the beginning."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_connection(cluster), group_id=group, enable_auto_commit=False)
     try:
         partitions = [TopicPartition(topic.name, p) for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
         beginning = consumer.beginning_offsets(partitions)
@@ -115,11 +116,11 @@ def resume_offsets(bootstrap: str, group: str, topic: Topic) -> dict[int, int]:
         consumer.close(autocommit=False)
 
 
-def events_retained(bootstrap: str, topic: Topic) -> int:
+def events_retained(cluster: KafkaTarget, topic: Topic) -> int:
     """How many events ``topic`` holds now (end minus beginning offsets, over its partitions)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_connection(cluster), enable_auto_commit=False)
     try:
         partitions = [TopicPartition(topic.name, p) for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
         beginning, end = consumer.beginning_offsets(partitions), consumer.end_offsets(partitions)
@@ -131,12 +132,12 @@ def events_retained(bootstrap: str, topic: Topic) -> int:
 class GroupLag:
     """Whether a consumer group has committed everything published so far on some topics."""
 
-    def __init__(self, bootstrap: str, group: str, topic_list: Iterable[Topic]) -> None:
+    def __init__(self, cluster: KafkaTarget, group: str, topic_list: Iterable[Topic]) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
         self.group = group
-        self._admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=f"{group}-lag")
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self._admin = KafkaAdminClient(**kafka_connection(cluster), client_id=f"{group}-lag")
+        self._consumer = KafkaConsumer(**kafka_connection(cluster), enable_auto_commit=False)
         self._partitions = [
             TopicPartition(t.name, p) for t in topic_list for p in sorted(self._consumer.partitions_for_topic(t.name))
         ]
@@ -169,10 +170,10 @@ class GroupLag:
         self._admin.close()
 
 
-def groups_reading(bootstrap: str, topic_names: Iterable[str], client_id: str = "strata-check") -> list[str]:
+def groups_reading(cluster: KafkaTarget, topic_names: Iterable[str], client_id: str = "strata-check") -> list[str]:
     """Consumer groups with live members reading any of ``topic_names``, as "group (topics)"."""
     wanted = set(topic_names)
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id)
+    admin = KafkaAdminClient(**kafka_connection(cluster), client_id=client_id)
     try:
         active = [g["group_id"] for g in admin.list_groups() if g.get("group_state") not in ("Empty", "Dead")]
         found = []
@@ -188,12 +189,12 @@ def groups_reading(bootstrap: str, topic_names: Iterable[str], client_id: str = 
         admin.close()
 
 
-def delete_groups(bootstrap: str, groups: Iterable[str], client_id: str = "strata-cleanup") -> None:
+def delete_groups(cluster: KafkaTarget, groups: Iterable[str], client_id: str = "strata-cleanup") -> None:
     """Delete consumer groups, best effort: an empty group's offsets expire anyway."""
     from kafka.errors import KafkaError
 
     with contextlib.suppress(KafkaError):
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id)
+        admin = KafkaAdminClient(**kafka_connection(cluster), client_id=client_id)
         try:
             admin.delete_groups(list(groups))
         finally:

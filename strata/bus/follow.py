@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from google.protobuf.message import Message
 from kafka import KafkaConsumer, TopicPartition
 
+from strata.bus.security import KafkaTarget, kafka_connection
 from strata.bus.serde import PoisonMessageError, decode
 from strata.bus.topics import Topic
 
@@ -33,8 +34,8 @@ M = TypeVar("M", bound=Message)
 
 
 class VersionFollower(Generic[M]):
-    def __init__(self, bootstrap: str, topic: Topic[M]) -> None:
-        self._bootstrap = bootstrap
+    def __init__(self, cluster: KafkaTarget, topic: Topic[M]) -> None:
+        self._cluster = cluster
         self._topic = topic
         self._partition = TopicPartition(topic.name, 0)
         self._consumer: KafkaConsumer | None = None
@@ -44,7 +45,7 @@ class VersionFollower(Generic[M]):
         raise NotImplementedError
 
     def connect(self) -> None:
-        self._consumer = KafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+        self._consumer = KafkaConsumer(**kafka_connection(self._cluster), enable_auto_commit=False,
                                        auto_offset_reset="earliest", group_id=None)
         self._consumer.assign([self._partition])
         self._consumer.seek_to_beginning(self._partition)

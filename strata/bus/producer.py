@@ -9,6 +9,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 from kafka.producer.future import FutureRecordMetadata
 
+from strata.bus.security import KafkaTarget, kafka_connection
 from strata.bus.serde import encode
 from strata.bus.topics import M, Topic
 from strata.telemetry import BUS_PUBLISHED
@@ -23,9 +24,9 @@ class PublishError(ConnectionError):
 class Publisher:
     """Thread-safe (kafka-python's producer is) publisher of Strata events."""
 
-    def __init__(self, bootstrap: str, client_id: str = "strata", linger_ms: int = 5) -> None:
+    def __init__(self, cluster: KafkaTarget, client_id: str = "strata", linger_ms: int = 5) -> None:
         self._producer = KafkaProducer(
-            bootstrap_servers=bootstrap,
+            **kafka_connection(cluster),
             client_id=client_id,
             acks="all",
             # Broker-side dedupe of producer retries: a retried send is written once.

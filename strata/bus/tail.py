@@ -16,6 +16,7 @@ from typing import Any
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
+from strata.bus.security import kafka_connection
 from strata.bus.serde import PoisonMessageError, decode
 from strata.bus.topics import Topic
 from strata.bus.worker import Delivery, TransientError
@@ -28,7 +29,7 @@ class TailReader:
     def __init__(self, settings: StrataSettings, topics: Sequence[Topic[Any]], client_id: str) -> None:
         self._topics = {t.name: t for t in topics}
         self._consumer = KafkaConsumer(
-            bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False,
+            **kafka_connection(settings), group_id=None, enable_auto_commit=False,
             client_id=client_id, auto_offset_reset="latest",
         )
         self.partitions = [
@@ -81,7 +82,7 @@ def read_ranges(settings: StrataSettings, topic: Topic[Any], ranges: dict[int, t
     For re-reading what a group committed but a checkpoint does not hold (the learner's recovery).
     Undecodable events are skipped: the run that committed them dead-lettered them.
     """
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False,
+    consumer = KafkaConsumer(**kafka_connection(settings), group_id=None, enable_auto_commit=False,
                              client_id=client_id)
     try:
         assignment = [TopicPartition(topic.name, p) for p, (start, end) in ranges.items() if start < end]

@@ -31,6 +31,7 @@ from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from strata.bus.producer import Publisher
+from strata.bus.security import kafka_connection
 from strata.bus.serde import PoisonMessageError, decode
 from strata.bus.topics import M, Topic
 from strata.config import StrataSettings
@@ -125,7 +126,7 @@ class Worker:
     def connect(self) -> None:
         s = self._settings
         self._consumer = KafkaConsumer(
-            bootstrap_servers=s.kafka_address,
+            **kafka_connection(s),
             group_id=self.group_id,
             client_id=self._client_id,
             enable_auto_commit=False,

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from strata import ledger
 from strata.bus import topics
+from strata.bus.security import kafka_connection
 from strata.config import StrataSettings
 from strata.errors import CliError
 from strata.infra import InfraError
@@ -52,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def rollout_log_size(settings: StrataSettings) -> int:
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_connection(settings), group_id=None, enable_auto_commit=False)
     try:
         partitions = [TopicPartition(topics.ROLLOUT_LOG.name, p)
                       for p in consumer.partitions_for_topic(topics.ROLLOUT_LOG.name) or ()]

@@ -44,7 +44,7 @@ class StackCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("strata_exporter_up", "1 when the source answered this scrape", labels=["source"])
         try:
-            lags = consumer_lags(self._settings.kafka_address, self._groups, "strata-exporter")
+            lags = consumer_lags(self._settings, self._groups, "strata-exporter")
             lag = GaugeMetricFamily("strata_consumer_lag", "Events not yet committed by a consumer group",
                                     labels=["group", "topic"])
             for (group, topic), value in sorted(lags.items()):

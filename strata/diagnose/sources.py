@@ -13,6 +13,7 @@ from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
 from strata.bus import topics
+from strata.bus.security import kafka_connection
 from strata.bus.serde import PoisonMessageError, decode
 from strata.config import StrataSettings
 from strata.content_store import ContentNotFoundError, ContentStore
@@ -115,7 +116,7 @@ def recent_rollout_events(settings: StrataSettings, max_events: int, since_ms: i
     """
     topic = topics.ROLLOUTS_GENERATED
     wanted = TIER_ENUM.get(tier)
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False,
+    consumer = KafkaConsumer(**kafka_connection(settings), group_id=None, enable_auto_commit=False,
                              client_id="strata-diagnose")
     try:
         partitions = [TopicPartition(topic.name, p) for p in sorted(consumer.partitions_for_topic(topic.name) or ())]

@@ -61,10 +61,10 @@ def up(settings: StrataSettings, create_topics: bool = True) -> list[ComponentSt
             raise InfraError(f"Redis at {settings.redis_address} (STRATA_REDIS_URL) does not answer")
         if settings.kafka_managed:
             kafka_broker.start(settings)
-        elif not kafka_broker.answers(settings.kafka_address):
+        elif not kafka_broker.answers(settings):
             raise InfraError(f"Kafka at {settings.kafka_address} (STRATA_KAFKA_BOOTSTRAP) does not answer")
         if create_topics:
-            ensure_topics(settings.kafka_address, settings.topic_partitions)
+            ensure_topics(settings, settings.topic_partitions)
     return status(settings)
 
 
@@ -89,7 +89,7 @@ def status(settings: StrataSettings) -> list[ComponentStatus]:
     return [
         ComponentStatus("kafka", settings.kafka_address, settings.kafka_managed, kafka_pid,
                         (kafka_pid is not None or not settings.kafka_managed)
-                        and kafka_broker.answers(settings.kafka_address)),
+                        and kafka_broker.answers(settings)),
         ComponentStatus("redis", settings.redis_address, settings.redis_managed, redis_pid,
                         (redis_pid is not None or not settings.redis_managed)
                         and redis_server.answers(settings.redis_address)),

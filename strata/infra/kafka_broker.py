@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from strata.bus.security import KafkaTarget, kafka_connection
 from strata.config import StrataSettings
 from strata.infra.process import (
     InfraError,
@@ -184,7 +185,7 @@ def start(settings: StrataSettings) -> int:
         pid = start_detached(argv, paths.stdout, paths.pid_file, env=dict(os.environ))
         log.info("started Kafka %s (pid %d) on 127.0.0.1:%d", kafka_version(), pid, settings.kafka_port)
 
-    wait_serving(pid, "Kafka", "the broker", paths.logs / "server.log", lambda: answers(settings.kafka_address),
+    wait_serving(pid, "Kafka", "the broker", paths.logs / "server.log", lambda: answers(settings),
                  settings.infra_start_timeout_s)
     return pid
 
@@ -202,17 +203,19 @@ def stop(settings: StrataSettings, timeout_s: float = 60.0) -> bool:
     return True
 
 
-def answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
-    """True when the cluster answers a metadata request."""
+def answers(cluster: KafkaTarget, timeout_s: float = 5.0) -> bool:
+    """True when the cluster answers a metadata request (logging in as the settings say)."""
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    connection = kafka_connection(cluster)
+    host, _, port = connection["bootstrap_servers"].split(",")[0].rpartition(":")
     if not port_open(host or "127.0.0.1", int(port)):
         return False
     try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="strata-infra-probe",
-                                 request_timeout_ms=int(timeout_s * 1000))
+        # A bounded bootstrap: a broker that refuses the login is retried until this runs out.
+        admin = KafkaAdminClient(**connection, client_id="strata-infra-probe",
+                                 request_timeout_ms=int(timeout_s * 1000), bootstrap_timeout_ms=int(timeout_s * 1000))
     except (KafkaError, OSError, ValueError):
         return False
     try:

@@ -114,10 +114,11 @@ def historical_rollouts(settings: Any, limit: int, timeout_s: float = 30.0) -> t
     from kafka.errors import KafkaError
 
     from strata.bus import decode, topics
+    from strata.bus.security import kafka_connection
     from strata.content_store import ContentNotFoundError, ContentStore, StoreUnavailableError
 
     try:
-        consumer = KafkaConsumer(bootstrap_servers=settings.kafka_address, group_id=None, enable_auto_commit=False,
+        consumer = KafkaConsumer(**kafka_connection(settings), group_id=None, enable_auto_commit=False,
                                  request_timeout_ms=15_000, bootstrap_timeout_ms=5_000)
     except KafkaError as exc:
         raise SourceUnavailableError(f"Kafka at {settings.kafka_address}: {exc}") from exc

@@ -78,7 +78,7 @@ def promote_version(registry: Any, settings: Any, version: str, verify: bool) ->
     from svc_reward.registry import RegistryError
 
     try:
-        publisher = Publisher(settings.kafka_address, client_id="strata-rm-promote")
+        publisher = Publisher(settings, client_id="strata-rm-promote")
     except Exception as exc:  # kafka-python raises NoBrokersAvailable and friends
         raise CliError(f"Kafka at {settings.kafka_address} does not answer ({exc}): run `strata infra up`") from exc
     try:

@@ -90,7 +90,7 @@ def _lags(settings: StrataSettings, groups: set[str]) -> dict[str, int]:
     from strata.bus.admin import consumer_lags
 
     try:
-        per_topic = consumer_lags(settings.kafka_address, sorted(groups), "strata-status", timeout_ms=5000)
+        per_topic = consumer_lags(settings, sorted(groups), "strata-status", timeout_ms=5000)
     except Exception:  # a status line without lags beats no status line
         return {}
     lags: dict[str, int] = {}

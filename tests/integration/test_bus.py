@@ -13,6 +13,7 @@ from kafka import KafkaConsumer
 from strata.bus import Delivery, Publisher, Topic, TransientError, Worker
 from strata.bus.admin import ensure_topics
 from strata.bus.follow import VersionFollower
+from strata.bus.security import kafka_connection
 from strata.config import StrataSettings
 from strata.hashing import content_hash
 from strata.v1 import common_pb2, events_pb2
@@ -30,7 +31,7 @@ def routed(text: str) -> events_pb2.PromptRouted:
 
 @pytest.fixture
 def publisher(infra: StrataSettings) -> Iterator[Publisher]:
-    pub = Publisher(infra.kafka_address, client_id="test")
+    pub = Publisher(infra, client_id="test")
     yield pub
     pub.close()
 
@@ -50,7 +51,7 @@ def make_worker(infra: StrataSettings, topic: Topic, group: str, handler, publis
 
 
 def read_dlq(infra: StrataSettings, topic: Topic, count: int) -> list:
-    consumer = KafkaConsumer(topic.dlq, bootstrap_servers=infra.kafka_address, auto_offset_reset="earliest",
+    consumer = KafkaConsumer(topic.dlq, **kafka_connection(infra), auto_offset_reset="earliest",
                              enable_auto_commit=False, consumer_timeout_ms=int(TIMEOUT_S * 1000))
     records = []
     try:
@@ -238,14 +239,14 @@ class _Recorder(VersionFollower[events_pb2.PolicyUpdated]):
 
 def test_a_version_follower_catches_up_to_the_newest_and_skips_poison(infra: StrataSettings) -> None:
     topic = Topic(f"test.follow.{uuid.uuid4().hex[:8]}", events_pb2.PolicyUpdated, key_field="policy_version")
-    ensure_topics(infra.kafka_address, 1, topics=[topic])
-    publisher = Publisher(infra.kafka_address, client_id="test-follow")
+    ensure_topics(infra, 1, topics=[topic])
+    publisher = Publisher(infra, client_id="test-follow")
     try:
         for version in (1, 2):
             publisher.publish(topic, events_pb2.PolicyUpdated(policy_version=version))
         publisher.flush()
         publisher.publish_raw(topic.name, None, b"\xff not a protobuf")  # poison, last on the partition
-        follower = _Recorder(infra.kafka_address, topic)
+        follower = _Recorder(infra, topic)
         follower.connect()
         try:
             assert follower.catch_up()  # only the newest decodable announcement: v2

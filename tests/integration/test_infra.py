@@ -10,6 +10,7 @@ from kafka import KafkaConsumer
 
 from strata.bus import Publisher
 from strata.bus.admin import ensure_topics
+from strata.bus.security import kafka_connection
 from strata.bus.topics import Topic
 from strata.cli.main import main as strata_main
 from strata.config import StrataSettings
@@ -57,9 +58,9 @@ def test_up_is_idempotent(managed: StrataSettings) -> None:
 
 def test_down_then_up_keeps_kafka_and_redis_data(managed: StrataSettings, redis_client) -> None:
     topic = Topic(f"test.persist.{uuid.uuid4().hex[:8]}", events_pb2.PromptRouted)
-    ensure_topics(managed.kafka_address, 1, topics=[topic])
+    ensure_topics(managed, 1, topics=[topic])
     message = events_pb2.PromptRouted(prompt_hash=content_hash(f"persist {uuid.uuid4()}"))
-    publisher = Publisher(managed.kafka_address)
+    publisher = Publisher(managed)
     publisher.publish_and_wait(topic, message)
     publisher.close()
     redis_key = f"test:persist:{uuid.uuid4().hex}"
@@ -69,7 +70,7 @@ def test_down_then_up_keeps_kafka_and_redis_data(managed: StrataSettings, redis_
     assert [row.state for row in status(managed)] == ["down", "down"]
     up(managed)
 
-    consumer = KafkaConsumer(topic.name, bootstrap_servers=managed.kafka_address, auto_offset_reset="earliest",
+    consumer = KafkaConsumer(topic.name, **kafka_connection(managed), auto_offset_reset="earliest",
                              enable_auto_commit=False, consumer_timeout_ms=30_000)
     try:
         record = next(iter(consumer))

@@ -10,6 +10,7 @@ from pathlib import Path
 from kafka import KafkaConsumer, TopicPartition
 
 from strata.bus import Publisher, topics
+from strata.bus.security import kafka_connection
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.v1 import common_pb2, events_pb2
@@ -22,7 +23,7 @@ class Tail:
 
     def __init__(self, infra: StrataSettings, topic: topics.Topic) -> None:
         self.topic = topic
-        self.consumer = KafkaConsumer(bootstrap_servers=infra.kafka_address, enable_auto_commit=False, group_id=None)
+        self.consumer = KafkaConsumer(**kafka_connection(infra), enable_auto_commit=False, group_id=None)
         partitions = self.consumer.partitions_for_topic(topic.name)
         assignment = [TopicPartition(topic.name, p) for p in sorted(partitions)]
         self.consumer.assign(assignment)
@@ -55,7 +56,7 @@ class Tail:
 def submit(infra: StrataSettings, texts: list[str], tier: int = common_pb2.TIER_LEVEL_0) -> dict[str, str]:
     """Store prompts and publish them to a tier's topic; returns request_id -> prompt hash."""
     store = ContentStore.from_url(infra.redis_address, infra.content_ttl_s, infra.content_max_bytes)
-    publisher = Publisher(infra.kafka_address, client_id="test-submit")
+    publisher = Publisher(infra, client_id="test-submit")
     requests = {}
     try:
         for text in texts:

@@ -114,7 +114,9 @@ def test_a_prompt_the_model_cannot_read_is_dead_lettered_once_and_its_batch_mate
     # inside one failing generation batch; the prompts beside it are rolled out.
     from kafka import KafkaConsumer, TopicPartition
 
-    dlq = KafkaConsumer(bootstrap_servers=infra.kafka_address, enable_auto_commit=False, group_id=None)
+    from strata.bus.security import kafka_connection
+
+    dlq = KafkaConsumer(**kafka_connection(infra), enable_auto_commit=False, group_id=None)
     dlq_partitions = [TopicPartition(topics.PROMPTS_LEVEL1.dlq, p)
                       for p in sorted(dlq.partitions_for_topic(topics.PROMPTS_LEVEL1.dlq))]
     dlq.assign(dlq_partitions)
