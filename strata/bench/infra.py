@@ -24,7 +24,7 @@ def _start_infra(settings: StrataSettings) -> None:
     except (InfraError, KafkaError, OSError) as exc:
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise CliError(f"could not start or reach Kafka ({settings.kafka_address}) and Redis "
-                       f"({settings.redis_address}): {first}") from exc
+                       f"({settings.redis_address_masked}): {first}") from exc
     prompt_topics = (topics.PROMPTS_LEVEL0.name, topics.PROMPTS_LEVEL2.name)
     if live := groups_reading(settings, prompt_topics, "bench-check"):
         raise CliError(f"consumer groups are reading the prompt topics: {'; '.join(live)}: a running stack would "

@@ -108,7 +108,7 @@ def _require_infra() -> Any:
         raise CliError(f"Kafka at {settings.kafka_address} does not answer: run `strata infra up` "
                        "(or set STRATA_KAFKA_BOOTSTRAP)")  # fmt: skip
     if not redis_server.answers(settings.redis_address):
-        raise CliError(f"Redis at {settings.redis_address} does not answer: run `strata infra up` "
+        raise CliError(f"Redis at {settings.redis_address_masked} does not answer: run `strata infra up` "
                        "(or set STRATA_REDIS_URL)")  # fmt: skip
     return settings
 

@@ -560,9 +560,9 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
     try:
         client.ping()
     except Exception as exc:
-        raise CliError(f"Redis at {settings.redis_address} does not answer: {exc}") from exc
+        raise CliError(f"Redis at {settings.redis_address_masked} does not answer: {exc}") from exc
     step = f"every {args.policy_step_every} batches" if args.policy_step_every else "never (fixed policy)"
-    print(f"scheduler bench: Kafka {settings.kafka_address}, Redis {settings.redis_address} (keys under "
+    print(f"scheduler bench: Kafka {settings.kafka_address}, Redis {settings.redis_address_masked} (keys under "
           f"{settings.redis_prefix}:*), k={settings.k}, skip if >= {settings.min_low_variance_neighbours} neighbours "
           f"with variance < {settings.low_variance_threshold}, cosine floor {settings.min_similarity}; policy "
           f"update {step}", flush=True)

@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
             summary = ledger.read(client)
             skipping = skip_lines(client)
     except redis.ConnectionError as exc:
-        raise CliError(f"Redis at {settings.redis_address} does not answer ({exc}); run `strata infra up`") from exc
+        raise CliError(f"Redis at {settings.redis_address_masked} does not answer ({exc}); "
+                       "run `strata infra up`") from exc
     finally:
         client.close()
     if args.prompt:

@@ -58,7 +58,7 @@ def up(settings: StrataSettings, create_topics: bool = True) -> list[ComponentSt
         if settings.redis_managed:
             redis_server.start(settings)
         elif not redis_server.answers(settings.redis_address):
-            raise InfraError(f"Redis at {settings.redis_address} (STRATA_REDIS_URL) does not answer")
+            raise InfraError(f"Redis at {settings.redis_address_masked} (STRATA_REDIS_URL) does not answer")
         if settings.kafka_managed:
             kafka_broker.start(settings)
         elif not kafka_broker.answers(settings):

@@ -155,7 +155,7 @@ def historical_rollouts(settings: Any, limit: int, timeout_s: float = 30.0) -> t
             rows.append({"prompt_hash": prompt_hash, "response_hash": response_hash, "prompt": prompt,
                          "response": response, "logged_reward": reward})
     except StoreUnavailableError as exc:
-        raise SourceUnavailableError(f"content store at {settings.redis_address}: {exc}") from exc
+        raise SourceUnavailableError(f"content store at {settings.redis_address_masked}: {exc}") from exc
     return rows, expired
 
 

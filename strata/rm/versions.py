@@ -31,7 +31,7 @@ def open_registry(settings: Any) -> Any:
         client.ping()
     except redis.RedisError as exc:
         client.close()
-        raise CliError(f"Redis at {settings.redis_address} does not answer ({exc}): run `strata infra up`, set "
+        raise CliError(f"Redis at {settings.redis_address_masked} does not answer ({exc}): run `strata infra up`, set "
                        "STRATA_REDIS_URL, or pass --no-register") from exc
     return RmRegistry(client)
 
