@@ -27,10 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _print_table(rows: list[ComponentStatus]) -> None:
-    print(f"{'service':<8} {'state':<12} {'managed':<8} {'pid':<8} address")
+    # Addresses come masked (no passwords); auth names the mechanism only.
+    print(f"{'service':<8} {'state':<12} {'managed':<8} {'pid':<8} {'auth':<20} address")
     for row in rows:
         managed = "local" if row.managed else "external"
-        print(f"{row.name:<8} {row.state:<12} {managed:<8} {row.pid or '-'!s:<8} {row.address}")
+        print(f"{row.name:<8} {row.state:<12} {managed:<8} {row.pid or '-'!s:<8} {row.auth:<20} {row.address}")
 
 
 def _up(args: argparse.Namespace) -> int:

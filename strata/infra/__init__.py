@@ -3,7 +3,8 @@
 Starts a single-node Kafka and a Redis for local work and tests, unless the settings point at
 existing clusters (``STRATA_KAFKA_BOOTSTRAP``, ``STRATA_REDIS_URL``), in which case nothing is
 started and only reachability is checked. ``up`` is idempotent, waits until both answer and creates
-the topics; ``down`` stops only what this state dir started and keeps the data.
+the topics; ``down`` stops only what this state dir started and keeps the data. Every probe logs in
+as the settings say (docs/security.md); addresses are shown with passwords masked.
 """
 
 from __future__ import annotations
@@ -28,15 +29,18 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ComponentStatus:
     name: str
-    address: str
+    address: str        # passwords masked: this is printed
     managed: bool       # started by Strata from this state dir (False: an external cluster)
     pid: int | None
     healthy: bool
+    auth: str = "none"  # how clients log in: "none", or e.g. "SASL_PLAINTEXT/PLAIN", "password"
 
     @property
     def state(self) -> str:
         if self.healthy:
             return "up"
+        if self.managed and self.pid is not None:
+            return "no answer"  # running, but refuses our login or is still starting
         return "down" if self.managed else "unreachable"
 
 
@@ -86,11 +90,18 @@ def down(settings: StrataSettings, purge: bool = False) -> list[str]:
 def status(settings: StrataSettings) -> list[ComponentStatus]:
     kafka_pid = kafka_broker.running_pid(settings) if settings.kafka_managed else None
     redis_pid = redis_server.running_pid(settings) if settings.redis_managed else None
+    kafka_auth = settings.kafka_security_protocol
+    if kafka_auth.startswith("SASL_"):
+        kafka_auth += f"/{settings.kafka_sasl_mechanism}"
+    redis_auth = "password" if settings.redis_auth else "none"
+    if settings.redis_address.startswith("rediss://"):
+        redis_auth = "TLS" if redis_auth == "none" else "TLS+password"
     return [
         ComponentStatus("kafka", settings.kafka_address, settings.kafka_managed, kafka_pid,
-                        (kafka_pid is not None or not settings.kafka_managed)
-                        and kafka_broker.answers(settings)),
-        ComponentStatus("redis", settings.redis_address, settings.redis_managed, redis_pid,
+                        (kafka_pid is not None or not settings.kafka_managed) and kafka_broker.answers(settings),
+                        "none" if kafka_auth == "PLAINTEXT" else kafka_auth),
+        ComponentStatus("redis", settings.redis_address_masked, settings.redis_managed, redis_pid,
                         (redis_pid is not None or not settings.redis_managed)
-                        and redis_server.answers(settings.redis_address)),
+                        and redis_server.answers(settings.redis_address),
+                        redis_auth),
     ]

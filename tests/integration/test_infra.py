@@ -47,7 +47,9 @@ def test_status_reports_both_services_with_addresses(
     kafka_line = next(line for line in out.splitlines() if line.startswith("kafka"))
     redis_line = next(line for line in out.splitlines() if line.startswith("redis"))
     assert " up " in kafka_line and f"127.0.0.1:{managed.kafka_port}" in kafka_line
-    assert " up " in redis_line and f"redis://127.0.0.1:{managed.redis_port}/0" in redis_line
+    # With a password (make test-auth) the address shows it masked: redis://user:***@127.0.0.1:port/0.
+    assert " up " in redis_line and f"127.0.0.1:{managed.redis_port}/0" in redis_line
+    assert (" none " in redis_line) != managed.redis_auth
 
 
 def test_up_is_idempotent(managed: StrataSettings) -> None:
