@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STRATA := $(VENV)/bin/strata
 
-.PHONY: setup test demo compose-test protos lint infra-up infra-down clean
+.PHONY: setup test test-auth demo compose-test protos lint infra-up infra-down clean
 
 # The virtual environment at .venv/ with Strata installed in editable mode and the dev tools.
 setup: $(VENV)/.installed
@@ -19,6 +19,19 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(PY) -m pytest -q
+
+# The bus, the content store, `strata infra` and the tier services end to end, with authentication
+# on: the session's Kafka takes SASL/PLAIN logins only and its Redis one ACL user (docs/security.md).
+# Fresh random passwords each run; STRATA_KAFKA_BOOTSTRAP / STRATA_REDIS_URL are dropped so that
+# the tests start that local Kafka and Redis themselves.
+AUTH_TESTS := tests/integration tests/stack/test_tiers.py tests/strata/test_config.py tests/strata/test_kafka_security.py
+test-auth: setup
+	env -u STRATA_KAFKA_BOOTSTRAP -u STRATA_REDIS_URL \
+	  STRATA_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT STRATA_KAFKA_SASL_MECHANISM=PLAIN \
+	  STRATA_KAFKA_SASL_USERNAME=strata-test STRATA_REDIS_USERNAME=strata-test \
+	  STRATA_KAFKA_SASL_PASSWORD="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(18))')" \
+	  STRATA_REDIS_PASSWORD="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(18))')" \
+	  $(PY) -m pytest -q $(AUTH_TESTS)
 
 demo: setup
 	$(STRATA) demo

@@ -213,7 +213,7 @@ def test_external_tls_redis_with_an_acl_user_in_the_url(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         settings = StrataSettings(kafka_bootstrap="127.0.0.1:1", kafka_security_protocol="PLAINTEXT",
-                                  redis_url=f"rediss://app:app-pw@127.0.0.1:{port}/0?ssl_ca_certs={ca}")
+                                  kafka_sasl_username=None, kafka_sasl_password=None, redis_url=f"rediss://app:app-pw@127.0.0.1:{port}/0?ssl_ca_certs={ca}")
         wait_until(lambda: redis_server.answers(settings.redis_address), 10, "TLS Redis")
         redis_row = status(settings)[1]
         assert redis_row.healthy and redis_row.auth == "TLS+password"
