@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from strata import rpc
 from strata.bench.reuse_ceiling import CeilingResult, ReuseHistory
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
@@ -269,9 +270,8 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     tier = SimulatedRolloutTier(settings, tier_group, policy, by_hash, publisher)
     lag = GroupLag(settings, settings.stats_group_id, [topics.REWARDS_SCORED])
     parts, engine = build_parts(settings, encoder)
-    parts.grpc_host = "127.0.0.1"  # a bench has no business listening on every interface
     running = start_service(parts)
-    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    channel = rpc.channel(f"127.0.0.1:{running.port}")
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
     stop_tier = threading.Event()
     tier_thread = threading.Thread(target=tier.run, args=(stop_tier,), name="bench-rollout-tier")
@@ -417,7 +417,6 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
              stream: Sequence[PromptRecord]) -> LiveResult:
     """``stream`` through the real services (each its own process, the ``--live-zoo`` models), batch
     by batch: each batch's rewards are folded into the scheduler's statistics before the next."""
-    import grpc
 
     from strata.bench.tiers import LiveTiers
     from strata.bus import topics
@@ -450,7 +449,7 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
                       flush=True)
         finally:
             lag.close()
-        with grpc.insecure_channel(live.scheduler_address) as channel:
+        with rpc.channel(live.scheduler_address) as channel:
             stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=30)
     return LiveResult(
         zoo=zoo.root.name, submitted=len(stream), rollouts=len(stream) - skipped, skipped=skipped, level2=level2,

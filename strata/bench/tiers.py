@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strata import ledger
+from strata import ledger, rpc
 from strata.bench import tier_eval
 from strata.bench.tier_eval import Answer, ArmFigures, PromptOutcome
 
@@ -288,12 +288,11 @@ class LiveTiers:
             publisher.close()
 
     def _submit(self, requests: Sequence[Request], n_samples: int = 1) -> None:
-        import grpc
 
         from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
-        batch_size = 32  # under the scheduler's max_batch_size (256)
-        with grpc.insecure_channel(self.scheduler_address) as channel:
+        batch_size = 32  # under the scheduler's max_batch_size (64)
+        with rpc.channel(self.scheduler_address) as channel:
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
             for start in range(0, len(requests), batch_size):
                 chunk = requests[start:start + batch_size]

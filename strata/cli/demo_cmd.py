@@ -18,7 +18,7 @@ import grpc
 from kafka import KafkaConsumer, TopicPartition
 from tqdm import tqdm
 
-from strata import ledger
+from strata import ledger, rpc
 from strata.bus import topics
 from strata.bus.security import kafka_connection
 from strata.config import StrataSettings
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
 
     print("[5/5] report", flush=True)
-    with grpc.insecure_channel(Addresses().scheduler) as channel:
+    with rpc.channel(Addresses().scheduler) as channel:
         stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=10)
     import redis
 

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
+from strata import rpc
 from strata.bus import topics
 from strata.bus.security import kafka_connection
 from strata.bus.serde import PoisonMessageError, decode
@@ -37,7 +37,7 @@ TIER_ENUM = {1: common_pb2.TIER_LEVEL_1, 2: common_pb2.TIER_LEVEL_2}  # tier num
 
 class RewardClient:
     def __init__(self, address: str, timeout_s: float) -> None:
-        self._channel = grpc.insecure_channel(address)
+        self._channel = rpc.channel(address)
         self._stub = reward_pb2_grpc.RewardStub(self._channel)
         self._timeout_s = timeout_s
 
@@ -68,7 +68,7 @@ class Generated:
 
 class GeneratorClient:
     def __init__(self, address: str, timeout_s: float, chunk: int) -> None:
-        self._channel = grpc.insecure_channel(address)
+        self._channel = rpc.channel(address)
         self._stub = generator_pb2_grpc.GeneratorStub(self._channel)
         self._timeout_s = timeout_s
         self._chunk = chunk
@@ -95,7 +95,7 @@ class GeneratorClient:
 
 def learner_checkpoint(address: str, timeout_s: float) -> tuple[str, int]:
     """(checkpoint path, policy version) of the learner's current policy."""
-    with grpc.insecure_channel(address) as channel:
+    with rpc.channel(address) as channel:
         status = learner_pb2_grpc.LearnerStub(channel).Status(learner_pb2.LearnerStatusRequest(), timeout=timeout_s)
     if not status.checkpoint_path:
         raise LookupError(f"the learner at {address} has no checkpoint yet")

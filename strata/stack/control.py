@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from strata import rpc
 from strata.config import StrataSettings
 from strata.infra.process import InfraError, owned_pid, process_alive, start_detached, stop_pid
 from strata.stack.spec import ServiceSpec, default_services
@@ -42,7 +43,7 @@ def supervisor_pid(settings: StrataSettings) -> int | None:
 
 def health(port: int, timeout_s: float = 1.0) -> bool:
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with rpc.channel(f"127.0.0.1:{port}") as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:
