@@ -69,7 +69,7 @@ def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> 
     client = connect(settings)
     store = SchedulerStore(client, settings)
     content = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
-    publisher = Publisher(settings.kafka_address, client_id=f"svc-scheduler-{replica}")
+    publisher = Publisher(settings, client_id=f"svc-scheduler-{replica}")
     engine = SchedulerEngine(settings, encoder, store, content, publisher)
     # Positioned at the end before the index is rebuilt, so no announcement falls in between.
     index_sync = IndexSync(settings, engine, client_id=f"svc-scheduler-index-{replica}")
