@@ -22,6 +22,7 @@ BENCHES: dict[str, str] = {
     "learner": "strata.bench.learner",
     "rm": "strata.bench.rm",
     "tiers": "strata.bench.tiers",
+    "edge": "strata.bench.edge",
 }
 
 
