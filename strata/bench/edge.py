@@ -37,7 +37,8 @@ STREAMS_PER_WATCHER = 16
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=40, help="measured Submit calls per phase")
-    parser.add_argument("--warmup", type=int, default=5, help="Submit calls before measuring (served first)")
+    parser.add_argument("--warmup", type=int, default=20,
+                        help="Submit calls before measuring, served first (the first ~10 s after start stall once)")
     parser.add_argument("--pace", type=float, default=0.4, help="seconds between the measuring client's calls")
     parser.add_argument("--zoo", default="ci", help="zoo preset whose models the tiers serve")
     parser.add_argument("--flood-rate", type=float, default=3.0, help="per-client Submit rate (prompts/s)")
@@ -300,6 +301,9 @@ def report(phases: Sequence[Phase], flood: Flood, dead: Sequence[str], unsettled
         print(f"{phase.name:<6} {percentile(phase.submit_ms, 50):>8.1f} ms {percentile(phase.submit_ms, 99):>8.1f} ms "
               f"{percentile(phase.health_ms, 99):>8.1f} ms {phase.health_ok:>4}/{len(phase.health_ms):<5} "
               f"{phase.refused or '-'}")
+    for phase in phases:
+        slowest = sorted(range(len(phase.submit_ms)), key=lambda i: -phase.submit_ms[i])[:3]
+        print(f"{phase.name}: slowest Submit calls " + ", ".join(f"#{i} {phase.submit_ms[i]:.0f} ms" for i in slowest))
     print(f"flood: {flood.calls} Submit calls, {len(flood.accepted)} accepted, refused {flood.refused or '-'}")
     if unsettled:
         print(f"{len(unsettled)} accepted prompts neither served nor dead-lettered within the timeout")
