@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from edgeutil import Edge, Outcomes, edge_settings
 
+from adversarial.edgeutil import Edge, Outcomes, edge_settings
 from strata.bus import topics
 from strata.bus.admin import start_group_at_end
 from strata.config import StrataSettings

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from edgeutil import Edge, Outcomes
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from adversarial.edgeutil import Edge, Outcomes
 from strata.v1 import (
     generator_pb2,
     generator_pb2_grpc,

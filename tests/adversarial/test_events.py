@@ -6,8 +6,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from edgeutil import Edge, Outcomes
 
+from adversarial.edgeutil import Edge, Outcomes
 from strata.bus import Publisher, topics
 from strata.content_store import ContentStore
 from strata.hashing import content_hash

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from edgeutil import Edge
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from adversarial.edgeutil import Edge
 from strata.hashing import content_hash
 from strata.v1 import scheduler_pb2
 

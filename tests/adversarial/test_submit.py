@@ -7,8 +7,8 @@ import uuid
 
 import grpc
 import pytest
-from edgeutil import Edge, Outcomes
 
+from adversarial.edgeutil import Edge, Outcomes
 from strata.hashing import content_hash
 from strata.v1 import common_pb2, scheduler_pb2
 
