@@ -27,9 +27,10 @@ from typing import Any, Generic
 
 from kafka import KafkaConsumer
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import CommitFailedError, KafkaError
+from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from strata.bus.errors import TransientError, is_transient
 from strata.bus.producer import Publisher
 from strata.bus.security import kafka_connection
 from strata.bus.serde import PoisonMessageError, decode
@@ -40,13 +41,6 @@ from strata.telemetry import BUS_CONSUMED, BUS_DEAD_LETTERED, BUS_HANDLER_SECOND
 log = logging.getLogger(__name__)
 
 
-class TransientError(Exception):
-    """Raised by a handler when a dependency is down: retry later, never dead-letter."""
-
-
-# Errors that mean "the world is broken", not "the message is broken". ConnectionError covers
-# redis-py's ConnectionError and the content store's StoreUnavailableError.
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (TransientError, ConnectionError, TimeoutError, KafkaError)
 
 
 @dataclass(frozen=True)
@@ -272,12 +266,12 @@ class Worker:
         except PoisonMessageError as exc:
             self._dead_letter(topic, record, "handler", str(exc), attempt)
             return True
-        except TRANSIENT_ERRORS as exc:
-            log.warning("%s[%d]@%d: transient failure (attempt %d), will retry: %s",
-                        record.topic, record.partition, record.offset, attempt, exc)
-            self._retry_later(tp, record.offset, attempt_key, attempt)
-            return False
         except Exception as exc:
+            if is_transient(exc):  # the world is broken, not the message: wait, never dead-letter
+                log.warning("%s[%d]@%d: transient failure (attempt %d), will retry: %s: %s",
+                            record.topic, record.partition, record.offset, attempt, type(exc).__name__, exc)
+                self._retry_later(tp, record.offset, attempt_key, attempt)
+                return False
             if attempt >= self._settings.max_delivery_attempts:
                 log.exception("%s[%d]@%d: handler failed %d times, dead-lettering",
                               record.topic, record.partition, record.offset, attempt)

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+import redis
 from kafka import KafkaConsumer
 
 from strata.bus import Delivery, Publisher, Topic, TransientError, Worker
@@ -262,3 +263,30 @@ def test_a_version_follower_catches_up_to_the_newest_and_skips_poison(infra: Str
             follower.close()
     finally:
         publisher.close()
+
+
+@pytest.mark.parametrize("outage", [
+    redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+    redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+    redis.ResponseError("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist"),
+], ids=["down", "oom", "disk-full"])
+def test_a_redis_outage_waits_past_max_attempts_and_is_never_dead_lettered(infra, publisher, fresh_topic,
+                                                                           outage: Exception) -> None:
+    # redis-py's errors are not Python's ConnectionError: before strata.bus.errors they counted as a
+    # handler bug, and the event was dead-lettered after max_delivery_attempts.
+    message = routed(f"during an outage {uuid.uuid4()}")
+    publisher.publish_and_wait(fresh_topic, message)
+    attempts: list[int] = []
+
+    def redis_down_for_a_while(delivery: Delivery) -> None:
+        attempts.append(delivery.attempt)
+        if len(attempts) <= infra.max_delivery_attempts + 1:
+            raise outage
+
+    worker = make_worker(infra, fresh_topic, f"g-{uuid.uuid4().hex[:6]}", redis_down_for_a_while, publisher)
+    try:
+        poll_until(worker, lambda: len(attempts) == infra.max_delivery_attempts + 2)
+    finally:
+        worker.close()
+    assert worker.dead_lettered == 0
+    assert worker.handled == 1
