@@ -385,7 +385,7 @@ def ppo_update(
     # 5. Epochs of shuffled minibatches (CleanRL's loop).
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + update_index)
     sums: dict[str, float] = {}
-    steps = 0
+    steps = skipped = 0
     for _epoch in range(config.update_epochs):
         epoch_kls = []
         order = torch.randperm(n_rows, generator=generator).to(device)
@@ -403,8 +403,15 @@ def ppo_update(
             loss = policy_loss - config.ent_coef * entropy + config.vf_coef * value_loss
 
             optimizer.zero_grad(set_to_none=True)
+            if not torch.isfinite(loss):
+                skipped += 1  # a step on a NaN or inf loss would poison every weight
+                continue
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+            if not torch.isfinite(grad_norm):
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
             optimizer.step()
 
             with torch.no_grad():
@@ -421,11 +428,12 @@ def ppo_update(
             ):
                 sums[name] = sums.get(name, 0.0) + value
             steps += 1
-        if config.target_kl is not None and sum(epoch_kls) / len(epoch_kls) > config.target_kl:
+        if config.target_kl is not None and epoch_kls and sum(epoch_kls) / len(epoch_kls) > config.target_kl:
             break  # CleanRL's early stop: the policy already moved far enough from θ_old
 
     # 6. Metrics: means over the minibatch steps, plus the batch's statistics.
-    metrics = {name: total / steps for name, total in sums.items()}
+    metrics = {name: total / steps for name, total in sums.items()} if steps else {}
+    metrics["losses/nonfinite_steps_skipped"] = float(skipped)
     values_m, returns_m = old.values[mask], returns[mask]
     var_returns = returns_m.var(unbiased=False).item() if returns_m.numel() > 1 else 0.0
     explained = 1.0 - (returns_m - values_m).var(unbiased=False).item() / var_returns if var_returns > 0 else 0.0

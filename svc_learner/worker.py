@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 import time
 import uuid
@@ -73,6 +74,8 @@ def skip_reason(event: events_pb2.RewardScored, trained_tiers: frozenset[int],
     """
     if event.scorer == common_pb2.SCORER_REUSED or not event.response_hash:
         return Outcome.REUSED  # a skipped prompt: neighbours' reward, no response was generated
+    if not math.isfinite(event.reward):
+        return Outcome.UNUSABLE  # one NaN would make the whole update NaN
     if not event.final and not (train_on_escalated and event.escalated):
         return Outcome.NOT_FINAL
     if TIER_NUMBER.get(event.tier) not in trained_tiers:

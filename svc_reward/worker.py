@@ -9,6 +9,7 @@ skipped. An escalation is published once per (prompt, request), claimed with SET
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 
 import redis
@@ -70,6 +71,12 @@ class RewardWorker:
                 raise PoisonMessageError(str(exc)) from exc
             with SCORE_SECONDS.labels(tier=str(tier)).time():
                 scores = self._models.score(prompts, responses, strong=(tier == 2 and self._models.has_strong))
+            for event, reward, spread in zip(events, scores.rewards, scores.spreads, strict=True):
+                if not (math.isfinite(reward) and math.isfinite(spread)):
+                    # Checked before anything of the batch is published: the bus then handles the
+                    # events one by one and dead-letters only this one; a NaN never reaches the learner.
+                    raise PoisonMessageError(f"the reward model scored response {event.response_hash[:12]} "
+                                             f"{reward} (spread {spread}): not a finite number")
             scorer = common_pb2.SCORER_STRONG if tier == 2 and self._models.has_strong else common_pb2.SCORER_LIGHT
             for event, response, reward, spread, charge in zip(events, responses, scores.rewards, scores.spreads,
                                                                scores.charges, strict=True):

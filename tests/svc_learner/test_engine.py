@@ -107,3 +107,14 @@ def test_escalated_level1_samples_train_unless_turned_off() -> None:
     assert skip_reason(escalated, tiers, train_on_escalated=False) is Outcome.NOT_FINAL
     pending = events_pb2.RewardScored(response_hash="r", tier=common_pb2.TIER_LEVEL_1, final=False, escalated=False)
     assert skip_reason(pending, tiers) is Outcome.NOT_FINAL
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), float("-inf")])
+def test_a_reward_that_is_not_a_number_never_reaches_a_batch(reward: float) -> None:
+    from strata.v1 import common_pb2, events_pb2
+    from svc_learner.engine import Outcome
+    from svc_learner.worker import skip_reason
+
+    event = events_pb2.RewardScored(response_hash="r", tier=common_pb2.TIER_LEVEL_1, final=True, reward=reward,
+                                    scorer=common_pb2.SCORER_LIGHT)
+    assert skip_reason(event, frozenset({1})) is Outcome.UNUSABLE

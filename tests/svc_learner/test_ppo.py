@@ -309,3 +309,15 @@ def test_ppo_update_raises_the_probability_of_the_rewarded_token(
     # Over seeds 0-3 the gain was 3.5x-5x in both modes; 2x leaves room for platform noise.
     assert after > 2 * before, (before, after)
     assert metrics["charts/kl"] > 0  # the policy moved away from the reference
+
+
+def test_a_nan_score_skips_the_steps_and_leaves_the_weights_finite(tiny_policy: PolicyWithValueHead) -> None:
+    # One NaN reward whitens every advantage to NaN: a step on that loss would poison every weight,
+    # and the learner would publish (and a restart resume from) a NaN checkpoint.
+    batch = collate_rollouts([[1, 2]] * 4, [[3, 4], [5], [6, 7, 8], [9]], [1.0, float("nan"), 0.5, 0.2],
+                             pad_token_id=0)
+    before = [p.detach().clone() for p in tiny_policy.parameters()]
+    optimizer = torch.optim.Adam(tiny_policy.parameters(), lr=1e-2)
+    metrics = ppo_update(tiny_policy, tiny_policy.reference_copy(), optimizer, batch, PPOConfig(), update_index=0)
+    assert metrics["losses/nonfinite_steps_skipped"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, tiny_policy.parameters(), strict=True))
