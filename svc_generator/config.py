@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -18,6 +19,10 @@ class GeneratorSettings(StrataSettings):
     model: str | None = Field(None, description="local model directory; unset = the zoo's model for the tier")
     backend: Literal["hf", "vllm"] = Field("hf", description="hf (transformers, CPU or GPU) or vllm (GPU)")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    policy_checkpoint_root: Path | None = Field(
+        None, description="PolicyUpdated paths must lie under this directory (the learner's --checkpoint-dir); "
+        "unset: any path (docs/reliability.md)"
+    )
     dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
     grpc_port: int | None = Field(
         None, ge=0, le=65535, description="gRPC port; unset = 50053 for tier 1, 50054 for tier 2; 0 = any free port")

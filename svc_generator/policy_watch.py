@@ -9,11 +9,13 @@ checksum, never tensors.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from strata.bus import topics
 from strata.bus.follow import VersionFollower
 from strata.bus.security import KafkaTarget
-from strata.contract.checksums import policy_checksum
+from strata.contract.checksums import policy_checksum, recorded_policy_version
+from strata.contract.control import ControlEventError, check_policy_update
 from strata.v1 import events_pb2
 from svc_generator.batcher import DynamicBatcher
 
@@ -22,14 +24,29 @@ log = logging.getLogger(__name__)
 
 class PolicyWatcher(VersionFollower[events_pb2.PolicyUpdated]):
     def __init__(self, cluster: KafkaTarget, batcher: DynamicBatcher,
-                 topic: topics.Topic[events_pb2.PolicyUpdated] = topics.POLICY_UPDATED) -> None:
+                 topic: topics.Topic[events_pb2.PolicyUpdated] = topics.POLICY_UPDATED,
+                 checkpoint_root: Path | None = None) -> None:
         super().__init__(cluster, topic)
         self._batcher = batcher
+        self._root = checkpoint_root
         self.latest_seen = -1
         self.lineage = ""
+        self.rejected = 0
 
     def apply(self, event: events_pb2.PolicyUpdated) -> bool:
-        """Hand a verified checkpoint newer than any seen to the batcher; True when it was handed over."""
+        """Hand a verified checkpoint newer than any seen to the batcher; True when it was handed over.
+
+        The event is checked first (strata.contract.control): its path must lie in the checkpoint
+        root, carry a checksum, and hold a checkpoint whose own metadata records the event's version,
+        so a forged version (2^63) cannot outrank every later update and freeze this replica.
+        """
+        try:
+            check_policy_update(event.policy_version, event.checkpoint_path, event.checksum, self._root,
+                                recorded_policy_version)
+        except ControlEventError as exc:
+            self.rejected += 1
+            log.error("policy v%d not applied: %s", event.policy_version, exc)
+            return False
         if event.lineage != self.lineage:
             # A new training run: its versions start again, so the old high-water mark does not apply.
             log.info("policy lineage %s -> %s", self.lineage or "-", event.lineage or "-")
@@ -43,7 +60,7 @@ class PolicyWatcher(VersionFollower[events_pb2.PolicyUpdated]):
         except OSError as exc:
             log.error("policy v%d: cannot read %s: %s", event.policy_version, event.checkpoint_path, exc)
             return False
-        if event.checksum and actual != event.checksum:
+        if actual != event.checksum:
             log.error("policy v%d: checksum mismatch at %s (event %s, file %s); not loading",
                       event.policy_version, event.checkpoint_path, event.checksum[:12], actual[:12])
             return False

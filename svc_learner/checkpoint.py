@@ -37,11 +37,11 @@ from typing import Any
 
 import torch
 
-from strata.contract.checksums import POLICY_WEIGHTS_FILE, sha256_file
+from strata.contract.checksums import POLICY_META_FILE, POLICY_WEIGHTS_FILE, sha256_file
 from svc_learner.policy import PolicyWithValueHead
 
 FORMAT_VERSION = 1
-META_FILE = "strata_checkpoint.json"
+META_FILE = POLICY_META_FILE
 WEIGHTS_FILE = POLICY_WEIGHTS_FILE
 LEARNER_CONFIG_FILE = "learner_config.json"
 OPTIMIZER_FILE = "optimizer.pt"

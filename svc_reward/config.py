@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -45,4 +46,8 @@ class RewardSettings(StrataSettings):
     )
     rm_verify_checksum: bool = Field(
         True, description="load a promoted RM only if its weights match the event's checksum"
+    )
+    rm_model_root: Path | None = Field(
+        None, description="RmUpdated paths must lie under this directory (where `strata rm` writes versions); "
+        "unset: any path (docs/reliability.md)"
     )

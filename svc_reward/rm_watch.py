@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from prometheus_client import Counter
 
@@ -21,6 +22,7 @@ from strata.bus import Topic, topics
 from strata.bus.follow import VersionFollower
 from strata.bus.security import KafkaTarget
 from strata.contract.checksums import weights_checksum
+from strata.contract.control import ControlEventError, check_rm_update
 from strata.models.loading import ModelLoadError
 from strata.v1 import events_pb2
 from svc_reward.models import RewardModels
@@ -32,10 +34,12 @@ SWAPS = Counter("strata_reward_rm_swaps_total", "Light RM versions swapped in", 
 
 class RmWatcher(VersionFollower[events_pb2.RewardModelUpdated]):
     def __init__(self, cluster: KafkaTarget, models: RewardModels, verify_checksum: bool = True,
-                 topic: Topic[events_pb2.RewardModelUpdated] = topics.RM_UPDATED) -> None:
+                 topic: Topic[events_pb2.RewardModelUpdated] = topics.RM_UPDATED, model_root: Path | None = None
+                 ) -> None:
         super().__init__(cluster, topic)
         self._models = models
         self._verify = verify_checksum
+        self._root = model_root
         self.swaps = 0  # versions swapped in by this watcher
         self.rejected = 0  # events that could not be applied
 
@@ -44,7 +48,11 @@ class RmWatcher(VersionFollower[events_pb2.RewardModelUpdated]):
         if event.rm_version == self._models.light_version:
             return False
         paths = list(event.ensemble_paths) or [event.path]
-        if self._verify and event.checksum:
+        try:  # paths in the model root, a checksum, a sane version name (strata.contract.control)
+            check_rm_update(event.rm_version, paths, event.checksum, self._root)
+        except ControlEventError as exc:
+            return self._reject(event, str(exc))
+        if self._verify:
             try:
                 actual = weights_checksum(paths)
             except OSError as exc:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 POLICY_WEIGHTS_FILE = "model.safetensors"
+POLICY_META_FILE = "strata_checkpoint.json"  # written last by the learner: version, step, checksums
 _CHUNK = 1 << 20
 
 
@@ -27,6 +28,16 @@ def sha256_file(path: str | Path, chunk_bytes: int = _CHUNK) -> str:
 
 def policy_checksum(checkpoint_dir: str | Path) -> str:
     return sha256_file(Path(checkpoint_dir) / POLICY_WEIGHTS_FILE)
+
+
+def recorded_policy_version(checkpoint_dir: str | Path) -> int | None:
+    """The version a policy checkpoint's own metadata records; None when it cannot be read."""
+    import json
+
+    try:
+        return int(json.loads((Path(checkpoint_dir) / POLICY_META_FILE).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
