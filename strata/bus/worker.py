@@ -18,6 +18,7 @@ point redelivers the rest to whoever takes its partitions. Handlers must therefo
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from typing import Any, Generic
 
 from kafka import KafkaConsumer
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import CommitFailedError
+from kafka.errors import CommitFailedError, MessageSizeTooLargeError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from strata.bus.errors import TransientError, is_transient
@@ -75,6 +76,10 @@ class _Rebalance(ConsumerRebalanceListener):
         self._worker._settle_pauses(assigned)
         log.info("group %s: assigned %s", self._worker.group_id,
                  ", ".join(f"{tp.topic}[{tp.partition}]" for tp in assigned) or "nothing")
+
+
+def _too_large(exc: BaseException) -> bool:
+    return any(isinstance(e, MessageSizeTooLargeError) for e in (exc, exc.__cause__))
 
 
 class Worker:
@@ -333,7 +338,18 @@ class Worker:
             ("strata-dlq-group", self.group_id.encode()),
         ]
         # Waits for the acknowledgement: the offset is committed only once the DLQ copy is durable.
-        self._publisher.publish_raw(topic.dlq, record.key, record.value, headers)
+        try:
+            self._publisher.publish_raw(topic.dlq, record.key, record.value, headers)
+        except Exception as exc:
+            if not _too_large(exc):
+                raise
+            # A record near the size limit grows past it with the headers: keep where it was and its
+            # digest (the bytes stay readable at the source offset within retention), drop the bytes,
+            # instead of failing the dead-lettering and crash-looping the worker on this record.
+            value = record.value or b""
+            note = f"{len(value)} bytes, sha256 {hashlib.sha256(value).hexdigest()}; too large with headers"
+            self._publisher.publish_raw(topic.dlq, record.key, b"", [*headers, ("strata-dlq-value-dropped",
+                                                                              note.encode())])
         BUS_DEAD_LETTERED.labels(topic=record.topic, group=self.group_id, stage=stage).inc()
         self._attempts.pop((record.topic, record.partition, record.offset), None)
         self._dead.add((record.topic, record.partition, record.offset))

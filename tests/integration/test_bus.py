@@ -290,3 +290,26 @@ def test_a_redis_outage_waits_past_max_attempts_and_is_never_dead_lettered(infra
         worker.close()
     assert worker.dead_lettered == 0
     assert worker.handled == 1
+
+
+def test_a_record_near_the_size_limit_is_dead_lettered_without_its_bytes(infra, publisher, fresh_topic) -> None:
+    # With the DLQ headers, a record just under the 1 MiB limit no longer fits: publishing its copy
+    # failed and the worker crashed on the same record at every restart.
+    big = routed(f"big {uuid.uuid4()}")
+    big.reason = "x" * 1_047_300  # the record fits the 1 MiB limit; with 2 KB of DLQ headers it does not
+    key, value = big.prompt_hash.encode(), big.SerializeToString()
+    publisher.publish_raw(fresh_topic.name, key, value)
+
+    def rejects(delivery: Delivery) -> None:
+        raise ValueError("cannot use this event: " + "y" * 3000)
+
+    worker = make_worker(infra, fresh_topic, f"g-{uuid.uuid4().hex[:6]}", rejects, publisher)
+    try:
+        poll_until(worker, lambda: worker.dead_lettered == 1)
+    finally:
+        worker.close()
+    [dead] = read_dlq(infra, fresh_topic, 1)
+    headers = dict(dead.headers)
+    assert dead.value in (b"", None) and dead.key == key
+    assert headers["strata-dlq-value-dropped"].startswith(f"{len(value)} bytes, sha256 ".encode())
+    assert headers["strata-dlq-source-offset"] == b"0"
