@@ -23,7 +23,7 @@ from strata.contract.identity import request_identity
 from strata.debug_store import DebugSample, DebugStore
 from strata.models.budget import TokenBudget
 from strata.v1 import common_pb2, events_pb2
-from strata.validation import RequestError, check_directions, sampling_from_proto, sampling_to_proto
+from strata.validation import RequestError, check_directions, check_n_samples, sampling_from_proto, sampling_to_proto
 from svc_generator.backends.base import GenerationRequest
 from svc_generator.batcher import DynamicBatcher
 from svc_generator.config import GeneratorSettings
@@ -80,6 +80,7 @@ class GeneratorWorker:
                 sampling = sampling_from_proto(routed.sampling, self._settings.sampling_defaults(),
                                                self._settings.sampling_bounds()).sampling
                 directions = check_directions([d.name for d in routed.directions])
+                check_n_samples(routed.n_samples, self._settings.max_samples_per_request)  # bounded on Kafka too
                 if self._budget and (problem := self._budget.problem(prompt, sampling.max_new_tokens, directions)):
                     raise RequestError("prompt", problem)
             except (ContentNotFoundError, RequestError) as exc:

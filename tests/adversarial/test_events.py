@@ -23,9 +23,9 @@ def routed(edge: Edge, text: str | None, **fields: object) -> events_pb2.PromptR
     else:
         store = ContentStore.from_url(edge.infra.redis_address, edge.infra.content_ttl_s, edge.infra.content_max_bytes)
         prompt_hash = store.put(text)
-    event = events_pb2.PromptRouted(prompt_hash=prompt_hash, tier=common_pb2.TIER_LEVEL_1, n_samples=1,
-                                    request_id=f"event-{uuid.uuid4().hex}", decision=common_pb2.DECISION_LEVEL_1,
-                                    **fields)  # type: ignore[arg-type]
+    fields = {"n_samples": 1, "request_id": f"event-{uuid.uuid4().hex}", **fields}
+    event = events_pb2.PromptRouted(prompt_hash=prompt_hash, tier=common_pb2.TIER_LEVEL_1,
+                                    decision=common_pb2.DECISION_LEVEL_1, **fields)  # type: ignore[arg-type]
     event.routed_at.GetCurrentTime()
     return event
 
@@ -43,15 +43,17 @@ def test_poison_events_are_dead_lettered_and_the_next_prompt_is_served(edge: Edg
     missing_text = routed(edge, None)
     too_long_answer = routed(edge, "What is rain?")
     too_long_answer.sampling.max_new_tokens = 4096
+    too_many = routed(edge, "What is snow?", n_samples=1_000_000)  # would queue a million generations
     good = routed(edge, "Why do leaves fall in autumn?")
     for key in (missing_text.prompt_hash, good.prompt_hash):  # the same partitions as the events after them
         publisher.publish_raw(topic.name, key.encode(), b"\xff\x00 not protobuf")
-    for event in (missing_text, too_long_answer, good):
+    for event in (missing_text, too_long_answer, too_many, good):
         publisher.publish_and_wait(topic, event)
     outcomes.wait_served([good.request_id])
     for _ in range(240):
-        if {missing_text.request_id, too_long_answer.request_id} <= outcomes.dead:
+        if {missing_text.request_id, too_long_answer.request_id, too_many.request_id} <= outcomes.dead:
             break
         outcomes.poll()
-    assert {missing_text.request_id, too_long_answer.request_id} <= outcomes.dead
-    assert missing_text.request_id not in outcomes.finals and too_long_answer.request_id not in outcomes.finals
+    poison = [missing_text, too_long_answer, too_many]
+    assert {p.request_id for p in poison} <= outcomes.dead
+    assert not {p.request_id for p in poison} & set(outcomes.finals)
