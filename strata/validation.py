@@ -80,15 +80,21 @@ def check_n_samples(n_samples: int, limit: int) -> int:
     return n
 
 
+def resolve_requested(requested: SamplingRequest, defaults: Sampling, bounds: SamplingBounds) -> ValidatedSampling:
+    """``requested`` with unset values from ``defaults``, checked against the R16 bounds."""
+    try:
+        return resolve_sampling(
+            defaults, bounds, temperature=requested.temperature, top_p=requested.top_p,
+            max_new_tokens=requested.max_new_tokens, seed=requested.seed, rollout_dropout=requested.rollout_dropout,
+        )
+    except SamplingError as exc:
+        raise RequestError(exc.field, exc.problem) from exc
+
+
 def check_sampling(requested: SamplingRequest, bounds: SamplingBounds) -> SamplingRequest:
     """The values a request set, checked against the R16 bounds; unset ones stay unset (the tier's
     defaults apply where the rollout is served)."""
-    try:
-        resolve_sampling(Sampling(), bounds, temperature=requested.temperature, top_p=requested.top_p,
-                         max_new_tokens=requested.max_new_tokens, seed=requested.seed,
-                         rollout_dropout=requested.rollout_dropout)
-    except SamplingError as exc:
-        raise RequestError(exc.field, exc.problem) from exc
+    resolve_requested(requested, Sampling(), bounds)
     return requested
 
 
@@ -169,14 +175,7 @@ def sampling_from_proto(
     message: common_pb2.SamplingParams, defaults: Sampling, bounds: SamplingBounds
 ) -> ValidatedSampling:
     """Resolve a ``SamplingParams`` message against the deployment's defaults and R16 bounds."""
-    requested = requested_sampling(message)
-    try:
-        return resolve_sampling(
-            defaults, bounds, temperature=requested.temperature, top_p=requested.top_p,
-            max_new_tokens=requested.max_new_tokens, seed=requested.seed, rollout_dropout=requested.rollout_dropout,
-        )
-    except SamplingError as exc:
-        raise RequestError(exc.field, exc.problem) from exc
+    return resolve_requested(requested_sampling(message), defaults, bounds)
 
 
 def sampling_to_proto(sampling: Sampling | SamplingRequest) -> common_pb2.SamplingParams:
