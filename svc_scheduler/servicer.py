@@ -29,7 +29,7 @@ from strata.ratelimit import RateLimiter, StreamLimiter
 from strata.rpc import abort_invalid, abort_unavailable
 from strata.rpc_auth import CallerIdentity
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from strata.validation import PromptRequest, RequestError, requested_sampling, validate_submit
+from strata.validation import PromptRequest, RequestError, SubmitLimits, requested_sampling, validate_submit
 from svc_scheduler.engine import Accepted, NotAcceptedError, RequestGoneError, SchedulerEngine
 from svc_scheduler.routing import Route
 from svc_scheduler.settings import SchedulerSettings
@@ -149,10 +149,10 @@ def add_to_server(servicer: SchedulerServicer, server: grpc.Server) -> None:
 
 # -- translation ---------------------------------------------------------------------------------------
 
-def request_of(message: scheduler_pb2.SubmitRequest, settings: SchedulerSettings,
+def request_of(message: scheduler_pb2.SubmitRequest, limits: SubmitLimits,
                budgets: Sequence[TokenBudget] = ()) -> PromptRequest:
     return validate_submit(message.prompt, requested_sampling(message.sampling), message.n_samples,
-                           message.request_id, settings.submit_limits(), budgets)
+                           message.request_id, limits, budgets)
 
 
 def response_of(accepted: Accepted) -> scheduler_pb2.SubmitResponse:
@@ -175,7 +175,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.hub = hub
         self.settings = settings
         self.stop = stop or threading.Event()
-        self.budgets = tuple(budgets)  # the tiers' models: what a prompt must fit (validation.validate)
+        self.limits = settings.submit_limits()  # built once, not per prompt
+        self.budgets = tuple(budgets)  # the tiers' models: what a prompt must fit (validate_submit)
         self.identity = identity or CallerIdentity()  # who is calling: the token's client, else the address
         self.watch_streams = StreamLimiter(settings.max_watch_streams, settings.max_watch_streams_per_client,
                                            "Watch streams")
@@ -194,7 +195,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if isinstance(request, Malformed):
             abort_invalid(context, request.field, request.problem)
         try:
-            prompt = request_of(request, self.settings, self.budgets)
+            prompt = request_of(request, self.limits, self.budgets)
         except RequestError as exc:
             abort_invalid(context, exc.field, exc.problem)
         [result] = self._submit(context, [prompt])
@@ -213,7 +214,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         valid: list[tuple[int, PromptRequest]] = []
         for i, item in enumerate(request.requests):
             try:
-                valid.append((i, request_of(item, self.settings, self.budgets)))
+                valid.append((i, request_of(item, self.limits, self.budgets)))
                 results.append(scheduler_pb2.SubmitBatchResult())
             except RequestError as exc:
                 results.append(scheduler_pb2.SubmitBatchResult(error=f"requests[{i}].{exc}"))
