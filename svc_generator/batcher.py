@@ -129,6 +129,7 @@ class DynamicBatcher:
         try:
             outputs = self._backend.generate([p.request for p in batch])
         except Exception as exc:
+            self._backend.release_memory()
             if len(batch) == 1:
                 log.warning("generation failed for one request: %s: %s", type(exc).__name__, exc)
                 FAILED.inc()
@@ -137,12 +138,10 @@ class DynamicBatcher:
             log.warning("generation batch of %d failed (%s: %s); retrying it in halves", len(batch),
                         type(exc).__name__, exc)
             middle = len(batch) // 2
-            self._backend.release_memory()
             self._generate(batch[:middle])
             self._generate(batch[middle:])
             return
-        finally:
-            self._backend.release_memory()
+        self._backend.release_memory()
         elapsed = self._clock() - started
         # 3. emit output
         total_tokens = sum(max(len(o.token_ids), 1) for o in outputs)
