@@ -9,7 +9,7 @@ ask :func:`is_transient` instead of catching a tuple of types.
 from __future__ import annotations
 
 import redis
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, MessageSizeTooLargeError
 
 
 class TransientError(Exception):
@@ -40,3 +40,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, redis.ResponseError):
         return str(exc).startswith(_REDIS_TRANSIENT_REPLIES)
     return False
+
+
+def is_too_large(exc: BaseException) -> bool:
+    """True when Kafka refused a record for its size (also behind a PublishError): it never fits."""
+    return any(isinstance(e, MessageSizeTooLargeError) for e in (exc, exc.__cause__))

@@ -28,10 +28,10 @@ from typing import Any, Generic
 
 from kafka import KafkaConsumer
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import CommitFailedError, MessageSizeTooLargeError
+from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
-from strata.bus.errors import TransientError, is_transient
+from strata.bus.errors import TransientError, is_too_large, is_transient
 from strata.bus.producer import Publisher
 from strata.bus.security import kafka_connection
 from strata.bus.serde import PoisonMessageError, decode
@@ -76,10 +76,6 @@ class _Rebalance(ConsumerRebalanceListener):
         self._worker._settle_pauses(assigned)
         log.info("group %s: assigned %s", self._worker.group_id,
                  ", ".join(f"{tp.topic}[{tp.partition}]" for tp in assigned) or "nothing")
-
-
-def _too_large(exc: BaseException) -> bool:
-    return any(isinstance(e, MessageSizeTooLargeError) for e in (exc, exc.__cause__))
 
 
 class Worker:
@@ -341,7 +337,7 @@ class Worker:
         try:
             self._publisher.publish_raw(topic.dlq, record.key, record.value, headers)
         except Exception as exc:
-            if not _too_large(exc):
+            if not is_too_large(exc):
                 raise
             # A record near the size limit grows past it with the headers: keep where it was and its
             # digest (the bytes stay readable at the source offset within retention), drop the bytes,
