@@ -16,6 +16,11 @@ MAX_PATH_CHARS = 4096
 MAX_VERSION_CHARS = 128
 
 
+def _has_controls(text: str) -> bool:
+    """NUL, newlines, escapes: nothing a path or a version name carries."""
+    return any(ord(c) < 32 for c in text)
+
+
 class ControlEventError(ValueError):
     """A control event that must not be acted on; the message says why."""
 
@@ -26,7 +31,7 @@ def confined_path(raw: str, root: Path | None, what: str = "path") -> Path:
         raise ControlEventError(f"{what} is empty")
     if len(raw) > MAX_PATH_CHARS:
         raise ControlEventError(f"{what} is {len(raw)} characters long")
-    if "\x00" in raw or any(ord(c) < 32 for c in raw):
+    if _has_controls(raw):
         raise ControlEventError(f"{what} contains control characters")
     path = Path(raw)
     if not path.is_absolute() and root is not None:
@@ -67,7 +72,7 @@ def check_policy_update(version: int, path: str, checksum: str, root: Path | Non
 
 def check_rm_update(rm_version: str, paths: Sequence[str], checksum: str, root: Path | None) -> list[Path]:
     """The model directories a ``RewardModelUpdated`` may load, or :class:`ControlEventError`."""
-    if not rm_version or len(rm_version) > MAX_VERSION_CHARS or any(ord(c) < 32 for c in rm_version):
+    if not rm_version or len(rm_version) > MAX_VERSION_CHARS or _has_controls(rm_version):
         raise ControlEventError(f"rm_version {rm_version[:40]!r} is empty, too long or has control characters")
     if not paths:
         raise ControlEventError("no model path")
