@@ -46,7 +46,8 @@ def build(settings: GeneratorSettings) -> ServiceParts:
                     batch_handlers={handler.topic: handler.handle_batch})
     loops = [batcher.run]
     if settings.follows_policy:
-        loops.append(PolicyWatcher(settings, batcher, checkpoint_root=settings.policy_checkpoint_root).run)
+        loops.append(PolicyWatcher(settings, batcher, checkpoint_root=settings.policy_checkpoint_root,
+                                   dead_letters=publisher).run)
     servicer = GeneratorServicer(settings, batcher, store, backend.tokenizer_id, budget)
     binding = ServiceBinding(generator_pb2_grpc.add_GeneratorServicer_to_server, servicer,
                              generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name)

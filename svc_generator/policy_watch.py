@@ -13,9 +13,10 @@ from pathlib import Path
 
 from strata.bus import topics
 from strata.bus.follow import VersionFollower
+from strata.bus.producer import Publisher
 from strata.bus.security import KafkaTarget
 from strata.contract.checksums import policy_checksum, recorded_policy_version
-from strata.contract.control import ControlEventError, check_policy_update
+from strata.contract.control import check_policy_update
 from strata.v1 import events_pb2
 from svc_generator.batcher import DynamicBatcher
 
@@ -25,28 +26,22 @@ log = logging.getLogger(__name__)
 class PolicyWatcher(VersionFollower[events_pb2.PolicyUpdated]):
     def __init__(self, cluster: KafkaTarget, batcher: DynamicBatcher,
                  topic: topics.Topic[events_pb2.PolicyUpdated] = topics.POLICY_UPDATED,
-                 checkpoint_root: Path | None = None) -> None:
-        super().__init__(cluster, topic)
+                 checkpoint_root: Path | None = None, dead_letters: Publisher | None = None) -> None:
+        super().__init__(cluster, topic, dead_letters, group="svc-generator-policy-watch")
         self._batcher = batcher
         self._root = checkpoint_root
         self.latest_seen = -1
         self.lineage = ""
-        self.rejected = 0
+
+    def check(self, event: events_pb2.PolicyUpdated) -> None:
+        """Refuse for good (strata.contract.control) a path outside the checkpoint root, a missing
+        checksum, or a version the checkpoint's own metadata does not record, so a forged version
+        (2^63) cannot outrank every later update and freeze this replica."""
+        check_policy_update(event.policy_version, event.checkpoint_path, event.checksum, self._root,
+                            recorded_policy_version)
 
     def apply(self, event: events_pb2.PolicyUpdated) -> bool:
-        """Hand a verified checkpoint newer than any seen to the batcher; True when it was handed over.
-
-        The event is checked first (strata.contract.control): its path must lie in the checkpoint
-        root, carry a checksum, and hold a checkpoint whose own metadata records the event's version,
-        so a forged version (2^63) cannot outrank every later update and freeze this replica.
-        """
-        try:
-            check_policy_update(event.policy_version, event.checkpoint_path, event.checksum, self._root,
-                                recorded_policy_version)
-        except ControlEventError as exc:
-            self.rejected += 1
-            log.error("policy v%d not applied: %s", event.policy_version, exc)
-            return False
+        """Hand a checkpoint newer than any seen to the batcher once its checksum matches."""
         if event.lineage != self.lineage:
             # A new training run: its versions start again, so the old high-water mark does not apply.
             log.info("policy lineage %s -> %s", self.lineage or "-", event.lineage or "-")
@@ -58,9 +53,11 @@ class PolicyWatcher(VersionFollower[events_pb2.PolicyUpdated]):
         try:
             actual = policy_checksum(event.checkpoint_path)
         except OSError as exc:
+            self.rejected += 1
             log.error("policy v%d: cannot read %s: %s", event.policy_version, event.checkpoint_path, exc)
             return False
         if actual != event.checksum:
+            self.rejected += 1
             log.error("policy v%d: checksum mismatch at %s (event %s, file %s); not loading",
                       event.policy_version, event.checkpoint_path, event.checksum[:12], actual[:12])
             return False

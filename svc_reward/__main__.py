@@ -60,7 +60,8 @@ def build(settings: RewardSettings) -> ServiceParts:
     loops = []
     if settings.rm_watch:
         # Hot swap (R7): load the newest promoted light RM before the first batch, then follow.
-        watcher = RmWatcher(settings, models, settings.rm_verify_checksum, model_root=settings.rm_model_root)
+        watcher = RmWatcher(settings, models, settings.rm_verify_checksum, model_root=settings.rm_model_root,
+                            dead_letters=publisher)
         watcher.connect()
         watcher.catch_up()
         loops.append(watcher.run)

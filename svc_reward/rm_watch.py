@@ -20,9 +20,10 @@ from prometheus_client import Counter
 
 from strata.bus import Topic, topics
 from strata.bus.follow import VersionFollower
+from strata.bus.producer import Publisher
 from strata.bus.security import KafkaTarget
 from strata.contract.checksums import weights_checksum
-from strata.contract.control import ControlEventError, check_rm_update
+from strata.contract.control import check_rm_update
 from strata.models.loading import ModelLoadError
 from strata.v1 import events_pb2
 from svc_reward.models import RewardModels
@@ -34,24 +35,23 @@ SWAPS = Counter("strata_reward_rm_swaps_total", "Light RM versions swapped in", 
 
 class RmWatcher(VersionFollower[events_pb2.RewardModelUpdated]):
     def __init__(self, cluster: KafkaTarget, models: RewardModels, verify_checksum: bool = True,
-                 topic: Topic[events_pb2.RewardModelUpdated] = topics.RM_UPDATED, model_root: Path | None = None
-                 ) -> None:
-        super().__init__(cluster, topic)
+                 topic: Topic[events_pb2.RewardModelUpdated] = topics.RM_UPDATED, model_root: Path | None = None,
+                 dead_letters: Publisher | None = None) -> None:
+        super().__init__(cluster, topic, dead_letters, group="svc-reward-rm-watch")
         self._models = models
         self._verify = verify_checksum
         self._root = model_root
         self.swaps = 0  # versions swapped in by this watcher
-        self.rejected = 0  # events that could not be applied
+
+    def check(self, event: events_pb2.RewardModelUpdated) -> None:
+        """Refuse for good paths outside the model root, a missing checksum, a malformed version."""
+        check_rm_update(event.rm_version, list(event.ensemble_paths) or [event.path], event.checksum, self._root)
 
     def apply(self, event: events_pb2.RewardModelUpdated) -> bool:
         """Swap in the version ``event`` announces. False when it is already served or unusable."""
         if event.rm_version == self._models.light_version:
             return False
         paths = list(event.ensemble_paths) or [event.path]
-        try:  # paths in the model root, a checksum, a sane version name (strata.contract.control)
-            check_rm_update(event.rm_version, paths, event.checksum, self._root)
-        except ControlEventError as exc:
-            return self._reject(event, str(exc))
         if self._verify:
             try:
                 actual = weights_checksum(paths)

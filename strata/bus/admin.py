@@ -7,13 +7,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 from strata.bus.security import KafkaTarget, kafka_connection
 from strata.bus.topics import ALL_TOPICS, SINGLE_PARTITION_TOPICS, Topic
 
 log = logging.getLogger(__name__)
+
+COMPACT = {"cleanup.policy": "compact"}
 
 
 def ensure_topics(
@@ -23,17 +25,24 @@ def ensure_topics(
     replication_factor: int = 1,
     timeout_s: float = 30.0,
 ) -> list[str]:
-    """Create missing topics (and their ``.dlq`` twins); return the names created."""
+    """Create missing topics (and their ``.dlq`` twins); return the names created.
+
+    Compacted topics get ``cleanup.policy=compact``, also when they exist already with Kafka's
+    default (deletion after 7 days), so an upgraded cluster stops losing its control events.
+    """
+    topic_list = list(topics)
     wanted: dict[str, int] = {}
-    for topic in topics:
+    for topic in topic_list:
         wanted[topic.name] = 1 if topic.name in SINGLE_PARTITION_TOPICS else partitions
         wanted[topic.dlq] = 1
+    compacted = {topic.name for topic in topic_list if topic.compacted}
     admin = KafkaAdminClient(**kafka_connection(cluster), client_id="strata-admin",
                              request_timeout_ms=int(timeout_s * 1000))
     try:
         existing = set(admin.list_topics())
         missing = [
-            NewTopic(name=name, num_partitions=count, replication_factor=replication_factor)
+            NewTopic(name=name, num_partitions=count, replication_factor=replication_factor,
+                     topic_configs=COMPACT if name in compacted else {})
             for name, count in wanted.items()
             if name not in existing
         ]
@@ -46,7 +55,38 @@ def ensure_topics(
                 pass  # another process created it meanwhile
         if created:
             log.info("created %d topics: %s", len(created), ", ".join(created))
+        _compact_existing(admin, sorted((compacted & existing) - set(created)))
         return created
+    finally:
+        admin.close()
+
+
+def _compact_existing(admin: KafkaAdminClient, names: list[str]) -> None:
+    """Switch existing topics that should be compacted but are not."""
+    for name in names:
+        policy = _cleanup_policy(admin, name)
+        if policy != "compact":
+            admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, configs=COMPACT)])
+            log.warning("topic %s had cleanup.policy=%s: now compacted, so its events outlive retention",
+                        name, policy)
+
+
+def _cleanup_policy(admin: KafkaAdminClient, name: str) -> str | None:
+    resource = ConfigResource(ConfigResourceType.TOPIC, name, configs={"cleanup.policy": None})
+    described = admin.describe_configs([resource], config_filter="all")  # {type: {name: {key: {...}}}}
+    entry = described.get("topic", {}).get(name, {}).get("cleanup.policy")
+    return entry["value"] if entry else None
+
+
+def topic_cleanup_policy(cluster: KafkaTarget, name: str, timeout_s: float = 10.0) -> str | None:
+    """The ``cleanup.policy`` a topic has (``delete`` or ``compact``); None if it is not known in time
+    (a topic just created is described once its metadata has reached the broker)."""
+    admin = KafkaAdminClient(**kafka_connection(cluster), client_id="strata-admin")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while (policy := _cleanup_policy(admin, name)) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return policy
     finally:
         admin.close()
 

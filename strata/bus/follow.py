@@ -10,8 +10,22 @@ beginning with no consumer group and commits nothing:
 - afterwards each poll's newest event is handed to ``apply`` as it comes;
 - an undecodable event is logged and skipped: a poison announcement never stops the follower.
 
-``apply(event) -> bool`` is the subclass's: it verifies the checksum, loads the weights and says
-whether the version was taken; an event it refuses leaves the current version serving.
+A follower reads the newest event it can use: on catch-up and in each poll it walks from the newest
+event back, past events that can never be taken.
+
+- ``check(event)`` (the subclass's) raises ``ControlEventError`` for such an event: a path outside
+  the root, no checksum, a forged version. Every replica would refuse it the same way, at every
+  start, so it is **dead-lettered once** to ``<topic>.dlq`` (stage ``control``) and, once there,
+  skipped without a second look: the follower reads the DLQ's source offsets when it connects.
+  Replicas refusing the same new event at the same moment may each write a copy; all name the same
+  source offset.
+- ``apply(event) -> bool`` verifies the checksum, loads the weights and says whether the version was
+  taken; an event refused for a reason that may pass (``ControlEventUnavailable``: its files are
+  not readable here now, e.g. a wiped checkpoint directory) leaves the current version serving, or
+  on catch-up the newest older event that is readable, and is not dead-lettered.
+
+Control topics are compacted (``Topic.compacted``), so the newest announcement of each version
+survives Kafka's retention and a restart a month later still finds the promoted RM and policy.
 """
 
 from __future__ import annotations
@@ -24,9 +38,12 @@ from typing import Any, Generic, TypeVar
 from google.protobuf.message import Message
 from kafka import KafkaConsumer, TopicPartition
 
+from strata.bus.producer import Publisher
 from strata.bus.security import KafkaTarget, kafka_connection
 from strata.bus.serde import PoisonMessageError, decode
 from strata.bus.topics import Topic
+from strata.bus.worker import dead_letter_headers, publish_dead_letter
+from strata.contract.control import ControlEventError, ControlEventUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +51,37 @@ M = TypeVar("M", bound=Message)
 
 
 class VersionFollower(Generic[M]):
-    def __init__(self, cluster: KafkaTarget, topic: Topic[M]) -> None:
+    def __init__(self, cluster: KafkaTarget, topic: Topic[M], dead_letters: Publisher | None = None,
+                 group: str = "follower") -> None:
         self._cluster = cluster
         self._topic = topic
         self._partition = TopicPartition(topic.name, 0)
         self._consumer: KafkaConsumer | None = None
+        self._dead_letters = dead_letters
+        self._group = group
+        self._refused_offsets: set[int] = set()  # offsets of this topic already in its DLQ
+        self.rejected = 0  # events refused, by check() or by apply()
+
+    def check(self, event: M) -> None:
+        """Raise ``ControlEventError`` for an event that no replica can ever take (subclasses)."""
 
     def apply(self, event: M) -> bool:
         """Take the version ``event`` announces; True when it was taken (subclasses)."""
         raise NotImplementedError
 
+    def offer(self, event: M) -> bool:
+        """Check ``event`` and apply it; True when it was taken."""
+        try:
+            self.check(event)
+        except (ControlEventError, ControlEventUnavailable) as exc:
+            self._count_refusal(exc)
+            return False
+        return self.apply(event)
+
     def connect(self) -> None:
         self._consumer = KafkaConsumer(**kafka_connection(self._cluster), enable_auto_commit=False,
                                        auto_offset_reset="earliest", group_id=None)
+        self._refused_offsets = self._read_refused_offsets(self._consumer)
         self._consumer.assign([self._partition])
         self._consumer.seek_to_beginning(self._partition)
 
@@ -61,21 +96,22 @@ class VersionFollower(Generic[M]):
         return self._consumer
 
     def catch_up(self, timeout_s: float = 30.0) -> bool:
-        """Read every event published so far and apply the newest one. True if it was taken."""
+        """Read every event published so far and apply the newest usable one. True if it was taken."""
         consumer = self._require()
         end = consumer.end_offsets([self._partition])[self._partition]
-        newest: M | None = None
+        records: list[Any] = []
         deadline = time.monotonic() + timeout_s
         while consumer.position(self._partition) < end:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"could not read {self._topic.name} up to offset {end} in {timeout_s:.0f} s")
-            newest = self._newest(consumer.poll(timeout_ms=500)) or newest
-        return newest is not None and self.apply(newest)
+            for batch in consumer.poll(timeout_ms=500).values():
+                records.extend(batch)
+        return self._take_newest(records)
 
     def poll_once(self, timeout_s: float = 0.5) -> bool:
-        """Apply the newest event of one poll, if any. True if it was taken."""
-        newest = self._newest(self._require().poll(timeout_ms=int(timeout_s * 1000)))
-        return newest is not None and self.apply(newest)
+        """Apply the newest usable event of one poll, if any. True if it was taken."""
+        batches = self._require().poll(timeout_ms=int(timeout_s * 1000))
+        return self._take_newest([record for batch in batches.values() for record in batch])
 
     def run(self, stop: threading.Event) -> None:
         """Catch up, then follow the topic until ``stop`` is set (a ``ServiceParts`` loop)."""
@@ -88,13 +124,61 @@ class VersionFollower(Generic[M]):
         finally:
             self.close()
 
-    def _newest(self, batches: dict[Any, list[Any]]) -> M | None:
-        newest = None
-        for records in batches.values():
-            for record in records:
-                try:
-                    newest = decode(self._topic, record.value, record.key)
-                except PoisonMessageError as exc:
-                    log.error("ignoring an undecodable event on %s at offset %d: %s", self._topic.name,
-                              record.offset, exc)
-        return newest
+    def _take_newest(self, records: list[Any]) -> bool:
+        """Apply the newest record that is not refused for good; older ones are history."""
+        for record in sorted(records, key=lambda r: r.offset, reverse=True):
+            if record.offset in self._refused_offsets:
+                continue
+            try:
+                event = decode(self._topic, record.value, record.key)
+                self.check(event)
+            except PoisonMessageError as exc:
+                self._refuse_for_good(record, "decode", exc)
+                continue
+            except ControlEventError as exc:
+                self._count_refusal(exc)
+                self._refuse_for_good(record, "control", exc)
+                continue
+            except ControlEventUnavailable as exc:  # an older event may still be usable here
+                self._count_refusal(exc)
+                continue
+            return self.apply(event)
+        return False
+
+    def _count_refusal(self, exc: Exception) -> None:
+        self.rejected += 1
+        log.error("%s: event refused: %s", self._topic.name, exc)
+
+    def _refuse_for_good(self, record: Any, stage: str, exc: Exception) -> None:
+        """Dead-letter a record no replica can take, so that no start reads it again."""
+        self._refused_offsets.add(record.offset)
+        if self._dead_letters is None:
+            log.error("%s@%d refused (%s): %s", self._topic.name, record.offset, stage, exc)
+            return
+        headers = dead_letter_headers(record, stage, str(exc), 1, self._group)
+        try:
+            publish_dead_letter(self._dead_letters, self._topic, record, headers)
+        except Exception as publish_failure:  # the follower stays live; the next start tries again
+            self._refused_offsets.discard(record.offset)
+            log.error("%s@%d refused (%s) but not dead-lettered: %s", self._topic.name, record.offset, stage,
+                      publish_failure)
+            return
+        log.error("%s@%d dead-lettered to %s (%s): %s", self._topic.name, record.offset, self._topic.dlq, stage, exc)
+
+    def _read_refused_offsets(self, consumer: KafkaConsumer) -> set[int]:
+        """The offsets of this topic that a follower already dead-lettered (read from the DLQ)."""
+        if not consumer.partitions_for_topic(self._topic.dlq):
+            return set()
+        dlq = TopicPartition(self._topic.dlq, 0)
+        consumer.assign([dlq])
+        consumer.seek_to_beginning(dlq)
+        end = consumer.end_offsets([dlq])[dlq]
+        refused: set[int] = set()
+        deadline = time.monotonic() + 30.0
+        while consumer.position(dlq) < end and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=500).values():
+                for record in batch:
+                    headers = dict(record.headers or [])
+                    if headers.get("strata-dlq-source-topic") == self._topic.name.encode():
+                        refused.add(int(headers.get("strata-dlq-source-offset", b"-1")))
+        return refused

@@ -27,6 +27,9 @@ class Topic(Generic[M]):
     name: str
     message_type: type[M]
     key_field: str = "prompt_hash"
+    # Compacted topics keep the newest event of each key for ever instead of deleting by age: the
+    # control topics, whose announcements a restart must find however old they are.
+    compacted: bool = False
 
     @property
     def dlq(self) -> str:
@@ -44,10 +47,10 @@ ROLLOUTS_GENERATED: Topic[events_pb2.RolloutGenerated] = Topic(
 )
 REWARDS_SCORED: Topic[events_pb2.RewardScored] = Topic("strata.rewards.scored", events_pb2.RewardScored)
 POLICY_UPDATED: Topic[events_pb2.PolicyUpdated] = Topic(
-    "strata.policy.updated", events_pb2.PolicyUpdated, key_field="policy_version"
+    "strata.policy.updated", events_pb2.PolicyUpdated, key_field="policy_version", compacted=True
 )
 RM_UPDATED: Topic[events_pb2.RewardModelUpdated] = Topic(
-    "strata.rm.updated", events_pb2.RewardModelUpdated, key_field="rm_version"
+    "strata.rm.updated", events_pb2.RewardModelUpdated, key_field="rm_version", compacted=True
 )
 ANNOTATIONS_REQUESTED: Topic[events_pb2.AnnotationRequested] = Topic(
     "strata.annotations.requested", events_pb2.AnnotationRequested

@@ -324,28 +324,9 @@ class Worker:
             self._paused_until.pop(tp, None)
 
     def _dead_letter(self, topic: Topic[Any], record: Any, stage: str, reason: str, attempt: int) -> None:
-        headers = [
-            ("strata-dlq-source-topic", record.topic.encode()),
-            ("strata-dlq-source-partition", str(record.partition).encode()),
-            ("strata-dlq-source-offset", str(record.offset).encode()),
-            ("strata-dlq-stage", stage.encode()),
-            ("strata-dlq-error", reason[:2000].encode("utf-8", "replace")),
-            ("strata-dlq-attempts", str(attempt).encode()),
-            ("strata-dlq-group", self.group_id.encode()),
-        ]
         # Waits for the acknowledgement: the offset is committed only once the DLQ copy is durable.
-        try:
-            self._publisher.publish_raw(topic.dlq, record.key, record.value, headers)
-        except Exception as exc:
-            if not is_too_large(exc):
-                raise
-            # A record near the size limit grows past it with the headers: keep where it was and its
-            # digest (the bytes stay readable at the source offset within retention), drop the bytes,
-            # instead of failing the dead-lettering and crash-looping the worker on this record.
-            value = record.value or b""
-            note = f"{len(value)} bytes, sha256 {hashlib.sha256(value).hexdigest()}; too large with headers"
-            self._publisher.publish_raw(topic.dlq, record.key, b"", [*headers, ("strata-dlq-value-dropped",
-                                                                              note.encode())])
+        publish_dead_letter(self._publisher, topic, record, dead_letter_headers(record, stage, reason, attempt,
+                                                                                self.group_id))
         BUS_DEAD_LETTERED.labels(topic=record.topic, group=self.group_id, stage=stage).inc()
         self._attempts.pop((record.topic, record.partition, record.offset), None)
         self._dead.add((record.topic, record.partition, record.offset))
@@ -366,3 +347,32 @@ class Worker:
             # The group rebalanced under us: the new owner will redeliver; handlers are idempotent.
             log.warning("group %s: commit failed after a rebalance, events will be redelivered: %s",
                         self.group_id, exc)
+
+
+def dead_letter_headers(record: Any, stage: str, reason: str, attempts: int, group: str) -> list[tuple[str, bytes]]:
+    """Where a dead letter came from and why (``strata dlq`` reads these)."""
+    return [
+        ("strata-dlq-source-topic", record.topic.encode()),
+        ("strata-dlq-source-partition", str(record.partition).encode()),
+        ("strata-dlq-source-offset", str(record.offset).encode()),
+        ("strata-dlq-stage", stage.encode()),
+        ("strata-dlq-error", reason[:2000].encode("utf-8", "replace")),
+        ("strata-dlq-attempts", str(attempts).encode()),
+        ("strata-dlq-group", group.encode()),
+    ]
+
+
+def publish_dead_letter(publisher: Publisher, topic: Topic[Any], record: Any,
+                        headers: list[tuple[str, bytes]]) -> None:
+    """Copy ``record`` to ``topic``'s DLQ and wait for the acknowledgement."""
+    try:
+        publisher.publish_raw(topic.dlq, record.key, record.value, headers)
+    except Exception as exc:
+        if not is_too_large(exc):
+            raise
+        # A record near the size limit grows past it with the headers: keep where it was and its
+        # digest (the bytes stay readable at the source offset within retention), drop the bytes,
+        # instead of failing the dead-lettering and crash-looping the worker on this record.
+        value = record.value or b""
+        note = f"{len(value)} bytes, sha256 {hashlib.sha256(value).hexdigest()}; too large with headers"
+        publisher.publish_raw(topic.dlq, record.key, b"", [*headers, ("strata-dlq-value-dropped", note.encode())])

@@ -25,6 +25,10 @@ class ControlEventError(ValueError):
     """A control event that must not be acted on; the message says why."""
 
 
+class ControlEventUnavailable(Exception):
+    """A control event whose files cannot be read here now: skipped, not refused for good."""
+
+
 def confined_path(raw: str, root: Path | None, what: str = "path") -> Path:
     """``raw`` as a resolved path inside ``root`` (when one is configured), or :class:`ControlEventError`."""
     if not raw:
@@ -62,8 +66,8 @@ def check_policy_update(version: int, path: str, checksum: str, root: Path | Non
     directory = confined_path(path, root, "checkpoint_path")
     check_checksum(checksum)
     recorded_version = recorded_version_of(directory)
-    if recorded_version is None:
-        raise ControlEventError(f"checkpoint_path {path!r} holds no readable checkpoint metadata")
+    if recorded_version is None:  # maybe not for good: a volume not mounted yet on this replica
+        raise ControlEventUnavailable(f"checkpoint_path {path!r} holds no readable checkpoint metadata")
     if recorded_version != version:
         raise ControlEventError(f"policy_version {version} does not match the checkpoint's own version "
                                 f"{recorded_version}")
