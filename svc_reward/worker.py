@@ -3,7 +3,10 @@ log out.
 
 Idempotent by (tier, prompt hash, response hash, request, sample): a done key is set in Redis after
 everything of a rollout is acknowledged by Kafka, and a redelivered rollout with a done key is
-skipped. An escalation is published once per (prompt, request), claimed with SET NX.
+skipped. An escalation is published once per (prompt, request): its key is claimed (SET NX) only
+after Kafka acknowledged it, so a publish that fails leaves it to the redelivered rollout. A crash
+between the acknowledgement and the claim publishes it twice, which is harmless: the escalation's
+request identity is stable, and the Level-2 generator's claim keys dedupe by it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from prometheus_client import Counter, Histogram
 from strata import ledger, risk
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
-from strata.contract.identity import sample_identity
+from strata.contract.identity import request_identity, sample_identity
 from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
 from svc_reward.config import RewardSettings
@@ -61,6 +64,7 @@ class RewardWorker:
                 raise PoisonMessageError(f"rollout of unknown tier {event.tier}")
             by_tier[TIER_NUMBER[event.tier]].append(event)
         futures = []
+        escalations: list[events_pb2.RolloutGenerated] = []
         finals: list[int] = []
         charges: list[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]] = []
         for tier, events in by_tier.items():
@@ -85,11 +89,15 @@ class RewardWorker:
                 if unsafe is not None:
                     UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
                 futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals, annotated,
-                                          unsafe is not None))
+                                          unsafe is not None, escalations))
                 review = [ledger.Charge("human_review", 2, human_seconds=self._settings.review_seconds_per_item)
                           for _ in annotated]
                 charges.append((event, [charge, *review]))
         self._publisher.wait(futures)
+        for event in escalations:  # acknowledged: now claim, so that no later sample escalates again
+            if self._redis.set(escalation_key(event), b"1", nx=True, ex=self._settings.content_ttl_s):
+                ledger.count(self._redis, "escalations")
+                ESCALATIONS.inc()
         if todo:
             # One transaction: the done keys and the ledger move together, so a rollout is booked once.
             ttl = self._settings.content_ttl_s
@@ -103,7 +111,8 @@ class RewardWorker:
                 pipe.execute()
 
     def _emit(self, tier: int, event: events_pb2.RolloutGenerated, reward: float, spread: float, version: str,
-              scorer: int, finals: list[int], annotated: list[bool], unsafe: bool) -> list:
+              scorer: int, finals: list[int], annotated: list[bool], unsafe: bool,
+              escalations: list[events_pb2.RolloutGenerated]) -> list:
         s = self._settings
         outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
                          s.annotate_level2, unsafe=unsafe)
@@ -122,18 +131,20 @@ class RewardWorker:
             futures.append(self._publisher.publish(topics.ROLLOUT_LOG, events_pb2.RolloutLogRecord(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, reward=reward)))
             finals.append(tier)  # counted once the batch is acknowledged
-        if outcome.escalate and self._redis.set(escalation_key(event), b"1", nx=True, ex=s.content_ttl_s):
+        already = {escalation_key(e) for e in escalations}
+        if outcome.escalate and escalation_key(event) not in already and not self._redis.exists(escalation_key(event)):
             escalation = events_pb2.PromptRouted(
                 prompt_hash=event.prompt_hash, tier=common_pb2.TIER_LEVEL_2, decision=common_pb2.DECISION_LEVEL_2,
                 reason=f"escalated: {outcome.reason}", sampling=event.sampling, n_samples=1,
                 directions=event.directions, caution=event.caution, escalated_from=common_pb2.TIER_LEVEL_1,
-                policy_version=event.policy_version, request_id=event.request_id,
+                policy_version=event.policy_version,
+                # Stable across a republish, so the Level-2 generator's claims dedupe it.
+                request_id=request_identity(event.request_id, event.routed_at.seconds, event.routed_at.nanos),
             )
             escalation.submitted_at.CopyFrom(event.routed_at)
             escalation.routed_at.GetCurrentTime()
             futures.append(self._publisher.publish(topics.PROMPTS_LEVEL2, escalation))
-            ledger.count(self._redis, "escalations")
-            ESCALATIONS.inc()
+            escalations.append(event)
         if outcome.annotate:
             request = events_pb2.AnnotationRequested(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
