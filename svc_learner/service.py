@@ -5,12 +5,16 @@
 
 Start-up order: (1) resume from the latest checkpoint or write ``v0`` from the initial policy;
 (2) re-offer rewards committed but not yet learned (``recover_pending``); (3) start the consumer
-group, the update loop, the rollout tail and the gRPC server. Nothing is published until an update
-produces a new version (generators and learner agree on ``v0``, the initial policy).
+group, the update loop, the rollout tail and the gRPC server. On a fresh policy topic nothing is
+published until an update produces a new version (generators and learner agree on ``v0``, the
+initial policy); when the topic's newest announcement is not this learner's current checkpoint (a
+wiped checkpoint directory, a crash between checkpoint and publish), it is announced at start
+(``UpdateLoop.announce_on_start``).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +22,7 @@ import redis
 
 from strata.bus import Publisher, Worker
 from strata.bus.admin import resume_offsets
+from strata.bus.follow import newest_event
 from strata.content_store import ContentStore
 from strata.contract.models import ModelNotConfiguredError, model_path
 from strata.models.tokens import tokenizer_id as shared_tokenizer_id
@@ -35,8 +40,11 @@ from svc_learner.worker import (
     RolloutTail,
     UpdateLoop,
     lineage_of,
+    new_lineage,
     recover_pending,
 )
+
+log = logging.getLogger(__name__)
 
 
 class LearnerSetupError(ValueError):
@@ -99,9 +107,17 @@ def build_learner(settings: LearnerSettings, learner_topics: LearnerTopics | Non
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings, client_id="svc-learner")
     lineage = lineage_of(settings)
+    announced = newest_event(settings, learner_topics.policy)
+    if announced is not None and announced.lineage == lineage and announced.policy_version > engine.version:
+        # Checkpoints lost from under a lineage (restored from an older backup): its next versions
+        # would repeat numbers the generators have already served, so it goes on as a new lineage.
+        log.warning("policy v%d of this lineage was announced but the newest checkpoint is v%d: new lineage",
+                    announced.policy_version, engine.version)
+        lineage = new_lineage(settings)
     marks = AppliedMarks(client, lineage, settings.dedupe_ttl_s)
     intake = RewardIntake(settings, engine, store, client, marks, tokenizer_id)
     loop = UpdateLoop(engine, publisher, marks, learner_topics.policy, lineage)
+    loop.announce_on_start(announced)
     if recover:
         recover_pending(settings, learner_topics.rewards, intake, engine, loop)
     worker = Worker(settings, settings.group_id, publisher=publisher,

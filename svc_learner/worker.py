@@ -123,8 +123,15 @@ def lineage_of(settings: LearnerSettings) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LINEAGE_FILE
     if not path.exists():
-        path.write_text(uuid.uuid4().hex[:16] + "\n")
+        return new_lineage(settings)
     return path.read_text().strip()
+
+
+def new_lineage(settings: LearnerSettings) -> str:
+    """Start a new lineage in the checkpoint directory (its versions restart for the generators)."""
+    lineage = uuid.uuid4().hex[:16]
+    (settings.checkpoint_dir / LINEAGE_FILE).write_text(lineage + "\n")
+    return lineage
 
 
 class RewardIntake:
@@ -217,6 +224,23 @@ class UpdateLoop:
         if result.checkpoint is not None:
             self.announce(result.checkpoint)
         return result
+
+    def announce_on_start(self, newest: events_pb2.PolicyUpdated | None) -> events_pb2.PolicyUpdated | None:
+        """Announce the current checkpoint when the topic's newest announcement is not it.
+
+        Generators stamp samples with the version they serve. If that is another lineage's (the
+        checkpoint directory was wiped or replaced) or a version this learner has not announced (it
+        stopped between writing a checkpoint and publishing it), every sample they write would be
+        refused as ``future`` or never catch up, and no update would ever come to fix it.
+        """
+        if newest is None:
+            return None  # a fresh topic: generators start from the initial policy, which is v0
+        if newest.lineage == self._lineage and newest.policy_version == self._engine.version:
+            return None
+        log.warning("the newest policy announcement is v%d of lineage %s, this learner holds v%d of lineage %s: "
+                    "announcing it", newest.policy_version, newest.lineage or "-", self._engine.version,
+                    self._lineage or "-")
+        return self.checkpoint_now()
 
     def checkpoint_now(self) -> events_pb2.PolicyUpdated:
         """``Learner.Checkpoint``: write the current weights if they changed, and (re)publish them."""

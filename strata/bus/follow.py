@@ -182,3 +182,30 @@ class VersionFollower(Generic[M]):
                     if headers.get("strata-dlq-source-topic") == self._topic.name.encode():
                         refused.add(int(headers.get("strata-dlq-source-offset", b"-1")))
         return refused
+
+
+def newest_event(cluster: KafkaTarget, topic: Topic[M], timeout_s: float = 30.0, look_back: int = 50) -> M | None:
+    """The newest decodable event of a single-partition topic (None when it has none)."""
+    consumer = KafkaConsumer(**kafka_connection(cluster), enable_auto_commit=False, group_id=None)
+    partition = TopicPartition(topic.name, 0)
+    try:
+        consumer.assign([partition])
+        begin = consumer.beginning_offsets([partition])[partition]
+        end = consumer.end_offsets([partition])[partition]
+        if end <= begin:
+            return None
+        consumer.seek(partition, max(begin, end - look_back))
+        newest: tuple[int, M] | None = None
+        deadline = time.monotonic() + timeout_s
+        while consumer.position(partition) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topic.name} up to offset {end} in {timeout_s:.0f} s")
+            for batch in consumer.poll(timeout_ms=500).values():
+                for record in batch:
+                    try:
+                        newest = (record.offset, decode(topic, record.value, record.key))
+                    except PoisonMessageError:
+                        continue
+        return newest[1] if newest else None
+    finally:
+        consumer.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -287,6 +288,55 @@ def test_a_restarted_learner_resumes_recovers_pending_and_never_reapplies(
     assert counts["accepted"] == 2  # the extra two: still never learned, so still wanted
     assert third.engine.version == 1
     assert [p.name for p in list_checkpoints(settings.checkpoint_dir)] == ["v0", "v1"]
+
+
+def test_a_wiped_checkpoint_directory_is_announced_and_training_goes_on(
+    infra, policy_dir, tmp_path, learner_topics, publisher, make_learner, fabricate
+) -> None:
+    settings = learner_settings(infra, policy_dir, tmp_path / "ckpt")
+    first = make_learner(settings, learner_topics)
+    make = fabricate(first)
+    publish_all(publisher, learner_topics.rewards, [make.reward() for _ in range(BATCH)])
+    drive(first, lambda: first.engine.version == 1)
+    first.close()
+    old = read_policy_updates(infra, learner_topics.policy, 1)[-1]
+    assert old.policy_version == 1
+
+    shutil.rmtree(settings.checkpoint_dir)  # an operator wipes the volume; generators still serve v1
+    second = make_learner(settings, learner_topics)
+    assert second.engine.version == 0
+    announced = read_policy_updates(infra, learner_topics.policy, 2)[-1]
+    assert (announced.policy_version, announced.step) == (0, 0)
+    assert announced.lineage != old.lineage  # generators reset their version floor and load v0
+
+    # Samples of the old lineage's v1 are refused; those of the announced v0 train again.
+    publish_all(publisher, learner_topics.rewards, [make.reward(policy_version=1) for _ in range(2)])
+    drive(second, lambda: second.engine.status().counts["dropped_future"] == 2)
+    publish_all(publisher, learner_topics.rewards, [make.reward(policy_version=0) for _ in range(BATCH)])
+    drive(second, lambda: second.engine.version == 1)
+    second.close()
+
+    third = make_learner(settings, learner_topics)  # a plain restart announces nothing new
+    assert third.engine.version == 1
+    assert len(read_policy_updates(infra, learner_topics.policy, 3)) == 3
+
+
+def test_checkpoints_restored_from_an_older_backup_start_a_new_lineage(
+    infra, policy_dir, tmp_path, learner_topics, publisher, make_learner, fabricate
+) -> None:
+    settings = learner_settings(infra, policy_dir, tmp_path / "ckpt")
+    first = make_learner(settings, learner_topics)
+    make = fabricate(first)
+    publish_all(publisher, learner_topics.rewards, [make.reward() for _ in range(BATCH)])
+    drive(first, lambda: first.engine.version == 1)
+    first.close()
+    shutil.rmtree(settings.checkpoint_dir / "v1")  # the backup predates v1; LINEAGE survived
+    old = read_policy_updates(infra, learner_topics.policy, 1)[-1]
+
+    make_learner(settings, learner_topics)  # re-learns the batch v1 had: its offsets are not in v0
+    announced = read_policy_updates(infra, learner_topics.policy, 2)[1]
+    assert announced.policy_version == 0
+    assert announced.lineage != old.lineage  # v0 of the old lineage would lose to its v1 on the generators
 
 
 def test_service_answers_status_and_checkpoint_over_grpc(
