@@ -22,9 +22,10 @@ at the end *before* the index is rebuilt from Redis, so nothing announced in bet
 from __future__ import annotations
 
 import logging
+import math
 import threading
 
-from strata.bus import Delivery, topics
+from strata.bus import Delivery, PoisonMessageError, topics
 from strata.bus.tail import TailReader
 from strata.v1 import common_pb2, events_pb2
 from svc_scheduler.engine import SchedulerEngine
@@ -65,6 +66,8 @@ class StatsUpdater:
         """Fold one reward event into Redis; True when it changed the statistics."""
         if message.scorer == common_pb2.SCORER_REUSED:
             return False
+        if not math.isfinite(message.reward):  # one NaN would make the prompt's mean, and every reuse, NaN
+            raise PoisonMessageError(f"reward {message.reward} for prompt {message.prompt_hash[:12]} is not a number")
         obs = observation(message)
         if message.policy_version:
             self.store.update_versions(policy_version=message.policy_version)

@@ -141,3 +141,15 @@ def test_json_round_trip_and_statistics_written_before_weighting() -> None:
 def test_aging_factors_are_checked() -> None:
     with pytest.raises(ValueError, match="rm_decay"):
         Aging(rm_decay=0.0)
+
+
+def test_a_reward_that_is_not_a_number_is_poison_not_folded() -> None:
+    from strata.bus import PoisonMessageError
+    from strata.v1 import events_pb2
+    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.workers import StatsUpdater
+
+    updater = StatsUpdater(None, SchedulerSettings())  # type: ignore[arg-type]  # refused before any store call
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(PoisonMessageError, match="not a number"):
+            updater.apply(events_pb2.RewardScored(prompt_hash="a" * 64, response_hash="b" * 64, reward=value))
