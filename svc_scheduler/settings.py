@@ -6,6 +6,7 @@ environment (tuple fields — keyword lists, exemplars — are set through the e
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -133,6 +134,10 @@ class SchedulerSettings(StrataSettings):
 
     # -- Redis and Kafka behaviour ---------------------------------------------------------------------
     redis_prefix: str = Field("strata:sched", description="namespace of the scheduler's Redis keys")
+    policy_checkpoint_root: Path | None = Field(
+        None, description="a PolicyUpdated's path must lie under this directory (the learner's --checkpoint-dir) "
+        "before its version ages the statistics; unset: any path (docs/reliability.md)"
+    )
     redis_timeout_s: float = Field(1.0, gt=0, description="Redis socket timeout: Submit fails fast when Redis is down")
     publish_timeout_s: float = Field(10.0, gt=0, description="how long Submit waits for Kafka's acknowledgement")
     stats_group_id: str = Field("svc-scheduler-stats", description="consumer group of the reward-statistics worker")

@@ -27,6 +27,8 @@ import threading
 
 from strata.bus import Delivery, PoisonMessageError, topics
 from strata.bus.tail import TailReader
+from strata.contract.checksums import recorded_policy_version
+from strata.contract.control import ControlEventError, ControlEventUnavailable, check_policy_update
 from strata.v1 import common_pb2, events_pb2
 from svc_scheduler.engine import SchedulerEngine
 from svc_scheduler.settings import SchedulerSettings
@@ -81,7 +83,18 @@ class StatsUpdater:
         return update.applied
 
     def on_policy(self, delivery: Delivery[events_pb2.PolicyUpdated]) -> None:
-        self.store.update_versions(policy_version=delivery.message.policy_version)
+        """Age the statistics by a new policy version, once its checkpoint is checked as a generator
+        checks it: versions only move forward, so one forged 2^62 would age every prompt for good."""
+        event = delivery.message
+        try:
+            check_policy_update(event.policy_version, event.checkpoint_path, event.checksum,
+                                self.settings.policy_checkpoint_root, recorded_policy_version)
+        except ControlEventError as exc:
+            raise PoisonMessageError(f"policy update v{event.policy_version} refused: {exc}") from exc
+        except ControlEventUnavailable as exc:  # no access to the checkpoints here: rewards carry versions too
+            log.warning("policy update v%d not taken as the newest: %s", event.policy_version, exc)
+            return
+        self.store.update_versions(policy_version=event.policy_version)
 
     def on_rm(self, delivery: Delivery[events_pb2.RewardModelUpdated]) -> None:
         message = delivery.message

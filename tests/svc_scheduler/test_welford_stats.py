@@ -153,3 +153,41 @@ def test_a_reward_that_is_not_a_number_is_poison_not_folded() -> None:
     for value in (float("nan"), float("inf")):
         with pytest.raises(PoisonMessageError, match="not a number"):
             updater.apply(events_pb2.RewardScored(prompt_hash="a" * 64, response_hash="b" * 64, reward=value))
+
+
+def test_a_policy_update_ages_statistics_only_once_its_checkpoint_is_checked(tmp_path) -> None:
+    import json
+
+    from strata.bus import Delivery, PoisonMessageError, topics
+    from strata.contract.checksums import POLICY_META_FILE, POLICY_WEIGHTS_FILE, policy_checksum
+    from strata.v1 import events_pb2
+    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.workers import StatsUpdater
+
+    class Versions:
+        def __init__(self) -> None:
+            self.policy: list[int] = []
+
+        def update_versions(self, policy_version: int | None = None, **_: object) -> None:
+            self.policy.append(policy_version)  # type: ignore[arg-type]
+
+    root = tmp_path / "checkpoints"
+    (root / "v3").mkdir(parents=True)
+    (root / "v3" / POLICY_WEIGHTS_FILE).write_bytes(b"weights")
+    (root / "v3" / POLICY_META_FILE).write_text(json.dumps({"version": 3}))
+    store = Versions()
+    updater = StatsUpdater(store, SchedulerSettings(policy_checkpoint_root=root))  # type: ignore[arg-type]
+
+    def deliver(event: events_pb2.PolicyUpdated) -> None:
+        updater.on_policy(Delivery(topics.POLICY_UPDATED, event, None, 0, 0, 1, 0))
+
+    with pytest.raises(PoisonMessageError, match="outside"):
+        deliver(events_pb2.PolicyUpdated(policy_version=2**62, checkpoint_path="/etc", checksum="0" * 64))
+    with pytest.raises(PoisonMessageError, match="does not match"):
+        deliver(events_pb2.PolicyUpdated(policy_version=2**62, checkpoint_path=str(root / "v3"),
+                                         checksum=policy_checksum(root / "v3")))
+    deliver(events_pb2.PolicyUpdated(policy_version=4, checkpoint_path=str(root / "v4"), checksum="a" * 64))
+    assert store.policy == []  # a checkpoint not readable here is skipped, not dead-lettered
+    deliver(events_pb2.PolicyUpdated(policy_version=3, checkpoint_path=str(root / "v3"),
+                                     checksum=policy_checksum(root / "v3")))
+    assert store.policy == [3]
