@@ -31,6 +31,7 @@ class ServiceStatus:
     healthy: bool         # gRPC health check says SERVING
     restarts: int
     lag: int | None       # consumer lag summed over the service's groups (None: unknown)
+    hung_kills: int = 0   # restarts because it stopped answering its health checks
 
 
 def _pid_file(settings: StrataSettings) -> Path:
@@ -113,7 +114,8 @@ def status(settings: StrataSettings, services: list[ServiceSpec] | None = None) 
         st = state.get(spec.name, {}) if running else {}
         group_lags = [lags[g] for g in spec.consumer_groups if g in lags]
         rows.append(ServiceStatus(spec.name, st.get("pid"), spec.port, st.get("state", "-"), health(spec.port),
-                                  int(st.get("restarts", 0)), sum(group_lags) if group_lags else None))
+                                  int(st.get("restarts", 0)), sum(group_lags) if group_lags else None,
+                                  int(st.get("hung_kills", 0))))
     return rows
 
 
