@@ -14,6 +14,7 @@ from pathlib import Path
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 MAX_PATH_CHARS = 4096
 MAX_VERSION_CHARS = 128
+MAX_ENSEMBLE_MEMBERS = 16  # models one RM version may load at once
 
 
 def _has_controls(text: str) -> bool:
@@ -80,5 +81,7 @@ def check_rm_update(rm_version: str, paths: Sequence[str], checksum: str, root: 
         raise ControlEventError(f"rm_version {rm_version[:40]!r} is empty, too long or has control characters")
     if not paths:
         raise ControlEventError("no model path")
+    if len(paths) > MAX_ENSEMBLE_MEMBERS:
+        raise ControlEventError(f"{len(paths)} model paths: an ensemble has at most {MAX_ENSEMBLE_MEMBERS}")
     check_checksum(checksum)
     return [confined_path(p, root, f"path[{i}]") for i, p in enumerate(paths)]

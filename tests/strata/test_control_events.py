@@ -89,6 +89,7 @@ def test_rm_updates_need_a_checksum_and_paths_in_the_root(tmp_path: Path) -> Non
         ("", [str(root / "light-1")], "a" * 64, "rm_version"),
         ("x" * 500, [str(root / "light-1")], "a" * 64, "rm_version"),
         ("light-1", [], "a" * 64, "no model path"),
+        ("light-1", [str(root / "light-1")] * 17, "a" * 64, "at most 16"),
     ]:
         with pytest.raises(ControlEventError, match=words):
             check_rm_update(version, paths, checksum, root)
