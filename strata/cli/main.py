@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.calibrate_cmd",
     "strata.cli.edge_cmd",
     "strata.cli.dlq_cmd",
+    "strata.cli.recover_cmd",
 )
 # The module that registers each command: `strata <command> ...` imports that module alone, so that
 # a quick command (`strata health`, a container's healthcheck) does not pay for the benchmarks'
@@ -46,6 +47,7 @@ MODULE_OF_COMMAND: dict[str, str] = {
     "train": "strata.cli.train_cmd", "models": "strata.cli.models_cmd", "bench": "strata.cli.bench_cmd",
     "diagnose": "strata.cli.diagnose_cmd", "rm": "strata.cli.rm_cmd", "calibrate": "strata.cli.calibrate_cmd",
     "tls": "strata.cli.edge_cmd", "token": "strata.cli.edge_cmd", "dlq": "strata.cli.dlq_cmd",
+    "recover": "strata.cli.recover_cmd",
 }
 
 

@@ -16,10 +16,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import redis
+
 from strata.bus.admin import ensure_topics
 from strata.config import StrataSettings
 from strata.infra import kafka_broker, redis_server
 from strata.infra.process import InfraError
+from strata.recovery import ensure_marker
 
 __all__ = ["ComponentStatus", "InfraError", "down", "status", "up"]
 
@@ -69,7 +72,21 @@ def up(settings: StrataSettings, create_topics: bool = True) -> list[ComponentSt
             raise InfraError(f"Kafka at {settings.kafka_address} (STRATA_KAFKA_BOOTSTRAP) does not answer")
         if create_topics:
             ensure_topics(settings, settings.topic_partitions)
+        _mark_epoch(settings)
     return status(settings)
+
+
+def _mark_epoch(settings: StrataSettings) -> None:
+    """The epoch marker (``strata.recovery``), so that a Redis that comes back empty later is recognised."""
+    client = redis.Redis.from_url(settings.redis_address, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        marker, created = ensure_marker(client, "strata infra up")
+        if created:
+            log.info("Redis epoch marker %s written", marker.id)
+    except (redis.RedisError, ValueError) as exc:
+        log.warning("Redis epoch marker not written: %s", exc)
+    finally:
+        client.close()
 
 
 def down(settings: StrataSettings, purge: bool = False) -> list[str]:
