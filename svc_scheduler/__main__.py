@@ -22,6 +22,7 @@ from strata.content_store import ContentStore
 from strata.contract.models import ModelNotConfiguredError, model_path
 from strata.models.budget import TokenBudget
 from strata.models.tokens import tokenizer_id
+from strata.recovery import mark_start
 from strata.rpc import ServiceBinding, token_table
 from strata.rpc_auth import CallerIdentity
 from strata.service import ServiceParts, run_service
@@ -67,6 +68,7 @@ def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> 
         settings.encoder_path, settings.encoder_device, settings.encoder_batch_size, settings.encoder_threads
     )
     client = connect(settings)
+    mark_start(client, "svc_scheduler")  # an empty Redis is recognisable later (strata recover)
     store = SchedulerStore(client, settings)
     content = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings, client_id=f"svc-scheduler-{replica}")
