@@ -71,6 +71,14 @@ class TailReader:
                     log.debug("%s[%d]@%d skipped: %s", tp.topic, tp.partition, record.offset, exc)
         return events
 
+    def end_offsets(self) -> dict[TopicPartition, int]:
+        """The current end of every partition read."""
+        return self._consumer.end_offsets(self.partitions)
+
+    def reached(self, ends: dict[TopicPartition, int]) -> bool:
+        """True once every partition was read up to ``ends``."""
+        return all(self._consumer.position(tp) >= end for tp, end in ends.items())
+
     def close(self) -> None:
         self._consumer.close(autocommit=False)
 

@@ -23,6 +23,7 @@ BENCHES: dict[str, str] = {
     "rm": "strata.bench.rm",
     "tiers": "strata.bench.tiers",
     "edge": "strata.bench.edge",
+    "chaos": "strata.bench.chaos",
 }
 
 
