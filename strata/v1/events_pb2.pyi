@@ -77,7 +77,7 @@ class RolloutGenerated(_message.Message):
     def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., model_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., response_tokens: _Optional[int] = ..., device_seconds: _Optional[float] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., request_id: _Optional[str] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RewardScored(_message.Message):
-    __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "rm_version", "reward", "reward_std", "scorer", "final", "escalated", "unsafe", "sample_index", "response_tokens", "request_id", "generated_at", "scored_at", "directions")
+    __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "rm_version", "reward", "reward_std", "scorer", "final", "escalated", "unsafe", "sample_index", "response_tokens", "request_id", "generated_at", "scored_at", "directions", "annotator_id", "awaiting_annotation")
     PROMPT_HASH_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_HASH_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,8 @@ class RewardScored(_message.Message):
     GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
     SCORED_AT_FIELD_NUMBER: _ClassVar[int]
     DIRECTIONS_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    AWAITING_ANNOTATION_FIELD_NUMBER: _ClassVar[int]
     prompt_hash: str
     response_hash: str
     tier: _common_pb2.Tier
@@ -112,7 +114,9 @@ class RewardScored(_message.Message):
     generated_at: _timestamp_pb2.Timestamp
     scored_at: _timestamp_pb2.Timestamp
     directions: _containers.RepeatedCompositeFieldContainer[_common_pb2.Direction]
-    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., reward: _Optional[float] = ..., reward_std: _Optional[float] = ..., scorer: _Optional[_Union[_common_pb2.Scorer, str]] = ..., final: _Optional[bool] = ..., escalated: _Optional[bool] = ..., unsafe: _Optional[bool] = ..., sample_index: _Optional[int] = ..., response_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scored_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ...) -> None: ...
+    annotator_id: str
+    awaiting_annotation: bool
+    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., reward: _Optional[float] = ..., reward_std: _Optional[float] = ..., scorer: _Optional[_Union[_common_pb2.Scorer, str]] = ..., final: _Optional[bool] = ..., escalated: _Optional[bool] = ..., unsafe: _Optional[bool] = ..., sample_index: _Optional[int] = ..., response_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scored_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., annotator_id: _Optional[str] = ..., awaiting_annotation: _Optional[bool] = ...) -> None: ...
 
 class PolicyUpdated(_message.Message):
     __slots__ = ("policy_version", "step", "checkpoint_path", "checksum", "metrics", "published_at", "lineage")
@@ -163,7 +167,7 @@ class RewardModelUpdated(_message.Message):
     def __init__(self, rm_version: _Optional[str] = ..., path: _Optional[str] = ..., ensemble_paths: _Optional[_Iterable[str]] = ..., checksum: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class AnnotationRequested(_message.Message):
-    __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "rm_version", "model_reward", "reason", "requested_at")
+    __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "rm_version", "model_reward", "reason", "requested_at", "provisional")
     PROMPT_HASH_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_HASH_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +176,7 @@ class AnnotationRequested(_message.Message):
     MODEL_REWARD_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
     prompt_hash: str
     response_hash: str
     tier: _common_pb2.Tier
@@ -180,10 +185,11 @@ class AnnotationRequested(_message.Message):
     model_reward: float
     reason: str
     requested_at: _timestamp_pb2.Timestamp
-    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., model_reward: _Optional[float] = ..., reason: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    provisional: RewardScored
+    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., model_reward: _Optional[float] = ..., reason: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., provisional: _Optional[_Union[RewardScored, _Mapping]] = ...) -> None: ...
 
 class AnnotationCompleted(_message.Message):
-    __slots__ = ("prompt_hash", "response_hash", "annotator_id", "score", "unsafe", "policy_version", "rm_version", "requested_at", "completed_at")
+    __slots__ = ("prompt_hash", "response_hash", "annotator_id", "score", "unsafe", "policy_version", "rm_version", "requested_at", "completed_at", "off_topic", "gold", "request_id", "sample_index")
     PROMPT_HASH_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_HASH_FIELD_NUMBER: _ClassVar[int]
     ANNOTATOR_ID_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +199,10 @@ class AnnotationCompleted(_message.Message):
     RM_VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_AT_FIELD_NUMBER: _ClassVar[int]
+    OFF_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GOLD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     prompt_hash: str
     response_hash: str
     annotator_id: str
@@ -202,7 +212,11 @@ class AnnotationCompleted(_message.Message):
     rm_version: str
     requested_at: _timestamp_pb2.Timestamp
     completed_at: _timestamp_pb2.Timestamp
-    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., annotator_id: _Optional[str] = ..., score: _Optional[float] = ..., unsafe: _Optional[bool] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    off_topic: bool
+    gold: bool
+    request_id: str
+    sample_index: int
+    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., annotator_id: _Optional[str] = ..., score: _Optional[float] = ..., unsafe: _Optional[bool] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., off_topic: _Optional[bool] = ..., gold: _Optional[bool] = ..., request_id: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
 
 class RolloutLogRecord(_message.Message):
     __slots__ = ("prompt_hash", "response_hash", "reward")
