@@ -27,6 +27,10 @@ class RewardSettings(StrataSettings):
     )
     aggregation: Literal["mean", "median"] = Field("mean", description="how ensemble members are combined (R8)")
     annotate_level2: bool = Field(True, description="request human annotation for Level-2 samples (R3)")
+    await_annotation: bool = Field(
+        False, description="a Level-2 reward sent for annotation is not final: svc_annotation publishes the final "
+        "reward (the human score, or this one past its deadline); needs svc_annotation running (docs/annotation.md)"
+    )
     flag_unsafe: bool = Field(
         True, description="flag responses with unsafe advice (strata.risk): never reused, never final at Level-1 (R12)"
     )

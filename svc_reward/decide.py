@@ -14,12 +14,17 @@ class Outcome:
 
 
 def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_on_caution: bool = True,
-           annotate_level2: bool = True, unsafe: bool = False) -> Outcome:
+           annotate_level2: bool = True, unsafe: bool = False, await_annotation: bool = False) -> Outcome:
     """``tier`` is 1 or 2 (the generator tier that produced the sample); ``unsafe``: the response gives
-    unsafe advice (R12), so a Level-1 answer is never final and a Level-2 one goes to a human."""
+    unsafe advice (R12), so a Level-1 answer is never final and a Level-2 one goes to a human.
+    ``await_annotation``: a Level-2 reward sent to a human is not final; svc_annotation publishes the
+    final one (the human's score, or this reward past its deadline)."""
     if tier == 2:
         reason = "level-2 sample, unsafe advice" if unsafe else "level-2 sample"
-        return Outcome(final=True, escalate=False, annotate=annotate_level2 or unsafe, reason=reason)
+        annotate = annotate_level2 or unsafe
+        if annotate and await_annotation:
+            reason += ", awaiting annotation"
+        return Outcome(final=not (annotate and await_annotation), escalate=False, annotate=annotate, reason=reason)
     if unsafe:
         return Outcome(False, True, False, "unsafe advice in the response")
     if reward < threshold:

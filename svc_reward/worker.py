@@ -115,13 +115,13 @@ class RewardWorker:
               escalations: list[events_pb2.RolloutGenerated]) -> list:
         s = self._settings
         outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
-                         s.annotate_level2, unsafe=unsafe)
+                         s.annotate_level2, unsafe=unsafe, await_annotation=s.await_annotation)
         scored = events_pb2.RewardScored(
             prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
             policy_version=event.policy_version, rm_version=version, reward=reward, reward_std=spread,
             scorer=scorer, final=outcome.final, escalated=outcome.escalate, sample_index=event.sample_index,
             response_tokens=event.response_tokens, request_id=event.request_id, directions=event.directions,
-            unsafe=unsafe,
+            unsafe=unsafe, awaiting_annotation=outcome.annotate and not outcome.final,
         )
         scored.generated_at.CopyFrom(event.generated_at)
         scored.scored_at.GetCurrentTime()
@@ -149,6 +149,7 @@ class RewardWorker:
             request = events_pb2.AnnotationRequested(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
                 policy_version=event.policy_version, rm_version=version, model_reward=reward, reason=outcome.reason,
+                provisional=scored,
             )
             request.requested_at.GetCurrentTime()
             futures.append(self._publisher.publish(topics.ANNOTATIONS_REQUESTED, request))

@@ -68,6 +68,8 @@ class StatsUpdater:
         """Fold one reward event into Redis; True when it changed the statistics."""
         if message.scorer == common_pb2.SCORER_REUSED:
             return False
+        if message.awaiting_annotation:  # provisional: svc_annotation publishes this sample's final reward
+            return False
         if not math.isfinite(message.reward):  # one NaN would make the prompt's mean, and every reuse, NaN
             raise PoisonMessageError(f"reward {message.reward} for prompt {message.prompt_hash[:12]} is not a number")
         obs = observation(message)

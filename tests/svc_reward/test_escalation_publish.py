@@ -76,3 +76,20 @@ def test_a_failed_publish_leaves_the_escalation_to_the_redelivery(infra, redis_c
     publisher.published = []
     worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, later, None, 0, 2, 1, 0)])
     assert publisher.escalations() == []  # claimed: a later sample of the request does not escalate again
+
+
+def test_a_level2_reward_awaiting_annotation_hands_its_event_to_the_annotation_service(infra, redis_client) -> None:
+    store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
+    sample = events_pb2.RolloutGenerated(prompt_hash=store.put(f"Why is the sky blue? {uuid.uuid4()}"),
+                                         response_hash=store.put(f"Rayleigh scattering. {uuid.uuid4()}"),
+                                         tier=common_pb2.TIER_LEVEL_2, request_id="r-l2", sample_index=0)
+    publisher = FlakyPublisher()
+    publisher.broken = False
+    settings = RewardSettings(**{**infra.model_dump(), "await_annotation": True})
+    worker = RewardWorker(settings, LowScores(), store, redis_client, publisher)  # type: ignore[arg-type]
+    worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, sample, None, 0, 0, 1, 0)])
+    [scored] = [m for t, m in publisher.published if t == topics.REWARDS_SCORED.name]
+    [request] = [m for t, m in publisher.published if t == topics.ANNOTATIONS_REQUESTED.name]
+    assert (scored.final, scored.awaiting_annotation) == (False, True)  # type: ignore[attr-defined]
+    assert request.provisional == scored  # type: ignore[attr-defined]
+    assert not [t for t, _ in publisher.published if t == topics.ROLLOUT_LOG.name]  # logged once final

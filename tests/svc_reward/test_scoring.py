@@ -72,3 +72,12 @@ def test_unsafe_advice_is_never_final_at_level1_and_always_reviewed_at_level2() 
     level2 = decide(2, 4.9, False, 3.2, annotate_level2=False, unsafe=True)
     assert level2.final and level2.annotate and "unsafe" in level2.reason
     assert not decide(2, 4.9, False, 3.2, annotate_level2=False).annotate
+
+
+def test_a_level2_reward_awaiting_a_human_is_not_final() -> None:
+    awaiting = decide(2, 4.0, False, 3.2, annotate_level2=True, await_annotation=True)
+    assert (awaiting.final, awaiting.annotate) == (False, True)
+    assert "awaiting annotation" in awaiting.reason
+    assert decide(2, 4.0, False, 3.2, annotate_level2=False, await_annotation=True).final  # no human asked
+    assert not decide(2, 4.0, False, 3.2, annotate_level2=False, unsafe=True, await_annotation=True).final
+    assert decide(2, 4.0, False, 3.2, annotate_level2=True).final  # the default: the strong RM's is final

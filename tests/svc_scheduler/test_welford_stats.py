@@ -191,3 +191,14 @@ def test_a_policy_update_ages_statistics_only_once_its_checkpoint_is_checked(tmp
     deliver(events_pb2.PolicyUpdated(policy_version=3, checkpoint_path=str(root / "v3"),
                                      checksum=policy_checksum(root / "v3")))
     assert store.policy == [3]
+
+
+def test_a_reward_awaiting_annotation_is_not_folded() -> None:
+    from strata.v1 import events_pb2
+    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.workers import StatsUpdater
+
+    updater = StatsUpdater(None, SchedulerSettings())  # type: ignore[arg-type]  # returns before any store call
+    provisional = events_pb2.RewardScored(prompt_hash="a" * 64, response_hash="b" * 64, reward=4.0,
+                                          awaiting_annotation=True)
+    assert updater.apply(provisional) is False
