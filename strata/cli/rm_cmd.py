@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from strata.errors import CliError
 from strata.rm.lifecycle import PSEUDO_LABELS_FILE, DistillOptions, StrongOptions, distill_version, train_strong
 from strata.rm.versions import open_registry, promote_version, version_table
 
@@ -136,6 +137,11 @@ def register(subparsers: Any) -> None:
                          help="skip the checksum check here (the replicas still check it)")
     promote.set_defaults(func=_promote)
 
+    human = sub.add_parser("human-labels", help="annotators' scores as {prompt, response, score} JSONL for "
+                                                "train-strong --data and distill --data (R3, R5)")
+    human.add_argument("--out", type=Path, required=True, help="JSONL file to write")
+    human.set_defaults(func=_human_labels)
+
     listing = sub.add_parser("list", help="registered RM versions, newest first")
     listing.add_argument("--kind", choices=("strong", "light"), default=None)
     listing.add_argument("--json", action="store_true", help="machine-readable output")
@@ -169,6 +175,38 @@ def _set_threads(threads: int | None) -> None:
 def _print_metrics(metrics: dict[str, float]) -> None:
     for key in sorted(metrics):
         print(f"  {key:32s} {metrics[key]:.4f}")
+
+
+# --- human-labels ---------------------------------------------------------------------------------
+
+
+def _human_labels(args: argparse.Namespace) -> int:
+    import redis
+
+    from strata.config import StrataSettings
+    from strata.content_store import ContentStore
+    from strata.rm.human import human_labels, label_rows, read_completed
+
+    settings = StrataSettings()
+    try:
+        labels = human_labels(read_completed(settings))
+    except Exception as exc:  # Kafka unreachable or too slow: one line naming it
+        raise CliError(f"could not read the annotations from Kafka ({settings.kafka_address}): {exc}") from exc
+    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    try:
+        store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+        rows, missing = label_rows(labels, store.get_text)
+    except redis.RedisError as exc:
+        raise CliError(f"could not read texts from Redis ({settings.redis_address_masked}): {exc}") from exc
+    finally:
+        client.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.out.with_suffix(args.out.suffix + ".partial")  # never a half-written file under --out
+    partial.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    partial.replace(args.out)
+    print(f"wrote {len(rows)} human-labelled pairs to {args.out} ({missing} left out: texts no longer in the "
+          f"content store); train with `strata rm train-strong --data {args.out}`")
+    return 0
 
 
 # --- train-strong ---------------------------------------------------------------------------------
