@@ -1,0 +1,56 @@
+"""Settings of the annotation service (R3, R18, R20)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from strata.config import StrataSettings
+from svc_annotation.core import Rules
+
+
+class AnnotationSettings(StrataSettings):
+    """``python -m svc_annotation``; every field is also ``STRATA_<NAME>``."""
+
+    grpc_port: int = Field(50057, ge=0, le=65535)
+    group_id: str = Field("svc-annotation", description="consumer group of the annotation-requested topic")
+    redis_prefix: str = Field("strata:annotation", description="namespace of the annotation desk's Redis keys")
+    redis_timeout_s: float = Field(5.0, gt=0, description="Redis socket timeout: calls fail fast when it is down")
+
+    assignment_ttl_s: float = Field(
+        600.0, gt=0, description="an assignment not scored within this goes back to the queue (another annotator "
+        "may get it)"
+    )
+    annotation_deadline_s: float = Field(
+        3600.0, gt=0, description="an item closes this long after it was queued: with the human scores it has, else "
+        "the provisional (strong RM) reward becomes final"
+    )
+    double_share: float = Field(
+        0.1, ge=0, le=1, description="share of items scored by two annotators (agreement), chosen by item id"
+    )
+    gold_share: float = Field(
+        0.1, ge=0, le=1, description="share of each annotator's assignments that are gold items (known score, R18)"
+    )
+    gold_items_path: Path | None = Field(
+        None, description="JSONL of gold items, one {\"prompt\", \"response\", \"score\"} per line; unset: none"
+    )
+    item_retention_s: int = Field(
+        7 * 24 * 3600, ge=60, description="how long a closed item (and its scores) is kept: a redelivered request "
+        "within this adds nothing"
+    )
+    loop_interval_s: float = Field(1.0, gt=0, description="period of the loop that closes due items and publishes")
+    loop_batch: int = Field(64, ge=1, description="items closed and published per loop pass at most")
+    publisher_lease_s: float = Field(
+        30.0, gt=0, description="one replica at a time publishes; another takes over this long after it stops"
+    )
+
+    @model_validator(mode="after")
+    def _check_retention(self) -> AnnotationSettings:
+        if self.item_retention_s <= self.annotation_deadline_s:
+            raise ValueError(f"item_retention_s ({self.item_retention_s}) must exceed annotation_deadline_s "
+                             f"({self.annotation_deadline_s:g}): an open item must not expire from Redis")
+        return self
+
+    def rules(self) -> Rules:
+        return Rules(self.double_share, self.gold_share, self.assignment_ttl_s, self.annotation_deadline_s)
