@@ -35,6 +35,7 @@ COPY svc_generator ./svc_generator
 COPY svc_reward ./svc_reward
 COPY svc_scheduler ./svc_scheduler
 COPY svc_learner ./svc_learner
+COPY svc_annotation ./svc_annotation
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /project .
 
 # --- runtime: the installed wheels, nothing else ----------------------------------------------------

@@ -19,9 +19,10 @@ class ServiceSpec:
 
 
 def default_services(extra_args: dict[str, tuple[str, ...]] | None = None) -> list[ServiceSpec]:
-    """Scheduler, probe, generator Level-1 and Level-2, reward and learner, each on its own port."""
+    """Scheduler, probe, generator Level-1 and Level-2, reward, learner and annotation, each on its own port."""
     extra = extra_args or {}
-    # Prometheus endpoints on 9151-9156, as in compose.yaml (the diagnostics' defaults).
+    # Prometheus endpoints on 9151-9156 and 9158 (9157 is strata-exporter's), as in compose.yaml (the
+    # diagnostics' defaults).
     specs = [
         ServiceSpec("scheduler", "svc_scheduler", 50051, ("--metrics-port", "9151"), ("svc-scheduler-stats",)),
         ServiceSpec("probe", "svc_probe", 50052, ("--metrics-port", "9152"), ("svc-probe",)),
@@ -31,6 +32,7 @@ def default_services(extra_args: dict[str, tuple[str, ...]] | None = None) -> li
                     ("svc-generator-l2",)),
         ServiceSpec("reward", "svc_reward", 50056, ("--metrics-port", "9156"), ("svc-reward",)),
         ServiceSpec("learner", "svc_learner", 50055, ("--metrics-port", "9155"), ("svc-learner",)),
+        ServiceSpec("annotation", "svc_annotation", 50057, ("--metrics-port", "9158"), ("svc-annotation",)),
     ]
     return [ServiceSpec(s.name, s.module, s.port, s.args + extra.get(s.name, ()), s.consumer_groups, s.env)
             for s in specs]

@@ -44,7 +44,7 @@ def test_prometheus_scrapes_every_service_on_its_metrics_port() -> None:
     wanted = {f"{name}:{service['environment']['STRATA_METRICS_PORT']}"
               for name, service in compose["services"].items()
               if "STRATA_METRICS_PORT" in (service.get("environment") or {})}
-    assert len(wanted) == 6
+    assert len(wanted) == 7
     assert wanted | {"strata-exporter:9157"} == targets
     prometheus = compose["services"]["prometheus"]
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus["volumes"]
