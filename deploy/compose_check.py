@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "strata-ci"
 FILES = ("compose.yaml", "compose.cpu.yaml")
 HEALTHY = ("kafka", "redis", "svc_scheduler", "svc_probe", "svc_generator_l1", "svc_generator_l2", "svc_reward",
-           "svc_learner", "strata-exporter")
+           "svc_learner", "svc_annotation", "strata-exporter")
 MODEL_UID = 10001  # the Strata image's user (Dockerfile)
 LOGS = ROOT / ".compose" / "logs"
 PROMPTS = [

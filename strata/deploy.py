@@ -32,9 +32,12 @@ SETTINGS_OF_MODULE = {
     "svc_generator": "svc_generator.config:GeneratorSettings",
     "svc_reward": "svc_reward.config:RewardSettings",
     "svc_learner": "svc_learner.config:LearnerSettings",
+    "svc_annotation": "svc_annotation.config:AnnotationSettings",
 }
 EXPECTED_SERVICES = ("svc_scheduler", "svc_probe", "svc_generator_l1", "svc_generator_l2", "svc_reward",
                      "svc_learner")
+# Services without a model: checked like the others, but they run on the CPU in both variants.
+CPU_ONLY_SERVICES = ("svc_annotation",)
 SCALABLE_SERVICES = ("svc_probe", "svc_generator_l1", "svc_generator_l2", "svc_reward")
 DEVICE_FLAGS = ("--device", "--encoder-device")
 DEVICE_VARIABLES = ("STRATA_DEVICE", "STRATA_ENCODER_DEVICE")
@@ -177,7 +180,7 @@ def validate(compose: Mapping[str, Any], gpu: bool = True) -> list[str]:
     errors: list[str] = []
     services: Mapping[str, Any] = compose.get("services") or {}
     declared_volumes = set((compose.get("volumes") or {}).keys())
-    for expected in EXPECTED_SERVICES:
+    for expected in (*EXPECTED_SERVICES, *CPU_ONLY_SERVICES):
         if expected not in services:
             errors.append(f"service {expected} is missing")
     gpu_owner: dict[str, str] = {}
@@ -186,13 +189,16 @@ def validate(compose: Mapping[str, Any], gpu: bool = True) -> list[str]:
             source = str(volume).split(":")[0]
             if not source.startswith((".", "/")) and source not in declared_volumes:
                 errors.append(f"{name}: volume {source!r} is not declared under top-level volumes")
-        if name not in EXPECTED_SERVICES:
+        if name not in EXPECTED_SERVICES and name not in CPU_ONLY_SERVICES:
             continue
         command = [str(c) for c in service.get("command") or []]
         environment = service.get("environment") or {}
         _check_command(name, command, environment, errors)
         devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices")
-        if gpu:
+        if name in CPU_ONLY_SERVICES:
+            if devices:
+                errors.append(f"{name}: it runs no model and must not reserve a device, got {devices!r}")
+        elif gpu:
             _check_gpu(name, devices, command, environment, gpu_owner, errors)
         else:
             if devices:
