@@ -86,13 +86,22 @@ class LearnerSettings(StrataSettings):
         True, description="train on Level-1 samples that escalated too (their light-RM reward is the policy's signal)"
     )
     train_tiers: str = Field(
-        "1",
-        description="comma-separated tiers whose final rewards train the policy (Level-2 samples come from another "
-        "model: off-policy in a way importance weights cannot fix)",
+        "1,2",
+        description="comma-separated tiers whose final rewards train the policy; Level-2 samples are written by "
+        "the Level-2 model, so they are off-policy rows weighted by min(c̄, π_old/π_level2) (docs/learner.md)",
     )
+    level2_model_path: Path | None = Field(
+        None, description="the Level-2 generator's model: the behaviour policy of Level-2 samples (loaded once, "
+        "frozen, on first use); unset: the built zoo's Level-2 model; none, or another vocabulary than the "
+        "policy's: Level-2 samples are skipped"
+    )  # fmt: skip
     tokenizer_id: str | None = Field(
         None, description="key of the response token ids in the content store; unset: derived from the initial "
-        "policy directory exactly as the HF generator derives it (<dir name>-<vocab sha>)"
+        "policy's tokenizer exactly as the HF generator derives it (tok-<vocab sha>)"
+    )  # fmt: skip
+    level2_tokenizer_id: str | None = Field(
+        None, description="key of the Level-2 generator's response token ids; unset: derived from the Level-2 "
+        "model's tokenizer as the HF generator derives it"
     )  # fmt: skip
     checkpoint_every_updates: int = Field(
         1, ge=1, description="PPO updates per checkpoint; each checkpoint is a policy version published to generators"

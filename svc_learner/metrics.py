@@ -37,6 +37,8 @@ UPDATE_GAUGES: dict[str, tuple[str, str]] = {
     "strata_learner_policy_loss": ("losses/policy_loss", "Clipped policy loss"),
     "strata_learner_approx_kl": ("losses/approx_kl", "k3 KL between the updated policy and pi_old"),
     "strata_learner_importance_weight": ("charts/importance_weight", "Mean truncated importance weight"),
+    "strata_learner_level2_importance_weight": (
+        "off_policy/level2_is_weight_mean", "Mean truncated importance weight of the Level-2 rows' tokens"),
     "strata_learner_tokens_per_second": ("perf/tokens_per_second", "Batch tokens x epochs per second of update"),
 }
 

@@ -25,7 +25,7 @@ Where the tricks come from:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
@@ -341,12 +341,14 @@ def ppo_update(
     batch: RolloutBatch,
     config: PPOConfig,
     update_index: int,
+    row_groups: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """One PPO update (several epochs of minibatch steps) on one batch; returns the update's metrics.
 
     ``policy`` and ``ref_policy`` map ``(input_ids, attention_mask)`` to a :class:`PolicyOutput`;
     ``optimizer`` holds ``policy``'s parameters (value head included). ``update_index`` counts
-    updates from 0 and drives the KL warm-up.
+    updates from 0 and drives the KL warm-up. ``row_groups`` (name -> ``(B,)`` bool) only adds
+    metrics: ``off_policy/<name>_is_weight_mean``, the mean weight over that group's response tokens.
     """
     device = next(policy.parameters()).device
     batch = batch.to(device)
@@ -452,4 +454,8 @@ def ppo_update(
             "charts/minibatch_steps": float(steps),
         }
     )
+    for name, rows in (row_groups or {}).items():  # e.g. the Level-2 rows: how much their tokens count
+        group_mask = mask & rows.to(device).bool()[:, None]  # (B, T-1)
+        if group_mask.any():
+            metrics[f"off_policy/{name}_is_weight_mean"] = weights[group_mask].mean().item()
     return metrics

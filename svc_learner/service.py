@@ -61,6 +61,23 @@ def initial_policy_path(settings: LearnerSettings) -> Path:
         raise LearnerSetupError(str(exc)) from exc
 
 
+def level2_behaviour_path(settings: LearnerSettings) -> Path | None:
+    """``level2_model_path``, else the built zoo's Level-2 model; None (with a warning) when there is none.
+
+    Only looked up when ``train_tiers`` has 2. Unlike the policy, a missing Level-2 model does not stop
+    the learner: it trains on Level-1 samples only (the engine says so at start).
+    """
+    if 2 not in settings.trained_tiers:
+        return None
+    try:
+        return Path(model_path("level2", settings.level2_model_path, settings.cache_dir, settings.zoo_preset,
+                               "--level2-model-path (STRATA_LEVEL2_MODEL_PATH), the model the Level-2 generator "
+                               "samples from,"))
+    except ModelNotConfiguredError as exc:
+        log.warning("%s", exc)
+        return None
+
+
 @dataclass
 class Learner:
     settings: LearnerSettings
@@ -74,6 +91,7 @@ class Learner:
     publisher: Publisher
     client: redis.Redis
     tokenizer_id: str
+    level2_tokenizer_id: str | None  # None: Level-2 samples do not train the policy
 
     def parts(self) -> ServiceParts:
         binding = ServiceBinding(learner_pb2_grpc.add_LearnerServicer_to_server, self.servicer,
@@ -101,8 +119,12 @@ def build_learner(settings: LearnerSettings, learner_topics: LearnerTopics | Non
         settings, model_dir,
         initial_offsets={(learner_topics.rewards.name, p): offset for p, offset in offsets.items()},
         extra_config={"initial_policy": str(model_dir)},
+        level2_model_path=level2_behaviour_path(settings),
     )  # fmt: skip
     tokenizer_id = settings.tokenizer_id or shared_tokenizer_id(engine.tokenizer)
+    level2_tokenizer_id = None
+    if engine.level2_tokenizer is not None:  # derived as the Level-2 generator's HF backend derives it
+        level2_tokenizer_id = settings.level2_tokenizer_id or shared_tokenizer_id(engine.level2_tokenizer)
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings, client_id="svc-learner")
@@ -115,7 +137,7 @@ def build_learner(settings: LearnerSettings, learner_topics: LearnerTopics | Non
                     announced.policy_version, engine.version)
         lineage = new_lineage(settings)
     marks = AppliedMarks(client, lineage, settings.dedupe_ttl_s)
-    intake = RewardIntake(settings, engine, store, client, marks, tokenizer_id)
+    intake = RewardIntake(settings, engine, store, client, marks, tokenizer_id, level2_tokenizer_id)
     loop = UpdateLoop(engine, publisher, marks, learner_topics.policy, lineage)
     loop.announce_on_start(announced)
     if recover:
@@ -126,7 +148,7 @@ def build_learner(settings: LearnerSettings, learner_topics: LearnerTopics | Non
     servicer = LearnerServicer(engine.status, loop.checkpoint_now)
     metrics.expose(engine.status)
     return Learner(settings, learner_topics, engine, intake, loop, tail, worker, servicer, publisher, client,
-                   tokenizer_id)  # fmt: skip
+                   tokenizer_id, level2_tokenizer_id)  # fmt: skip
 
 
 def build(settings: LearnerSettings) -> ServiceParts:

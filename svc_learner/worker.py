@@ -4,12 +4,13 @@ Three pieces, each thin around :class:`~svc_learner.engine.LearnerEngine`:
 
 * :class:`RewardIntake` — batch handler of ``strata.rewards.scored`` (consumer group ``svc-learner``):
   keeps final rewards of generated rollouts of the trained tiers, fetches the prompt text and the
-  response token ids from the content store, re-tokenizes the generator's prompt context, offers
-  the sample to the engine;
+  response token ids from the content store (a Level-2 sample's under the Level-2 generator's
+  tokenizer id), re-tokenizes the generator's prompt context, offers the sample to the engine
+  marked with the model that wrote it;
 * :class:`UpdateLoop` — when a batch is full: PPO update, checkpoint, ``PolicyUpdated`` published
   with ``publish_and_wait`` (path + checksum, never tensors), applied sample ids marked in Redis;
 * :class:`RolloutTail` — reads ``strata.rollouts.generated`` from "now" without a group and times
-  publish -> first rollout stamped with the new version (weight-sync seconds).
+  publish -> first Level-1 rollout stamped with the new version (weight-sync seconds).
 
 Offsets: the bus worker commits an event once the intake returns, i.e. once the sample is *pending*
 in memory, not yet learned. What is learned is recorded in the checkpoint (``AppliedBatches``: per
@@ -44,10 +45,11 @@ from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
 from svc_learner import metrics
 from svc_learner.config import LearnerSettings
-from svc_learner.engine import LearnerEngine, NewCheckpoint, Outcome, Sample, Source, UpdateResult
+from svc_learner.engine import LEVEL2, LearnerEngine, NewCheckpoint, Outcome, Sample, Source, UpdateResult
 
 log = logging.getLogger(__name__)
 
+POLICY_TIER = 1  # the tier the policy generates; another tier's rollouts come from another model
 
 
 @dataclass(frozen=True)
@@ -134,18 +136,26 @@ def new_lineage(settings: LearnerSettings) -> str:
     return lineage
 
 
+def behaviour_of(event: events_pb2.RewardScored) -> str:
+    """``Sample.behaviour``: "" for the policy's own tier, LEVEL2 for the Level-2 generator's samples."""
+    return LEVEL2 if TIER_NUMBER.get(event.tier) == 2 else ""
+
+
 class RewardIntake:
     """The batch handler of the rewards topic."""
 
     def __init__(self, settings: LearnerSettings, engine: LearnerEngine, store: ContentStore, client: redis.Redis,
-                 marks: AppliedMarks, tokenizer_id: str) -> None:  # fmt: skip
+                 marks: AppliedMarks, tokenizer_id: str, level2_tokenizer_id: str | None = None) -> None:  # fmt: skip
+        """``level2_tokenizer_id``: the key of the Level-2 generator's token ids (None: Level 2 does not train)."""
         self._settings = settings
         self._engine = engine
         self._store = store
         self._redis = client
         self._marks = marks
         self._tokenizer_id = tokenizer_id
-        self._tiers = settings.trained_tiers
+        self._level2_tokenizer_id = level2_tokenizer_id
+        # The engine's tiers: train_tiers, less Level 2 when it has no usable Level-2 model.
+        self._tiers = engine.trained_tiers if level2_tokenizer_id is not None else engine.trained_tiers - {2}
 
     def handle_batch(self, deliveries: list[Delivery[events_pb2.RewardScored]]) -> None:
         pending = self._engine.pending_count()
@@ -160,8 +170,9 @@ class RewardIntake:
             event = delivery.message
             source = Source(delivery.topic.name, delivery.partition, delivery.offset)
             key = sample_key(event)
+            behaviour = behaviour_of(event)
             refusal = (skip_reason(event, self._tiers, escalated_too)
-                       or self._engine.classify(key, event.policy_version, source))
+                       or self._engine.classify(key, event.policy_version, source, behaviour))
             if refusal is None and key in marked:
                 refusal = Outcome.DUPLICATE  # learned in an earlier run, arriving again at a new offset
             if refusal is not None:
@@ -177,14 +188,21 @@ class RewardIntake:
                 log.warning("reward for prompt %s: unusable rollout context: %s", event.prompt_hash[:12], exc)
                 self._engine.discard(source, Outcome.UNUSABLE)
                 continue
-            sample = Sample(key, source, prompt_ids, response_ids, event.reward, event.policy_version)
+            sample = Sample(key, source, prompt_ids, response_ids, event.reward, event.policy_version, behaviour)
             outcome = self._engine.offer(sample)
             log.debug("reward prompt=%s response=%s v%d: %s", event.prompt_hash[:12], event.response_hash[:12],
                       event.policy_version, outcome.value)  # fmt: skip
 
     def _tokens(self, event: events_pb2.RewardScored) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Prompt context and response as token ids, exactly as the generator saw and wrote them."""
-        response_ids = self._store.get_tokens(event.response_hash, self._tokenizer_id)
+        """Prompt context and response as token ids, exactly as the generator saw and wrote them.
+
+        The response ids are read under the key of the generator that wrote them (the Level-2 model
+        has the policy's vocabulary, checked at start, but its generator may name it otherwise); the
+        prompt is re-tokenized with the policy's tokenizer, which is the one the policy reads.
+        """
+        tokenizer_id = self._level2_tokenizer_id if behaviour_of(event) == LEVEL2 else self._tokenizer_id
+        assert tokenizer_id is not None  # skip_reason refuses Level-2 samples without one
+        response_ids = self._store.get_tokens(event.response_hash, tokenizer_id)
         prompt = self._store.get_text(event.prompt_hash)
         directions = self._directions(event)
         prompt_ids = self._engine.tokenizer(format_prompt(prompt, directions))["input_ids"]
@@ -272,7 +290,10 @@ class UpdateLoop:
 
 
 class RolloutTail:
-    """Weight-sync timing: the first rollout of a trained tier stamped with each new version."""
+    """Weight-sync timing: the first Level-1 rollout stamped with each new version.
+
+    Only the policy's own tier counts: a Level-2 rollout's version stamp is the Level-2 generator's.
+    """
 
     def __init__(self, settings: LearnerSettings, engine: LearnerEngine,
                  topic: Topic[events_pb2.RolloutGenerated] = topics.ROLLOUTS_GENERATED) -> None:  # fmt: skip
@@ -293,7 +314,7 @@ class RolloutTail:
         events = self._reader.poll(timeout_s)
         arrived = time.monotonic()
         for _topic, rollout in events:
-            if TIER_NUMBER.get(rollout.tier) not in self._settings.trained_tiers:
+            if TIER_NUMBER.get(rollout.tier) != POLICY_TIER:
                 continue
             for version, seconds in self._engine.sync.observed(rollout.policy_version, arrived):
                 metrics.SYNC_SECONDS.observe(seconds)

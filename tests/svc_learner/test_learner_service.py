@@ -51,6 +51,12 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny-policy")
 
 
+@pytest.fixture(scope="module")
+def level2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Plays the Level-2 model: the policy's tokenizer, other weights, another directory."""
+    return build_tiny_policy(tmp_path_factory.mktemp("level2") / "tiny-level2", seed=1)
+
+
 @pytest.fixture
 def learner_topics(infra: StrataSettings) -> LearnerTopics:
     run = uuid.uuid4().hex[:10]
@@ -96,6 +102,7 @@ class Fabricator:
     tokenizer_id: str
     encode: Callable[[str], list[int]]
     rng: random.Random
+    level2_tokenizer_id: str | None = None  # where the Level-2 generator stores its token ids
 
     def reward(self, policy_version: int = 0, *, tier: int = common_pb2.TIER_LEVEL_1, final: bool = True,
                scorer: int = common_pb2.SCORER_LIGHT, directions: tuple[str, ...] = ("give_steps",),
@@ -104,7 +111,8 @@ class Fabricator:
         response = "".join(self.rng.choice("abcdefgh ") for _ in range(6)).strip() or "ok"
         token_ids = self.encode(response)
         prompt_hash = self.store.put(prompt)
-        response_hash = self.store.put(response, token_ids, self.tokenizer_id)
+        key = self.level2_tokenizer_id if tier == common_pb2.TIER_LEVEL_2 and self.level2_tokenizer_id else None
+        response_hash = self.store.put(response, token_ids, key or self.tokenizer_id)
         request_id = uuid.uuid4().hex
         return events_pb2.RewardScored(
             prompt_hash=prompt_hash, response_hash=response_hash, tier=tier, policy_version=policy_version,
@@ -142,7 +150,7 @@ def fabricate(infra: StrataSettings, redis_client: redis.Redis) -> Callable[[Lea
     def make(learner: Learner) -> Fabricator:
         encode = learner.engine.tokenizer
         return Fabricator(store, redis_client, learner.tokenizer_id, lambda text: encode(text)["input_ids"],
-                          random.Random(0))  # fmt: skip
+                          random.Random(0), learner.level2_tokenizer_id)  # fmt: skip
 
     return make
 
@@ -186,13 +194,13 @@ def read_policy_updates(infra: StrataSettings, topic: Topic, count: int) -> list
 def test_a_full_batch_is_learned_checkpointed_and_published(
     infra, policy_dir, tmp_path, learner_topics, publisher, make_learner, fabricate
 ) -> None:
-    settings = learner_settings(infra, policy_dir, tmp_path / "ckpt", measure_sync=True)
+    settings = learner_settings(infra, policy_dir, tmp_path / "ckpt", measure_sync=True, train_tiers="1")
     learner = make_learner(settings, learner_topics)
     assert learner.tail is not None
     learner.tail.connect()  # weight sync is timed from rollouts published after this
     assert learner.engine.version == 0 and [p.name for p in list_checkpoints(settings.checkpoint_dir)] == ["v0"]
     make = fabricate(learner)
-    # A reused reward, a non-final sample that did not escalate, a Level-2 sample: no gradient.
+    # A reused reward, a non-final sample that did not escalate, a Level-2 sample (train_tiers=1): no gradient.
     # (An escalated Level-1 sample does train: see skip_reason.)
     ignored = [make.reused(), make.reward(final=False, escalated=False), make.reward(tier=common_pb2.TIER_LEVEL_2)]
     good = [make.reward(directions=("give_code", "summarize")), *(make.reward() for _ in range(BATCH - 1))]
@@ -253,6 +261,26 @@ def test_stale_and_future_samples_are_dropped_and_counted_lagging_ones_corrected
     assert 0.0 < status.metrics["charts/importance_weight"] <= 1.0  # truncated at c̄ = 1
     reply = learner.servicer.Status(learner_pb2.LearnerStatusRequest(), None)  # type: ignore[arg-type]
     assert (reply.policy_version, reply.step, reply.samples_dropped_stale) == (3, 3, 1)
+
+
+def test_level2_rewards_train_the_policy_weighted_against_the_level2_model(
+    infra, policy_dir, level2_dir, tmp_path, learner_topics, publisher, make_learner, fabricate
+) -> None:
+    settings = learner_settings(infra, policy_dir, tmp_path / "ckpt", level2_model_path=level2_dir,
+                                level2_tokenizer_id="vllm-tiny-level2")  # fmt: skip
+    learner = make_learner(settings, learner_topics)
+    assert learner.level2_tokenizer_id == "vllm-tiny-level2" != learner.tokenizer_id
+    make = fabricate(learner)  # stores Level-2 token ids under the Level-2 key only
+    # Final Level-2 rewards, stamped with the Level-2 generator's version: never one of this learner's.
+    level2 = [make.reward(9, tier=common_pb2.TIER_LEVEL_2, scorer=common_pb2.SCORER_STRONG) for _ in range(2)]
+    publish_all(publisher, learner_topics.rewards, [*level2, *(make.reward() for _ in range(BATCH - 2))])
+    drive(learner, lambda: learner.engine.version == 1)
+
+    status = learner.engine.status()
+    assert (status.counts["accepted"], status.counts["dropped_future"], status.counts["skipped_tier"]) == (BATCH, 0, 0)
+    assert status.metrics["samples/off_policy_fraction"] == pytest.approx(2 / BATCH)
+    assert status.metrics["samples/level2_fraction"] == pytest.approx(2 / BATCH)
+    assert 0.0 < status.metrics["off_policy/level2_is_weight_mean"] <= 1.0
 
 
 def test_a_restarted_learner_resumes_recovers_pending_and_never_reapplies(
