@@ -52,6 +52,7 @@ class Addresses:
     generator: str = "127.0.0.1:50053"
     learner: str = "127.0.0.1:50055"
     reward: str = "127.0.0.1:50056"
+    annotation: str = "127.0.0.1:50057"
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,19 @@ from strata.config import StrataSettings
 from strata.errors import CliError
 from strata.infra import InfraError
 from strata.infra import up as infra_up
+from strata.simulated_annotators import SimulatedDesk, demo_pool
 from strata.stack import control
 from strata.stack.spec import default_services
 from strata.train import Addresses, RoundStats, TrainOptions, train
-from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
+from strata.v1 import annotation_pb2, annotation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 # The tiny CPU models learn at rates real models would not survive (see docs/learner.md).
 # A short run on the ci zoo: the KL penalty on from the first update (the default warm-up spans 100
 # updates) and a small step, so that the weak light RM is followed without being gamed (tests/stack/test_train.py).
+# Level-2 rewards wait for the simulated annotators' scores (svc_annotation closes the loop, R3).
 DEMO_SERVICE_ARGS = {"learner": ["--learning-rate", "1e-4", "--batch-size", "32", "--minibatch-size", "8",
-                                 "--kl-coef", "0.2", "--kl-warmup-updates", "0"]}
+                                 "--kl-coef", "0.2", "--kl-warmup-updates", "0"],
+                     "reward": ["--await-annotation"]}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,6 +64,23 @@ def rollout_log_size(settings: StrataSettings) -> int:
         return sum(end[tp] - begin[tp] for tp in partitions)
     finally:
         consumer.close()
+
+
+def annotation_lines(address: str, desk: SimulatedDesk) -> list[str]:
+    """The desk's figures: items annotated, expired to the strong RM's reward, per annotator."""
+    try:
+        with rpc.channel(address) as channel:
+            status = annotation_pb2_grpc.AnnotationStub(channel).Status(annotation_pb2.StatusRequest(), timeout=10)
+    except grpc.RpcError as exc:
+        return [f"annotation: the desk did not answer ({exc.code().name})"]  # type: ignore[attr-defined]
+    lines = [f"annotation: {status.completed} Level-2 items annotated, {status.expired} past the deadline (strong RM "
+             f"reward kept), {status.queue_depth} waiting; {status.gold_items} gold items"]
+    for name, row in sorted(status.annotators.items()):
+        lines.append(f"  {name:<10} scored {row.scored:>3} (gold {row.gold_scored:>2})  "
+                     f"mean score {row.mean_score:.2f}")
+    if desk.counts.refused:
+        lines.append(f"  refused scores (items closed meanwhile): {dict(desk.counts.refused)}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
         bar.set_postfix_str(f"round {stats.round} reward {reward} finals {stats.finals}")
         bar.refresh()
 
+    desk = SimulatedDesk(Addresses().annotation, demo_pool()).start()
+    print(f"      simulated annotators at the desk: {', '.join(a.name for a in demo_pool())} (sim-drift drifts)",
+          flush=True)
     options = TrainOptions(updates=args.updates, prompts_per_round=args.prompts_per_round,
                            n_samples=args.n_samples, eval_prompts=args.eval_prompts,
                            report_dir=settings.state_dir / "reports", repeat_share=args.repeat_share,
@@ -106,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
                        "see `strata status` and `strata logs`") from exc
     finally:
         bar.close()
+        desk.stop()
 
     print("[5/5] report", flush=True)
     with rpc.channel(Addresses().scheduler) as channel:
@@ -130,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
               f"{summary.after.mean_reward:.3f} (change {summary.reward_change}), oracle "
               f"{summary.before.mean_oracle:.3f} -> {summary.after.mean_oracle:.3f} (change {summary.oracle_change})")
     print(f"      rollout log: {rollout_log_size(settings)} records (prompt hash, response hash, reward)")
+    print("\n".join("      " + line for line in annotation_lines(Addresses().annotation, desk)))
     print(f"      curves: {summary.png}")
     print(f"done in {time.monotonic() - started:.0f} s. The stack keeps running: `strata status`, "
           "`strata report`, `strata down`.")
