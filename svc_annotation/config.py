@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from strata.config import StrataSettings
-from svc_annotation.core import Rules
+from svc_annotation.core import ANNOTATOR_ID, Rules
 
 
 class AnnotationSettings(StrataSettings):
@@ -44,6 +44,36 @@ class AnnotationSettings(StrataSettings):
     publisher_lease_s: float = Field(
         30.0, gt=0, description="one replica at a time publishes; another takes over this long after it stops"
     )
+
+    # The web page (svc_annotation/web.py, docs/annotation.md): annotators log in with their gRPC token.
+    web_port: int = Field(
+        8057, ge=0, le=65535, description="annotators' web page and the lead's (HTTPS when grpc_tls_cert/key are "
+        "set); 0: no web page"
+    )
+    web_bind_host: str = Field(
+        "127.0.0.1", description="address the web page listens on; 0.0.0.0 for every interface (compose)"
+    )
+    web_secret_key: SecretStr | None = Field(
+        None, description="signs the web session cookies (env only); give every replica behind one "
+        "address the same; unset: a random key per start (everyone logs in again after a restart)"
+    )
+    lead_annotators: str = Field(
+        "", description="comma-separated annotator names that may open the lead's page (/lead)"
+    )
+
+    @model_validator(mode="after")
+    def _check_web(self) -> AnnotationSettings:
+        if self.web_secret_key is not None and len(self.web_secret_key.get_secret_value()) < 16:
+            raise ValueError("web_secret_key must be at least 16 characters (python -c 'import secrets; "
+                             "print(secrets.token_urlsafe(32))')")
+        for name in self.leads():
+            if not ANNOTATOR_ID.fullmatch(name):
+                raise ValueError(f"lead_annotators: {name!r} is not an annotator name "
+                                 "(1-64 letters, digits or . _ @ -)")
+        return self
+
+    def leads(self) -> frozenset[str]:
+        return frozenset(name.strip() for name in self.lead_annotators.split(",") if name.strip())
 
     @model_validator(mode="after")
     def _check_retention(self) -> AnnotationSettings:
