@@ -1,13 +1,15 @@
 """``python -m svc_annotation``: the human annotation desk (R3, R18, R20).
 
-    python -m svc_annotation --grpc-port 50057 --gold-items-path gold.jsonl
+    python -m svc_annotation --grpc-port 50057 --web-port 8057 --gold-items-path gold.jsonl
 
+gRPC on ``grpc_port``, the annotators' web page on ``web_port`` (svc_annotation/web.py; 0: none).
 Every ``AnnotationSettings`` field is a flag (and a ``STRATA_*`` variable); see docs/annotation.md.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import sys
 import time
@@ -29,7 +31,10 @@ from svc_annotation.config import AnnotationSettings
 from svc_annotation.core import GoldItem, parse_gold
 from svc_annotation.servicer import SERVICE_NAME, AnnotationServicer
 from svc_annotation.store import AnnotationStore
+from svc_annotation.web import WebServer, create_app
 from svc_annotation.worker import AnnotationWorker, DeskLoop
+
+log = logging.getLogger(__name__)
 
 
 def read_gold(path: Path) -> list[GoldItem]:
@@ -66,10 +71,24 @@ def build(settings: AnnotationSettings, clock: Callable[[], float] = time.time) 
     loop = DeskLoop(store, publisher, client, f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
                     settings.loop_interval_s, settings.loop_batch, settings.publisher_lease_s, gold,
                     gold_refresh_s=settings.content_ttl_s / 2)
-    servicer = AnnotationServicer(store, CallerIdentity(token_table(settings)))
+    tokens = token_table(settings)
+    servicer = AnnotationServicer(store, CallerIdentity(tokens))
     binding = ServiceBinding(annotation_pb2_grpc.add_AnnotationServicer_to_server, servicer, SERVICE_NAME)
+    loops, on_stop = [loop.run], [publisher.close, client.close]
+    if settings.web_port:
+        # The web page logs annotators in with the gRPC edge's tokens and serves HTTPS with its certificate.
+        tls = None
+        if settings.grpc_tls_cert is not None and settings.grpc_tls_key is not None:
+            tls = (str(settings.grpc_tls_cert), str(settings.grpc_tls_key))
+        secret = settings.web_secret_key.get_secret_value() if settings.web_secret_key else None
+        app = create_app(store, tokens, settings.leads(), secret, secure_cookies=tls is not None)
+        web = WebServer(app, settings.web_bind_host, settings.web_port, tls)
+        loops.append(web.run)
+        on_stop.insert(0, web.close)
+        if tokens is None:
+            log.warning("svc_annotation: no grpc_tokens_file, so nobody can log in to the web page %s", web.url)
     return ServiceParts("svc_annotation", settings, [binding], settings.grpc_port, workers=[worker],
-                        loops=[loop.run], on_stop=[publisher.close, client.close])
+                        loops=loops, on_stop=on_stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -444,7 +444,7 @@ def service_settings(infra: StrataSettings) -> AnnotationSettings:
     settings = AnnotationSettings(**{**infra.model_dump(), "grpc_port": 0, "group_id": f"test-annotation-{tag}",
                                      "redis_prefix": f"test:annotation:{tag}", "double_share": 0.5,
                                      "gold_share": 0.0, "loop_interval_s": 0.05, "assignment_ttl_s": TTL_S,
-                                     "annotation_deadline_s": DEADLINE_S})
+                                     "annotation_deadline_s": DEADLINE_S, "web_port": 0})
     start_group_at_end(infra.kafka_address, settings.group_id, [topics.ANNOTATIONS_REQUESTED])
     return settings
 
@@ -572,7 +572,8 @@ def test_python_m_svc_annotation_serves_loads_gold_and_stops_on_sigterm(infra: S
     port = free_port()
     env = {**os.environ, "STRATA_KAFKA_BOOTSTRAP": infra.kafka_address, "STRATA_REDIS_URL": infra.redis_address}
     argv = [sys.executable, "-m", "svc_annotation", "--grpc-port", str(port), "--group-id", group,
-            "--redis-prefix", f"test:annotation:main:{tag}", "--loop-interval-s", "0.1"]
+            "--redis-prefix", f"test:annotation:main:{tag}", "--loop-interval-s", "0.1",
+            "--web-port", "0"]
     log = tmp_path / "svc_annotation.log"
     with log.open("w") as out:
         process = subprocess.Popen([*argv, "--gold-items-path", str(gold)], env=env, stdout=out, stderr=out)
