@@ -24,6 +24,7 @@ BENCHES: dict[str, str] = {
     "tiers": "strata.bench.tiers",
     "edge": "strata.bench.edge",
     "chaos": "strata.bench.chaos",
+    "annotators": "strata.bench.annotators",
 }
 
 
