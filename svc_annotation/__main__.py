@@ -29,6 +29,7 @@ from strata.service import ServiceParts, service_main
 from strata.v1 import annotation_pb2_grpc
 from svc_annotation.config import AnnotationSettings
 from svc_annotation.core import GoldItem, parse_gold
+from svc_annotation.drift_book import DriftBook
 from svc_annotation.servicer import SERVICE_NAME, AnnotationServicer
 from svc_annotation.store import AnnotationStore
 from svc_annotation.web import WebServer, create_app
@@ -68,11 +69,12 @@ def build(settings: AnnotationSettings, clock: Callable[[], float] = time.time) 
     handler = AnnotationWorker(store, content)
     worker = Worker(settings, settings.group_id, publisher=publisher,
                     batch_handlers={topics.ANNOTATIONS_REQUESTED: handler.handle_batch})
+    drift = DriftBook(client, settings.redis_prefix)
     loop = DeskLoop(store, publisher, client, f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
                     settings.loop_interval_s, settings.loop_batch, settings.publisher_lease_s, gold,
-                    gold_refresh_s=settings.content_ttl_s / 2)
+                    gold_refresh_s=settings.content_ttl_s / 2, drift=drift)
     tokens = token_table(settings)
-    servicer = AnnotationServicer(store, CallerIdentity(tokens))
+    servicer = AnnotationServicer(store, CallerIdentity(tokens), drift)
     binding = ServiceBinding(annotation_pb2_grpc.add_AnnotationServicer_to_server, servicer, SERVICE_NAME)
     loops, on_stop = [loop.run], [publisher.close, client.close]
     if settings.web_port:
@@ -81,7 +83,7 @@ def build(settings: AnnotationSettings, clock: Callable[[], float] = time.time) 
         if settings.grpc_tls_cert is not None and settings.grpc_tls_key is not None:
             tls = (str(settings.grpc_tls_cert), str(settings.grpc_tls_key))
         secret = settings.web_secret_key.get_secret_value() if settings.web_secret_key else None
-        app = create_app(store, tokens, settings.leads(), secret, secure_cookies=tls is not None)
+        app = create_app(store, tokens, settings.leads(), secret, secure_cookies=tls is not None, drift=drift)
         web = WebServer(app, settings.web_bind_host, settings.web_port, tls)
         loops.append(web.run)
         on_stop.insert(0, web.close)

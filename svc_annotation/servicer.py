@@ -17,6 +17,7 @@ is reachable by more than one person). Refusals, each naming what to fix:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,6 +35,7 @@ from svc_annotation.core import (
     UnknownItemError,
     check_annotator,
 )
+from svc_annotation.drift_book import DriftBook
 from svc_annotation.store import AnnotationStore
 
 log = logging.getLogger(__name__)
@@ -62,9 +64,11 @@ def _refusals(context: grpc.ServicerContext) -> Iterator[None]:
 
 
 class AnnotationServicer(annotation_pb2_grpc.AnnotationServicer):
-    def __init__(self, store: AnnotationStore, identity: CallerIdentity | None = None) -> None:
+    def __init__(self, store: AnnotationStore, identity: CallerIdentity | None = None,
+                 drift: DriftBook | None = None) -> None:
         self.store = store
         self.identity = identity or CallerIdentity()
+        self.drift = drift
 
     def annotator(self, claimed: str, context: grpc.ServicerContext) -> str:
         """The calling annotator (see the module's docstring)."""
@@ -111,10 +115,18 @@ class AnnotationServicer(annotation_pb2_grpc.AnnotationServicer):
                context: grpc.ServicerContext) -> annotation_pb2.StatusResponse:
         with _refusals(context):
             status = self.store.status()
-        return annotation_pb2.StatusResponse(
+            drift = {s.annotator: s for s in self.drift.snapshots()} if self.drift is not None else {}
+        response = annotation_pb2.StatusResponse(
             queue_depth=status.queue_depth, assigned=status.assigned, enqueued=status.enqueued,
             completed=status.completed, expired=status.expired, gold_items=status.gold_items,
             annotators={who: annotation_pb2.AnnotatorStatus(
                 scored=a.scored, gold_scored=a.gold_scored, assignments=a.assignments, mean_score=a.mean_score,
                 has_open_assignment=a.has_open_assignment) for who, a in status.annotators.items()},
         )
+        for who, snap in drift.items():
+            row = response.annotators[who]
+            row.drift_status = snap.status
+            row.gold_bias = math.nan if snap.gold.bias is None else snap.gold.bias
+            row.gold_window = snap.gold.n
+            row.peer_agreement = math.nan if snap.peers.within is None else snap.peers.within
+        return response

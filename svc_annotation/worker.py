@@ -47,6 +47,8 @@ from svc_annotation.core import (
     item_id_of,
     scores_needed,
 )
+from svc_annotation.drift import MAX_SCORE, Observation, item_observations
+from svc_annotation.drift_book import DriftBook
 from svc_annotation.store import AnnotationStore, Ready
 
 log = logging.getLogger(__name__)
@@ -137,13 +139,30 @@ class AnnotationWorker:
                 log.info("annotation item=%s already queued: redelivery ignored", item.item_id)
 
 
+def drift_observations(entry: Ready) -> list[Observation]:
+    """What a closed item tells about its annotators (R18): a gold item each score against the known
+    one (annotators of a gold item at different times are not peers); a real item each score against
+    the strong RM's reward and the other annotators' scores."""
+    item = entry.item
+    if item.gold:
+        return [Observation(s.annotator, item.item_id, s.score, gold=item.gold_score) for s in entry.scores]
+    if item.state not in (COMPLETE, EXPIRED) or not entry.scores:
+        return []
+    request = events_pb2.AnnotationRequested.FromString(item.event) if item.event else None
+    model = None
+    if request is not None and math.isfinite(request.model_reward):
+        model = min(MAX_SCORE, max(0.0, request.model_reward))
+    return item_observations(item.item_id, {s.annotator: s.score for s in entry.scores}, None, model)
+
+
 class DeskLoop:
     """Close due items, publish what is ready, settle; once per ``interval_s``."""
 
     def __init__(self, store: AnnotationStore, publisher: Publisher, client: redis.Redis, owner: str,
                  interval_s: float, batch: int, lease_s: float, gold: Sequence[GoldItem] = (),
-                 gold_refresh_s: float = 24 * 3600) -> None:
+                 gold_refresh_s: float = 24 * 3600, drift: DriftBook | None = None) -> None:
         self._store = store
+        self._drift = drift
         self._publisher = publisher
         self._redis = client  # the cost ledger's counts
         self._owner = owner
@@ -153,6 +172,16 @@ class DeskLoop:
         self._gold = list(gold)
         self._gold_refresh_s = gold_refresh_s  # gold texts live in the content store, which expires them
         self._gold_loaded_at: float | None = None
+
+    def _feed_drift(self, entry: Ready) -> None:
+        """Each annotator's score of a closed item once (claimed like a publication, before feeding:
+        a crash in between loses one observation rather than counting it twice)."""
+        for obs in drift_observations(entry):
+            if f"d:{obs.annotator}" not in entry.sent and self._store.mark_sent(entry.item, f"d:{obs.annotator}"):
+                current = self._drift.feed_one(obs)  # type: ignore[union-attr]
+                if current.alarm and current.alarm_since is not None:
+                    log.warning("annotator %s: drift alarm %s since its item %d", obs.annotator, current.status,
+                                current.alarm_since)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -222,6 +251,9 @@ class DeskLoop:
             log.info("annotation final reward item=%s prompt=%s response=%s reward=%.3f scorer=%s annotators=%s",
                      item.item_id, final.prompt_hash[:12], final.response_hash[:12], final.reward,
                      common_pb2.Scorer.Name(final.scorer), final.annotator_id or "-")
+        if self._drift is not None:
+            for entry in ready:
+                self._feed_drift(entry)
         for entry in ready:
             if self._store.settle(entry.item.item_id, entry.seq):
                 if entry.item.state == COMPLETE:

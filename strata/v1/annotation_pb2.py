@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astrata/v1/annotation.proto\x12\tstrata.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"#\n\x0bNextRequest\x12\x14\n\x0c\x61nnotator_id\x18\x01 \x01(\t\"\x87\x01\n\x0cNextResponse\x12\x10\n\x08has_item\x18\x01 \x01(\x08\x12\x0f\n\x07item_id\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x10\n\x08response\x18\x04 \x01(\t\x12\x32\n\x0e\x61ssigned_until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"q\n\x16\x41nnotationScoreRequest\x12\x14\n\x0c\x61nnotator_id\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x0e\n\x06unsafe\x18\x04 \x01(\x08\x12\x11\n\toff_topic\x18\x05 \x01(\x08\"A\n\x17\x41nnotationScoreResponse\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x15\n\rscored_by_you\x18\x02 \x01(\x04\"\x0f\n\rStatusRequest\"|\n\x0f\x41nnotatorStatus\x12\x0e\n\x06scored\x18\x01 \x01(\x04\x12\x13\n\x0bgold_scored\x18\x02 \x01(\x04\x12\x13\n\x0b\x61ssignments\x18\x03 \x01(\x04\x12\x12\n\nmean_score\x18\x04 \x01(\x01\x12\x1b\n\x13has_open_assignment\x18\x05 \x01(\x08\"\x8f\x02\n\x0eStatusResponse\x12\x13\n\x0bqueue_depth\x18\x01 \x01(\x04\x12\x10\n\x08\x61ssigned\x18\x02 \x01(\x04\x12\x10\n\x08\x65nqueued\x18\x03 \x01(\x04\x12\x11\n\tcompleted\x18\x04 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x05 \x01(\x04\x12\x12\n\ngold_items\x18\x06 \x01(\x04\x12=\n\nannotators\x18\x07 \x03(\x0b\x32).strata.v1.StatusResponse.AnnotatorsEntry\x1aM\n\x0f\x41nnotatorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.strata.v1.AnnotatorStatus:\x02\x38\x01\x32\xd4\x01\n\nAnnotation\x12\x37\n\x04Next\x12\x16.strata.v1.NextRequest\x1a\x17.strata.v1.NextResponse\x12N\n\x05Score\x12!.strata.v1.AnnotationScoreRequest\x1a\".strata.v1.AnnotationScoreResponse\x12=\n\x06Status\x12\x18.strata.v1.StatusRequest\x1a\x19.strata.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astrata/v1/annotation.proto\x12\tstrata.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"#\n\x0bNextRequest\x12\x14\n\x0c\x61nnotator_id\x18\x01 \x01(\t\"\x87\x01\n\x0cNextResponse\x12\x10\n\x08has_item\x18\x01 \x01(\x08\x12\x0f\n\x07item_id\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x10\n\x08response\x18\x04 \x01(\t\x12\x32\n\x0e\x61ssigned_until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"q\n\x16\x41nnotationScoreRequest\x12\x14\n\x0c\x61nnotator_id\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x0e\n\x06unsafe\x18\x04 \x01(\x08\x12\x11\n\toff_topic\x18\x05 \x01(\x08\"A\n\x17\x41nnotationScoreResponse\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x15\n\rscored_by_you\x18\x02 \x01(\x04\"\x0f\n\rStatusRequest\"\xd2\x01\n\x0f\x41nnotatorStatus\x12\x0e\n\x06scored\x18\x01 \x01(\x04\x12\x13\n\x0bgold_scored\x18\x02 \x01(\x04\x12\x13\n\x0b\x61ssignments\x18\x03 \x01(\x04\x12\x12\n\nmean_score\x18\x04 \x01(\x01\x12\x1b\n\x13has_open_assignment\x18\x05 \x01(\x08\x12\x14\n\x0c\x64rift_status\x18\x06 \x01(\t\x12\x11\n\tgold_bias\x18\x07 \x01(\x01\x12\x13\n\x0bgold_window\x18\x08 \x01(\x04\x12\x16\n\x0epeer_agreement\x18\t \x01(\x01\"\x8f\x02\n\x0eStatusResponse\x12\x13\n\x0bqueue_depth\x18\x01 \x01(\x04\x12\x10\n\x08\x61ssigned\x18\x02 \x01(\x04\x12\x10\n\x08\x65nqueued\x18\x03 \x01(\x04\x12\x11\n\tcompleted\x18\x04 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x05 \x01(\x04\x12\x12\n\ngold_items\x18\x06 \x01(\x04\x12=\n\nannotators\x18\x07 \x03(\x0b\x32).strata.v1.StatusResponse.AnnotatorsEntry\x1aM\n\x0f\x41nnotatorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.strata.v1.AnnotatorStatus:\x02\x38\x01\x32\xd4\x01\n\nAnnotation\x12\x37\n\x04Next\x12\x16.strata.v1.NextRequest\x1a\x17.strata.v1.NextResponse\x12N\n\x05Score\x12!.strata.v1.AnnotationScoreRequest\x1a\".strata.v1.AnnotationScoreResponse\x12=\n\x06Status\x12\x18.strata.v1.StatusRequest\x1a\x19.strata.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,12 +44,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ANNOTATIONSCORERESPONSE']._serialized_end=429
   _globals['_STATUSREQUEST']._serialized_start=431
   _globals['_STATUSREQUEST']._serialized_end=446
-  _globals['_ANNOTATORSTATUS']._serialized_start=448
-  _globals['_ANNOTATORSTATUS']._serialized_end=572
-  _globals['_STATUSRESPONSE']._serialized_start=575
-  _globals['_STATUSRESPONSE']._serialized_end=846
-  _globals['_STATUSRESPONSE_ANNOTATORSENTRY']._serialized_start=769
-  _globals['_STATUSRESPONSE_ANNOTATORSENTRY']._serialized_end=846
-  _globals['_ANNOTATION']._serialized_start=849
-  _globals['_ANNOTATION']._serialized_end=1061
+  _globals['_ANNOTATORSTATUS']._serialized_start=449
+  _globals['_ANNOTATORSTATUS']._serialized_end=659
+  _globals['_STATUSRESPONSE']._serialized_start=662
+  _globals['_STATUSRESPONSE']._serialized_end=933
+  _globals['_STATUSRESPONSE_ANNOTATORSENTRY']._serialized_start=856
+  _globals['_STATUSRESPONSE_ANNOTATORSENTRY']._serialized_end=933
+  _globals['_ANNOTATION']._serialized_start=936
+  _globals['_ANNOTATION']._serialized_end=1148
 # @@protoc_insertion_point(module_scope)

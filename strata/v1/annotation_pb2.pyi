@@ -56,18 +56,26 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AnnotatorStatus(_message.Message):
-    __slots__ = ("scored", "gold_scored", "assignments", "mean_score", "has_open_assignment")
+    __slots__ = ("scored", "gold_scored", "assignments", "mean_score", "has_open_assignment", "drift_status", "gold_bias", "gold_window", "peer_agreement")
     SCORED_FIELD_NUMBER: _ClassVar[int]
     GOLD_SCORED_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     MEAN_SCORE_FIELD_NUMBER: _ClassVar[int]
     HAS_OPEN_ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_STATUS_FIELD_NUMBER: _ClassVar[int]
+    GOLD_BIAS_FIELD_NUMBER: _ClassVar[int]
+    GOLD_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    PEER_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
     scored: int
     gold_scored: int
     assignments: int
     mean_score: float
     has_open_assignment: bool
-    def __init__(self, scored: _Optional[int] = ..., gold_scored: _Optional[int] = ..., assignments: _Optional[int] = ..., mean_score: _Optional[float] = ..., has_open_assignment: _Optional[bool] = ...) -> None: ...
+    drift_status: str
+    gold_bias: float
+    gold_window: int
+    peer_agreement: float
+    def __init__(self, scored: _Optional[int] = ..., gold_scored: _Optional[int] = ..., assignments: _Optional[int] = ..., mean_score: _Optional[float] = ..., has_open_assignment: _Optional[bool] = ..., drift_status: _Optional[str] = ..., gold_bias: _Optional[float] = ..., gold_window: _Optional[int] = ..., peer_agreement: _Optional[float] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("queue_depth", "assigned", "enqueued", "completed", "expired", "gold_items", "annotators")
