@@ -11,6 +11,7 @@ running stack and the data.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 
@@ -76,8 +77,11 @@ def annotation_lines(address: str, desk: SimulatedDesk) -> list[str]:
     lines = [f"annotation: {status.completed} Level-2 items annotated, {status.expired} past the deadline (strong RM "
              f"reward kept), {status.queue_depth} waiting; {status.gold_items} gold items"]
     for name, row in sorted(status.annotators.items()):
-        lines.append(f"  {name:<10} scored {row.scored:>3} (gold {row.gold_scored:>2})  "
-                     f"mean score {row.mean_score:.2f}")
+        bias = "-" if math.isnan(row.gold_bias) else f"{row.gold_bias:+.2f}"
+        agree = "-" if math.isnan(row.peer_agreement) else f"{row.peer_agreement:.0%}"
+        lines.append(f"  {name:<10} scored {row.scored:>3} (gold {row.gold_scored:>2})  mean score "
+                     f"{row.mean_score:.2f}  agreement with peers {agree:>4}  gold bias {bias:>5}  "
+                     f"drift {row.drift_status or '-'}")
     if desk.counts.refused:
         lines.append(f"  refused scores (items closed meanwhile): {dict(desk.counts.refused)}")
     return lines

@@ -1,4 +1,4 @@
-"""``strata diagnose rm-noise|shift|rm-overfit|memory|repetition|all``: the article's troubleshooting
+"""``strata diagnose rm-noise|shift|rm-overfit|memory|repetition|annotators|all``: the article's troubleshooting
 table (seed §5.1, R16) run against a live stack.
 
 Each command prints PASS or ALARM with the number and the suggested cure; ``all`` prints one table.
@@ -17,7 +17,7 @@ from strata.config import add_settings_flags, settings_from_flags
 if TYPE_CHECKING:
     from strata.diagnose.settings import DiagnoseSettings
 
-CHECK_NAMES = ("rm-noise", "shift", "rm-overfit", "memory", "repetition")
+CHECK_NAMES = ("rm-noise", "shift", "rm-overfit", "memory", "repetition", "annotators")
 HELP = {
     "rm-noise": "score the same responses repeatedly; ALARM when the spread is high (cure: R8 ensemble/temperature)",
     "shift": "mean log-prob of recent rollouts under the current policy; ALARM under -150 (cure: KL warm-up)",
@@ -25,7 +25,9 @@ HELP = {
                   "(cure: adversarial augmentation)",
     "memory": "generator memory across rollout rounds; ALARM when it keeps growing (cure: free the KV cache)",
     "repetition": "the same prompt rolled out N times; ALARM over 40%% identical (cure: temperature/top-p)",
-    "all": "the five checks in one table; non-zero exit on any ALARM",
+    "annotators": "annotator drift from svc_annotation: ALARM when any annotator drifts from the gold items "
+                  "(cure: re-brief, review since the alarm item; R18)",
+    "all": "every check in one table; non-zero exit on any ALARM",
     "exporter": "serve stack-wide metrics (consumer lag, tier mix, cost per tier, escalations) for Prometheus",
 }
 

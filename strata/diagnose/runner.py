@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from strata.diagnose import memory, repetition, rm_noise, rm_overfit, shift, sources
+from strata.diagnose import annotators, memory, repetition, rm_noise, rm_overfit, shift, sources
 from strata.diagnose.items import Pair, load_pairs, suite_pairs
 from strata.diagnose.settings import DiagnoseSettings
 from strata.diagnose.verdict import CheckResult, Verdict, error_result
@@ -134,12 +134,23 @@ def run_repetition(settings: DiagnoseSettings) -> CheckResult:
     return repetition.evaluate(measurement, config)
 
 
+def run_annotators(settings: DiagnoseSettings) -> CheckResult:
+    from strata import rpc
+    from strata.v1 import annotation_pb2, annotation_pb2_grpc
+
+    with rpc.channel(settings.annotation_address, settings) as channel:
+        status = annotation_pb2_grpc.AnnotationStub(channel).Status(annotation_pb2.StatusRequest(),
+                                                                    timeout=min(settings.rpc_timeout_s, 30.0))
+    return annotators.evaluate(status.annotators)
+
+
 CHECKS: dict[str, tuple[Callable[[DiagnoseSettings], CheckResult], str]] = {
     rm_noise.NAME: (run_rm_noise, rm_noise.CURE),
     shift.NAME: (run_shift, shift.CURE),
     rm_overfit.NAME: (run_rm_overfit, rm_overfit.CURE),
     memory.NAME: (run_memory, memory.CURE),
     repetition.NAME: (run_repetition, repetition.CURE),
+    annotators.NAME: (run_annotators, annotators.CURE),
 }
 
 

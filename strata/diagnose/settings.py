@@ -37,6 +37,7 @@ class DiagnoseSettings(StrataSettings):
         "http://127.0.0.1:9153/metrics", description="Prometheus endpoint of the checked generator (memory)"
     )
     learner_address: str = Field("127.0.0.1:50055", description="svc_learner gRPC address (current policy)")
+    annotation_address: str = Field("127.0.0.1:50057", description="svc_annotation gRPC address (annotator drift)")
     rpc_timeout_s: float = Field(300.0, gt=0, description="deadline of one gRPC call")
     generate_chunk: int = Field(8, ge=1, description="samples per Generate call (<= the generator's limit)")
     items_seed: int = Field(0, description="seed of the default (prompt, response) items")
