@@ -90,6 +90,10 @@ class LearnerSettings(StrataSettings):
         description="comma-separated tiers whose final rewards train the policy; Level-2 samples are written by "
         "the Level-2 model, so they are off-policy rows weighted by min(c̄, π_old/π_level2) (docs/learner.md)",
     )
+    center_rewards_by_source: bool = Field(
+        True, description="center Level-1 (light RM) and Level-2 (strong RM or human) rewards of a batch on the "
+        "batch mean separately: their scorers read on different scales (docs/learner.md)"
+    )
     level2_model_path: Path | None = Field(
         None, description="the Level-2 generator's model: the behaviour policy of Level-2 samples (loaded once, "
         "frozen, on first use); unset: the built zoo's Level-2 model; none, or another vocabulary than the "

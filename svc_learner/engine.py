@@ -66,7 +66,7 @@ from svc_learner.checkpoint import (
 )
 from svc_learner.config import LearnerSettings
 from svc_learner.policy import PolicyWithValueHead
-from svc_learner.ppo import RolloutBatch, collate_rollouts, ppo_update
+from svc_learner.ppo import RolloutBatch, center_scores_by_source, collate_rollouts, ppo_update
 
 log = logging.getLogger(__name__)
 
@@ -469,8 +469,11 @@ class LearnerEngine:
     def _collate(self, samples: Sequence[Sample]) -> tuple[RolloutBatch, int]:
         """Right-padded batch; off-policy rows get behaviour log-probs from the model that wrote them:
         their version's checkpoint, or the Level-2 model."""
+        scores = [s.score for s in samples]
+        if self.settings.center_rewards_by_source:
+            scores = center_scores_by_source(scores, [s.behaviour for s in samples])
         batch = collate_rollouts([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                                 [s.score for s in samples], self.pad_token_id)  # fmt: skip
+                                 scores, self.pad_token_id)  # fmt: skip
         behaviours = [self._behaviour_of(s) for s in samples]
         off_rows = [i for i, b in enumerate(behaviours) if b is not None]
         if not off_rows:

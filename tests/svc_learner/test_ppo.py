@@ -321,3 +321,14 @@ def test_a_nan_score_skips_the_steps_and_leaves_the_weights_finite(tiny_policy: 
     metrics = ppo_update(tiny_policy, tiny_policy.reference_copy(), optimizer, batch, PPOConfig(), update_index=0)
     assert metrics["losses/nonfinite_steps_skipped"] > 0
     assert all(torch.equal(a, b) for a, b in zip(before, tiny_policy.parameters(), strict=True))
+
+
+def test_centering_by_source_removes_the_offset_between_scorers_and_keeps_ranks() -> None:
+    from svc_learner.ppo import center_scores_by_source
+
+    scores = [3.4, 3.6, 2.0, 2.4]  # light RM reads high; the human scores of Level-2 read low
+    centered = center_scores_by_source(scores, ["", "", "level2", "level2"])
+    assert centered == pytest.approx([2.75, 2.95, 2.65, 3.05])  # each source's mean is the batch mean, 2.85
+    assert center_scores_by_source(scores, [""] * 4) == scores  # one source: untouched
+    with pytest.raises(ValueError):
+        center_scores_by_source(scores, [""])
