@@ -30,11 +30,11 @@ from strata.errors import CliError
 from strata.infra import InfraError
 from strata.infra import up as infra_up
 from strata.jsonl import read_jsonl
-from strata.simulated_annotators import SimulatedDesk, demo_pool
 from strata.stack import control
 from strata.stack.spec import default_services
 from strata.train import Addresses, RoundStats, TrainOptions, train
 from strata.v1 import annotation_pb2, annotation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from strata.zoo.desk import SimulatedDesk, demo_pool
 
 # The tiny CPU models learn at rates real models would not survive (see docs/learner.md).
 # A short run on the ci zoo: the KL penalty on from the first update (the default warm-up spans 100

@@ -10,8 +10,8 @@ import pytest
 from strata.content_store import ContentStore
 from strata.rpc import ServiceBinding, start_server
 from strata.rpc_auth import CallerIdentity
-from strata.simulated_annotators import SimulatedDesk, demo_pool
 from strata.v1 import annotation_pb2_grpc, common_pb2, events_pb2
+from strata.zoo.desk import SimulatedDesk, demo_pool
 from strata.zoo.oracle import SimulatedAnnotator
 from svc_annotation.core import Rules
 from svc_annotation.servicer import SERVICE_NAME, AnnotationServicer
