@@ -10,6 +10,7 @@ ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE} AS deps
 ARG PIP_CERT
 ARG STRATA_EXTRAS=""
+ARG STRATA_DEPS_HASH=""
 WORKDIR /src
 RUN pip install --no-cache-dir --upgrade pip wheel
 COPY pyproject.toml ./
@@ -47,7 +48,10 @@ ENV PYTHONUNBUFFERED=1 \
     STRATA_STATE_DIR=/var/lib/strata
 # The wheels are mounted from the build stages, not copied: a copied layer would keep their
 # gigabytes (torch) in the image even after they are deleted. Dependencies first, so that a source
-# change reinstalls only the Strata wheel.
+# change reinstalls only the Strata wheel. A mounted stage's content is not part of a layer's cache
+# key, so a hash of pyproject.toml (deploy/images/build.sh passes it) is: a new dependency
+# reinstalls them (seen: flask missing from an image built after it was added).
+ARG STRATA_DEPS_HASH=""
 RUN --mount=type=bind,from=deps,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index /wheels/*.whl \
     && useradd --create-home --uid 10001 strata \

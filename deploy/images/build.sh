@@ -108,7 +108,8 @@ fi
 # Every file the Dockerfile copies, committed or not (what git does not ignore), by content.
 strata_hash="$(cd "$root" && git ls-files -co --exclude-standard -- Dockerfile .dockerignore pyproject.toml \
   README.md protos strata 'svc_*' | sort | xargs sha256sum | sha256sum | cut -c1-16)"
+deps_hash="$(inputs_hash pyproject.toml)"
 build "$strata_image" "$strata_hash" "$root" -f "$root/Dockerfile" --build-arg "BASE_IMAGE=$python_image" \
-  --build-arg "STRATA_SOURCE_HASH=$strata_hash" \
+  --build-arg "STRATA_SOURCE_HASH=$strata_hash" --build-arg "STRATA_DEPS_HASH=$deps_hash" \
   "${ca_mount[@]}"
 log "images ready: $strata_image $kafka_image $redis_image $prometheus_image"
