@@ -10,7 +10,6 @@ restarts that annotator's tracking.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -25,7 +24,6 @@ from svc_annotation.drift import (
     Observation,
     Residuals,
     acknowledge,
-    item_observations,
     observe,
     snapshot,
 )
@@ -57,12 +55,8 @@ class DriftBook:
         raw = self._redis.get(self._prefix + annotator)
         return state_from_json(raw) if raw else AnnotatorState(annotator)
 
-    def feed(self, item_id: str, scores: Mapping[str, float], gold: float | None,
-             model_reward: float | None) -> list[AnnotatorSnapshot]:
-        """One closed item's scores (each annotator's, the others as its peers); their snapshots."""
-        return [self.feed_one(obs) for obs in item_observations(item_id, scores, gold, model_reward)]
-
     def feed_one(self, obs: Observation) -> AnnotatorSnapshot:
+        """One annotator's score (``svc_annotation.worker.drift_observations``); its new snapshot."""
         state = observe(self._state(obs.annotator), obs, self.settings)
         self._redis.set(self._prefix + obs.annotator, state_to_json(state))
         current = snapshot(state, self.settings)

@@ -139,16 +139,15 @@ class AnnotationWorker:
                 log.info("annotation item=%s already queued: redelivery ignored", item.item_id)
 
 
-def drift_observations(entry: Ready) -> list[Observation]:
+def drift_observations(entry: Ready, request: events_pb2.AnnotationRequested | None) -> list[Observation]:
     """What a closed item tells about its annotators (R18): a gold item each score against the known
     one (annotators of a gold item at different times are not peers); a real item each score against
-    the strong RM's reward and the other annotators' scores."""
+    the strong RM's reward (``request``, the item's event) and the other annotators' scores."""
     item = entry.item
     if item.gold:
         return [Observation(s.annotator, item.item_id, s.score, gold=item.gold_score) for s in entry.scores]
     if item.state not in (COMPLETE, EXPIRED) or not entry.scores:
         return []
-    request = events_pb2.AnnotationRequested.FromString(item.event) if item.event else None
     model = None
     if request is not None and math.isfinite(request.model_reward):
         model = min(MAX_SCORE, max(0.0, request.model_reward))
@@ -173,10 +172,10 @@ class DeskLoop:
         self._gold_refresh_s = gold_refresh_s  # gold texts live in the content store, which expires them
         self._gold_loaded_at: float | None = None
 
-    def _feed_drift(self, entry: Ready) -> None:
+    def _feed_drift(self, entry: Ready, request: events_pb2.AnnotationRequested | None) -> None:
         """Each annotator's score of a closed item once (claimed like a publication, before feeding:
         a crash in between loses one observation rather than counting it twice)."""
-        for obs in drift_observations(entry):
+        for obs in drift_observations(entry, request):
             if f"d:{obs.annotator}" not in entry.sent and self._store.mark_sent(entry.item, f"d:{obs.annotator}"):
                 current = self._drift.feed_one(obs)  # type: ignore[union-attr]
                 if current.alarm and current.alarm_since is not None:
@@ -221,11 +220,13 @@ class DeskLoop:
         futures = []
         sent: list[tuple[Item, str]] = []
         finals: list[tuple[Item, events_pb2.RewardScored]] = []
+        closed: list[tuple[Ready, events_pb2.AnnotationRequested | None]] = []
         for entry in ready:
             item = entry.item
             if item.state == PENDING:
                 continue  # nothing to publish before it closes
             request = events_pb2.AnnotationRequested.FromString(item.event) if item.event else None
+            closed.append((entry, request))
             for score in entry.scores:
                 if f"c:{score.annotator}" not in entry.sent:
                     futures.append(self._publisher.publish(topics.ANNOTATIONS_COMPLETED,
@@ -252,8 +253,8 @@ class DeskLoop:
                      item.item_id, final.prompt_hash[:12], final.response_hash[:12], final.reward,
                      common_pb2.Scorer.Name(final.scorer), final.annotator_id or "-")
         if self._drift is not None:
-            for entry in ready:
-                self._feed_drift(entry)
+            for entry, request in closed:
+                self._feed_drift(entry, request)
         for entry in ready:
             if self._store.settle(entry.item.item_id, entry.seq):
                 if entry.item.state == COMPLETE:
