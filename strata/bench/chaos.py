@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import signal
 import threading
@@ -345,10 +346,7 @@ class Injector:
             if pid is None:
                 record.note = "not running at that moment (in backoff)"
                 return
-            os_signal = signal.SIGKILL if fault.kind == "sigkill" else signal.SIGSTOP
-            import os
-
-            os.kill(pid, os_signal)
+            os.kill(pid, signal.SIGKILL if fault.kind == "sigkill" else signal.SIGSTOP)
             record.note = f"pid {pid}"
             record.recovered_s = self._until(lambda: self._new_pid_serving(fault.target, pid), 600) - started
         elif fault.kind == "kafka-restart":
