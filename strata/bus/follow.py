@@ -97,15 +97,9 @@ class VersionFollower(Generic[M]):
 
     def catch_up(self, timeout_s: float = 30.0) -> bool:
         """Read every event published so far and apply the newest usable one. True if it was taken."""
-        consumer = self._require()
-        end = consumer.end_offsets([self._partition])[self._partition]
-        records: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        while consumer.position(self._partition) < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {self._topic.name} up to offset {end} in {timeout_s:.0f} s")
-            for batch in consumer.poll(timeout_ms=500).values():
-                records.extend(batch)
+        records, end = read_to_end(self._require(), self._partition, timeout_s)
+        if end is not None:
+            raise TimeoutError(f"could not read {self._topic.name} up to offset {end} in {timeout_s:.0f} s")
         return self._take_newest(records)
 
     def poll_once(self, timeout_s: float = 0.5) -> bool:
@@ -172,15 +166,11 @@ class VersionFollower(Generic[M]):
         dlq = TopicPartition(self._topic.dlq, 0)
         consumer.assign([dlq])
         consumer.seek_to_beginning(dlq)
-        end = consumer.end_offsets([dlq])[dlq]
         refused: set[int] = set()
-        deadline = time.monotonic() + 30.0
-        while consumer.position(dlq) < end and time.monotonic() < deadline:
-            for batch in consumer.poll(timeout_ms=500).values():
-                for record in batch:
-                    headers = dict(record.headers or [])
-                    if headers.get("strata-dlq-source-topic") == self._topic.name.encode():
-                        refused.add(int(headers.get("strata-dlq-source-offset", b"-1")))
+        for record in read_to_end(consumer, dlq, 30.0)[0]:  # what could be read in time
+            headers = dict(record.headers or [])
+            if headers.get("strata-dlq-source-topic") == self._topic.name.encode():
+                refused.add(int(headers.get("strata-dlq-source-offset", b"-1")))
         return refused
 
 
@@ -195,17 +185,29 @@ def newest_event(cluster: KafkaTarget, topic: Topic[M], timeout_s: float = 30.0,
         if end <= begin:
             return None
         consumer.seek(partition, max(begin, end - look_back))
-        newest: tuple[int, M] | None = None
-        deadline = time.monotonic() + timeout_s
-        while consumer.position(partition) < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic.name} up to offset {end} in {timeout_s:.0f} s")
-            for batch in consumer.poll(timeout_ms=500).values():
-                for record in batch:
-                    try:
-                        newest = (record.offset, decode(topic, record.value, record.key))
-                    except PoisonMessageError:
-                        continue
-        return newest[1] if newest else None
+        records, missed = read_to_end(consumer, partition, timeout_s)
+        if missed is not None:
+            raise TimeoutError(f"could not read {topic.name} up to offset {missed} in {timeout_s:.0f} s")
+        newest: M | None = None
+        for record in records:
+            try:
+                newest = decode(topic, record.value, record.key)
+            except PoisonMessageError:
+                continue
+        return newest
     finally:
         consumer.close()
+
+
+def read_to_end(consumer: KafkaConsumer, partition: TopicPartition, timeout_s: float) -> tuple[list[Any], int | None]:
+    """The records from ``consumer``'s position up to the partition's current end, in offset order,
+    and None; or, past ``timeout_s``, those read so far and the end offset that was not reached."""
+    end = consumer.end_offsets([partition])[partition]
+    records: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while consumer.position(partition) < end:
+        if time.monotonic() > deadline:
+            return records, end
+        for batch in consumer.poll(timeout_ms=500).values():
+            records.extend(batch)
+    return records, None
