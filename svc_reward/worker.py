@@ -64,7 +64,7 @@ class RewardWorker:
                 raise PoisonMessageError(f"rollout of unknown tier {event.tier}")
             by_tier[TIER_NUMBER[event.tier]].append(event)
         futures = []
-        escalations: list[events_pb2.RolloutGenerated] = []
+        escalations: set[str] = set()  # escalation keys published in this batch, claimed once acknowledged
         finals: list[int] = []
         charges: list[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]] = []
         for tier, events in by_tier.items():
@@ -94,8 +94,8 @@ class RewardWorker:
                           for _ in annotated]
                 charges.append((event, [charge, *review]))
         self._publisher.wait(futures)
-        for event in escalations:  # acknowledged: now claim, so that no later sample escalates again
-            if self._redis.set(escalation_key(event), b"1", nx=True, ex=self._settings.content_ttl_s):
+        for key in escalations:  # acknowledged: now claim, so that no later sample escalates again
+            if self._redis.set(key, b"1", nx=True, ex=self._settings.content_ttl_s):
                 ledger.count(self._redis, "escalations")
                 ESCALATIONS.inc()
         if todo:
@@ -112,7 +112,7 @@ class RewardWorker:
 
     def _emit(self, tier: int, event: events_pb2.RolloutGenerated, reward: float, spread: float, version: str,
               scorer: int, finals: list[int], annotated: list[bool], unsafe: bool,
-              escalations: list[events_pb2.RolloutGenerated]) -> list:
+              escalations: set[str]) -> list:
         s = self._settings
         outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
                          s.annotate_level2, unsafe=unsafe, await_annotation=s.await_annotation)
@@ -131,8 +131,8 @@ class RewardWorker:
             futures.append(self._publisher.publish(topics.ROLLOUT_LOG, events_pb2.RolloutLogRecord(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, reward=reward)))
             finals.append(tier)  # counted once the batch is acknowledged
-        already = {escalation_key(e) for e in escalations}
-        if outcome.escalate and escalation_key(event) not in already and not self._redis.exists(escalation_key(event)):
+        key = escalation_key(event)
+        if outcome.escalate and key not in escalations and not self._redis.exists(key):
             escalation = events_pb2.PromptRouted(
                 prompt_hash=event.prompt_hash, tier=common_pb2.TIER_LEVEL_2, decision=common_pb2.DECISION_LEVEL_2,
                 reason=f"escalated: {outcome.reason}", sampling=event.sampling, n_samples=1,
@@ -144,7 +144,7 @@ class RewardWorker:
             escalation.submitted_at.CopyFrom(event.routed_at)
             escalation.routed_at.GetCurrentTime()
             futures.append(self._publisher.publish(topics.PROMPTS_LEVEL2, escalation))
-            escalations.append(event)
+            escalations.add(key)
         if outcome.annotate:
             request = events_pb2.AnnotationRequested(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
