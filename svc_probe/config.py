@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from strata import risk
@@ -16,6 +18,10 @@ class ProbeSettings(StrataSettings):
     """``python -m svc_probe``; every field is also ``STRATA_<NAME>``."""
 
     model: str | None = Field(None, description="local causal-LM directory; unset = the zoo's probe")
+    probe_method: Literal["auto", "head", "likelihood"] = Field(
+        "auto", description="auto: the directions head when the model directory has one (strata probe train), "
+        "else the likelihood of the direction names, on the zoo's probe only; head; likelihood (any LM)"
+    )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
     grpc_port: int = Field(50052, ge=0, le=65535)

@@ -1,23 +1,41 @@
-"""The probe's core: score every direction by likelihood under the small LM (R1). No I/O.
+"""The probe's core: directions and a risk signal for each prompt (R1). No I/O.
 
-For a prompt the probe reads ``format_probe_query(prompt)`` ("Q: ...\\nDirections:") and we ask the
-model how likely each direction name is as the continuation; a softmax over the directions' total
-log-likelihoods gives their scores, the top one's score is the confidence. The model was trained to
-write ``Risk: yes|no`` after the direction, so the risk probability is read the same way. A keyword
-list is a safety net beside the model. All prompts x directions go through one forward pass.
+Two methods, one set of rules:
+
+- **head** (a probe directory with ``probe_head.json``, ``strata probe train``): the LM reads each
+  prompt as it would be asked it (``PromptFormat.query_text``) and a linear head on its last hidden
+  state gives D direction logits and one risk logit (``svc_probe.head``). One forward over the batch of
+  prompts; the directions are the head's own set (a user's may differ from the canonical one).
+- **likelihood** (the zoo's probe, trained on ``format_probe_query(prompt)`` ``"Q: ...\\nDirections:"``):
+  how likely each canonical direction name is as the continuation; a softmax over the directions'
+  total log-likelihoods gives their scores. The model was trained to write ``Risk: yes|no`` after the
+  direction, so the risk probability is read the same way. All prompts x directions go through one
+  forward pass. On any other LM these likelihoods mean nothing, so it must be asked for by name.
+
+Either way the top direction's score is the confidence, and a keyword list is a safety net beside
+the model: a prompt is cautious (Level-2) on a high risk probability, a risk keyword or low confidence.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.template import RISK_PREFIX, format_probe_query
 from strata.models.loading import LoadedModel
+from strata.models.prompts import PromptFormat
 from strata.risk import match_keywords
+from svc_probe.head import DirectionsHead, prompt_features
+
+ProbeMethod = Literal["auto", "head", "likelihood"]
+
+
+class ProbeSetupError(ValueError):
+    """The probe directory cannot serve with the method asked for; the message says what to run or set."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +54,29 @@ class ProbeRules:
     min_confidence: float = 0.3
     risk_threshold: float = 0.5
     risk_keywords: tuple[str, ...] = ()
+
+
+def choose_method(requested: ProbeMethod, has_head: bool, is_zoo_probe: bool, where: str) -> str:
+    """``head`` or ``likelihood`` for a probe directory, or a ``ProbeSetupError`` saying what to do.
+
+    ``auto``: the head when there is one, else the likelihood method on the zoo's probe only (its LM
+    was trained on the directions' names; a user's LM was not).
+    """
+    train = (f"train a directions head for it: `strata probe train --model {where} --data PROMPTS.jsonl "
+             "--out DIR`, then serve DIR (docs/probe.md)")
+    if requested == "likelihood":
+        return "likelihood"
+    if has_head:
+        return "head"
+    if requested == "head":
+        raise ProbeSetupError(f"probe_method=head but {where} has no probe head (probe_head.json); {train}")
+    if is_zoo_probe:
+        return "likelihood"
+    raise ProbeSetupError(
+        f"{where} is neither the zoo's probe nor a probe with a directions head: the likelihood of the "
+        f"zoo's direction names under this model means nothing. {train[0].upper()}{train[1:]}; or, to "
+        "use the likelihood method anyway, set --probe-method likelihood (STRATA_PROBE_METHOD)"
+    )
 
 
 def _continuation_logprobs(lm: LoadedModel, contexts: Sequence[str], continuations: Sequence[str],
@@ -67,12 +108,9 @@ def _continuation_logprobs(lm: LoadedModel, contexts: Sequence[str], continuatio
     return (token_logprobs * keep).sum(dim=1).cpu(), [len(r) for r in rows]
 
 
-@torch.no_grad()
-def probe(lm: LoadedModel, prompts: Sequence[str], rules: ProbeRules, max_prompt_tokens: int = 128
-          ) -> list[ProbeResult]:
-    """Directions, confidence and caution for each prompt (one batched forward per stage)."""
-    if not prompts:
-        return []
+def _likelihood_scores(lm: LoadedModel, prompts: Sequence[str], max_prompt_tokens: int
+                       ) -> tuple[tuple[str, ...], torch.Tensor, list[float], list[int]]:
+    """Canonical names, (P, D) direction scores, P(risk) and tokens read, by likelihood (two stages)."""
     names = DIRECTION_NAMES
     queries = [format_probe_query(p) for p in prompts]
     # Stage 1: every prompt x every direction.
@@ -86,8 +124,35 @@ def probe(lm: LoadedModel, prompts: Sequence[str], rules: ProbeRules, max_prompt
     risk_scores, risk_tokens = _continuation_logprobs(
         lm, [c for c in risk_contexts for _ in (0, 1)], [" yes", " no"] * len(prompts), max_prompt_tokens + 8
     )
-    risk_scores = risk_scores.view(len(prompts), 2)
-    risk = torch.softmax(risk_scores, dim=-1)[:, 0].tolist()  # P(yes)
+    risk = torch.softmax(risk_scores.view(len(prompts), 2), dim=-1)[:, 0].tolist()  # P(yes)
+    d = len(names)
+    tokens = [sum(direction_tokens[i * d: (i + 1) * d]) + sum(risk_tokens[2 * i: 2 * i + 2])
+              for i in range(len(prompts))]
+    return names, probs, risk, tokens
+
+
+def _head_scores(lm: LoadedModel, head: DirectionsHead, prompts: Sequence[str], max_prompt_tokens: int,
+                 fmt: PromptFormat | None) -> tuple[tuple[str, ...], torch.Tensor, list[float], list[int]]:
+    """The head's names, (P, D) direction scores, P(risk) and tokens read, from one forward."""
+    features, tokens = prompt_features(lm, prompts, max_prompt_tokens, fmt)  # (P, H)
+    direction_logits, risk_logits = head.logits(features)
+    probs = torch.softmax(direction_logits, dim=-1).cpu()  # (P, D)
+    return head.names, probs, torch.sigmoid(risk_logits).cpu().tolist(), tokens
+
+
+@torch.no_grad()
+def probe(lm: LoadedModel, prompts: Sequence[str], rules: ProbeRules, max_prompt_tokens: int = 128,
+          head: DirectionsHead | None = None, fmt: PromptFormat | None = None) -> list[ProbeResult]:
+    """Directions, confidence and caution for each prompt: by ``head`` when given, else by likelihood.
+
+    ``head`` must sit on ``lm``'s device; ``fmt`` is ``PromptFormat.of(lm.tokenizer)`` (built when None).
+    """
+    if not prompts:
+        return []
+    if head is not None:
+        names, probs, risk, tokens = _head_scores(lm, head, prompts, max_prompt_tokens, fmt)
+    else:
+        names, probs, risk, tokens = _likelihood_scores(lm, prompts, max_prompt_tokens)
     results = []
     for i, prompt in enumerate(prompts):
         order = torch.argsort(probs[i], descending=True)[: rules.top_k].tolist()
@@ -101,7 +166,6 @@ def probe(lm: LoadedModel, prompts: Sequence[str], rules: ProbeRules, max_prompt
             reasons.append(f"risk {keyword.evidence}")
         if confidence < rules.min_confidence:
             reasons.append(f"low confidence ({confidence:.2f} < {rules.min_confidence})")
-        tokens = sum(direction_tokens[i * len(names): (i + 1) * len(names)]) + sum(risk_tokens[2 * i: 2 * i + 2])
         results.append(ProbeResult(directions, confidence, float(risk[i]), bool(reasons), "; ".join(reasons),
-                                   tokens))
+                                   int(tokens[i])))
     return results

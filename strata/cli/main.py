@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata.cli.submit_cmd",
     "strata.cli.train_cmd",
     "strata.cli.models_cmd",
+    "strata.cli.probe_cmd",
     "strata.cli.bench_cmd",
     "strata.cli.diagnose_cmd",
     "strata.cli.rm_cmd",
@@ -47,7 +48,7 @@ MODULE_OF_COMMAND: dict[str, str] = {
     "train": "strata.cli.train_cmd", "models": "strata.cli.models_cmd", "bench": "strata.cli.bench_cmd",
     "diagnose": "strata.cli.diagnose_cmd", "rm": "strata.cli.rm_cmd", "calibrate": "strata.cli.calibrate_cmd",
     "tls": "strata.cli.edge_cmd", "token": "strata.cli.edge_cmd", "dlq": "strata.cli.dlq_cmd",
-    "recover": "strata.cli.recover_cmd",
+    "recover": "strata.cli.recover_cmd", "probe": "strata.cli.probe_cmd",
 }
 
 
