@@ -31,6 +31,7 @@ from strata.v1 import common_pb2
 
 if TYPE_CHECKING:
     from strata.models.budget import TokenBudget
+    from strata.models.prompts import PromptFormat
 
 # Control characters that ordinary text carries; every other Cc / Cs / Co / Cn character is a sign of
 # binary data (a NUL byte, a terminal escape, a surrogate) and is refused.
@@ -66,9 +67,17 @@ def check_prompt(prompt: str, max_chars: int, field: str = "prompt", max_bytes: 
     return prompt
 
 
-def check_directions(names: list[str], field: str = "directions") -> tuple[str, ...]:
+def check_directions(names: list[str], field: str = "directions", prompt_format: PromptFormat | None = None
+                     ) -> tuple[str, ...]:
+    """Directions a model can be given: the canonical set, or, for a ``prompt_format`` with a chat template
+    (``strata.models.prompts.PromptFormat``), any well-formed name (a user's probe head proposes its own)."""
     for index, name in enumerate(names):
-        if name not in DIRECTIONS:
+        if prompt_format is not None:
+            try:
+                prompt_format.check_directions([name])
+            except ValueError as exc:
+                raise RequestError(f"{field}[{index}].name", str(exc)) from exc
+        elif name not in DIRECTIONS:
             raise RequestError(f"{field}[{index}].name", f"unknown direction {name!r}; known: {', '.join(DIRECTIONS)}")
     return tuple(names)
 

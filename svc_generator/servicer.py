@@ -48,7 +48,8 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
         try:
             prompt = check_prompt(request.prompt, s.max_prompt_chars)
             n = check_n_samples(request.n_samples, s.max_samples_per_request)
-            directions = check_directions([d.name for d in request.directions])
+            directions = check_directions([d.name for d in request.directions],
+                                          prompt_format=self._budget.format if self._budget else None)
             validated = sampling_from_proto(request.sampling, s.sampling_defaults(), s.sampling_bounds())
             max_new = validated.sampling.max_new_tokens
             if self._budget and (problem := self._budget.problem(prompt, max_new, directions)):

@@ -79,7 +79,8 @@ class GeneratorWorker:
                 prompt = self._store.get_text(routed.prompt_hash)
                 sampling = sampling_from_proto(routed.sampling, self._settings.sampling_defaults(),
                                                self._settings.sampling_bounds()).sampling
-                directions = check_directions([d.name for d in routed.directions])
+                directions = check_directions([d.name for d in routed.directions],
+                                              prompt_format=self._budget.format if self._budget else None)
                 check_n_samples(routed.n_samples, self._settings.max_samples_per_request)  # bounded on Kafka too
                 if self._budget and (problem := self._budget.problem(prompt, sampling.max_new_tokens, directions)):
                     raise RequestError("prompt", problem)

@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from strata.models.prompts import PromptFormat, model_positions
 from svc_learner.checkpoint import (
     AppliedBatches,
     CheckpointInfo,
@@ -105,7 +106,7 @@ class Sample:
 
     key: str  # prompt_hash:response_hash:request_id:sample_index
     source: Source
-    prompt_ids: tuple[int, ...]  # tokenizer(format_prompt(prompt, directions)), as the generator saw it
+    prompt_ids: tuple[int, ...]  # PromptFormat.prompt_ids(prompt, directions), as the generator fed it
     response_ids: tuple[int, ...]  # as generated (EOS included when it came)
     score: float  # final reward, 0-5
     policy_version: int  # the weights that generated it (a Level-2 sample: the Level-2 generator's stamp)
@@ -171,8 +172,7 @@ def _max_positions(model_dir: Path) -> int | None:
     """The context length a model directory's config declares (None when it declares none)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_dir, local_files_only=True).get_text_config()
-    return getattr(config, "max_position_embeddings", None)
+    return model_positions(AutoConfig.from_pretrained(model_dir, local_files_only=True))
 
 
 def sample_batch_id(keys: Sequence[str]) -> str:
@@ -201,6 +201,7 @@ class LearnerEngine:
         self.policy.value_trunk_grad = settings.value_trunk_grad
         self.reference = reference
         self.tokenizer = tokenizer
+        self.prompt_format = PromptFormat.of(tokenizer)  # how rollouts' prompts are rebuilt (svc_learner.worker)
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         text_config = policy.lm.config.get_text_config()
         self.max_positions: int | None = getattr(text_config, "max_position_embeddings", None)

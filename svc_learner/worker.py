@@ -40,7 +40,6 @@ from strata.bus.admin import resume_offsets
 from strata.bus.tail import TailReader, read_ranges
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.contract.identity import sample_identity
-from strata.contract.template import format_prompt
 from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
 from svc_learner import metrics
@@ -198,14 +197,15 @@ class RewardIntake:
 
         The response ids are read under the key of the generator that wrote them (the Level-2 model
         has the policy's vocabulary, checked at start, but its generator may name it otherwise); the
-        prompt is re-tokenized with the policy's tokenizer, which is the one the policy reads.
+        prompt is re-rendered and re-tokenized with the policy's prompt format (its chat template when
+        it has one), the text a Level-1 generator of this policy fed.
         """
         tokenizer_id = self._level2_tokenizer_id if behaviour_of(event) == LEVEL2 else self._tokenizer_id
         assert tokenizer_id is not None  # skip_reason refuses Level-2 samples without one
         response_ids = self._store.get_tokens(event.response_hash, tokenizer_id)
         prompt = self._store.get_text(event.prompt_hash)
         directions = self._directions(event)
-        prompt_ids = self._engine.tokenizer(format_prompt(prompt, directions))["input_ids"]
+        prompt_ids = self._engine.prompt_format.prompt_ids(prompt, directions)
         return tuple(prompt_ids), tuple(response_ids)
 
     @staticmethod

@@ -21,7 +21,6 @@ from strata.config import add_settings_flags, parse_settings
 from strata.content_store import ContentStore
 from strata.contract.models import ModelNotConfiguredError, model_path
 from strata.models.budget import TokenBudget
-from strata.models.tokens import tokenizer_id
 from strata.recovery import mark_start
 from strata.rpc import ServiceBinding, token_table
 from strata.rpc_auth import CallerIdentity
@@ -51,9 +50,8 @@ def tier_budgets(settings: SchedulerSettings) -> list[TokenBudget]:
             log.warning("prompt token check: %s; prompts are not checked against the %s model", exc, name)
             continue
         budget = TokenBudget.of_model(name, path)
-        twin = next((b for b in budgets if b.n_positions == budget.n_positions
-                     and tokenizer_id(b.tokenizer) == tokenizer_id(budget.tokenizer)), None)
-        if twin is not None:  # the same tokenizer and positions: one check per prompt serves both
+        twin = next((b for b in budgets if b.reads_like(budget)), None)
+        if twin is not None:  # the same tokenizer, template and positions: one check per prompt serves both
             log.info("prompt token check: the %s model reads as the %s model does", name, twin.name)
             continue
         budgets.append(budget)

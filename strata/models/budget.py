@@ -1,6 +1,7 @@
 """How much of a prompt a tier's model can read: its positions, and the prompt in its tokens.
 
-A generator feeds ``format_prompt(prompt, directions)`` and then ``max_new_tokens`` more positions;
+A generator feeds its model's prompt text (``PromptFormat.generator_text``: the chat template when
+the tokenizer has one, else ``format_prompt``) and then ``max_new_tokens`` more positions;
 a prompt for which that does not fit fails inside the model (position index out of range). The
 scheduler checks it at the door with the tiers' own tokenizers, so that a prompt it accepts is one
 both tiers can serve (issue 22). Directions are counted at their worst: ``MAX_DIRECTIONS`` of the
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.contract.directions import DIRECTION_NAMES
-from strata.contract.template import format_prompt
+from strata.models.prompts import PromptFormat, model_positions
 
 MAX_DIRECTIONS = 3  # the probe's top_k (R1)
 
@@ -28,6 +29,14 @@ class TokenBudget:
     n_positions: int
     tokenizer: Any
     directions: tuple[str, ...]  # the longest directions line the probe can produce, in tokens
+    format: PromptFormat
+
+    def reads_like(self, other: TokenBudget) -> bool:
+        """Same positions, vocabulary and template: one check of a prompt serves both models."""
+        from strata.models.tokens import tokenizer_id
+
+        return (self.n_positions == other.n_positions and tokenizer_id(self.tokenizer) == tokenizer_id(other.tokenizer)
+                and getattr(self.tokenizer, "chat_template", None) == getattr(other.tokenizer, "chat_template", None))
 
     @classmethod
     def of_model(cls, name: str, model_dir: str | Path) -> TokenBudget:
@@ -35,17 +44,18 @@ class TokenBudget:
         from transformers import AutoConfig, AutoTokenizer
 
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-        positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+        positions = model_positions(config)
         if not positions:
-            raise ValueError(f"{model_dir}: its config names no position limit (n_positions)")
+            raise ValueError(f"{model_dir}: its config names no position limit (n_positions, max_position_embeddings)")
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        longest = sorted(DIRECTION_NAMES, key=lambda d: len(tokenizer(d)["input_ids"]), reverse=True)
-        return cls(name, int(positions), tokenizer, tuple(longest[:MAX_DIRECTIONS]))
+        prompt_format = PromptFormat.of(tokenizer)
+        longest = sorted(DIRECTION_NAMES, key=lambda d: len(prompt_format.prompt_ids("", (d,))), reverse=True)
+        return cls(name, int(positions), tokenizer, tuple(longest[:MAX_DIRECTIONS]), prompt_format)
 
     def prompt_tokens(self, prompt: str, directions: Sequence[str] | None = None) -> int:
         """Tokens the generator feeds for ``prompt`` with ``directions`` (None: the longest the probe may add)."""
         chosen = self.directions if directions is None else tuple(directions)
-        return len(self.tokenizer(format_prompt(prompt, chosen))["input_ids"])
+        return len(self.format.prompt_ids(prompt, chosen))
 
     def problem(self, prompt: str, max_new_tokens: int, directions: Sequence[str] | None = None) -> str | None:
         """Why ``prompt`` cannot be served with ``max_new_tokens`` new tokens, or None when it can."""

@@ -1,4 +1,4 @@
-"""Batched sampling from a causal LM with the Strata prompt template (``strata.contract.template``)."""
+"""Batched sampling from a causal LM with its prompt format (``strata.models.prompts``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.contract.template import format_prompt
 from strata.models.loading import LoadedModel
+from strata.models.prompts import PromptFormat, stop_token_ids
 
 
 @dataclass(frozen=True)
@@ -40,11 +40,12 @@ def generate(
     if sampling.seed is not None:
         torch.manual_seed(sampling.seed)
     tokenizer = lm.tokenizer
-    eos_id = tokenizer.eos_token_id
-    texts = [format_prompt(p, directions[i] if directions else ()) for i, p in enumerate(prompts)]
+    prompt_format = PromptFormat.of(tokenizer)
+    stops = stop_token_ids(tokenizer, getattr(lm.model, "generation_config", None))
+    texts = [prompt_format.generator_text(p, directions[i] if directions else ()) for i, p in enumerate(prompts)]
     results: list[Generation] = []
     for start in range(0, len(texts), batch_size):
-        batch = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True).to(lm.device)
+        batch = prompt_format.encode(texts[start : start + batch_size], return_tensors="pt", padding=True).to(lm.device)
         do_sample = sampling.temperature > 0
         output = lm.model.generate(
             **batch,
@@ -54,12 +55,13 @@ def generate(
             top_p=sampling.top_p if do_sample else None,
             top_k=0 if do_sample else None,
             pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=eos_id,
+            eos_token_id=list(stops),
         )  # (b, T_prompt + T_new)
         new_tokens = output[:, batch["input_ids"].shape[1] :]  # (b, T_new)
         for row in new_tokens.tolist():
-            finished = eos_id in row
-            row = row[: row.index(eos_id) + 1] if finished else row
-            text = tokenizer.decode([t for t in row if t not in (eos_id, tokenizer.pad_token_id)])
+            end = next((i for i, token in enumerate(row) if token in stops), None)
+            finished = end is not None
+            row = row[: end + 1] if end is not None else row
+            text = tokenizer.decode([t for t in row if t not in stops and t != tokenizer.pad_token_id])
             results.append(Generation(text.strip(), len(row), finished))
     return results

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from strata.contract.template import format_rm_input
 from strata.models.loading import LoadedModel
+from strata.models.prompts import PromptFormat, model_positions
 
 MAX_SCORE = 5.0
 
@@ -75,13 +75,15 @@ def reward_logits_and_lengths(
     """:func:`reward_logits`, and the tokens the RM read of each pair (after truncation)."""
     if len(prompts) != len(responses):
         raise ValueError("prompts and responses must have the same length")
-    texts = [format_rm_input(p, r) for p, r in zip(prompts, responses, strict=True)]
-    # Never read more than the RM was trained on (its tokenizer's model_max_length, when it says).
-    max_length = min(max_length, rm.tokenizer.model_max_length)
+    prompt_format = PromptFormat.of(rm.tokenizer)  # the RM's chat template when it has one
+    texts = [prompt_format.rm_text(p, r) for p, r in zip(prompts, responses, strict=True)]
+    # Never read more than the RM was trained on (its tokenizer's model_max_length, when it says) nor
+    # more than its positions.
+    max_length = min(max_length, rm.tokenizer.model_max_length, model_positions(rm.model.config) or max_length)
     out = []
     lengths: list[int] = []
     for start in range(0, len(texts), batch_size):
-        batch = rm.tokenizer(
+        batch = prompt_format.encode(
             texts[start : start + batch_size], return_tensors="pt", padding=True, truncation=True, max_length=max_length
         ).to(rm.device)
         lengths += batch["attention_mask"].sum(dim=1).tolist()

@@ -253,8 +253,9 @@ def eval_swaps(split: str = "eval", seed: int = EVAL_SEED) -> tuple[list[str], l
 
 def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions, n_bins: int, seed: int) -> Any:
     """The model a light RM starts from, and what it is: ``fresh`` or the directory it was loaded from."""
-    from transformers import GPT2ForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
+    from strata.models.prompts import model_positions
     from strata.zoo.build import student_init_dir
     from strata.zoo.train import ModelShape, new_reward_model
 
@@ -266,13 +267,14 @@ def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions,
         n_positions = max(256, options.max_length)  # svc_reward reads up to 256 tokens by default
         return new_reward_model(strong.tokenizer, shape, n_positions, n_bins, seed), "fresh"
     try:
-        model = GPT2ForSequenceClassification.from_pretrained(init, local_files_only=True)
+        model = AutoModelForSequenceClassification.from_pretrained(init, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise CliError(f"--init {init}: not a GPT-2 sequence-classification RM ({exc})") from exc
+        raise CliError(f"--init {init}: not a sequence-classification RM ({exc})") from exc
     if model.config.num_labels != n_bins:
         raise CliError(f"--init {init} has {model.config.num_labels} score bins, the strong RM {n_bins}")
-    if model.config.n_positions < options.max_length:
-        raise CliError(f"--max-length {options.max_length} exceeds the {model.config.n_positions} positions of {init}")
+    positions = model_positions(model.config)
+    if positions is not None and positions < options.max_length:
+        raise CliError(f"--max-length {options.max_length} exceeds the {positions} positions of {init}")
     return model, init
 
 
@@ -280,8 +282,8 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     """Pseudo-label pairs with the strong RM, fit light RM(s) to its bin distributions, evaluate."""
     from tqdm import tqdm
 
-    from strata.contract.template import format_rm_input
     from strata.models.loading import ModelLoadError, load_reward_model
+    from strata.models.prompts import PromptFormat
     from strata.models.reward import expected_reward, prompt_match, save_rm_tokenizer
     from strata.rm.augment import augment_responses
     from strata.rm.distill import DistillConfig, comparison_metrics, rank_metrics, train_light
@@ -346,7 +348,8 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
 
     # 3. The strong RM's bin distributions: the targets (cached by weights and texts).
     teacher = score_logits(strong, prompts, responses, options.max_length, "strong RM pseudo-labels", cache_dir)
-    texts = [format_rm_input(p, r) for p, r in pairs]
+    rm_format = PromptFormat.of(strong.tokenizer)  # the light RMs share the strong RM's tokenizer
+    texts = [rm_format.rm_text(p, r) for p, r in pairs]
 
     # 4. Light RM(s): from the student init (or fresh), on the strong RM's tokenizer, fitted by KL.
     from strata.zoo.build import RM_LIGHT_TRAIN
@@ -532,8 +535,8 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
     """Train, evaluate and finalize a strong RM version (R5); pseudo-label logged rollouts when asked."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from strata.contract.template import format_rm_input
     from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
+    from strata.models.prompts import PromptFormat, model_positions
     from strata.models.reward import expected_reward, save_rm_tokenizer
     from strata.rm.distill import rank_metrics
     from strata.zoo.build import (
@@ -572,7 +575,7 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
             init_dir, num_labels=options.n_bins, ignore_mismatched_sizes=True, local_files_only=True, **overrides)
     except (ModelLoadError, OSError, ValueError) as exc:
         raise CliError(f"cannot start the strong RM from {init}: {exc}") from exc
-    positions = getattr(model.config, "max_position_embeddings", None)
+    positions = model_positions(model.config)
     if positions is not None and options.max_length > positions:
         raise CliError(f"--max-length {options.max_length} exceeds the {positions} positions of {init_dir}")
     if tokenizer.pad_token is None:
@@ -581,7 +584,8 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
     model.config.pad_token_id = tokenizer.pad_token_id
     progress(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
           f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {options.steps} steps")
-    texts = [format_rm_input(r["prompt"], r["response"]) for r in rows]
+    rm_format = PromptFormat.of(tokenizer)
+    texts = [rm_format.rm_text(r["prompt"], r["response"]) for r in rows]
     grouped = any("group" in r for r in rows)
     batch_size = options.groups_per_step if grouped else options.batch_size
     cfg = TrainConfig(steps=options.steps, batch_size=batch_size, lr=options.lr, warmup_steps=min(10, options.steps))

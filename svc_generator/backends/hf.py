@@ -10,8 +10,8 @@ from contextlib import contextmanager
 import torch
 from transformers import AutoModelForCausalLM
 
-from strata.contract.template import format_prompt
 from strata.models.loading import LoadedModel, from_pretrained, load_causal_lm
+from strata.models.prompts import PromptFormat, stop_token_ids
 from strata.models.tokens import tokenizer_id
 from strata.sampling import Sampling
 from svc_generator.backends.base import GenerationOutput, GenerationRequest
@@ -53,6 +53,10 @@ class HfBackend:
         self._lm: LoadedModel = load_causal_lm(model_path, device=device, dtype=dtype)
         self.model_id = str(self._lm.path)
         self.tokenizer_id = tokenizer_id(self._lm.tokenizer)
+        self.prompt_format = PromptFormat.of(self._lm.tokenizer)
+        # Instruct models end a turn with their own token (<|eot_id|>, <|im_end|>), listed in the
+        # generation config beside the tokenizer's EOS.
+        self.stop_ids = stop_token_ids(self._lm.tokenizer, getattr(self._lm.model, "generation_config", None))
 
     @property
     def lm(self) -> LoadedModel:
@@ -90,8 +94,8 @@ class HfBackend:
     def _generate_group(self, group: list[GenerationRequest]) -> list[GenerationOutput]:
         tokenizer, model = self._lm.tokenizer, self._lm.model
         sampling = group[0].sampling
-        texts = [format_prompt(r.prompt, r.directions) for r in group]
-        batch = tokenizer(texts, return_tensors="pt", padding=True).to(self._lm.device)  # left padding
+        texts = [self.prompt_format.generator_text(r.prompt, r.directions) for r in group]
+        batch = self.prompt_format.encode(texts, return_tensors="pt", padding=True).to(self._lm.device)  # left pad
         prompt_lengths = batch["attention_mask"].sum(dim=1).tolist()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
@@ -104,14 +108,15 @@ class HfBackend:
                 top_p=sampling.top_p,
                 top_k=0,
                 pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
+                eos_token_id=list(self.stop_ids),
             )  # (B, T_prompt + T_new)
         new_tokens = generated[:, batch["input_ids"].shape[1]:].tolist()  # (B, T_new)
-        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        stops, pad = set(self.stop_ids), tokenizer.pad_token_id
         results = []
         for row, prompt_length in zip(new_tokens, prompt_lengths, strict=True):
-            finished = eos in row
-            row = row[: row.index(eos) + 1] if finished else row
-            text = tokenizer.decode([t for t in row if t not in (eos, pad)], skip_special_tokens=True).strip()
+            end = next((i for i, token in enumerate(row) if token in stops), None)
+            finished = end is not None
+            row = row[: end + 1] if end is not None else row
+            text = tokenizer.decode([t for t in row if t not in stops and t != pad], skip_special_tokens=True).strip()
             results.append(GenerationOutput(text, tuple(row), int(prompt_length), finished))
         return results
