@@ -3,7 +3,10 @@
 Same model, same prompts, one run: (a) sequential ``model.generate`` calls in-process, one prompt at
 a time — the baseline; (b) the generator service (gRPC servicer + dynamic batcher, in-process on a
 free port) with 16 concurrent clients. Throughput is response tokens per second of wall time.
-Last line: ``generator batch_speedup=<(b)/(a)>``.
+With ``--model DIR`` (any family: Llama, Qwen2, Mistral, GPT-2) the zoo's model of the tier is
+measured first in the same run, so the two speedups are read side by side. Last line:
+``generator batch_speedup=<(b)/(a)>`` (of ``--model`` when given) and ``zoo_batch_speedup=<...>``
+when ``--model`` is given.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import argparse
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 from strata import rpc
 from strata.rpc import ServiceBinding, start_server
@@ -22,27 +27,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--model", default=None, help="causal LM directory (default: the zoo's Level-1)")
+    parser.add_argument("--model", default=None,
+                        help="causal LM directory (any family, e.g. `strata models tiny llama DIR`); measured beside "
+                             "the zoo's model of the tier in the same run. Default: the zoo's model alone")
     parser.add_argument("--tier", type=int, default=1, choices=(1, 2))
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """One model's run: sequential in-process generate against the batching service."""
+
+    label: str
+    sequential_tps: float
+    service_tps: float
+
+    @property
+    def ratio(self) -> float:
+        return self.service_tps / self.sequential_tps
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.sampling import Sampling
     from strata.zoo.build import ensure_zoo
     from strata.zoo.suite import load_suite
     from svc_generator.__main__ import model_dir
+    from svc_generator.config import GeneratorSettings
+
+    zoo_settings = GeneratorSettings(tier=args.tier, device=args.device, max_batch_size=args.clients,
+                                     max_new_tokens=args.max_new_tokens)
+    ensure_zoo(zoo_settings)  # a bench may build the zoo; the service never does
+    prompts = [r.text for r in load_suite("eval")[: args.prompts]]
+    runs = [measure(f"zoo level{args.tier}", model_dir(zoo_settings), zoo_settings, prompts, args)]
+    if args.model:
+        runs.append(measure(args.model, args.model, zoo_settings.model_copy(update={"model": args.model}), prompts,
+                            args))
+    for result in runs:
+        print(f"{result.label}: batch speedup {result.ratio:.2f}")
+    line = f"generator batch_speedup={runs[-1].ratio:.2f}"
+    if args.model:
+        line += f" zoo_batch_speedup={runs[0].ratio:.2f}"
+    print(line)
+    return 0
+
+
+def measure(label: str, path: str, settings: Any, prompts: list[str], args: argparse.Namespace) -> Speedup:
+    """(a) sequential in-process generate and (b) the service with concurrent clients, on ``path``."""
+    from strata.sampling import Sampling
     from svc_generator.backends.base import GenerationRequest
     from svc_generator.backends.hf import HfBackend
     from svc_generator.batcher import DynamicBatcher
-    from svc_generator.config import GeneratorSettings
     from svc_generator.servicer import GeneratorServicer
 
-    settings = GeneratorSettings(tier=args.tier, model=args.model, device="cpu", max_batch_size=args.clients,
-                                 max_new_tokens=args.max_new_tokens)
-    if not settings.model:
-        ensure_zoo(settings)  # a bench may build the zoo; the service never does
-    backend = HfBackend(model_dir(settings), device="cpu")
-    prompts = [r.text for r in load_suite("eval")[: args.prompts]]
+    backend = HfBackend(path, device=args.device)
+    print(f"{label}: {backend.n_params / 1e6:.2f}M params, {backend.prompt_format.kind} prompt format, "
+          f"on {backend.device}")
     sampling = Sampling(settings.temperature, settings.top_p, args.max_new_tokens)
 
     # Both sides run on the same prompts, interleaved in rounds, so that a change in machine load
@@ -55,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     servicer = GeneratorServicer(settings, batcher, None, backend.tokenizer_id)
     server = start_server([ServiceBinding(generator_pb2_grpc.add_GeneratorServicer_to_server, servicer,
                                           generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name)],
-                          port=0, host="127.0.0.1", max_workers=args.clients + 4)
+                          port=0, settings=settings.model_copy(update={"grpc_max_workers": args.clients + 4}),
+                          host="127.0.0.1")
     sequential_tokens = service_tokens = batches = 0
     sequential_s = service_s = 0.0
     try:
@@ -86,10 +125,9 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
         loop.join()
     sequential_tps = sequential_tokens / sequential_s
-    print(f"sequential: {len(prompts)} prompts, {sequential_tokens} tokens in {sequential_s:.1f} s "
+    print(f"  sequential: {len(prompts)} prompts, {sequential_tokens} tokens in {sequential_s:.1f} s "
           f"= {sequential_tps:.0f} tokens/s")
     service_tps = service_tokens / service_s
-    print(f"service ({args.clients} concurrent clients): {service_tokens} tokens in {service_s:.1f} s "
+    print(f"  service ({args.clients} concurrent clients): {service_tokens} tokens in {service_s:.1f} s "
           f"= {service_tps:.0f} tokens/s, {batches} batches (mean {len(prompts) / max(batches, 1):.1f} per batch)")
-    print(f"generator batch_speedup={service_tps / sequential_tps:.2f}")
-    return 0
+    return Speedup(label, sequential_tps, service_tps)

@@ -24,6 +24,17 @@ def register(subparsers: Any) -> None:
     add_zoo_arguments(path)
     path.set_defaults(func=_path)
 
+    from strata.models.tiny import ARCHITECTURES
+
+    tiny = sub.add_parser("tiny", help="write a tiny random-weight checkpoint of a model family (tests, benches)")
+    tiny.add_argument("arch", choices=ARCHITECTURES, help="family (llama, qwen2, mistral: with a chat template)")
+    tiny.add_argument("out", help="directory to write (must not exist or be empty)")
+    tiny.add_argument("--kind", choices=("causal", "reward"), default="causal",
+                      help="causal LM (generator, policy, probe) or sequence-classification reward model")
+    tiny.add_argument("--positions", type=int, default=512, help="context length in tokens (default 512)")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=_tiny)
+
 
 def _paths_dict(paths: Any) -> dict[str, str]:
     roles = ("root", "tokenizer", "probe", "level1", "level2", "rm_strong", "rm_light", "rm_data")
@@ -50,4 +61,20 @@ def _path(args: argparse.Namespace) -> int:
 
     paths = zoo_paths(zoo_settings_from_args(args))
     print(json.dumps(_paths_dict(paths) | {"built": paths.is_complete()}, indent=2))
+    return 0
+
+
+def _tiny(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from strata.errors import CliError
+    from strata.models.tiny import build_tiny_model
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CliError(f"{out} exists and is not an empty directory: pick a new path")
+    if args.positions < 64:
+        raise CliError(f"--positions must be at least 64, got {args.positions}")
+    build_tiny_model(args.arch, out, args.kind, positions=args.positions, seed=args.seed)
+    print(f"wrote a tiny {args.arch} {args.kind} model to {out}")
     return 0
