@@ -132,7 +132,8 @@ class Models:
 
         name = f"llama-{seed}"
         if name not in self._built:
-            self._built[name] = build_tiny_model("llama", self.root / name, seed=seed)
+            # Head size 64 (256 / 4): the smallest every vLLM attention backend takes.
+            self._built[name] = build_tiny_model("llama", self.root / name, seed=seed, hidden=256, heads=4)
         return self._built[name]
 
 

@@ -9,3 +9,11 @@ class CliError(Exception):
     Raised by commands and by the libraries they call (benches, calibration): the message names
     what to fix.
     """
+
+
+class ServiceConfigError(ValueError):
+    """A deployment mistake found while a service starts (a model that cannot serve the settings, ...).
+
+    ``service_main`` logs the message, which names the setting to change, and exits with 2 instead
+    of crashing with a traceback.
+    """

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from strata.bus import Worker
 from strata.config import S, StrataSettings, add_settings_flags, parse_settings
-from strata.contract.models import ModelNotConfiguredError
+from strata.errors import ServiceConfigError
 from strata.lifecycle import stop_on_signals
 from strata.rpc import RunningServer, ServiceBinding, start_server
 from strata.rpc_metrics import register_device_memory_metrics
@@ -126,7 +126,7 @@ def service_main(settings_type: type[S], build: Callable[[S], ServiceParts], pro
     setup_logging(settings.log_level, debug_rollout=settings.debug_rollout)
     try:
         parts = build(settings)
-    except ModelNotConfiguredError as exc:
+    except ServiceConfigError as exc:  # ModelNotConfiguredError, ModelLoadError, ...
         # A deployment mistake, not a crash: say which setting to give, without a traceback.
         log.error("%s: %s", prog, exc)
         return 2

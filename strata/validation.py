@@ -82,6 +82,13 @@ def check_directions(names: list[str], field: str = "directions", prompt_format:
     return tuple(names)
 
 
+def check_rollout_dropout(dropout: float | None, supported: bool) -> None:
+    """Refuse rollout dropout (R17) that the serving model would silently ignore."""
+    if dropout is not None and not supported:
+        raise RequestError("sampling.rollout_dropout", "this generator cannot keep dropout on during rollout (vLLM "
+                           "backend, or a model without dropout layers); leave it unset")
+
+
 def check_n_samples(n_samples: int, limit: int) -> int:
     n = n_samples or 1
     if n > limit:

@@ -19,6 +19,7 @@ from strata.validation import (
     check_directions,
     check_n_samples,
     check_prompt,
+    check_rollout_dropout,
     sampling_from_proto,
     sampling_to_proto,
 )
@@ -35,8 +36,9 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
     Kafka worker is the rollout path)."""
 
     def __init__(self, settings: GeneratorSettings, batcher: DynamicBatcher, store: ContentStore | None,
-                 tokenizer_id: str, budget: TokenBudget | None = None) -> None:
+                 tokenizer_id: str, budget: TokenBudget | None = None, rollout_dropout_ok: bool = True) -> None:
         self._budget = budget  # the model's positions (strata.models.budget)
+        self._rollout_dropout_ok = rollout_dropout_ok  # False: the backend cannot apply it (R17)
         self._settings = settings
         self._batcher = batcher
         self._store = store
@@ -52,6 +54,7 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
                                           prompt_format=self._budget.format if self._budget else None)
             validated = sampling_from_proto(request.sampling, s.sampling_defaults(), s.sampling_bounds())
             max_new = validated.sampling.max_new_tokens
+            check_rollout_dropout(validated.sampling.rollout_dropout, self._rollout_dropout_ok)
             if self._budget and (problem := self._budget.problem(prompt, max_new, directions)):
                 raise RequestError("prompt", problem)
         except RequestError as exc:

@@ -23,7 +23,14 @@ from strata.contract.identity import request_identity
 from strata.debug_store import DebugSample, DebugStore
 from strata.models.budget import TokenBudget
 from strata.v1 import common_pb2, events_pb2
-from strata.validation import RequestError, check_directions, check_n_samples, sampling_from_proto, sampling_to_proto
+from strata.validation import (
+    RequestError,
+    check_directions,
+    check_n_samples,
+    check_rollout_dropout,
+    sampling_from_proto,
+    sampling_to_proto,
+)
 from svc_generator.backends.base import GenerationRequest
 from svc_generator.batcher import DynamicBatcher
 from svc_generator.config import GeneratorSettings
@@ -58,8 +65,10 @@ class GeneratorWorker:
     def __init__(self, settings: GeneratorSettings, batcher: DynamicBatcher, store: ContentStore,
                  client: redis.Redis, publisher: Publisher, tokenizer_id: str,
                  debug_store: DebugStore | None = None, n_params: int = 0, budget: TokenBudget | None = None,
+                 rollout_dropout_ok: bool = True,
                  ) -> None:
         self._budget = budget  # the model's positions: a prompt that cannot fit is dead-lettered, not retried
+        self._rollout_dropout_ok = rollout_dropout_ok  # False: the backend cannot apply it (R17)
         self._debug_store = debug_store  # --debug-rollout only; never read by training
         self._n_params = n_params  # the ledger's params x tokens
         self._settings = settings
@@ -82,6 +91,7 @@ class GeneratorWorker:
                 directions = check_directions([d.name for d in routed.directions],
                                               prompt_format=self._budget.format if self._budget else None)
                 check_n_samples(routed.n_samples, self._settings.max_samples_per_request)  # bounded on Kafka too
+                check_rollout_dropout(sampling.rollout_dropout, self._rollout_dropout_ok)
                 if self._budget and (problem := self._budget.problem(prompt, sampling.max_new_tokens, directions)):
                     raise RequestError("prompt", problem)
             except (ContentNotFoundError, RequestError) as exc:

@@ -105,7 +105,7 @@ class LearnerSettings(StrataSettings):
     )  # fmt: skip
     level2_tokenizer_id: str | None = Field(
         None, description="key of the Level-2 generator's response token ids; unset: derived from the Level-2 "
-        "model's tokenizer as the HF generator derives it"
+        "model's tokenizer as every generator backend derives it"
     )  # fmt: skip
     checkpoint_every_updates: int = Field(
         1, ge=1, description="PPO updates per checkpoint; each checkpoint is a policy version published to generators"

@@ -20,10 +20,12 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from strata.errors import ServiceConfigError
+
 ROLES: tuple[str, ...] = ("probe", "level1", "level2", "rm_light", "rm_strong")
 
 
-class ModelNotConfiguredError(ValueError):
+class ModelNotConfiguredError(ServiceConfigError):
     """A service has no model path and no built zoo to take it from; the message says what to set."""
 
 

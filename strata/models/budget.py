@@ -49,8 +49,7 @@ class TokenBudget:
             raise ValueError(f"{model_dir}: its config names no position limit (n_positions, max_position_embeddings)")
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         prompt_format = PromptFormat.of(tokenizer)
-        longest = sorted(DIRECTION_NAMES, key=lambda d: len(prompt_format.prompt_ids("", (d,))), reverse=True)
-        return cls(name, int(positions), tokenizer, tuple(longest[:MAX_DIRECTIONS]), prompt_format)
+        return cls(name, int(positions), tokenizer, _worst_directions(prompt_format), prompt_format)
 
     def prompt_tokens(self, prompt: str, directions: Sequence[str] | None = None) -> int:
         """Tokens the generator feeds for ``prompt`` with ``directions`` (None: the longest the probe may add)."""
@@ -65,3 +64,26 @@ class TokenBudget:
         return (f"needs {needed} positions of the {self.name} model ({needed - max_new_tokens} prompt tokens with "
                 f"the template + max_new_tokens {max_new_tokens}); it reads {self.n_positions}: shorten the "
                 "prompt or ask for fewer new tokens")
+
+
+def _worst_directions(prompt_format: PromptFormat) -> tuple[str, ...]:
+    """The directions line with the most tokens the probe may return: the longest canonical names, or
+    for a chat template (which takes a user's probe-head names too) the longest names allowed."""
+    def cost(names: tuple[str, ...]) -> int:
+        return len(prompt_format.prompt_ids("", names))
+
+    longest = tuple(sorted(DIRECTION_NAMES, key=lambda d: cost((d,)), reverse=True)[:MAX_DIRECTIONS])
+    if not prompt_format.chat:
+        return longest
+    # A user's names are words too: the longest canonical names' words, repeated up to the 48 characters
+    # a name may have.
+    widest = tuple(_stretch(name) for name in longest)
+    return max(longest, widest, key=cost)
+
+
+def _stretch(name: str, limit: int = 48) -> str:
+    words = name.split("_")
+    stretched: list[str] = []
+    while len("_".join([*stretched, words[len(stretched) % len(words)]])) <= limit:
+        stretched.append(words[len(stretched) % len(words)])
+    return "_".join(stretched)

@@ -24,6 +24,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from strata.errors import ServiceConfigError
+
 logger = logging.getLogger(__name__)
 
 ZOO_INFO_FILE = "strata_zoo.json"  # resolved build config stored next to every zoo model
@@ -34,7 +36,7 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(ServiceConfigError):
     """A model path that cannot be loaded; the message says what to fix."""
 
 

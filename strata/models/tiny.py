@@ -97,8 +97,13 @@ def build_tokenizer(arch: str, vocab_size: int = 384) -> Any:
 
 
 def build_tiny_model(arch: str, out: str | Path, kind: ModelKind = "causal", *, n_labels: int = 11,
-                     positions: int = 512, seed: int = 0) -> Path:
-    """Write a tiny random ``arch`` model (``causal`` LM or ``reward`` sequence classifier) to ``out``."""
+                     positions: int = 512, seed: int = 0, hidden: int = 64, heads: int = 4) -> Path:
+    """Write a tiny random ``arch`` model (``causal`` LM or ``reward`` sequence classifier) to ``out``.
+
+    ``hidden`` / ``heads`` is the head size: 16 by default; GPU kernels (vLLM's) want 64 or more.
+    """
+    if hidden % heads or heads % 2:
+        raise ValueError(f"hidden {hidden} must split into an even number of heads, got {heads}")
     import transformers
 
     family = _family(arch)
@@ -112,14 +117,15 @@ def build_tiny_model(arch: str, out: str | Path, kind: ModelKind = "causal", *, 
     if kind == "reward":
         common["num_labels"] = n_labels
     if arch == "gpt2":
-        config = transformers.GPT2Config(n_positions=positions, n_embd=64, n_layer=2, n_head=4, **common)
+        config = transformers.GPT2Config(n_positions=positions, n_embd=hidden, n_layer=2, n_head=heads, **common)
         prefix = "GPT2"
     else:
         prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[arch]
         config_class = getattr(transformers, f"{prefix}Config")
         extra = {"sliding_window": None} if arch in ("qwen2", "mistral") else {}
-        config = config_class(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=2, max_position_embeddings=positions, tie_word_embeddings=True,
+        config = config_class(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                              num_attention_heads=heads, num_key_value_heads=heads // 2,
+                              max_position_embeddings=positions, tie_word_embeddings=True,
                               **extra, **common)
     head = "LMHeadModel" if (arch == "gpt2" and kind == "causal") else (
         "ForCausalLM" if kind == "causal" else "ForSequenceClassification")

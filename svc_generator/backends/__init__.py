@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from strata.errors import ServiceConfigError
 from svc_generator.backends.base import Backend, GenerationOutput, GenerationRequest
 from svc_generator.config import GeneratorSettings
 
@@ -20,8 +21,8 @@ def create_backend(settings: GeneratorSettings, model_path: str) -> Backend:
     """
     if settings.backend == "vllm":
         if settings.rollout_dropout_enabled:
-            raise ValueError("rollout_dropout_enabled=true needs backend=hf: the vllm backend cannot keep dropout on "
-                             "during rollout (R17); set backend=hf or rollout_dropout_enabled=false")
+            raise ServiceConfigError("rollout_dropout_enabled=true needs backend=hf: the vllm backend cannot keep "
+                                     "dropout on during rollout (R17); set backend=hf or rollout_dropout_enabled=false")
         from svc_generator.backends.vllm_backend import VllmBackend
 
         return VllmBackend(model_path, settings)
@@ -30,10 +31,10 @@ def create_backend(settings: GeneratorSettings, model_path: str) -> Backend:
     backend = HfBackend(model_path, settings.device, settings.dtype)
     if settings.rollout_dropout_enabled and not has_dropout(backend.lm.model):
         model_type = getattr(backend.lm.model.config, "model_type", "unknown")
-        raise ValueError(f"rollout_dropout_enabled=true but the {model_type!r} model at {model_path} has no "
-                         "torch.nn.Dropout modules, so rollout dropout would change nothing (its attention dropout is "
-                         "functional); set rollout_dropout_enabled=false, or serve a model with dropout layers "
-                         "(e.g. GPT-2)")
+        raise ServiceConfigError(f"rollout_dropout_enabled=true but the {model_type!r} model at {model_path} has no "
+                                 "torch.nn.Dropout modules, so rollout dropout would change nothing (its attention "
+                                 "dropout is functional); set rollout_dropout_enabled=false, or serve a model with "
+                                 "dropout layers (e.g. GPT-2)")
     return backend
 
 

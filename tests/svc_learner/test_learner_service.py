@@ -267,9 +267,9 @@ def test_level2_rewards_train_the_policy_weighted_against_the_level2_model(
     infra, policy_dir, level2_dir, tmp_path, learner_topics, publisher, make_learner, fabricate
 ) -> None:
     settings = learner_settings(infra, policy_dir, tmp_path / "ckpt", level2_model_path=level2_dir,
-                                level2_tokenizer_id="vllm-tiny-level2")  # fmt: skip
+                                level2_tokenizer_id="custom-level2-key")  # fmt: skip
     learner = make_learner(settings, learner_topics)
-    assert learner.level2_tokenizer_id == "vllm-tiny-level2" != learner.tokenizer_id
+    assert learner.level2_tokenizer_id == "custom-level2-key" != learner.tokenizer_id
     make = fabricate(learner)  # stores Level-2 token ids under the Level-2 key only
     # Final Level-2 rewards, stamped with the Level-2 generator's version: never one of this learner's.
     level2 = [make.reward(9, tier=common_pb2.TIER_LEVEL_2, scorer=common_pb2.SCORER_STRONG) for _ in range(2)]

@@ -187,7 +187,7 @@ def test_the_intake_reads_level2_token_ids_under_the_level2_tokenizer_id(
     assert engine.level2_tokenizer is not None
     policy_id = tokenizer_id(engine.tokenizer)
     assert tokenizer_id(engine.level2_tokenizer) == policy_id  # same vocabulary, same derived key
-    level2_id = "vllm-tiny-level2"  # e.g. a vLLM generator names its ids after its model directory
+    level2_id = "custom-level2-key"  # a key set by hand (level2_tokenizer_id)
     store = FakeStore()
     store.texts["p"] = "how do i fix the sink"
     store.tokens[("r1", policy_id)] = [50, 51, 0]

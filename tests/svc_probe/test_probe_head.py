@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchutil import one_torch_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 
 from strata.cli.main import main
 from strata.contract.directions import DIRECTION_NAMES
