@@ -36,7 +36,8 @@ def stack_parts(infra: StrataSettings, models: TinyModels) -> list:
     return [
         # Every prompt to Level-1 (no caution), and every Level-1 reward escalates to Level-2 (R3).
         build_probe(ProbeSettings(**service_settings(infra, model=str(models.lm), min_confidence=0.0,
-                                                     risk_threshold=1.0, risk_keywords=""))),
+                                                     risk_threshold=1.0, risk_keywords="",
+                                                     probe_method="likelihood"))),  # a tiny LM, no head
         *(build_generator(GeneratorSettings(**service_settings(
             infra, tier=tier, model=str(models.lm), max_new_tokens=12, follow_policy_updates=False)))
           for tier in (1, 2)),
