@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 
 import redis
+import torch
 from prometheus_client import Counter, Histogram
 
 from strata.bus import Publisher, Worker, topics
@@ -78,9 +79,21 @@ def build(settings: ProbeSettings) -> ServiceParts:
                         on_stop=[publisher.close, client.close])
 
 
+def set_torch_threads(settings: ProbeSettings) -> None:
+    """The probe process's torch CPU threads (process-wide: the probe is its only model)."""
+    if settings.torch_threads is not None:
+        torch.set_num_threads(settings.torch_threads)
+
+
+def build_process(settings: ProbeSettings) -> ServiceParts:
+    """``build`` for a process of its own (tests build in-process and keep their own thread count)."""
+    set_torch_threads(settings)
+    return build(settings)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        return service_main(ProbeSettings, build, "python -m svc_probe", __doc__, argv)
+        return service_main(ProbeSettings, build_process, "python -m svc_probe", __doc__, argv)
     except (ProbeSetupError, ModelLoadError) as exc:
         # A configuration mistake (a user's LM without a head, a head of another model, a bad path),
         # not a crash: say what to run or set, without a traceback, exit 2 as service_main does.

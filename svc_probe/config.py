@@ -35,6 +35,10 @@ class ProbeSettings(StrataSettings):
     )
     max_prompt_chars: int = Field(8000, ge=1)
     max_prompt_tokens: int = Field(128, ge=8, description="prompt tokens the probe reads (the rest is cut)")
+    torch_threads: int | None = Field(
+        1, ge=1, description="torch CPU threads of this process on the CPU (unset: torch's default, one per core); "
+        "a small model's one forward gains nothing from more, and spinning threads stall when other services "
+        "share the cores (docs/performance.md)")
     group_id: str = Field("svc-probe", description="consumer group of the Level-0 topic")
 
     def keywords(self) -> tuple[str, ...]:

@@ -9,8 +9,9 @@ Two methods, one set of rules:
 - **likelihood** (the zoo's probe, trained on ``format_probe_query(prompt)`` ``"Q: ...\\nDirections:"``):
   how likely each canonical direction name is as the continuation; a softmax over the directions'
   total log-likelihoods gives their scores. The model was trained to write ``Risk: yes|no`` after the
-  direction, so the risk probability is read the same way. All prompts x directions go through one
-  forward pass. On any other LM these likelihoods mean nothing, so it must be asked for by name.
+  direction, so the risk probability is read from the same rows (``query + direction + "Risk:"``):
+  all prompts x directions go through one forward pass. On any other LM these likelihoods mean
+  nothing, so it must be asked for by name.
 
 Either way the top direction's score is the confidence, and a keyword list is a safety net beside
 the model: a prompt is cautious (Level-2) on a high risk probability, a risk keyword or low confidence.
@@ -18,9 +19,10 @@ the model: a prompt is cautious (Level-2) on a high risk probability, a risk key
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -29,7 +31,7 @@ from strata.contract.template import RISK_PREFIX, format_probe_query
 from strata.models.loading import LoadedModel
 from strata.models.prompts import PromptFormat
 from strata.risk import match_keywords
-from svc_probe.head import DirectionsHead, prompt_features
+from svc_probe.head import DirectionsHead, encode_queries, last_token_features, prompt_features
 
 ProbeMethod = Literal["auto", "head", "likelihood"]
 
@@ -108,18 +110,112 @@ def _continuation_logprobs(lm: LoadedModel, contexts: Sequence[str], continuatio
     return (token_logprobs * keep).sum(dim=1).cpu(), [len(r) for r in rows]
 
 
+@dataclass(frozen=True)
+class _LikelihoodPieces:
+    """The fixed token pieces of the likelihood method, tokenized once per tokenizer."""
+
+    names: tuple[tuple[int, ...], ...]  # " <direction>" for each canonical direction
+    risk_suffix: tuple[int, ...]  # "\nRisk:"
+    yes: int | None  # " yes" / " no" when each is one token (the one-forward path), else None
+    no: int | None
+
+
+@functools.lru_cache(maxsize=4)
+def _likelihood_pieces(tokenizer: Any) -> _LikelihoodPieces:
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    yes, no = ids(" yes"), ids(" no")
+    single = len(yes) == 1 and len(no) == 1
+    return _LikelihoodPieces(tuple(ids(f" {name}") for name in DIRECTION_NAMES), ids(f"\n{RISK_PREFIX.rstrip()}"),
+                             yes[0] if single else None, no[0] if single else None)
+
+
 def _likelihood_scores(lm: LoadedModel, prompts: Sequence[str], max_prompt_tokens: int
                        ) -> tuple[tuple[str, ...], torch.Tensor, list[float], list[int]]:
-    """Canonical names, (P, D) direction scores, P(risk) and tokens read, by likelihood (two stages)."""
+    """Canonical names, (P, D) direction scores, P(risk) and tokens read, by likelihood.
+
+    One forward: each prompt x direction row is ``query + " <direction>" + "\nRisk:"``. The direction's
+    log-likelihood is read on its own tokens (causal attention: the suffix after them changes nothing)
+    and P(risk) from the next-token logits of ``" yes"`` / ``" no"`` on the best direction's row, the
+    same conditional the model was trained on. A tokenizer that splits ``" yes"`` takes two forwards.
+    """
+    pieces = _likelihood_pieces(lm.tokenizer)
+    if pieces.yes is None or pieces.no is None:
+        return _likelihood_scores_two_forwards(lm, prompts, max_prompt_tokens)
+    names = DIRECTION_NAMES
+    rows, spans = _likelihood_rows(lm, pieces, prompts, max_prompt_tokens)
+    input_ids, mask = _right_padded(rows, lm.tokenizer.pad_token_id, lm.device)
+    logits = lm.model(input_ids=input_ids, attention_mask=mask).logits.float()  # (N, T, V)
+    logprobs = torch.log_softmax(logits[:, :-1], dim=-1)  # (N, T-1, V): position t predicts token t+1
+    token_logprobs = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (N, T-1)
+    positions = torch.arange(input_ids.shape[1] - 1, device=lm.device)[None, :]  # (1, T-1)
+    starts = torch.tensor([a for a, _ in spans], device=lm.device)[:, None] - 1
+    ends = torch.tensor([b for _, b in spans], device=lm.device)[:, None] - 1
+    scores = (token_logprobs * ((positions >= starts) & (positions < ends))).sum(dim=1)  # (N,)
+    probs = torch.softmax(scores.view(len(prompts), len(names)), dim=-1).cpu()  # (P, D)
+    best = probs.argmax(dim=-1)  # (P,)
+    last = torch.tensor([len(r) - 1 for r in rows], device=lm.device)  # each row's "Risk:" position
+    final = logits[torch.arange(len(rows), device=lm.device), last]  # (N, V): the token after "Risk:"
+    yes_no = final[:, [pieces.yes, pieces.no]].view(len(prompts), len(names), 2)  # (P, D, 2)
+    chosen = yes_no[torch.arange(len(prompts)), best.to(lm.device)]  # (P, 2)
+    risk = torch.softmax(chosen, dim=-1)[:, 0].cpu().tolist()  # P(yes)
+    d = len(names)
+    tokens = [sum(len(r) for r in rows[i * d: (i + 1) * d]) for i in range(len(prompts))]
+    return names, probs, risk, tokens
+
+
+def _likelihood_rows(lm: LoadedModel, pieces: _LikelihoodPieces, prompts: Sequence[str], max_prompt_tokens: int
+                     ) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """Each prompt x direction row, and the span of its direction tokens: [start, end)."""
+    queries = lm.tokenizer([format_probe_query(p) for p in prompts], add_special_tokens=False)["input_ids"]
+    rows: list[list[int]] = []
+    spans: list[tuple[int, int]] = []
+    for query in queries:
+        context = query[-max_prompt_tokens:]
+        for name in pieces.names:
+            rows.append([*context, *name, *pieces.risk_suffix])
+            spans.append((len(context), len(context) + len(name)))
+    return rows, spans
+
+
+def forward_alone(lm: LoadedModel, prompts: Sequence[str], max_prompt_tokens: int = 128,
+                  head: DirectionsHead | None = None, fmt: PromptFormat | None = None) -> Callable[[], object]:
+    """The model forward ``probe`` runs for ``prompts``, inputs prepared: the limit a bench times it against."""
+    if head is not None:
+        input_ids, mask = encode_queries(fmt or PromptFormat.of(lm.tokenizer), prompts, max_prompt_tokens,
+                                         lm.tokenizer.pad_token_id, lm.tokenizer.padding_side)
+        input_ids, mask = input_ids.to(lm.device), mask.to(lm.device)
+        return torch.no_grad()(lambda: last_token_features(lm.model, input_ids, mask))
+    pieces = _likelihood_pieces(lm.tokenizer)
+    if pieces.yes is None:
+        raise ValueError("forward_alone: this tokenizer takes the two-forward likelihood path")
+    rows, _ = _likelihood_rows(lm, pieces, prompts, max_prompt_tokens)
+    input_ids, mask = _right_padded(rows, lm.tokenizer.pad_token_id, lm.device)
+    return torch.no_grad()(lambda: lm.model(input_ids=input_ids, attention_mask=mask))
+
+
+def _right_padded(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, T) ids and mask; right padding keeps positions 0..len-1 for every row."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return input_ids.to(device), mask.to(device)
+
+
+def _likelihood_scores_two_forwards(lm: LoadedModel, prompts: Sequence[str], max_prompt_tokens: int
+                                    ) -> tuple[tuple[str, ...], torch.Tensor, list[float], list[int]]:
+    """The likelihood method in two forwards: directions, then the risk flag after the best one."""
     names = DIRECTION_NAMES
     queries = [format_probe_query(p) for p in prompts]
-    # Stage 1: every prompt x every direction.
     contexts = [q for q in queries for _ in names]
     continuations = [f" {name}" for _ in queries for name in names]
     scores, direction_tokens = _continuation_logprobs(lm, contexts, continuations, max_prompt_tokens)
     probs = torch.softmax(scores.view(len(prompts), len(names)), dim=-1)  # (P, D)
     best = probs.argmax(dim=-1).tolist()
-    # Stage 2: the risk flag after the best direction.
     risk_contexts = [f"{q} {names[b]}\n{RISK_PREFIX.rstrip()}" for q, b in zip(queries, best, strict=True)]
     risk_scores, risk_tokens = _continuation_logprobs(
         lm, [c for c in risk_contexts for _ in (0, 1)], [" yes", " no"] * len(prompts), max_prompt_tokens + 8

@@ -25,6 +25,7 @@ BENCHES: dict[str, str] = {
     "edge": "strata.bench.edge",
     "chaos": "strata.bench.chaos",
     "annotators": "strata.bench.annotators",
+    "stages": "strata.bench.stages",
 }
 
 
