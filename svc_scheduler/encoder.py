@@ -44,6 +44,8 @@ class Encoder:
                 raise FileNotFoundError(f"encoder model directory {model_dir} does not exist")
             encoder_id = model_dir.name
         self._model = SentenceTransformer(str(model_dir), device=device)
+        self._model.eval()  # once: encode_counted calls the modules directly
+        self._device = device
         self.batch_size = batch_size
         model = self._model
         dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
@@ -63,10 +65,29 @@ class Encoder:
         return [len(row) for row in ids]
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self.encode_counted(texts)[0]
+
+    def encode_counted(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
+        """``(N, D)`` unit vectors and the tokens read of each text, from one tokenization.
+
+        The model's own modules (transformer, pooling, normalize) run under ``inference_mode`` on
+        its own preprocessing; ``SentenceTransformer.encode`` does the same around more bookkeeping
+        per call (sorting, progress, a walk over every module to set eval mode), which is most of the
+        time of a one-prompt decision's encoding on a CPU (docs/performance.md).
+        """
         if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self._model.encode(
-            list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.ascontiguousarray(vectors, dtype=np.float32)  # (N, D)
+            return np.zeros((0, self.dim), dtype=np.float32), []
+        import torch
+
+        vectors: list[np.ndarray] = []
+        counts: list[int] = []
+        texts = list(texts)
+        for start in range(0, len(texts), self.batch_size):
+            features = self._model.preprocess(texts[start: start + self.batch_size])
+            counts += features["attention_mask"].sum(dim=1).tolist()
+            features = {k: v.to(self._device) if hasattr(v, "to") else v for k, v in features.items()}
+            with torch.inference_mode():
+                embedding = self._model(features)["sentence_embedding"]
+                embedding = torch.nn.functional.normalize(embedding.float(), dim=-1)
+            vectors.append(embedding.cpu().numpy())
+        return np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32), counts  # (N, D)

@@ -182,9 +182,8 @@ class SchedulerEngine:
         started = time.perf_counter()
         hashes = [content_hash(p) for p in prompts]
         encode_started = self.encoder.clock()
-        vectors = self.encoder.encode(prompts)  # (N, D)
+        vectors, tokens = self.encoder.encode_counted(prompts)  # (N, D), tokens read of each
         encode_seconds = self.encoder.clock() - encode_started
-        tokens = self.encoder.count_tokens(prompts)
         shares = ledger.split_by_tokens(encode_seconds, tokens)
         found = self.index.search(vectors, self.settings.k)
         wanted = sorted({h for row in found for h, _ in row})

@@ -67,6 +67,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -102,7 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy-step-every", type=int, default=40,
                         help="batches between policy updates of the simulated policy (0: fixed policy)")
     parser.add_argument("--limit", type=int, default=0, help="use only this many suite prompts (0: all)")
-    parser.add_argument("--latency-sizes", default="10000,100000", help="index sizes for the latency test")
+    parser.add_argument("--latency-sizes", default="10000,100000,1000000", help="index sizes for the latency test")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="only the decision latency, memory and recall at each size (Redis only)")
     parser.add_argument("--latency-queries", type=int, default=200, help="single-prompt decisions timed per size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse-budget", type=float, default=0.3,
@@ -174,6 +177,9 @@ class CachedEncoder:
             for text, vector in zip(missing, self._encoder.encode(missing), strict=True):
                 self._cache[text] = vector
         return np.stack([self._cache[t] for t in texts]) if texts else self._encoder.encode([])
+
+    def encode_counted(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
+        return self.encode(texts), self.count_tokens(texts)
 
 
 @contextlib.contextmanager
@@ -476,8 +482,37 @@ def recall_at_10(index: PromptIndex, queries: np.ndarray) -> float:
                           for a, e in zip(approx, exact, strict=True)]))
 
 
+@dataclass(frozen=True)
+class LatencyRow:
+    """One index size: a single prompt's decision against the stages it cannot avoid, timed in turns."""
+
+    size: int
+    kind: str  # the index stage: exact, hnsw, ivf
+    build_s: float
+    memory_mb: float  # the index's own bytes
+    rss_mb: float  # growth of the process while the index was built
+    p50: float  # decision (engine.route of one prompt: encode, search, Redis, rules), ms
+    p99: float
+    encoder_p99: float  # the encoder alone on the same prompt, ms
+    search_p99: float  # FAISS search alone for its vector, ms
+    redis_p99: float  # one Redis round trip (PING), ms
+    limit_p99: float  # p99 of encoder + search + round trip, per prompt
+    recall: float  # recall@10 against exact search
+
+    @property
+    def over_limit(self) -> float:
+        return self.p99 / self.limit_p99
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def run_latency(args: argparse.Namespace, settings: SchedulerSettings, encoder: Encoder,
-                client: redis.Redis) -> list[tuple[int, str, float, float, float]]:
+                client: redis.Redis) -> list[LatencyRow]:
     from strata.zoo.suite import load_suite
     from svc_scheduler.engine import SchedulerEngine
     from svc_scheduler.store import SchedulerStore
@@ -493,24 +528,46 @@ def run_latency(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
         engine = SchedulerEngine(sized, encoder, SchedulerStore(client, sized),
                                  ContentStore(client, 3600, sized.content_max_bytes), RecordingPublisher())
         engine.ensure_ready()
+        rss_before = _rss_mb()
         built = time.perf_counter()
         for start in range(0, size, 20_000):
             n = min(20_000, size - start)
             vectors = synthetic(n, encoder.dim, rng, centres)
             engine.index.add([f"synthetic-{size}-{start + i}" for i in range(n)], vectors)
         build_s = time.perf_counter() - built
+        rss_mb = _rss_mb() - rss_before
         engine.route(prompts[:5])  # warm-up
-        times = []
-        for prompt in prompts:
+        times, encoder_ms, search_ms, redis_ms, limit_ms = [], [], [], [], []
+        for prompt in prompts:  # each stage alone, then the whole decision, on the same prompt
             t0 = time.perf_counter()
+            vector, _ = encoder.encode_counted([prompt])
+            t1 = time.perf_counter()
+            engine.index.search(vector, sized.k)
+            t2 = time.perf_counter()
+            client.ping()
+            t3 = time.perf_counter()
             engine.route([prompt])
-            times.append(time.perf_counter() - t0)
-        recall = recall_at_10(engine.index, synthetic(300, encoder.dim, rng, centres)) if engine.index.kind == "hnsw" \
+            t4 = time.perf_counter()
+            encoder_ms.append(1000 * (t1 - t0))
+            search_ms.append(1000 * (t2 - t1))
+            redis_ms.append(1000 * (t3 - t2))
+            limit_ms.append(1000 * (t3 - t0))
+            times.append(1000 * (t4 - t3))
+        recall = recall_at_10(engine.index, synthetic(300, encoder.dim, rng, centres)) if engine.index.kind != "exact" \
             else 1.0
-        p50, p99 = np.percentile(times, [50, 99]) * 1000
-        rows.append((size, engine.index.kind, float(p50), float(p99), recall))
-        print(f"latency: {size} indexed ({engine.index.kind}, built in {build_s:.1f} s): "
-              f"p50 {p50:.1f} ms, p99 {p99:.1f} ms; recall@10 {recall:.3f}", flush=True)
+        memory = getattr(engine.index, "memory_bytes", lambda: 0)() / 2**20
+        p50, p99, enc99, search99, redis99, limit99 = (
+            float(np.percentile(values, q)) for values, q in ((times, 50), (times, 99), (encoder_ms, 99),
+                                                                (search_ms, 99), (redis_ms, 99), (limit_ms, 99)))
+        row = LatencyRow(size, engine.index.kind, build_s, memory, rss_mb, p50, p99, enc99, search99, redis99, limit99,
+                         recall)
+        rows.append(row)
+        print(f"latency: {size} indexed ({row.kind}, built in {build_s:.1f} s, index {memory:.0f} MB, process "
+              f"+{rss_mb:.0f} MB): decision p50 {p50:.1f} ms, p99 {p99:.1f} ms; alone p99: encoder {enc99:.1f} ms, "
+              f"search {search99:.2f} ms, Redis round trip {redis99:.2f} ms; recall@10 {recall:.3f}", flush=True)
+        for key in client.scan_iter(f"{prefix}:*", count=1000):
+            client.delete(key)
+        del engine  # one index in memory at a time
     return rows
 
 
@@ -546,6 +603,8 @@ def run(args: argparse.Namespace) -> int:
     from strata.bench.infra import bench_infra
 
     with bench_infra(settings, run_id, "scheduler") as settings:
+        if args.latency_only:
+            return run_latency_only(args, settings)
         return _run(args, settings, run_id)
 
 
@@ -624,15 +683,59 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
         print(f"live: skip rate {live.skip_rate:.1%}, audit precision {precision}, high-uncertainty marks "
               f"{live.marks}, {live.wall_s:.0f} s")
     print()
-    print(f"{'indexed':>8} {'index':>6} {'p50 ms':>8} {'p99 ms':>8} {'recall@10':>10}")
-    for size, kind, p50, p99, recall in latency:
-        print(f"{size:>8} {kind:>6} {p50:>8.2f} {p99:>8.2f} {recall:>10.3f}")
+    print_latency(latency)
     print(f"HNSW recall@10 on the suite's own embeddings: {recall_suite:.3f}")
     greso_reduction = 1 - greso.trigger_rate / everything.trigger_rate
     reduction = 1 - knn.trigger_rate / everything.trigger_rate
     live_rate = "nan" if live is None else f"{live.skip_rate:.3f}"
     print(f"scheduler trigger_reduction={reduction:.3f} reuse_mae={knn.mae:.3f} "
-          f"greso_trigger_reduction={greso_reduction:.3f} live_skip_rate={live_rate}")
+          f"greso_trigger_reduction={greso_reduction:.3f} live_skip_rate={live_rate} {latency_fields(latency)}")
+    return 0
+
+
+def print_latency(latency: Sequence[LatencyRow]) -> None:
+    print(f"{'indexed':>8} {'index':>6} {'build s':>8} {'index MB':>9} {'p50 ms':>7} {'p99 ms':>7} {'enc p99':>8} "
+          f"{'search':>7} {'redis':>6} {'limit':>6} {'over':>5} {'recall@10':>10}")
+    for r in latency:
+        print(f"{r.size:>8} {r.kind:>6} {r.build_s:>8.1f} {r.memory_mb:>9.0f} {r.p50:>7.2f} {r.p99:>7.2f} "
+              f"{r.encoder_p99:>8.2f} {r.search_p99:>7.2f} {r.redis_p99:>6.2f} {r.limit_p99:>6.2f} "
+              f"{r.over_limit:>5.2f} {r.recall:>10.3f}")
+
+
+def latency_fields(latency: Sequence[LatencyRow]) -> str:
+    """``decision_p99_ms`` and ``decision_over_limit`` at 100k (else the largest size), recall there, 1M."""
+    if not latency:
+        return ""
+    main = next((r for r in latency if r.size == 100_000), max(latency, key=lambda r: r.size))
+    fields = (f"decision_p99_ms={main.p99:.2f} decision_over_limit={main.over_limit:.2f} "
+              f"recall_at_10={main.recall:.3f}")
+    million = next((r for r in latency if r.size == 1_000_000), None)
+    if million is not None:
+        fields += f" p99_ms_1m={million.p99:.2f} recall_at_10_1m={million.recall:.3f}"
+    return fields
+
+
+def run_latency_only(args: argparse.Namespace, settings: SchedulerSettings) -> int:
+    """``--latency-only``: the decision against its limits at each size (Redis only, no Kafka)."""
+    from strata.errors import CliError
+    from svc_scheduler.encoder import Encoder
+    from svc_scheduler.store import connect
+
+    client = connect(settings.model_copy(update={"redis_timeout_s": 30.0}))
+    try:
+        client.ping()
+    except Exception as exc:
+        raise CliError(f"Redis at {settings.redis_address_masked} does not answer: {exc}") from exc
+    encoder = Encoder(settings.encoder_path, settings.encoder_device, settings.encoder_batch_size,
+                      settings.encoder_threads)
+    try:
+        with _quiet("svc_scheduler.engine"):
+            latency = run_latency(args, settings, encoder, client)
+    finally:
+        client.close()
+    print()
+    print_latency(latency)
+    print(f"scheduler {latency_fields(latency)}")
     return 0
 
 

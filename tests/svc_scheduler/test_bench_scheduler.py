@@ -39,10 +39,29 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     assert "policy v1 -> v3" in out  # 10 batches, a policy step every 4
     last = out.strip().splitlines()[-1]
     match = re.fullmatch(r"scheduler trigger_reduction=(\d\.\d{3}) reuse_mae=(\d\.\d{3}) "
-                         r"greso_trigger_reduction=(\d\.\d{3}) live_skip_rate=(\d\.\d{3})", last)
+                         r"greso_trigger_reduction=(\d\.\d{3}) live_skip_rate=(\d\.\d{3}) "
+                         r"decision_p99_ms=[\d.]+ decision_over_limit=[\d.]+ recall_at_10=1\.000", last)
     assert match, last
     assert float(match.group(1)) == pytest.approx(1 - rollouts / submitted, abs=1e-3)
     assert float(match.group(4)) == pytest.approx(int(live.group(4)) / 14, abs=1e-3)
+
+
+def test_latency_only_times_each_stage_beside_the_decision(infra: StrataSettings, zoo, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
+    monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--latency-only", "--latency-sizes", "200,400", "--latency-queries", "6"])
+    assert bench.run(args) == 0
+    out = capsys.readouterr().out
+    table = re.findall(r"^\s+(200|400)\s+exact\s+[\d.]+\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                       r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+1\.000$", out, re.M)
+    assert [row[0] for row in table] == ["200", "400"], out
+    for _size, p50, p99, encoder, search, redis_rtt, limit, over in table:
+        assert float(p50) <= float(p99) and float(limit) >= max(float(encoder), float(search), float(redis_rtt))
+        assert float(over) == pytest.approx(float(p99) / float(limit), abs=0.02)
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"scheduler decision_p99_ms=[\d.]+ decision_over_limit=[\d.]+ recall_at_10=1\.000", last), last
 
 
 def test_rule_of_names_the_rule_behind_each_reason() -> None:
