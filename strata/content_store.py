@@ -121,6 +121,25 @@ class ContentStore:
             raise ContentNotFoundError(f"no text under hash {digest} (never stored, or expired)")
         return data.decode("utf-8")
 
+    def find_texts(self, digests: Sequence[str]) -> dict[str, str]:
+        """The stored texts among ``digests`` by hash, in one round trip (a missing one is left out)."""
+        unique = list(dict.fromkeys(digests))
+        if not unique:
+            return {}
+        try:
+            found = self._redis.mget([_TEXT_PREFIX + d for d in unique])
+        except redis.ConnectionError as exc:
+            raise StoreUnavailableError(f"content store (Redis) unavailable: {exc}") from exc
+        return {d: data.decode("utf-8") for d, data in zip(unique, found, strict=True) if data is not None}
+
+    def get_texts(self, digests: Sequence[str]) -> list[str]:
+        """The texts of ``digests``, in order, in one round trip (a batch's prompts and responses)."""
+        found = self.find_texts(digests)
+        for digest in digests:
+            if digest not in found:
+                raise ContentNotFoundError(f"no text under hash {digest} (never stored, or expired)")
+        return [found[d] for d in digests]
+
     def get_tokens(self, digest: str, tokenizer_id: str = "default") -> list[int]:
         data = self._get(f"{_TOKENS_PREFIX}{tokenizer_id}:{digest}")
         if data is None:

@@ -79,13 +79,24 @@ class GeneratorWorker:
         self._tokenizer_id = tokenizer_id
         self.topic = topics.prompts_topic(TIER_ENUM[settings.tier])
 
+    def _claims(self, routed: list[events_pb2.PromptRouted]) -> dict[str, bytes]:
+        """Samples of the batch generated before (a redelivery), by claim key, in one round trip."""
+        limit = self._settings.max_samples_per_request  # n_samples past it is refused below
+        keys = [claim_key(self._settings.tier, r, i) for r in routed for i in range(min(r.n_samples or 1, limit))]
+        found = self._redis.mget(keys) if keys else []
+        return {k: raw for k, raw in zip(keys, found, strict=True) if raw is not None}
+
     def handle_batch(self, deliveries: list[Delivery[events_pb2.PromptRouted]]) -> None:
         ready: list[events_pb2.RolloutGenerated] = []
         jobs: list[_Job] = []
+        prompts = self._store.find_texts([d.message.prompt_hash for d in deliveries])  # one round trip
+        claimed_before = self._claims([d.message for d in deliveries])
         for delivery in deliveries:
             routed = delivery.message
             try:
-                prompt = self._store.get_text(routed.prompt_hash)
+                prompt = prompts.get(routed.prompt_hash)
+                if prompt is None:
+                    raise ContentNotFoundError(f"no text under hash {routed.prompt_hash} (never stored, or expired)")
                 sampling = sampling_from_proto(routed.sampling, self._settings.sampling_defaults(),
                                                self._settings.sampling_bounds()).sampling
                 directions = check_directions([d.name for d in routed.directions],
@@ -98,7 +109,7 @@ class GeneratorWorker:
                 raise PoisonMessageError(f"prompt {routed.prompt_hash[:12]}: {exc}") from exc
             for index in range(routed.n_samples or 1):
                 key = claim_key(self._settings.tier, routed, index)
-                claimed = self._redis.get(key)
+                claimed = claimed_before.get(key)
                 if claimed is not None:  # redelivery: the sample exists, publish it again
                     ready.append(events_pb2.RolloutGenerated.FromString(claimed))
                     continue

@@ -57,7 +57,17 @@ class RewardWorker:
         self._publisher = publisher
 
     def handle_batch(self, deliveries: list[Delivery[events_pb2.RolloutGenerated]]) -> None:
-        todo = [d.message for d in deliveries if not self._redis.exists(done_key(d.message))]
+        # Redis in one round trip each: which samples are done, which prompts already escalated, the texts.
+        delivered = [d.message for d in deliveries]
+        with self._redis.pipeline(transaction=False) as pipe:
+            for event in delivered:
+                pipe.exists(done_key(event))
+            for event in delivered:
+                pipe.exists(escalation_key(event))
+            flags = pipe.execute()
+        n = len(delivered)
+        todo = [event for event, done in zip(delivered, flags[:n], strict=True) if not done]
+        escalated_before = {escalation_key(e) for e, flag in zip(delivered, flags[n:], strict=True) if flag}
         by_tier: dict[int, list[events_pb2.RolloutGenerated]] = defaultdict(list)
         for event in todo:
             if event.tier not in TIER_NUMBER:
@@ -69,8 +79,8 @@ class RewardWorker:
         charges: list[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]] = []
         for tier, events in by_tier.items():
             try:
-                prompts = [self._store.get_text(e.prompt_hash) for e in events]
-                responses = [self._store.get_text(e.response_hash) for e in events]
+                texts = self._store.get_texts([e.prompt_hash for e in events] + [e.response_hash for e in events])
+                prompts, responses = texts[: len(events)], texts[len(events):]
             except ContentNotFoundError as exc:
                 raise PoisonMessageError(str(exc)) from exc
             with SCORE_SECONDS.labels(tier=str(tier)).time():
@@ -89,7 +99,7 @@ class RewardWorker:
                 if unsafe is not None:
                     UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
                 futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals, annotated,
-                                          unsafe is not None, escalations))
+                                          unsafe is not None, escalations, escalated_before))
                 review = [ledger.Charge("human_review", 2, human_seconds=self._settings.review_seconds_per_item)
                           for _ in annotated]
                 charges.append((event, [charge, *review]))
@@ -112,7 +122,7 @@ class RewardWorker:
 
     def _emit(self, tier: int, event: events_pb2.RolloutGenerated, reward: float, spread: float, version: str,
               scorer: int, finals: list[int], annotated: list[bool], unsafe: bool,
-              escalations: set[str]) -> list:
+              escalations: set[str], escalated_before: set[str]) -> list:
         s = self._settings
         outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
                          s.annotate_level2, unsafe=unsafe, await_annotation=s.await_annotation)
@@ -132,7 +142,7 @@ class RewardWorker:
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, reward=reward)))
             finals.append(tier)  # counted once the batch is acknowledged
         key = escalation_key(event)
-        if outcome.escalate and key not in escalations and not self._redis.exists(key):
+        if outcome.escalate and key not in escalations and key not in escalated_before:
             escalation = events_pb2.PromptRouted(
                 prompt_hash=event.prompt_hash, tier=common_pb2.TIER_LEVEL_2, decision=common_pb2.DECISION_LEVEL_2,
                 reason=f"escalated: {outcome.reason}", sampling=event.sampling, n_samples=1,

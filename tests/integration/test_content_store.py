@@ -28,6 +28,16 @@ def test_text_and_tokens_round_trip(store: ContentStore) -> None:
     assert store.contains(digest)
 
 
+def test_a_batch_of_texts_comes_back_in_order_or_names_the_missing_one(store: ContentStore) -> None:
+    texts = [f"prompt {i} {uuid.uuid4()}" for i in range(3)]
+    digests = [store.put(t) for t in texts]
+    assert store.get_texts([digests[2], digests[0], digests[2]]) == [texts[2], texts[0], texts[2]]
+    assert store.get_texts([]) == []
+    missing = content_hash(f"never stored {uuid.uuid4()}")
+    with pytest.raises(ContentNotFoundError, match=missing):
+        store.get_texts([digests[1], missing])
+
+
 def test_put_is_idempotent(store: ContentStore) -> None:
     text = f"same {uuid.uuid4()}"
     assert store.put(text) == store.put(text)
