@@ -3,10 +3,11 @@
 Same model, same prompts, one run: (a) sequential ``model.generate`` calls in-process, one prompt at
 a time — the baseline; (b) the generator service (gRPC servicer + dynamic batcher, in-process on a
 free port) with 16 concurrent clients. Throughput is response tokens per second of wall time.
-With ``--model DIR`` (any family: Llama, Qwen2, Mistral, GPT-2) the zoo's model of the tier is
-measured first in the same run, so the two speedups are read side by side. Last line:
-``generator batch_speedup=<(b)/(a)>`` (of ``--model`` when given) and ``zoo_batch_speedup=<...>``
-when ``--model`` is given.
+Its limit, in the same rounds: (c) one plain ``model.generate`` over each round's prompts (batch =
+clients), nothing around it. With ``--model DIR`` (any family: Llama, Qwen2, Mistral, GPT-2) the
+zoo's model of the tier is measured first in the same run, so the two are read side by side. Last line:
+``generator batch_speedup=<(b)/(a)> generator_over_limit=<(c)/(b) tokens/s>`` (of ``--model`` when
+given) and ``zoo_batch_speedup=<...>`` when ``--model`` is given.
 """
 
 from __future__ import annotations
@@ -41,10 +42,16 @@ class Speedup:
     label: str
     sequential_tps: float
     service_tps: float
+    plain_batched_tps: float  # the limit: one model.generate per round of prompts, nothing around it
 
     @property
     def ratio(self) -> float:
         return self.service_tps / self.sequential_tps
+
+    @property
+    def over_limit(self) -> float:
+        """How many times the service's time per token is the plain batched generate's."""
+        return self.plain_batched_tps / self.service_tps
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
         runs.append(measure(args.model, args.model, zoo_settings.model_copy(update={"model": args.model}), prompts,
                             args))
     for result in runs:
-        print(f"{result.label}: batch speedup {result.ratio:.2f}")
-    line = f"generator batch_speedup={runs[-1].ratio:.2f}"
+        print(f"{result.label}: batch speedup {result.ratio:.2f}, {result.over_limit:.2f}x the time per token of "
+              "plain batched generate")
+    line = f"generator batch_speedup={runs[-1].ratio:.2f} generator_over_limit={runs[-1].over_limit:.2f}"
     if args.model:
         line += f" zoo_batch_speedup={runs[0].ratio:.2f}"
     print(line)
@@ -95,8 +103,8 @@ def measure(label: str, path: str, settings: Any, prompts: list[str], args: argp
                                           generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name)],
                           port=0, settings=settings.model_copy(update={"grpc_max_workers": args.clients + 4}),
                           host="127.0.0.1")
-    sequential_tokens = service_tokens = batches = 0
-    sequential_s = service_s = 0.0
+    sequential_tokens = service_tokens = plain_tokens = batches = 0
+    sequential_s = service_s = plain_s = 0.0
     try:
         with rpc.channel(f"127.0.0.1:{server.port}") as channel, \
                 ThreadPoolExecutor(max_workers=args.clients) as pool:
@@ -120,6 +128,9 @@ def measure(label: str, path: str, settings: Any, prompts: list[str], args: argp
                 service_tokens += sum(pool.map(call, chunk))
                 service_s += time.perf_counter() - started
                 batches += batcher.batches - batches_before
+                started = time.perf_counter()
+                plain_tokens += plain_batched_generate(backend, chunk, sampling)
+                plain_s += time.perf_counter() - started
     finally:
         server.stop(0)
         stop.set()
@@ -130,4 +141,27 @@ def measure(label: str, path: str, settings: Any, prompts: list[str], args: argp
     service_tps = service_tokens / service_s
     print(f"  service ({args.clients} concurrent clients): {service_tokens} tokens in {service_s:.1f} s "
           f"= {service_tps:.0f} tokens/s, {batches} batches (mean {len(prompts) / max(batches, 1):.1f} per batch)")
-    return Speedup(label, sequential_tps, service_tps)
+    plain_tps = plain_tokens / plain_s
+    print(f"  plain batched generate (the limit: {args.clients} prompts per model.generate): {plain_tokens} tokens "
+          f"in {plain_s:.1f} s = {plain_tps:.0f} tokens/s")
+    return Speedup(label, sequential_tps, service_tps, plain_tps)
+
+
+def plain_batched_generate(backend: Any, prompts: list[str], sampling: Any) -> int:
+    """One ``model.generate`` over ``prompts`` with the service's sampling, nothing around it: new tokens
+    up to each row's stop token (what the service would return)."""
+    import torch
+
+    lm, prompt_format = backend.lm, backend.prompt_format
+    batch = prompt_format.encode([prompt_format.generator_text(p) for p in prompts], return_tensors="pt",
+                                 padding=True).to(lm.device)
+    with torch.no_grad():
+        output = lm.model.generate(**batch, max_new_tokens=sampling.max_new_tokens, do_sample=True,
+                                   temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
+                                   pad_token_id=lm.tokenizer.pad_token_id, eos_token_id=list(backend.stop_ids))
+    stops = set(backend.stop_ids)
+    tokens = 0
+    for row in output[:, batch["input_ids"].shape[1]:].tolist():
+        end = next((i for i, token in enumerate(row) if token in stops), None)
+        tokens += len(row) if end is None else end + 1
+    return tokens
