@@ -13,6 +13,7 @@ from strata.config import StrataSettings
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.timeout(600)  # the simulated stream, the real tiers and the latency sizes, end to end on 2 cores
 def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, zoo, monkeypatch, capsys) -> None:
     monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
     monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
