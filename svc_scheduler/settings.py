@@ -44,6 +44,25 @@ class SchedulerSettings(StrataSettings):
     hnsw_m: int = Field(32, ge=4, description="HNSW graph degree (M)")
     hnsw_ef_construction: int = Field(80, ge=8, description="HNSW efConstruction")
     hnsw_ef_search: int = Field(96, ge=8, description="HNSW efSearch (recall vs latency)")
+    # IVF for the largest indexes: at 1M 384-d prompts, 0.74 GB and ~1 ms a query at recall@10 1.000, where HNSW
+    # takes ~6 min to build and 3.2 GB with its float32 copy (docs/performance.md, strata.bench.index_scale).
+    ivf_min_size: int = Field(
+        300_000, ge=0,
+        description="above this many prompts the index is rebuilt once as IVF (float16 vectors, "
+        "IndexIVFScalarQuantizer); searches wait while it trains k-means (36 s at 320k on 2 cores)",
+    )
+    ivf_nlist: int = Field(
+        2048, ge=1, description="IVF lists (k-means centroids), fixed at the rebuild: ~490 prompts a list at 1M"
+    )
+    ivf_nprobe: int = Field(
+        16, ge=1,
+        description="IVF lists scanned a query (recall vs latency): at 1M loosely clustered vectors recall@10 "
+        "1.000 in ~0.8 ms; 8 gives 0.988 in ~0.65 ms",
+    )
+    ivf_train_size: int = Field(
+        100_000, ge=1,
+        description="rows sampled (fixed seed) to train the IVF centroids: FAISS wants at least 39 per list",
+    )
 
     # -- routing (R10-R12) ---------------------------------------------------------------------------
     k: int = Field(10, ge=1, description="nearest historical prompts considered per decision (R10)")
@@ -181,6 +200,8 @@ class SchedulerSettings(StrataSettings):
             raise ValueError("low_variance_threshold must not exceed high_variance_threshold")
         if self.min_temperature >= self.max_temperature:
             raise ValueError("min_temperature must be below max_temperature")
+        if self.ivf_nlist > min(self.ivf_train_size, self.ivf_min_size + 1):
+            raise ValueError("ivf_nlist cannot exceed ivf_train_size nor ivf_min_size + 1 (k-means needs a row a list)")
         if self.default_n_samples > self.max_n_samples:
             raise ValueError("default_n_samples cannot exceed max_n_samples")
         if self.largest_batch_bytes > self.grpc_max_receive_bytes:
