@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+import faiss
 import numpy as np
 import redis
 from kafka.producer.future import FutureRecordMetadata
@@ -123,9 +124,12 @@ class SchedulerEngine:
         self.content = content
         self.publisher = publisher
         self.clock = clock
+        if settings.faiss_threads is not None:
+            faiss.omp_set_num_threads(settings.faiss_threads)  # process-wide: the scheduler is its only user
         self.index = PromptIndex(
             encoder.dim, settings.exact_index_max_size, settings.hnsw_m, settings.hnsw_ef_construction,
-            settings.hnsw_ef_search,
+            settings.hnsw_ef_search, ivf_min_size=settings.ivf_min_size, ivf_nlist=settings.ivf_nlist,
+            ivf_nprobe=settings.ivf_nprobe, ivf_train_size=settings.ivf_train_size,
         )
         exemplars = {"medical": settings.risk_exemplars_medical, "legal": settings.risk_exemplars_legal}
         self._exemplars = {topic: encoder.encode(list(texts)) for topic, texts in exemplars.items() if texts}

@@ -38,6 +38,10 @@ class SchedulerSettings(StrataSettings):
         description="torch CPU threads (unset: torch's default). One avoids OpenMP oversubscription: on a shared "
         "2-core machine one prompt took 16 ms with 1 thread and ~490 ms with 2",
     )
+    faiss_threads: int | None = Field(
+        1, ge=1, description="FAISS OpenMP threads of the process (unset: FAISS's default, one per core); one "
+        "query gains nothing from more: exact search at 10k took 12 ms p50 with 2 threads, 1 ms with 1",
+    )
     exact_index_max_size: int = Field(
         20_000, ge=0, description="exact FAISS search (IndexFlatIP) up to this many prompts, HNSW above"
     )
