@@ -92,19 +92,12 @@ def _continuation_logprobs(lm: LoadedModel, contexts: Sequence[str], continuatio
         continuation_ids = tok(continuation, add_special_tokens=False)["input_ids"]
         rows.append(context_ids + continuation_ids)
         starts.append(len(context_ids))
-    width = max(len(r) for r in rows)
-    pad = tok.pad_token_id
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):  # right padding: positions stay 0..len-1 for every row
-        input_ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    input_ids, mask = input_ids.to(lm.device), mask.to(lm.device)
+    input_ids, mask = _right_padded(rows, tok.pad_token_id, lm.device)
     logits = lm.model(input_ids=input_ids, attention_mask=mask).logits.float()  # (N, T, V)
     logprobs = torch.log_softmax(logits[:, :-1], dim=-1)  # (N, T-1, V): predicts token t+1
     targets = input_ids[:, 1:]  # (N, T-1)
     token_logprobs = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, T-1)
-    positions = torch.arange(width - 1, device=lm.device)[None, :]  # (1, T-1)
+    positions = torch.arange(input_ids.shape[1] - 1, device=lm.device)[None, :]  # (1, T-1)
     start = torch.tensor(starts, device=lm.device)[:, None] - 1  # first predicted continuation token
     keep = (positions >= start) & (mask[:, 1:] == 1)
     return (token_logprobs * keep).sum(dim=1).cpu(), [len(r) for r in rows]
