@@ -152,6 +152,8 @@ def plain_batched_generate(backend: Any, prompts: list[str], sampling: Any) -> i
     up to each row's stop token (what the service would return)."""
     import torch
 
+    from strata.models.prompts import cut_at_stop
+
     lm, prompt_format = backend.lm, backend.prompt_format
     batch = prompt_format.encode([prompt_format.generator_text(p) for p in prompts], return_tensors="pt",
                                  padding=True).to(lm.device)
@@ -162,6 +164,5 @@ def plain_batched_generate(backend: Any, prompts: list[str], sampling: Any) -> i
     stops = set(backend.stop_ids)
     tokens = 0
     for row in output[:, batch["input_ids"].shape[1]:].tolist():
-        end = next((i for i, token in enumerate(row) if token in stops), None)
-        tokens += len(row) if end is None else end + 1
+        tokens += len(cut_at_stop(row, stops)[0])
     return tokens

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.models.loading import LoadedModel
-from strata.models.prompts import PromptFormat, stop_token_ids
+from strata.models.prompts import PromptFormat, cut_at_stop, stop_token_ids
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,7 @@ def generate(
         )  # (b, T_prompt + T_new)
         new_tokens = output[:, batch["input_ids"].shape[1] :]  # (b, T_new)
         for row in new_tokens.tolist():
-            end = next((i for i, token in enumerate(row) if token in stops), None)
-            finished = end is not None
-            row = row[: end + 1] if end is not None else row
+            row, finished = cut_at_stop(row, stops)
             text = tokenizer.decode([t for t in row if t not in stops and t != tokenizer.pad_token_id])
             results.append(Generation(text.strip(), len(row), finished))
     return results

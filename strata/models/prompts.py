@@ -69,6 +69,12 @@ def stop_token_ids(tokenizer: Any, generation_config: Any = None) -> tuple[int, 
     return tuple(ids)
 
 
+def cut_at_stop(row: Sequence[int], stops: Sequence[int] | set[int]) -> tuple[list[int], bool]:
+    """A generated row up to and including its first stop token, and whether it had one."""
+    end = next((i for i, token in enumerate(row) if token in stops), None)
+    return (list(row) if end is None else list(row[: end + 1])), end is not None
+
+
 @dataclass(frozen=True)
 class PromptFormat:
     """The text and token ids a model with ``tokenizer`` is fed. Build it with :meth:`of`."""

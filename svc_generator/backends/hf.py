@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from strata.models.loading import LoadedModel, from_pretrained, load_causal_lm
-from strata.models.prompts import PromptFormat, stop_token_ids
+from strata.models.prompts import PromptFormat, cut_at_stop, stop_token_ids
 from strata.models.tokens import tokenizer_id
 from strata.sampling import Sampling
 from svc_generator.backends.base import GenerationOutput, GenerationRequest
@@ -114,9 +114,7 @@ class HfBackend:
         stops, pad = set(self.stop_ids), tokenizer.pad_token_id
         results = []
         for row, prompt_length in zip(new_tokens, prompt_lengths, strict=True):
-            end = next((i for i, token in enumerate(row) if token in stops), None)
-            finished = end is not None
-            row = row[: end + 1] if end is not None else row
+            row, finished = cut_at_stop(row, stops)
             text = tokenizer.decode([t for t in row if t not in stops and t != pad], skip_special_tokens=True).strip()
             results.append(GenerationOutput(text, tuple(row), int(prompt_length), finished))
         return results
