@@ -609,16 +609,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> int:
-    from strata.errors import CliError
     from strata.zoo.suite import load_suite
     from svc_scheduler.encoder import Encoder
-    from svc_scheduler.store import connect
 
-    client = connect(settings.model_copy(update={"redis_timeout_s": 30.0}))
-    try:
-        client.ping()
-    except Exception as exc:
-        raise CliError(f"Redis at {settings.redis_address_masked} does not answer: {exc}") from exc
+    client = checked_redis(settings)
     step = f"every {args.policy_step_every} batches" if args.policy_step_every else "never (fixed policy)"
     print(f"scheduler bench: Kafka {settings.kafka_address}, Redis {settings.redis_address_masked} (keys under "
           f"{settings.redis_prefix}:*), k={settings.k}, skip if >= {settings.min_low_variance_neighbours} neighbours "
@@ -715,10 +709,9 @@ def latency_fields(latency: Sequence[LatencyRow]) -> str:
     return fields
 
 
-def run_latency_only(args: argparse.Namespace, settings: SchedulerSettings) -> int:
-    """``--latency-only``: the decision against its limits at each size (Redis only, no Kafka)."""
+def checked_redis(settings: SchedulerSettings) -> redis.Redis:
+    """The bench's Redis client (a long timeout: a shared 2-core machine stalls), or a CliError."""
     from strata.errors import CliError
-    from svc_scheduler.encoder import Encoder
     from svc_scheduler.store import connect
 
     client = connect(settings.model_copy(update={"redis_timeout_s": 30.0}))
@@ -726,8 +719,17 @@ def run_latency_only(args: argparse.Namespace, settings: SchedulerSettings) -> i
         client.ping()
     except Exception as exc:
         raise CliError(f"Redis at {settings.redis_address_masked} does not answer: {exc}") from exc
-    encoder = Encoder(settings.encoder_path, settings.encoder_device, settings.encoder_batch_size,
-                      settings.encoder_threads)
+    return client
+
+
+def run_latency_only(args: argparse.Namespace, settings: SchedulerSettings) -> int:
+    """``--latency-only``: the decision against its limits at each size (Redis only, no Kafka)."""
+    from svc_scheduler.encoder import Encoder
+
+    client = checked_redis(settings)
+    encoder = Encoder(
+        settings.encoder_path, settings.encoder_device, settings.encoder_batch_size, settings.encoder_threads
+    )
     try:
         with _quiet("svc_scheduler.engine"):
             latency = run_latency(args, settings, encoder, client)
