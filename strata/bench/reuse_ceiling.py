@@ -6,6 +6,14 @@ best of both: the history of *every* earlier submission, as if none had been ski
 choice of which submissions to skip (those whose reused mean is nearest the truth, smallest
 first, for as long as the mean error stays within the budget). No rule with the same history can
 skip more at that error; a target above the ceiling is out of reach on that stream.
+
+The rules themselves narrow it further. R11 sends a prompt whose rewards vary by more than
+``high_variance_threshold`` (0.8) to a full rollout: its samples disagree, which is exactly what PPO
+learns from, and no rule should skip it. R10 reuses only where they vary by less than
+``low_variance_threshold`` (0.3). :meth:`CeilingResult.reduction` therefore also answers with the
+candidates limited to prompts whose *true* per-rollout variance (under the policy of the moment,
+known to the simulation, never to a rule) is under a bound: the most a rule that honours R10 or R11
+could skip, whatever its predictor.
 """
 
 from __future__ import annotations
@@ -49,13 +57,28 @@ class ReuseHistory:
 @dataclass
 class CeilingResult:
     """Reuse errors of the submissions a rule could have skipped (those with a history), per kind of
-    history: the prompt's own (what GRESO knows) and its paraphrase family (a neighbourhood)."""
+    history: the prompt's own (what GRESO knows) and its paraphrase family (a neighbourhood), each
+    with the true per-rollout reward variance of that submission's prompt (``*_variances``, parallel;
+    empty when the caller does not know it)."""
 
     submitted: int = 0
     own_errors: list[float] = field(default_factory=list)
     family_errors: list[float] = field(default_factory=list)
+    own_variances: list[float] = field(default_factory=list)
+    family_variances: list[float] = field(default_factory=list)
 
-    def reduction(self, of_family: bool, budget: float) -> tuple[float, float]:
-        """The ceiling's trigger reduction (skips per submission) and its reuse MAE."""
-        skips, mae = ceiling_skips(self.family_errors if of_family else self.own_errors, budget)
+    def add(self, of_family: bool, error: float, variance: float) -> None:
+        (self.family_errors if of_family else self.own_errors).append(error)
+        (self.family_variances if of_family else self.own_variances).append(variance)
+
+    def reduction(self, of_family: bool, budget: float, max_variance: float | None = None) -> tuple[float, float]:
+        """The ceiling's trigger reduction (skips per submission) and its reuse MAE; with
+        ``max_variance``, only over submissions whose prompt's rollouts vary by less than it."""
+        errors = self.family_errors if of_family else self.own_errors
+        if max_variance is not None:
+            variances = self.family_variances if of_family else self.own_variances
+            if len(variances) != len(errors):
+                raise ValueError("the ceiling was not given the true variance of every candidate")
+            errors = [e for e, v in zip(errors, variances, strict=True) if v < max_variance]
+        skips, mae = ceiling_skips(errors, budget)
         return (skips / self.submitted if self.submitted else 0.0), mae

@@ -331,10 +331,10 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
                 ceiling.submitted += 1
                 if not risky:
                     truth = policy.truth(record, version)
-                    for of_family, errors in ((False, ceiling.own_errors), (True, ceiling.family_errors)):
+                    for of_family in (False, True):
                         key = record.family if of_family else record.text
                         if (known := history.mean(key, version, of_family)) is not None:
-                            errors.append(abs(known - truth))
+                            ceiling.add(of_family, abs(known - truth), policy.variance(record, version))
                 # The tier and both baselines see the same rollouts: a pure function of (request, version).
                 rewards = policy.rewards(record, rid, version, args.n_samples)
                 history.add(record.text, record.family, rewards, version)
@@ -658,9 +658,14 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
                                                for name, count in knn.reasons.most_common()))
     print(f"ceiling at reuse MAE <= {args.reuse_budget:g} (any rule: the history of every earlier submission, "
           "a perfect choice of what to skip; docs/scheduler.md):")
+    audit_kept = 1 - settings.audit_share
     for of_family, label in ((False, "own history (GRESO's information)"), (True, "paraphrase family")):
-        most, mae = ceiling.reduction(of_family, args.reuse_budget)
-        print(f"  {label:<34} trigger reduction {most:.3f} at reuse MAE {mae:.3f}")
+        for bound, which in ((None, ""), (settings.high_variance_threshold, "R11"),
+                             (settings.low_variance_threshold, "R10")):
+            most, mae = ceiling.reduction(of_family, args.reuse_budget, bound)
+            name = label if bound is None else f"  prompts varying < {bound:g} ({which})"
+            print(f"  {name:<34} trigger reduction {most:.3f} at reuse MAE {mae:.3f} "
+                  f"({most * audit_kept:.3f} after auditing {settings.audit_share:.0%})")
     print(f"knn rollouts include {knn.reasons[AUDITED]} audited skips (audit_share {settings.audit_share:g}: "
           "rolled out anyway to measure the reused reward, docs/scheduler.md)")
     if live is not None and sim_subset is not None:
@@ -682,8 +687,12 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
     greso_reduction = 1 - greso.trigger_rate / everything.trigger_rate
     reduction = 1 - knn.trigger_rate / everything.trigger_rate
     live_rate = "nan" if live is None else f"{live.skip_rate:.3f}"
+    r10_ceiling, _ = ceiling.reduction(True, args.reuse_budget, settings.low_variance_threshold)
+    r11_ceiling, _ = ceiling.reduction(True, args.reuse_budget, settings.high_variance_threshold)
     print(f"scheduler trigger_reduction={reduction:.3f} reuse_mae={knn.mae:.3f} "
-          f"greso_trigger_reduction={greso_reduction:.3f} live_skip_rate={live_rate} {latency_fields(latency)}")
+          f"greso_trigger_reduction={greso_reduction:.3f} live_skip_rate={live_rate} "
+          f"r10_ceiling={r10_ceiling * audit_kept:.3f} r11_ceiling={r11_ceiling * audit_kept:.3f} "
+          f"{latency_fields(latency)}")
     return 0
 
 

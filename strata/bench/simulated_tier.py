@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 TARGET_P_GOOD = 0.95  # what a policy update moves each family's competence toward
 POLICY_STEP_GAIN = 0.1  # share of the remaining gap closed per policy version
+VARIANCE_SAMPLES = 24  # rollouts behind a prompt's true reward variance (the ceiling's R10/R11 split)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class SimulatedPolicy:
         self._seed = seed
         self._truth_samples = truth_samples
         self._truth: dict[tuple[str, int], float] = {}
+        self._variance: dict[tuple[str, int], float] = {}
 
     def competence(self, record: PromptRecord, version: int) -> Competence:
         base = self._base[record.family]
@@ -90,6 +92,17 @@ class SimulatedPolicy:
             self._truth[key] = float(np.mean([rollout_reward(record, competence, rng)
                                               for _ in range(self._truth_samples)]))
         return self._truth[key]
+
+    def variance(self, record: PromptRecord, version: int) -> float:
+        """Per-rollout reward variance of the prompt under policy ``version`` (``VARIANCE_SAMPLES``
+        rollouts, cached): what R10 and R11 judge from a handful of samples, known here exactly enough."""
+        key = (record.text, version)
+        if key not in self._variance:
+            rng = random.Random(f"{self._seed}:variance:{record.text}:v{version}")
+            competence = self.competence(record, version)
+            self._variance[key] = float(np.var([rollout_reward(record, competence, rng)
+                                                for _ in range(VARIANCE_SAMPLES)], ddof=1))
+        return self._variance[key]
 
 
 def reward_event(prompt_hash: str, request_id: str, version: int, tier: int, i: int,

@@ -28,3 +28,19 @@ def test_reduction_is_per_submission() -> None:
     result = CeilingResult(submitted=10, own_errors=[0.1, 0.2], family_errors=[0.1, 0.2, 0.3, 0.4, 2.0])
     assert result.reduction(of_family=False, budget=0.3) == (0.2, pytest.approx(0.15))
     assert result.reduction(of_family=True, budget=0.3) == (0.4, pytest.approx(0.25))
+
+
+def test_reduction_within_a_variance_bound_counts_only_prompts_under_it() -> None:
+    result = CeilingResult(submitted=10)
+    for error, variance in ((0.1, 0.1), (0.2, 0.5), (0.3, 0.9), (0.05, 2.0)):
+        result.add(of_family=True, error=error, variance=variance)
+    assert result.reduction(of_family=True, budget=0.3) == (0.4, pytest.approx(0.1625))
+    assert result.reduction(of_family=True, budget=0.3, max_variance=0.8) == (0.2, pytest.approx(0.15))
+    assert result.reduction(of_family=True, budget=0.3, max_variance=0.3) == (0.1, pytest.approx(0.1))
+    assert result.reduction(of_family=False, budget=0.3, max_variance=0.3)[0] == 0.0
+
+
+def test_a_variance_bound_without_variances_is_refused() -> None:
+    result = CeilingResult(submitted=2, family_errors=[0.1, 0.2])
+    with pytest.raises(ValueError, match="true variance"):
+        result.reduction(of_family=True, budget=0.3, max_variance=0.8)
