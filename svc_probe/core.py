@@ -32,6 +32,7 @@ from strata.models.loading import LoadedModel
 from strata.models.prompts import PromptFormat
 from strata.risk import match_keywords
 from svc_probe.head import DirectionsHead, encode_queries, last_token_features, prompt_features
+from svc_probe.prefix import PrefixLogits, prefix_shared_logits, unsupported
 
 ProbeMethod = Literal["auto", "head", "likelihood"]
 
@@ -124,52 +125,64 @@ def _likelihood_pieces(tokenizer: Any) -> _LikelihoodPieces:
                              yes[0] if single else None, no[0] if single else None)
 
 
-def _likelihood_scores(lm: LoadedModel, prompts: Sequence[str], max_prompt_tokens: int
+def _likelihood_scores(lm: LoadedModel, prompts: Sequence[str], max_prompt_tokens: int, share_prefix: bool = True
                        ) -> tuple[tuple[str, ...], torch.Tensor, list[float], list[int]]:
     """Canonical names, (P, D) direction scores, P(risk) and tokens read, by likelihood.
 
-    One forward: each prompt x direction row is ``query + " <direction>" + "\nRisk:"``. The direction's
+    Each prompt x direction row is ``query + " <direction>" + "\nRisk:"``. The direction's
     log-likelihood is read on its own tokens (causal attention: the suffix after them changes nothing)
     and P(risk) from the next-token logits of ``" yes"`` / ``" no"`` on the best direction's row, the
-    same conditional the model was trained on. A tokenizer that splits ``" yes"`` takes two forwards.
+    same conditional the model was trained on. The query is read once and its keys and values shared
+    by the six continuations (``svc_probe.prefix``) where the model allows, else the rows go through
+    one transformers forward (``share_prefix=False`` forces that: the bench's "before"). A tokenizer
+    that splits ``" yes"`` takes two forwards.
     """
     pieces = _likelihood_pieces(lm.tokenizer)
     if pieces.yes is None or pieces.no is None:
         return _likelihood_scores_two_forwards(lm, prompts, max_prompt_tokens)
     names = DIRECTION_NAMES
-    rows, spans = _likelihood_rows(lm, pieces, prompts, max_prompt_tokens)
-    input_ids, mask = _right_padded(rows, lm.tokenizer.pad_token_id, lm.device)
-    logits = lm.model(input_ids=input_ids, attention_mask=mask).logits.float()  # (N, T, V)
-    logprobs = torch.log_softmax(logits[:, :-1], dim=-1)  # (N, T-1, V): position t predicts token t+1
-    token_logprobs = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (N, T-1)
-    positions = torch.arange(input_ids.shape[1] - 1, device=lm.device)[None, :]  # (1, T-1)
-    starts = torch.tensor([a for a, _ in spans], device=lm.device)[:, None] - 1
-    ends = torch.tensor([b for _, b in spans], device=lm.device)[:, None] - 1
-    scores = (token_logprobs * ((positions >= starts) & (positions < ends))).sum(dim=1)  # (N,)
+    contexts = _likelihood_contexts(lm, prompts, max_prompt_tokens)
+    continuations = [[*name, *pieces.risk_suffix] for name in pieces.names]
+    shared = share_prefix and unsupported(lm.model) is None
+    rows = _row_logits(lm, contexts, continuations, shared)
+    cont_ids = torch.tensor([c + [0] * (rows.predict.shape[1] - len(c)) for c in continuations],
+                            device=lm.device).repeat(len(prompts), 1)  # (N, W)
+    token_logprobs = torch.log_softmax(rows.predict.float(), dim=-1).gather(-1, cont_ids.unsqueeze(-1)).squeeze(-1)
+    name_len = torch.tensor([len(n) for n in pieces.names], device=lm.device).repeat(len(prompts))  # (N,)
+    on_name = torch.arange(cont_ids.shape[1], device=lm.device)[None, :] < name_len[:, None]  # (N, W)
+    scores = (token_logprobs * on_name).sum(dim=1)  # (N,)
     probs = torch.softmax(scores.view(len(prompts), len(names)), dim=-1).cpu()  # (P, D)
     best = probs.argmax(dim=-1)  # (P,)
-    last = torch.tensor([len(r) - 1 for r in rows], device=lm.device)  # each row's "Risk:" position
-    final = logits[torch.arange(len(rows), device=lm.device), last]  # (N, V): the token after "Risk:"
-    yes_no = final[:, [pieces.yes, pieces.no]].view(len(prompts), len(names), 2)  # (P, D, 2)
+    yes_no = rows.after.float()[:, [pieces.yes, pieces.no]].view(len(prompts), len(names), 2)  # (P, D, 2)
     chosen = yes_no[torch.arange(len(prompts)), best.to(lm.device)]  # (P, 2)
     risk = torch.softmax(chosen, dim=-1)[:, 0].cpu().tolist()  # P(yes)
-    d = len(names)
-    tokens = [sum(len(r) for r in rows[i * d: (i + 1) * d]) for i in range(len(prompts))]
+    per_row = 1 if shared else len(continuations)  # the ledger's token positions computed per prompt
+    tokens = [len(c) * per_row + sum(len(k) for k in continuations) for c in contexts]
     return names, probs, risk, tokens
 
 
-def _likelihood_rows(lm: LoadedModel, pieces: _LikelihoodPieces, prompts: Sequence[str], max_prompt_tokens: int
-                     ) -> tuple[list[list[int]], list[tuple[int, int]]]:
-    """Each prompt x direction row, and the span of its direction tokens: [start, end)."""
+def _likelihood_contexts(lm: LoadedModel, prompts: Sequence[str], max_prompt_tokens: int) -> list[list[int]]:
+    """Each prompt's probe query, tokenized and cut to its last ``max_prompt_tokens`` tokens."""
     queries = lm.tokenizer([format_probe_query(p) for p in prompts], add_special_tokens=False)["input_ids"]
-    rows: list[list[int]] = []
-    spans: list[tuple[int, int]] = []
-    for query in queries:
-        context = query[-max_prompt_tokens:]
-        for name in pieces.names:
-            rows.append([*context, *name, *pieces.risk_suffix])
-            spans.append((len(context), len(context) + len(name)))
-    return rows, spans
+    return [list(q[-max_prompt_tokens:]) for q in queries]
+
+
+def _row_logits(lm: LoadedModel, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+                shared: bool) -> PrefixLogits:
+    """Logits of every context x continuation row: the shared-prefix forward, or one over full rows."""
+    pad = lm.tokenizer.pad_token_id
+    if shared:
+        return prefix_shared_logits(lm.model, contexts, continuations, pad)
+    rows = [[*c, *k] for c in contexts for k in continuations]
+    input_ids, mask = _right_padded(rows, pad, lm.device)
+    logits = lm.model(input_ids=input_ids, attention_mask=mask).logits  # (N, T, V)
+    width = max(len(k) for k in continuations)
+    n = len(rows)
+    starts = torch.tensor([len(c) for c in contexts for _ in continuations], device=lm.device)  # (N,)
+    at = (starts[:, None] - 1 + torch.arange(width, device=lm.device)[None, :]).clamp(max=logits.shape[1] - 1)
+    predict = logits[torch.arange(n, device=lm.device)[:, None], at]  # (N, W, V)
+    after = logits[torch.arange(n, device=lm.device), torch.tensor([len(r) - 1 for r in rows], device=lm.device)]
+    return PrefixLogits(predict, after)
 
 
 def forward_alone(lm: LoadedModel, prompts: Sequence[str], max_prompt_tokens: int = 128,
@@ -183,9 +196,10 @@ def forward_alone(lm: LoadedModel, prompts: Sequence[str], max_prompt_tokens: in
     pieces = _likelihood_pieces(lm.tokenizer)
     if pieces.yes is None:
         raise ValueError("forward_alone: this tokenizer takes the two-forward likelihood path")
-    rows, _ = _likelihood_rows(lm, pieces, prompts, max_prompt_tokens)
-    input_ids, mask = _right_padded(rows, lm.tokenizer.pad_token_id, lm.device)
-    return torch.no_grad()(lambda: lm.model(input_ids=input_ids, attention_mask=mask))
+    contexts = _likelihood_contexts(lm, prompts, max_prompt_tokens)
+    continuations = [[*name, *pieces.risk_suffix] for name in pieces.names]
+    shared = unsupported(lm.model) is None
+    return torch.no_grad()(lambda: _row_logits(lm, contexts, continuations, shared))
 
 
 def _right_padded(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -107,8 +107,8 @@ def profile_probe(args: argparse.Namespace, settings: Any) -> Stages:
     from svc_probe.config import ProbeSettings
     from svc_probe.core import (
         ProbeRules,
-        _likelihood_pieces,
-        _likelihood_rows,
+        _likelihood_contexts,
+        _likelihood_scores,
         _likelihood_scores_two_forwards,
         forward_alone,
         probe,
@@ -133,8 +133,8 @@ def profile_probe(args: argparse.Namespace, settings: Any) -> Stages:
             for prompt in prompts[:5]:
                 stub.Directions(probe_pb2.DirectionsRequest(prompt=prompt), timeout=30)
             for prompt in prompts:
-                with stages.time("tokenize (rows of prompt x direction)"):
-                    _likelihood_rows(lm, _likelihood_pieces(lm.tokenizer), [prompt], limit)
+                with stages.time("tokenize (probe query)"):
+                    _likelihood_contexts(lm, [prompt], limit)
                 forward = forward_alone(lm, [prompt], limit)
                 with stages.time("model forward"):
                     forward()
@@ -144,13 +144,16 @@ def profile_probe(args: argparse.Namespace, settings: Any) -> Stages:
                 started = time.perf_counter()
                 stub.Directions(probe_pb2.DirectionsRequest(prompt=prompt), timeout=30)
                 call = 1000 * (time.perf_counter() - started)
-                tokenize, model = stages.ms["tokenize (rows of prompt x direction)"][-1], stages.ms["model forward"][-1]
+                tokenize, model = stages.ms["tokenize (probe query)"][-1], stages.ms["model forward"][-1]
                 stages.add("scores, rules (probe() minus the above)", max(0.0, whole - tokenize - model))
                 stages.add("gRPC, serialisation, lock (call minus probe())", max(0.0, call - whole))
                 stages.add("(whole Directions call)", call)
                 started = time.perf_counter()
+                _likelihood_scores(lm, [prompt], limit, share_prefix=False)
+                stages.add("(before: six full rows, one transformers forward)", 1000 * (time.perf_counter() - started))
+                started = time.perf_counter()
                 _likelihood_scores_two_forwards(lm, [prompt], limit)
-                stages.add("(before: the two-forward likelihood)", 1000 * (time.perf_counter() - started))
+                stages.add("(before that: the two-forward likelihood)", 1000 * (time.perf_counter() - started))
     finally:
         server.stop(0)
     return stages

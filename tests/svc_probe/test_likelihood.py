@@ -7,7 +7,7 @@ import torch
 
 from strata.models.loading import load_causal_lm
 from strata.zoo.suite import load_suite
-from svc_probe.core import _likelihood_scores, _likelihood_scores_two_forwards, forward_alone
+from svc_probe.core import _likelihood_scores, _likelihood_scores_two_forwards
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +22,4 @@ def test_one_forward_gives_the_two_forward_directions_and_risk(probe_lm) -> None
     assert names == names_2
     assert torch.allclose(probs, probs_2, atol=1e-5)
     assert risk == pytest.approx(risk_2, abs=1e-5)
-    assert all(t > 6 * 4 for t in tokens)  # six rows of query + direction + "Risk:" each
-
-
-def test_the_bench_limit_is_the_same_forward(probe_lm) -> None:
-    out = forward_alone(probe_lm, ["How do I sort a list?"])()
-    assert out.logits.shape[0] == 6  # one row per canonical direction
+    assert all(t > 6 * 2 for t in tokens)  # the query, then six continuations of direction + "Risk:"
