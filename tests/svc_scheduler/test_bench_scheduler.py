@@ -41,8 +41,10 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     last = out.strip().splitlines()[-1]
     match = re.fullmatch(r"scheduler trigger_reduction=(\d\.\d{3}) reuse_mae=(\d\.\d{3}) "
                          r"greso_trigger_reduction=(\d\.\d{3}) live_skip_rate=(\d\.\d{3}) "
+                         r"r10_ceiling=(\d\.\d{3}) r11_ceiling=(\d\.\d{3}) "
                          r"decision_p99_ms=[\d.]+ decision_over_limit=[\d.]+ recall_at_10=1\.000", last)
     assert match, last
+    assert float(match.group(5)) <= float(match.group(6))  # R10 allows less than R11 does
     assert float(match.group(1)) == pytest.approx(1 - rollouts / submitted, abs=1e-3)
     assert float(match.group(4)) == pytest.approx(int(live.group(4)) / 14, abs=1e-3)
 
