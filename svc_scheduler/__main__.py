@@ -62,9 +62,7 @@ def tier_budgets(settings: SchedulerSettings) -> list[TokenBudget]:
 def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> tuple[ServiceParts, SchedulerEngine]:
     """Everything one scheduler replica runs (tests start it in-process with ``start_service``)."""
     replica = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-    encoder = encoder or Encoder(
-        settings.encoder_path, settings.encoder_device, settings.encoder_batch_size, settings.encoder_threads
-    )
+    encoder = encoder or Encoder.from_settings(settings)
     client = connect(settings)
     mark_start(client, "svc_scheduler")  # an empty Redis is recognisable later (strata recover)
     store = SchedulerStore(client, settings)

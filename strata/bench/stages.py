@@ -175,7 +175,7 @@ def profile_scheduler(args: argparse.Namespace, settings: Any) -> Stages:
     sched = SchedulerSettings(**settings.model_dump(exclude={"grpc_port"}),
                               redis_prefix=f"strata:bench:stages:{uuid.uuid4().hex[:6]}")
     client = connect(sched)
-    encoder = Encoder(sched.encoder_path, sched.encoder_device, sched.encoder_batch_size, sched.encoder_threads)
+    encoder = Encoder.from_settings(sched)
     content = ContentStore(client, 3600, sched.content_max_bytes)
     engine = SchedulerEngine(sched, encoder, SchedulerStore(client, sched), content, RecordingPublisher())
     engine.ensure_ready()
