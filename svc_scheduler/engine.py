@@ -62,6 +62,8 @@ DECISION_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
 INDEX_SIZE = Gauge("strata_scheduler_index_size", "Prompts in this replica's FAISS index")
+VECTORS_REUSED = Counter("strata_scheduler_vectors_reused_total",
+                         "Prompts decided on their stored vector (already indexed) instead of the encoder")
 
 _DECISION_PROTO = {
     Route.SKIP: common_pb2.DECISION_SKIP,
@@ -185,10 +187,7 @@ class SchedulerEngine:
         self.ensure_ready()
         started = time.perf_counter()
         hashes = [content_hash(p) for p in prompts]
-        encode_started = self.encoder.clock()
-        vectors, tokens = self.encoder.encode_counted(prompts)  # (N, D), tokens read of each
-        encode_seconds = self.encoder.clock() - encode_started
-        shares = ledger.split_by_tokens(encode_seconds, tokens)
+        vectors, tokens, shares = self._vectors(prompts, hashes)
         found = self.index.search(vectors, self.settings.k)
         wanted = sorted({h for row in found for h, _ in row})
         stats, marks, versions = self.store.neighbour_state(wanted)
@@ -201,6 +200,30 @@ class SchedulerEngine:
             routed.append(Routed(digest, vector, decision, versions, charge))
         DECISION_SECONDS.observe(time.perf_counter() - started)
         return routed
+
+    def _vectors(self, prompts: Sequence[str], hashes: Sequence[str]) -> tuple[np.ndarray, list[int], list[float]]:
+        """(N, D) vectors, encoder tokens and encoder seconds of each prompt.
+
+        A prompt already in the index (RLHF submits its prompts again every epoch) reuses its stored
+        vector: one Redis read instead of the encoder, at no encoder cost. The rest are encoded.
+        """
+        stored = [i for i, h in enumerate(hashes) if h in self.index]
+        vectors = np.zeros((len(prompts), self.encoder.dim), dtype=np.float32)
+        tokens, shares = [0] * len(prompts), [0.0] * len(prompts)
+        found = self.store.get_embeddings([hashes[i] for i in stored]) if stored else []
+        reused = {i for i, vector in zip(stored, found, strict=True) if vector is not None}
+        for i, vector in zip(stored, found, strict=True):
+            if vector is not None:
+                vectors[i] = vector
+        fresh = [i for i in range(len(prompts)) if i not in reused]
+        if fresh:
+            encode_started = self.encoder.clock()
+            encoded, counted = self.encoder.encode_counted([prompts[i] for i in fresh])  # (F, D)
+            seconds = ledger.split_by_tokens(self.encoder.clock() - encode_started, counted)
+            for row, i in enumerate(fresh):
+                vectors[i], tokens[i], shares[i] = encoded[row], counted[row], seconds[row]
+        VECTORS_REUSED.inc(len(reused))
+        return vectors, tokens, shares
 
     # -- submission ------------------------------------------------------------------------------------
 

@@ -489,3 +489,23 @@ def test_a_reward_seen_again_is_not_folded_twice(replica: Replica) -> None:
     second = replica.engine.store.apply_reward(digest, "resp-same", observation, now)
     assert first.applied and not second.applied
     assert second.stats is not None and second.stats.count == first.stats.count == 1
+
+
+def test_an_indexed_prompt_is_decided_on_its_stored_vector(replica: Replica, encoder: Encoder,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = f"Explain how a heap keeps its order. ({uuid.uuid4().hex[:6]})"
+    submit(replica.stub, seen)  # a rollout: the prompt and its vector are indexed
+    assert content_hash(seen) in replica.engine.index
+    new = f"How do tides work? ({uuid.uuid4().hex[:6]})"
+    encoded: list[str] = []
+    real = encoder.encode_counted
+
+    def counting(texts):
+        encoded.extend(texts)
+        return real(texts)
+
+    monkeypatch.setattr(encoder, "encode_counted", counting)
+    routed = replica.engine.route([seen, new])
+    assert encoded == [new]  # the seen prompt's vector came from Redis, not from the encoder
+    assert np.abs(np.stack([r.vector for r in routed]) - real([seen, new])[0]).max() < 1e-4
+    assert routed[0].encoder_charge.tokens == 0 and routed[1].encoder_charge.tokens > 0  # no encoding, no cost
