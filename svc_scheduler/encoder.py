@@ -44,6 +44,20 @@ def _cache_root() -> Path:
     return Path(os.environ.get("STRATA_CACHE_DIR") or Path.home() / ".cache" / "strata")
 
 
+def _export_dir() -> Path:
+    """``<cache>/encoders``, or a temporary directory where the cache is read-only (a mounted volume)."""
+    import tempfile
+
+    for folder in (_cache_root() / "encoders", Path(tempfile.gettempdir()) / "strata-encoders"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+    raise OSError("no writable directory for the encoder's ONNX export")
+
+
 def _weights_digest(model_dir: Path) -> str:
     """Identifies the model's weights and config (an export is reused only for the same files)."""
     digest = hashlib.sha256()
@@ -76,8 +90,7 @@ class _OnnxTransformer:
         """The ONNX file of this model (exported once, written atomically, shared by every process)."""
         import torch
 
-        folder = _cache_root() / "encoders"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = _export_dir()
         base = folder / f"{name}-{_weights_digest(model_dir)}-opset{ONNX_OPSET}.onnx"
         target = base.with_suffix(".int8.onnx") if int8 else base
         if target.exists():

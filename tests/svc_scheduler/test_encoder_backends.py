@@ -61,3 +61,13 @@ def test_without_onnxruntime_the_encoder_stays_on_torch(monkeypatch: pytest.Monk
     assert fallback.encoder_id == torch_encoder.encoder_id
     assert "encoder_backend onnx unavailable" in caplog.text and "stays on torch" in caplog.text
     assert np.abs(fallback.encode(TEXTS[:3]) - torch_encoder.encode(TEXTS[:3])).max() < 1e-6
+
+
+def test_a_read_only_cache_exports_to_a_temporary_directory(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from svc_scheduler import encoder as encoder_module
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("a mounted file stands in for a read-only volume")
+    monkeypatch.setattr(encoder_module, "_cache_root", lambda: not_a_dir)
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path / "tmp"))
+    assert encoder_module._export_dir() == tmp_path / "tmp" / "strata-encoders"
