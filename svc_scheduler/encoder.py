@@ -7,9 +7,9 @@ sentence-transformers directory can replace it (``--encoder-path``).
 
 Backends (``encoder_backend``), measured in docs/performance.md:
 
-- ``onnx`` (default): the model's transformer exported once to ONNX (cached under
-  ``<cache>/encoders/``) and run by ONNX Runtime; pooling and normalisation stay the model's own
-  modules. The same vectors as ``torch`` (checked at load, else it falls back to ``torch`` with a
+- ``onnx`` (default): the whole model (transformer, then its own pooling and normalisation
+  modules) exported once to ONNX (cached under ``<cache>/encoders/``) and run by ONNX Runtime.
+  The same vectors as ``torch`` (checked at load, else it falls back to ``torch`` with a
   warning), about twice as fast on a CPU, so it keeps the ``torch`` backend's ``encoder_id``.
 - ``onnx-int8``: the same export with int8 weights (dynamic quantisation, per channel): about four
   times as fast on a CPU, but a slightly different vector space (cosine ~0.99 to the ``torch``
@@ -70,8 +70,8 @@ def _weights_digest(model_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-class _OnnxTransformer:
-    """The sentence-transformers model's first module (the transformer) run by ONNX Runtime."""
+class _OnnxSentenceModel:
+    """The whole sentence-transformers model (transformer, pooling, normalisation) run by ONNX Runtime."""
 
     def __init__(self, model: Any, model_dir: Path, name: str, int8: bool, threads: int | None) -> None:
         import onnxruntime
@@ -91,31 +91,36 @@ class _OnnxTransformer:
         import torch
 
         folder = _export_dir()
-        base = folder / f"{name}-{_weights_digest(model_dir)}-opset{ONNX_OPSET}.onnx"
+        base = folder / f"{name}-{_weights_digest(model_dir)}-sentence-opset{ONNX_OPSET}.onnx"
         target = base.with_suffix(".int8.onnx") if int8 else base
         if target.exists():
             return target
         if not base.exists():
-            transformer = model[0].auto_model.eval()
+            modules = list(model)
             features = model.preprocess(list(_CHECK_TEXTS[:2]))
             names = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in features]
 
-            class LastHidden(torch.nn.Module):
+            class Sentence(torch.nn.Module):
                 def __init__(self) -> None:
                     super().__init__()
-                    self.inner = transformer
+                    self.transformer = modules[0].auto_model.eval()
+                    self.rest = torch.nn.ModuleList(modules[1:])  # pooling, normalisation: the model's own
 
                 def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-                    return self.inner(**dict(zip(names, inputs, strict=True))).last_hidden_state
+                    given = dict(zip(names, inputs, strict=True))
+                    state = {**given, "token_embeddings": self.transformer(**given).last_hidden_state}
+                    for module in self.rest:
+                        state = module(state)
+                    return state["sentence_embedding"]
 
             partial = base.with_suffix(f".{os.getpid()}.partial")
             log.info("exporting the encoder %s to ONNX (once): %s", name, base)
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")
                 torch.onnx.export(
-                    LastHidden(), tuple(features[k] for k in names), str(partial), input_names=names,
-                    output_names=["token_embeddings"], opset_version=ONNX_OPSET, dynamo=False,
-                    dynamic_axes={name: {0: "batch", 1: "tokens"} for name in [*names, "token_embeddings"]},
+                    Sentence().eval(), tuple(features[k] for k in names), str(partial), input_names=names,
+                    output_names=["sentence_embedding"], opset_version=ONNX_OPSET, dynamo=False,
+                    dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names}, "sentence_embedding": {0: "batch"}},
                 )
             partial.replace(base)
         if int8:
@@ -132,11 +137,10 @@ class _OnnxTransformer:
             partial.replace(target)
         return target
 
-    def __call__(self, features: dict[str, Any]) -> Any:
-        import torch
-
+    def __call__(self, features: dict[str, Any]) -> np.ndarray:
+        """(N, D) sentence embeddings of the model's preprocessed ``features``."""
         feed = {name: features[name].numpy().astype(np.int64) for name in self._inputs}
-        return torch.from_numpy(self._session.run(None, feed)[0])
+        return self._session.run(None, feed)[0]
 
 
 class Encoder:
@@ -175,7 +179,7 @@ class Encoder:
         self.n_params = sum(p.numel() for p in model.parameters())
         self.clock = device_clock(device)  # device-seconds of encoding (R4)
         self.backend: EncoderBackend = "torch"
-        self._onnx: _OnnxTransformer | None = None
+        self._onnx: _OnnxSentenceModel | None = None
         if backend != "torch":
             self._use_onnx(model_dir, backend, threads)
         log.info("encoder %s loaded from %s on %s (%s)", self.encoder_id, model_dir, device, self.backend)
@@ -195,7 +199,7 @@ class Encoder:
         reference = self.encode(_CHECK_TEXTS)
         try:
             name = self.encoder_id.rsplit("/", 1)[0]
-            onnx = _OnnxTransformer(self._model, model_dir, name, backend == "onnx-int8", threads)
+            onnx = _OnnxSentenceModel(self._model, model_dir, name, backend == "onnx-int8", threads)
         except Exception as exc:  # a missing onnxruntime, an export the model does not support, a full disk
             log.warning("encoder_backend %s unavailable (%s: %s); the encoder stays on torch", backend,
                         type(exc).__name__, exc)
@@ -241,15 +245,13 @@ class Encoder:
         for start in range(0, len(texts), self.batch_size):
             features = self._model.preprocess(texts[start: start + self.batch_size])
             counts += features["attention_mask"].sum(dim=1).tolist()
+            if self._onnx is not None:
+                embedding = self._onnx(features).astype(np.float32)
+                vectors.append(embedding / np.maximum(np.linalg.norm(embedding, axis=1, keepdims=True), 1e-12))
+                continue
             features = {k: v.to(self._device) if hasattr(v, "to") else v for k, v in features.items()}
             with torch.inference_mode():
-                if self._onnx is None:
-                    embedding = self._model(features)["sentence_embedding"]
-                else:
-                    features["token_embeddings"] = self._onnx(features)
-                    for module in list(self._model)[1:]:  # pooling, normalisation: the model's own
-                        features = module(features)
-                    embedding = features["sentence_embedding"]
+                embedding = self._model(features)["sentence_embedding"]
                 embedding = torch.nn.functional.normalize(embedding.float(), dim=-1)
             vectors.append(embedding.cpu().numpy())
         return np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32), counts  # (N, D)
