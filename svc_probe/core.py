@@ -109,7 +109,7 @@ class _LikelihoodPieces:
     """The fixed token pieces of the likelihood method, tokenized once per tokenizer."""
 
     names: tuple[tuple[int, ...], ...]  # " <direction>" for each canonical direction
-    risk_suffix: tuple[int, ...]  # "\nRisk:"
+    continuations: tuple[tuple[int, ...], ...]  # " <direction>\nRisk:" for each: what follows every query
     yes: int | None  # " yes" / " no" when each is one token (the one-forward path), else None
     no: int | None
 
@@ -121,7 +121,9 @@ def _likelihood_pieces(tokenizer: Any) -> _LikelihoodPieces:
 
     yes, no = ids(" yes"), ids(" no")
     single = len(yes) == 1 and len(no) == 1
-    return _LikelihoodPieces(tuple(ids(f" {name}") for name in DIRECTION_NAMES), ids(f"\n{RISK_PREFIX.rstrip()}"),
+    names = tuple(ids(f" {name}") for name in DIRECTION_NAMES)
+    risk_suffix = ids(f"\n{RISK_PREFIX.rstrip()}")
+    return _LikelihoodPieces(names, tuple((*name, *risk_suffix) for name in names),
                              yes[0] if single else None, no[0] if single else None)
 
 
@@ -142,10 +144,10 @@ def _likelihood_scores(lm: LoadedModel, prompts: Sequence[str], max_prompt_token
         return _likelihood_scores_two_forwards(lm, prompts, max_prompt_tokens)
     names = DIRECTION_NAMES
     contexts = _likelihood_contexts(lm, prompts, max_prompt_tokens)
-    continuations = [[*name, *pieces.risk_suffix] for name in pieces.names]
+    continuations = pieces.continuations
     shared = share_prefix and unsupported(lm.model) is None
     rows = _row_logits(lm, contexts, continuations, shared)
-    cont_ids = torch.tensor([c + [0] * (rows.predict.shape[1] - len(c)) for c in continuations],
+    cont_ids = torch.tensor([[*c, *[0] * (rows.predict.shape[1] - len(c))] for c in continuations],
                             device=lm.device).repeat(len(prompts), 1)  # (N, W)
     token_logprobs = torch.log_softmax(rows.predict.float(), dim=-1).gather(-1, cont_ids.unsqueeze(-1)).squeeze(-1)
     name_len = torch.tensor([len(n) for n in pieces.names], device=lm.device).repeat(len(prompts))  # (N,)
@@ -197,9 +199,8 @@ def forward_alone(lm: LoadedModel, prompts: Sequence[str], max_prompt_tokens: in
     if pieces.yes is None:
         raise ValueError("forward_alone: this tokenizer takes the two-forward likelihood path")
     contexts = _likelihood_contexts(lm, prompts, max_prompt_tokens)
-    continuations = [[*name, *pieces.risk_suffix] for name in pieces.names]
     shared = unsupported(lm.model) is None
-    return torch.no_grad()(lambda: _row_logits(lm, contexts, continuations, shared))
+    return torch.no_grad()(lambda: _row_logits(lm, contexts, pieces.continuations, shared))
 
 
 def _right_padded(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
