@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from strata.config import default_cache_dir
 from strata.devicetime import device_clock
 
 log = logging.getLogger(__name__)
@@ -40,15 +41,11 @@ _CHECK_TEXTS = ("Explain how binary search works.", "Please, could you kindly wr
                 "¿Qué es un contrato de arrendamiento?", "x")
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("STRATA_CACHE_DIR") or Path.home() / ".cache" / "strata")
-
-
-def _export_dir() -> Path:
-    """``<cache>/encoders``, or a temporary directory where the cache is read-only (a mounted volume)."""
+def _export_dir(cache_dir: Path) -> Path:
+    """``<cache_dir>/encoders``, or a temporary directory where the cache is read-only (a mounted volume)."""
     import tempfile
 
-    for folder in (_cache_root() / "encoders", Path(tempfile.gettempdir()) / "strata-encoders"):
+    for folder in (cache_dir / "encoders", Path(tempfile.gettempdir()) / "strata-encoders"):
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
@@ -73,10 +70,11 @@ def _weights_digest(model_dir: Path) -> str:
 class _OnnxSentenceModel:
     """The whole sentence-transformers model (transformer, pooling, normalisation) run by ONNX Runtime."""
 
-    def __init__(self, model: Any, model_dir: Path, name: str, int8: bool, threads: int | None) -> None:
+    def __init__(self, model: Any, model_dir: Path, name: str, int8: bool, threads: int | None,
+                 cache_dir: Path) -> None:
         import onnxruntime
 
-        path = self._exported(model, model_dir, name, int8)
+        path = self._exported(model, model_dir, name, int8, _export_dir(cache_dir))
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads or 0
         options.inter_op_num_threads = 1
@@ -86,11 +84,10 @@ class _OnnxSentenceModel:
         self.path = path
 
     @staticmethod
-    def _exported(model: Any, model_dir: Path, name: str, int8: bool) -> Path:
-        """The ONNX file of this model (exported once, written atomically, shared by every process)."""
+    def _exported(model: Any, model_dir: Path, name: str, int8: bool, folder: Path) -> Path:
+        """The ONNX file of this model in ``folder`` (exported once, written atomically, shared by every process)."""
         import torch
 
-        folder = _export_dir()
         base = folder / f"{name}-{_weights_digest(model_dir)}-sentence-opset{ONNX_OPSET}.onnx"
         target = base.with_suffix(".int8.onnx") if int8 else base
         if target.exists():
@@ -148,7 +145,7 @@ class Encoder:
 
     def __init__(
         self, path: str | None = None, device: str = "cpu", batch_size: int = 64, threads: int | None = 1,
-        backend: EncoderBackend = "onnx",
+        backend: EncoderBackend = "onnx", cache_dir: Path | None = None,
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub at run time
         import torch
@@ -181,16 +178,16 @@ class Encoder:
         self.backend: EncoderBackend = "torch"
         self._onnx: _OnnxSentenceModel | None = None
         if backend != "torch":
-            self._use_onnx(model_dir, backend, threads)
+            self._use_onnx(model_dir, backend, threads, cache_dir or default_cache_dir())
         log.info("encoder %s loaded from %s on %s (%s)", self.encoder_id, model_dir, device, self.backend)
 
     @classmethod
     def from_settings(cls, settings: Any) -> Encoder:
-        """The encoder a scheduler's settings describe (path, device, batch size, threads, backend)."""
+        """The encoder a scheduler's settings describe (path, device, batch size, threads, backend, cache)."""
         return cls(settings.encoder_path, settings.encoder_device, settings.encoder_batch_size,
-                   settings.encoder_threads, settings.encoder_backend)
+                   settings.encoder_threads, settings.encoder_backend, settings.cache_dir)
 
-    def _use_onnx(self, model_dir: Path, backend: EncoderBackend, threads: int | None) -> None:
+    def _use_onnx(self, model_dir: Path, backend: EncoderBackend, threads: int | None, cache_dir: Path) -> None:
         """Switch to ONNX Runtime when it gives the vectors it promises; otherwise stay on torch, saying why."""
         if self._device != "cpu":
             log.warning("encoder_backend %s runs on the CPU only; the encoder stays on torch (%s)", backend,
@@ -199,7 +196,7 @@ class Encoder:
         reference = self.encode(_CHECK_TEXTS)
         try:
             name = self.encoder_id.rsplit("/", 1)[0]
-            onnx = _OnnxSentenceModel(self._model, model_dir, name, backend == "onnx-int8", threads)
+            onnx = _OnnxSentenceModel(self._model, model_dir, name, backend == "onnx-int8", threads, cache_dir)
         except Exception as exc:  # a missing onnxruntime, an export the model does not support, a full disk
             log.warning("encoder_backend %s unavailable (%s: %s); the encoder stays on torch", backend,
                         type(exc).__name__, exc)

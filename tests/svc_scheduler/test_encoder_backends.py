@@ -68,6 +68,5 @@ def test_a_read_only_cache_exports_to_a_temporary_directory(monkeypatch: pytest.
 
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("a mounted file stands in for a read-only volume")
-    monkeypatch.setattr(encoder_module, "_cache_root", lambda: not_a_dir)
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path / "tmp"))
-    assert encoder_module._export_dir() == tmp_path / "tmp" / "strata-encoders"
+    assert encoder_module._export_dir(not_a_dir) == tmp_path / "tmp" / "strata-encoders"
