@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -85,25 +85,23 @@ class SimulatedPolicy:
 
     def truth(self, record: PromptRecord, version: int) -> float:
         """Mean oracle reward of ``truth_samples`` rollouts by policy ``version`` (cached: skips repeat)."""
-        key = (record.text, version)
-        if key not in self._truth:
-            rng = random.Random(f"{self._seed}:truth:{record.text}:v{version}")
-            competence = self.competence(record, version)
-            self._truth[key] = float(np.mean([rollout_reward(record, competence, rng)
-                                              for _ in range(self._truth_samples)]))
-        return self._truth[key]
+        return self._measured("truth", record, version, self._truth_samples, np.mean, self._truth)
 
     def variance(self, record: PromptRecord, version: int) -> float:
         """Per-rollout reward variance of the prompt under policy ``version`` (``VARIANCE_SAMPLES``
         rollouts, cached): what R10 and R11 judge from a handful of samples, known here exactly enough."""
-        key = (record.text, version)
-        if key not in self._variance:
-            rng = random.Random(f"{self._seed}:variance:{record.text}:v{version}")
-            competence = self.competence(record, version)
-            self._variance[key] = float(np.var([rollout_reward(record, competence, rng)
-                                                for _ in range(VARIANCE_SAMPLES)], ddof=1))
-        return self._variance[key]
+        return self._measured("variance", record, version, VARIANCE_SAMPLES, lambda r: np.var(r, ddof=1),
+                              self._variance)
 
+    def _measured(self, purpose: str, record: PromptRecord, version: int, n: int,
+                  statistic: Callable[[list[float]], Any], cache: dict[tuple[str, int], float]) -> float:
+        """``statistic`` of ``n`` rollouts drawn for ``purpose`` alone (its own seed), cached per prompt and version."""
+        key = (record.text, version)
+        if key not in cache:
+            rng = random.Random(f"{self._seed}:{purpose}:{record.text}:v{version}")
+            competence = self.competence(record, version)
+            cache[key] = float(statistic([rollout_reward(record, competence, rng) for _ in range(n)]))
+        return cache[key]
 
 def reward_event(prompt_hash: str, request_id: str, version: int, tier: int, i: int,
                  value: float) -> events_pb2.RewardScored:
