@@ -211,10 +211,11 @@ class SchedulerEngine:
         vectors = np.zeros((len(prompts), self.encoder.dim), dtype=np.float32)
         tokens, shares = [0] * len(prompts), [0.0] * len(prompts)
         found = self.store.get_embeddings([hashes[i] for i in stored]) if stored else []
-        reused = {i for i, vector in zip(stored, found, strict=True) if vector is not None}
+        reused: set[int] = set()
         for i, vector in zip(stored, found, strict=True):
-            if vector is not None:
+            if vector is not None:  # None: its embedding left Redis; encode it like a new prompt
                 vectors[i] = vector
+                reused.add(i)
         fresh = [i for i in range(len(prompts)) if i not in reused]
         if fresh:
             encode_started = self.encoder.clock()
