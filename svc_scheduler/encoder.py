@@ -228,8 +228,9 @@ class Encoder:
     def encode_counted(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
         """``(N, D)`` unit vectors and the tokens read of each text, from one tokenization.
 
-        The model's own modules (transformer, pooling, normalize) run under ``inference_mode`` on
-        its own preprocessing; ``SentenceTransformer.encode`` does the same around more bookkeeping
+        The model's own preprocessing feeds its modules (transformer, pooling, normalize): the
+        exported ONNX graph of them, or on torch the modules themselves under ``inference_mode``.
+        ``SentenceTransformer.encode`` does the same around more bookkeeping
         per call (sorting, progress, a walk over every module to set eval mode), which is most of the
         time of a one-prompt decision's encoding on a CPU (docs/performance.md).
         """
