@@ -8,7 +8,8 @@ sentence-transformers directory can replace it (``--encoder-path``).
 Backends (``encoder_backend``), measured in docs/performance.md:
 
 - ``onnx`` (default): the whole model (transformer, then its own pooling and normalisation
-  modules) exported once to ONNX (cached under ``<cache>/encoders/``) and run by ONNX Runtime.
+  modules) exported once to ONNX, its attention and layer norms fused into ONNX Runtime's
+  transformer ops (cached under ``<cache>/encoders/``), and run by ONNX Runtime.
   The same vectors as ``torch`` (checked at load, else it falls back to ``torch`` with a
   warning), about twice as fast on a CPU, so it keeps the ``torch`` backend's ``encoder_id``.
 - ``onnx-int8``: the same export with int8 weights (dynamic quantisation, per channel): about four
@@ -19,11 +20,12 @@ Backends (``encoder_backend``), measured in docs/performance.md:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -67,6 +69,89 @@ def _weights_digest(model_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def _quiet_onnx_tools() -> Iterator[None]:
+    """ONNX Runtime's quantizer and optimizer log a line per tensor or fusion on the root logger."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def _export_sentence_model(model: Any, path: Path) -> None:
+    """Export the model's transformer, pooling and normalisation modules to one ONNX graph at ``path``.
+
+    The transformer is traced with eager attention (the same arithmetic as SDPA), whose graph ONNX
+    Runtime's optimizer recognises and fuses (``_fuse_transformer_ops``); it is set back afterwards.
+    """
+    import torch
+
+    modules = list(model)
+    transformer = modules[0].auto_model
+    features = model.preprocess(list(_CHECK_TEXTS[:2]))
+    names = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in features]
+
+    class Sentence(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.transformer = transformer.eval()
+            self.rest = torch.nn.ModuleList(modules[1:])  # pooling, normalisation: the model's own
+
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            given = dict(zip(names, inputs, strict=True))
+            state = {**given, "token_embeddings": self.transformer(**given).last_hidden_state}
+            for module in self.rest:
+                state = module(state)
+            return state["sentence_embedding"]
+
+    attention = getattr(transformer.config, "_attn_implementation", None)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        _set_attention(transformer, "eager")
+        try:
+            torch.onnx.export(
+                Sentence().eval(), tuple(features[k] for k in names), str(path), input_names=names,
+                output_names=["sentence_embedding"], opset_version=ONNX_OPSET, dynamo=False,
+                dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names}, "sentence_embedding": {0: "batch"}},
+            )
+        finally:
+            _set_attention(transformer, attention)
+
+
+def _set_attention(transformer: Any, implementation: str | None) -> None:
+    if implementation is None:
+        return
+    try:
+        transformer.set_attn_implementation(implementation)
+    except (AttributeError, ValueError):  # older transformers, or a model with one implementation only
+        transformer.config._attn_implementation = implementation
+
+
+def _fuse_transformer_ops(path: Path, config: Any) -> None:
+    """Rewrite the exported graph in place with ONNX Runtime's fused transformer ops, where it can.
+
+    Attention, embedding + layer norm, skip + layer norm and bias + GELU each become one op: on a
+    2-core CPU the int8 encoder took ~20 % less time a prompt (docs/performance.md), the float one
+    ~8 %, with the same vectors (checked at load like any export). A model whose graph the BERT
+    optimizer does not know keeps the plain export.
+    """
+    heads, hidden = getattr(config, "num_attention_heads", 0), getattr(config, "hidden_size", 0)
+    try:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        with _quiet_onnx_tools():
+            optimized = optimize_model(str(path), model_type="bert", num_heads=heads, hidden_size=hidden)
+            fused = optimized.get_fused_operator_statistics()
+            optimized.save_model_to_file(str(path))
+    except Exception as exc:  # an architecture the optimizer cannot read: the plain graph still runs
+        log.warning("encoder ONNX graph left unfused (%s: %s)", type(exc).__name__, exc)
+        return
+    log.info("encoder ONNX graph fused: %s", ", ".join(f"{op} {n}" for op, n in fused.items() if n))
+
+
 class _OnnxSentenceModel:
     """The whole sentence-transformers model (transformer, pooling, normalisation) run by ONNX Runtime."""
 
@@ -86,51 +171,25 @@ class _OnnxSentenceModel:
     @staticmethod
     def _exported(model: Any, model_dir: Path, name: str, int8: bool, folder: Path) -> Path:
         """The ONNX file of this model in ``folder`` (exported once, written atomically, shared by every process)."""
-        import torch
-
-        base = folder / f"{name}-{_weights_digest(model_dir)}-sentence-opset{ONNX_OPSET}.onnx"
+        base = folder / f"{name}-{_weights_digest(model_dir)}-sentence-fused-opset{ONNX_OPSET}.onnx"
         target = base.with_suffix(".int8.onnx") if int8 else base
         if target.exists():
             return target
         if not base.exists():
-            modules = list(model)
-            features = model.preprocess(list(_CHECK_TEXTS[:2]))
-            names = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in features]
-
-            class Sentence(torch.nn.Module):
-                def __init__(self) -> None:
-                    super().__init__()
-                    self.transformer = modules[0].auto_model.eval()
-                    self.rest = torch.nn.ModuleList(modules[1:])  # pooling, normalisation: the model's own
-
-                def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-                    given = dict(zip(names, inputs, strict=True))
-                    state = {**given, "token_embeddings": self.transformer(**given).last_hidden_state}
-                    for module in self.rest:
-                        state = module(state)
-                    return state["sentence_embedding"]
-
             partial = base.with_suffix(f".{os.getpid()}.partial")
             log.info("exporting the encoder %s to ONNX (once): %s", name, base)
-            with warnings.catch_warnings(), torch.no_grad():
-                warnings.simplefilter("ignore")
-                torch.onnx.export(
-                    Sentence().eval(), tuple(features[k] for k in names), str(partial), input_names=names,
-                    output_names=["sentence_embedding"], opset_version=ONNX_OPSET, dynamo=False,
-                    dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names}, "sentence_embedding": {0: "batch"}},
-                )
+            _export_sentence_model(model, partial)
+            _fuse_transformer_ops(partial, model[0].auto_model.config)
             partial.replace(base)
         if int8:
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
             partial = target.with_suffix(f".{os.getpid()}.partial")
-            root = logging.getLogger()
-            level = root.level
-            root.setLevel(max(level, logging.ERROR))  # the quantizer logs a line per tensor on the root logger
-            try:
-                quantize_dynamic(str(base), str(partial), weight_type=QuantType.QInt8, per_channel=True)
-            finally:
-                root.setLevel(level)
+            with _quiet_onnx_tools():
+                # DefaultTensorType: the fused ops (Attention, SkipLayerNormalization) are outside ONNX's
+                # shape inference, so the quantizer is told their outputs are float.
+                quantize_dynamic(str(base), str(partial), weight_type=QuantType.QInt8, per_channel=True,
+                                 extra_options={"DefaultTensorType": 1})
             partial.replace(target)
         return target
 

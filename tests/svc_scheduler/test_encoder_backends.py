@@ -70,3 +70,30 @@ def test_a_read_only_cache_exports_to_a_temporary_directory(monkeypatch: pytest.
     not_a_dir.write_text("a mounted file stands in for a read-only volume")
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path / "tmp"))
     assert encoder_module._export_dir(not_a_dir) == tmp_path / "tmp" / "strata-encoders"
+
+
+def test_the_export_runs_fused_transformer_ops(encoder: Encoder) -> None:
+    import onnx
+
+    assert encoder._onnx is not None
+    ops = {node.op_type for node in onnx.load(str(encoder._onnx.path), load_external_data=False).graph.node}
+    assert {"Attention", "SkipLayerNormalization"} <= ops  # one op per attention block, not ~30
+
+
+def test_a_graph_the_optimizer_cannot_fuse_keeps_the_plain_export(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                                 caplog: pytest.LogCaptureFixture,
+                                                                 torch_encoder: Encoder) -> None:
+    import onnx
+    import onnxruntime.transformers.optimizer as optimizer
+
+    def cannot_fuse(*_args: object, **_kwargs: object) -> None:
+        raise ValueError("unknown model type")
+
+    monkeypatch.setattr(optimizer, "optimize_model", cannot_fuse)
+    with caplog.at_level(logging.WARNING, logger="svc_scheduler.encoder"):
+        plain = Encoder(backend="onnx", cache_dir=tmp_path)
+    assert plain.backend == "onnx" and "left unfused" in caplog.text
+    assert plain._onnx is not None
+    ops = {node.op_type for node in onnx.load(str(plain._onnx.path)).graph.node}
+    assert "Attention" not in ops
+    assert np.abs(plain.encode(TEXTS) - torch_encoder.encode(TEXTS)).max() < 1e-4
