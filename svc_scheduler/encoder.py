@@ -165,7 +165,7 @@ class _OnnxSentenceModel:
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self._inputs = [i.name for i in self._session.get_inputs()]
+        self.input_names = [i.name for i in self._session.get_inputs()]
         self.path = path
 
     @staticmethod
@@ -195,7 +195,7 @@ class _OnnxSentenceModel:
 
     def __call__(self, features: dict[str, Any]) -> np.ndarray:
         """(N, D) sentence embeddings of the model's preprocessed ``features``."""
-        feed = {name: features[name].numpy().astype(np.int64) for name in self._inputs}
+        feed = {name: np.asarray(features[name], dtype=np.int64) for name in self.input_names}
         return self._session.run(None, feed)[0]
 
 
@@ -236,6 +236,7 @@ class Encoder:
         self.clock = device_clock(device)  # device-seconds of encoding (R4)
         self.backend: EncoderBackend = "torch"
         self._onnx: _OnnxSentenceModel | None = None
+        self._tokenizer_alone = False  # ONNX: the tokenizer's own call gives the model's preprocessing
         if backend != "torch":
             self._use_onnx(model_dir, backend, threads, cache_dir or default_cache_dir())
         log.info("encoder %s loaded from %s on %s (%s)", self.encoder_id, model_dir, device, self.backend)
@@ -261,6 +262,7 @@ class Encoder:
                         type(exc).__name__, exc)
             return
         self._onnx = onnx
+        self._tokenizer_alone = self._tokenizer_gives_the_preprocessing(onnx.input_names)
         if reference is not None:
             vectors = self.encode(_CHECK_TEXTS)
             if not np.allclose(vectors, reference, atol=ONNX_MATCH_ATOL):
@@ -272,6 +274,25 @@ class Encoder:
         if backend == "onnx-int8":  # another vector space: it must never share an index with the float one
             name, dim = self.encoder_id.rsplit("/", 1)
             self.encoder_id = f"{name}+int8/{dim}"
+
+    def _tokenize(self, texts: list[str]) -> Any:
+        """The tokenizer alone, as the model's preprocessing calls it for text (numpy arrays)."""
+        return self._model.tokenizer(texts, padding=True, truncation="longest_first",
+                                     max_length=self._model.max_seq_length, return_tensors="np")
+
+    def _tokenizer_gives_the_preprocessing(self, names: Sequence[str]) -> bool:
+        """Whether ``_tokenize`` gives the ids of the model's own preprocessing (a prompt template, a
+        lower-casing step or an exotic tokenizer would not): then the ONNX path skips the preprocessing's
+        ~0.5 ms of bookkeeping a call (docs/performance.md)."""
+        texts = [*_CHECK_TEXTS, "a " * 400]  # the last one is cut at max_seq_length
+        try:
+            direct = self._tokenize(texts)
+        except Exception:  # a processor without the tokenizer call signature
+            return False
+        reference = self._model.preprocess(texts)
+        return all(name in direct and name in reference
+                   and np.array_equal(np.asarray(direct[name]), np.asarray(reference[name]))
+                   for name in {*names, "attention_mask"})
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens the encoder reads of each text (its max_seq_length cuts longer ones)."""
@@ -287,8 +308,9 @@ class Encoder:
     def encode_counted(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
         """``(N, D)`` unit vectors and the tokens read of each text, from one tokenization.
 
-        The model's own preprocessing feeds its modules (transformer, pooling, normalize): the
-        exported ONNX graph of them, or on torch the modules themselves under ``inference_mode``.
+        The model's own preprocessing (for ONNX, the tokenizer alone where it gives the same ids)
+        feeds its modules (transformer, pooling, normalize): the exported ONNX graph of them, or on
+        torch the modules themselves under ``inference_mode``.
         ``SentenceTransformer.encode`` does the same around more bookkeeping
         per call (sorting, progress, a walk over every module to set eval mode), which is most of the
         time of a one-prompt decision's encoding on a CPU (docs/performance.md).
@@ -301,8 +323,9 @@ class Encoder:
         counts: list[int] = []
         texts = list(texts)
         for start in range(0, len(texts), self.batch_size):
-            features = self._model.preprocess(texts[start: start + self.batch_size])
-            counts += features["attention_mask"].sum(dim=1).tolist()
+            batch = texts[start: start + self.batch_size]
+            features = self._tokenize(batch) if self._tokenizer_alone else self._model.preprocess(batch)
+            counts += [int(n) for n in np.asarray(features["attention_mask"]).sum(axis=1)]
             if self._onnx is not None:
                 embedding = self._onnx(features).astype(np.float32)
                 vectors.append(embedding / np.maximum(np.linalg.norm(embedding, axis=1, keepdims=True), 1e-12))

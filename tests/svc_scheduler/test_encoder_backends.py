@@ -26,6 +26,7 @@ def torch_encoder() -> Encoder:
 
 def test_onnx_gives_the_torch_vectors_under_the_same_encoder_id(encoder: Encoder, torch_encoder: Encoder) -> None:
     assert encoder.backend == "onnx"  # the default
+    assert encoder._tokenizer_alone  # MiniLM's preprocessing is its tokenizer's call: the fast path is taken
     assert encoder.encoder_id == torch_encoder.encoder_id
     vectors, tokens = encoder.encode_counted(TEXTS)
     reference, reference_tokens = torch_encoder.encode_counted(TEXTS)
@@ -97,3 +98,16 @@ def test_a_graph_the_optimizer_cannot_fuse_keeps_the_plain_export(monkeypatch: p
     ops = {node.op_type for node in onnx.load(str(plain._onnx.path)).graph.node}
     assert "Attention" not in ops
     assert np.abs(plain.encode(TEXTS) - torch_encoder.encode(TEXTS)).max() < 1e-4
+
+
+def test_a_tokenizer_that_disagrees_with_the_preprocessing_is_not_used_alone(encoder: Encoder,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    real = encoder._tokenize
+
+    def with_a_prompt(texts: list[str]) -> object:  # what a model whose preprocessing adds a prompt differs by
+        return real([f"query: {t}" for t in texts])
+
+    monkeypatch.setattr(encoder, "_tokenize", with_a_prompt)
+    assert not encoder._tokenizer_gives_the_preprocessing(["input_ids", "attention_mask", "token_type_ids"])
+    monkeypatch.setattr(encoder, "_tokenize", real)
+    assert encoder._tokenizer_gives_the_preprocessing(["input_ids", "attention_mask", "token_type_ids"])
