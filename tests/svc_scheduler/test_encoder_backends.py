@@ -43,6 +43,9 @@ def test_int8_is_close_but_a_vector_space_of_its_own(torch_encoder: Encoder) -> 
     cosine = (int8.encode(TEXTS) * torch_encoder.encode(TEXTS)).sum(axis=1)
     assert cosine.min() > 0.95
     assert cosine.max() < 1 - 1e-6  # not the same vectors: sharing an index would be wrong
+    batched = int8.encode(TEXTS)
+    alone = np.stack([int8.encode([t])[0] for t in TEXTS])
+    assert np.abs(batched - alone).max() < 1e-6  # a text's vector does not depend on the rest of its batch
 
 
 def test_without_onnxruntime_the_encoder_stays_on_torch(monkeypatch: pytest.MonkeyPatch,
