@@ -7,15 +7,19 @@ sentence-transformers directory can replace it (``--encoder-path``).
 
 Backends (``encoder_backend``), measured in docs/performance.md:
 
-- ``onnx`` (default): the whole model (transformer, then its own pooling and normalisation
+- ``onnx``: the whole model (transformer, then its own pooling and normalisation
   modules) exported once to ONNX, its attention and layer norms fused into ONNX Runtime's
   transformer ops (cached under ``<cache>/encoders/``), and run by ONNX Runtime.
   The same vectors as ``torch`` (checked at load, else it falls back to ``torch`` with a
   warning), about twice as fast on a CPU, so it keeps the ``torch`` backend's ``encoder_id``.
 - ``onnx-int8``: the same export with int8 weights (dynamic quantisation, per channel): about four
   times as fast on a CPU, but a slightly different vector space (cosine ~0.99 to the ``torch``
-  vector), so its ``encoder_id`` differs and a scheduler state built by another backend refuses it.
+  vector), so its ``encoder_id`` differs and a scheduler state built by another backend refuses it
+  (unless the backend is ``auto``).
 - ``torch``: sentence-transformers on torch (the only one on a GPU).
+- ``auto`` (the default): ``onnx-int8`` on a CPU, ``torch`` on a GPU, unless the scheduler's state
+  was built by the other vector space of the same model: then :meth:`Encoder.adopt` takes the
+  backend that state's vectors came from (a state built by ``onnx`` or ``torch`` stays float).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from strata.devicetime import device_clock
 
 log = logging.getLogger(__name__)
 
-EncoderBackend = Literal["torch", "onnx", "onnx-int8"]
+EncoderBackend = Literal["auto", "torch", "onnx", "onnx-int8"]
 ONNX_OPSET = 17
 ONNX_MATCH_ATOL = 1e-4  # largest |difference| of an onnx vector from the torch one accepted at load
 _CHECK_TEXTS = ("Explain how binary search works.", "Please, could you kindly write a short poem about the sea?",
@@ -216,7 +220,7 @@ class Encoder:
 
     def __init__(
         self, path: str | None = None, device: str = "cpu", batch_size: int = 64, threads: int | None = 1,
-        backend: EncoderBackend = "onnx", cache_dir: Path | None = None,
+        backend: EncoderBackend = "auto", cache_dir: Path | None = None,
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub at run time
         import torch
@@ -244,13 +248,18 @@ class Encoder:
         self.dim = int(dimension() or 0)
         # Identifies the vector space: vectors of two encoders must never share an index.
         self.encoder_id = f"{encoder_id}/{self.dim}"
+        self._ids: dict[EncoderBackend, str] = {"onnx": self.encoder_id, "onnx-int8": f"{encoder_id}+int8/{self.dim}"}
+        self._onnx_place = (model_dir, threads, cache_dir or default_cache_dir())
+        self.auto = backend == "auto"  # free to follow the vector space of the state it serves (adopt)
+        if backend == "auto":
+            backend = "onnx-int8" if device == "cpu" else "torch"
         self.n_params = sum(p.numel() for p in model.parameters())
         self.clock = device_clock(device)  # device-seconds of encoding (R4)
         self.backend: EncoderBackend = "torch"
         self._onnx: _OnnxSentenceModel | None = None
         self._tokenizer_alone = False  # ONNX: the tokenizer's own call gives the model's preprocessing
         if backend != "torch":
-            self._use_onnx(model_dir, backend, threads, cache_dir or default_cache_dir())
+            self._use_onnx(backend)
         log.info("encoder %s loaded from %s on %s (%s)", self.encoder_id, model_dir, device, self.backend)
 
     @classmethod
@@ -259,15 +268,33 @@ class Encoder:
         return cls(settings.encoder_path, settings.encoder_device, settings.encoder_batch_size,
                    settings.encoder_threads, settings.encoder_backend, settings.cache_dir)
 
-    def _use_onnx(self, model_dir: Path, backend: EncoderBackend, threads: int | None, cache_dir: Path) -> None:
+    def adopt(self, encoder_id: str) -> bool:
+        """Under ``auto``, encode in the vector space ``encoder_id`` names, if it is this model's.
+
+        ``encoder_id`` is what a scheduler state was built with (its Redis claim): a state built by
+        ``onnx`` or ``torch`` keeps float vectors after an upgrade to the ``auto`` default, one built
+        by ``onnx-int8`` keeps int8 ones. Returns whether the encoder changed; another model's id is
+        left to the claim, which refuses it.
+        """
+        wanted = next((backend for backend, known in self._ids.items() if known == encoder_id), None)
+        if not self.auto or wanted is None or encoder_id == self.encoder_id:
+            return False
+        self._onnx, self._tokenizer_alone, self.backend, self.encoder_id = None, False, "torch", self._ids["onnx"]
+        self._use_onnx(wanted)
+        log.info("encoder_backend auto: the scheduler state holds %s vectors; encoding with %s (%s)", encoder_id,
+                 self.backend, self.encoder_id)
+        return True
+
+    def _use_onnx(self, backend: EncoderBackend) -> None:
         """Switch to ONNX Runtime when it gives the vectors it promises; otherwise stay on torch, saying why."""
+        model_dir, threads, cache_dir = self._onnx_place
         if self._device != "cpu":
             log.warning("encoder_backend %s runs on the CPU only; the encoder stays on torch (%s)", backend,
                         self._device)
             return
         reference = self.encode(_CHECK_TEXTS) if backend == "onnx" else None  # int8 promises other vectors
         try:
-            name = self.encoder_id.rsplit("/", 1)[0]
+            name = self._ids["onnx"].rsplit("/", 1)[0]
             onnx = _OnnxSentenceModel(self._model, model_dir, name, backend == "onnx-int8", threads, cache_dir)
         except Exception as exc:  # a missing onnxruntime, an export the model does not support, a full disk
             log.warning("encoder_backend %s unavailable (%s: %s); the encoder stays on torch", backend,
@@ -283,9 +310,7 @@ class Encoder:
                             "the encoder stays on torch", float(np.abs(vectors - reference).max()))
                 return
         self.backend = backend
-        if backend == "onnx-int8":  # another vector space: it must never share an index with the float one
-            name, dim = self.encoder_id.rsplit("/", 1)
-            self.encoder_id = f"{name}+int8/{dim}"
+        self.encoder_id = self._ids[backend]  # int8 is another vector space: it never shares an index with float
 
     def _tokenize(self, texts: list[str]) -> Any:
         """The tokenizer alone, as the model's preprocessing calls it for text (numpy arrays)."""

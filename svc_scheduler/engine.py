@@ -133,12 +133,16 @@ class SchedulerEngine:
             settings.hnsw_ef_search, ivf_min_size=settings.ivf_min_size, ivf_nlist=settings.ivf_nlist,
             ivf_nprobe=settings.ivf_nprobe, ivf_train_size=settings.ivf_train_size,
         )
-        exemplars = {"medical": settings.risk_exemplars_medical, "legal": settings.risk_exemplars_legal}
-        self._exemplars = {topic: encoder.encode(list(texts)) for topic, texts in exemplars.items() if texts}
+        self._exemplars = self._encode_exemplars()
         self._ready = False
         self._ready_lock = threading.Lock()
         self._pending: set[str] = set()  # announced by other replicas, not yet read from Redis
         self._pending_lock = threading.Lock()
+
+    def _encode_exemplars(self) -> dict[str, np.ndarray]:
+        """Topic -> (E, D) vectors of its risk exemplars (R12), in the encoder's current vector space."""
+        exemplars = {"medical": self.settings.risk_exemplars_medical, "legal": self.settings.risk_exemplars_legal}
+        return {topic: self.encoder.encode(list(texts)) for topic, texts in exemplars.items() if texts}
 
     # -- index life cycle ------------------------------------------------------------------------------
 
@@ -150,6 +154,9 @@ class SchedulerEngine:
             if self._ready:
                 return
             started = time.perf_counter()
+            claimed = self.store.claimed_encoder()
+            if claimed is not None and self.encoder.adopt(claimed):  # auto: serve the state in its own vector space
+                self._exemplars = self._encode_exemplars()
             self.store.claim_encoder(self.encoder.encoder_id)
             for hashes, vectors in self.store.iter_index():
                 self.index.add(hashes, vectors)

@@ -33,10 +33,12 @@ class SchedulerSettings(StrataSettings):
     )
     encoder_device: str = Field("cpu", description="torch device of the encoder (cpu, cuda, cuda:0)")
     encoder_batch_size: int = Field(64, ge=1, description="prompts per encoder batch")
-    encoder_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
-        "onnx", description="onnx: ONNX Runtime, the same vectors as torch, ~2x faster on a CPU (falls back to "
-        "torch with a warning where it cannot); onnx-int8: ~4x faster, a slightly different vector space (its own "
-        "encoder_id); torch: sentence-transformers (GPU)",
+    encoder_backend: Literal["auto", "torch", "onnx", "onnx-int8"] = Field(
+        "auto", description="auto: onnx-int8 on a CPU, torch on a GPU, unless the state in Redis was built by the "
+        "model's other vector space (then that one: an existing float state stays float); onnx: ONNX Runtime, the "
+        "same vectors as torch, ~2x faster on a CPU (falls back to torch with a warning where it cannot); "
+        "onnx-int8: ~3-4x faster, a slightly different vector space (its own encoder_id); torch: "
+        "sentence-transformers",
     )
     encoder_threads: int | None = Field(
         1, ge=1,

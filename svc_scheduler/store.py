@@ -170,6 +170,12 @@ class SchedulerStore:
 
     # -- embeddings ------------------------------------------------------------------------------------
 
+    def claimed_encoder(self) -> str | None:
+        """The encoder_id the stored vectors were made by (None: a fresh state)."""
+        with _available():
+            stored = self.client.get(self._encoder_key)
+        return None if stored is None else stored.decode()
+
     def claim_encoder(self, encoder_id: str) -> None:
         """Tie the stored vectors to one encoder; refuse to mix vector spaces."""
         with _available():

@@ -181,6 +181,13 @@ class CachedEncoder:
     def encode_counted(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
         return self.encode(texts), self.count_tokens(texts)
 
+    def adopt(self, encoder_id: str) -> bool:
+        changed = self._encoder.adopt(encoder_id)
+        if changed:  # another vector space: nothing remembered holds
+            self._cache.clear()
+            self.encoder_id = self._encoder.encoder_id
+        return changed
+
 
 @contextlib.contextmanager
 def _quiet(logger_name: str) -> Iterator[None]:

@@ -24,8 +24,14 @@ def torch_encoder() -> Encoder:
     return Encoder(backend="torch")
 
 
-def test_onnx_gives_the_torch_vectors_under_the_same_encoder_id(encoder: Encoder, torch_encoder: Encoder) -> None:
-    assert encoder.backend == "onnx"  # the default
+@pytest.fixture(scope="module")
+def onnx_encoder() -> Encoder:
+    return Encoder(backend="onnx")
+
+
+def test_onnx_gives_the_torch_vectors_under_the_same_encoder_id(onnx_encoder: Encoder, torch_encoder: Encoder) -> None:
+    encoder = onnx_encoder
+    assert encoder.backend == "onnx"
     assert encoder._tokenizer_alone  # MiniLM's preprocessing is its tokenizer's call: the fast path is taken
     assert encoder.encoder_id == torch_encoder.encoder_id
     vectors, tokens = encoder.encode_counted(TEXTS)
@@ -76,12 +82,13 @@ def test_a_read_only_cache_exports_to_a_temporary_directory(monkeypatch: pytest.
     assert encoder_module._export_dir(not_a_dir) == tmp_path / "tmp" / "strata-encoders"
 
 
-def test_the_export_runs_fused_transformer_ops(encoder: Encoder) -> None:
+def test_the_export_runs_fused_transformer_ops(onnx_encoder: Encoder, encoder: Encoder) -> None:
     import onnx
 
-    assert encoder._onnx is not None
-    ops = {node.op_type for node in onnx.load(str(encoder._onnx.path), load_external_data=False).graph.node}
-    assert {"Attention", "SkipLayerNormalization"} <= ops  # one op per attention block, not ~30
+    for fused, attention in ((onnx_encoder, "Attention"), (encoder, "QAttention")):  # float; int8 (the default)
+        assert fused._onnx is not None
+        ops = {node.op_type for node in onnx.load(str(fused._onnx.path)).graph.node}
+        assert {attention, "SkipLayerNormalization"} <= ops  # one op per attention block, not ~30
 
 
 def test_a_graph_the_optimizer_cannot_fuse_keeps_the_plain_export(monkeypatch: pytest.MonkeyPatch, tmp_path,
@@ -103,8 +110,9 @@ def test_a_graph_the_optimizer_cannot_fuse_keeps_the_plain_export(monkeypatch: p
     assert np.abs(plain.encode(TEXTS) - torch_encoder.encode(TEXTS)).max() < 1e-4
 
 
-def test_a_tokenizer_that_disagrees_with_the_preprocessing_is_not_used_alone(encoder: Encoder,
+def test_a_tokenizer_that_disagrees_with_the_preprocessing_is_not_used_alone(onnx_encoder: Encoder,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    encoder = onnx_encoder
     real = encoder._tokenize
 
     def with_a_prompt(texts: list[str]) -> object:  # what a model whose preprocessing adds a prompt differs by
@@ -114,3 +122,22 @@ def test_a_tokenizer_that_disagrees_with_the_preprocessing_is_not_used_alone(enc
     assert not encoder._tokenizer_gives_the_preprocessing(["input_ids", "attention_mask", "token_type_ids"])
     monkeypatch.setattr(encoder, "_tokenize", real)
     assert encoder._tokenizer_gives_the_preprocessing(["input_ids", "attention_mask", "token_type_ids"])
+
+
+def test_auto_is_int8_on_a_cpu_and_adopts_the_vector_space_of_the_state(torch_encoder: Encoder,
+                                                                       onnx_encoder: Encoder) -> None:
+    auto = Encoder()  # the default: auto
+    assert auto.auto and auto.backend == "onnx-int8" and auto.encoder_id.endswith("+int8/384")
+    int8_id = auto.encoder_id
+    assert not auto.adopt(int8_id)  # already there
+
+    assert auto.adopt(torch_encoder.encoder_id)  # a state built by torch or onnx: float vectors
+    assert auto.backend == "onnx" and auto.encoder_id == torch_encoder.encoder_id
+    assert np.abs(auto.encode(TEXTS) - torch_encoder.encode(TEXTS)).max() < 1e-4
+
+    assert auto.adopt(int8_id)  # and back
+    assert auto.backend == "onnx-int8" and auto.encoder_id == int8_id
+
+    assert not auto.adopt("another-model/384")  # not this model's: the claim refuses it, not the encoder
+    assert not onnx_encoder.adopt(int8_id)  # a backend set by hand is kept
+    assert onnx_encoder.backend == "onnx"

@@ -35,6 +35,7 @@ from svc_scheduler.engine import SchedulerEngine
 from svc_scheduler.routing import Route
 from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.stats import RewardObservation
+from svc_scheduler.store import SchedulerStore
 
 pytestmark = pytest.mark.integration
 
@@ -359,6 +360,26 @@ def test_restart_from_redis_makes_the_same_decisions(replica: Replica, encoder: 
         restarted.stop()
     assert [r.decision for r in after] == [r.decision for r in before]
     assert before[0].decision.route is Route.SKIP
+
+
+def test_a_float_state_is_served_in_its_own_vector_space_by_the_auto_default(infra: StrataSettings) -> None:
+    settings = scheduler_settings(infra, audit_share=0.0)
+    float_encoder = Encoder(backend="onnx")
+    client = redis.Redis.from_url(settings.redis_address)
+    try:
+        SchedulerStore(client, settings).claim_encoder(float_encoder.encoder_id)  # built before auto was the default
+    finally:
+        client.close()
+    auto = Encoder()  # the default: int8 on a CPU, unless the state says otherwise
+    assert auto.backend == "onnx-int8"
+    upgraded = Replica(settings, auto)  # reads the state's claim as it starts
+    try:
+        assert auto.backend == "onnx" and auto.encoder_id == float_encoder.encoder_id
+        assert submit(upgraded.stub, QUERY).prompt_hash == content_hash(QUERY)  # served, not refused
+        query = upgraded.engine.encoder.encode([QUERY])
+        assert np.abs(query - float_encoder.encode([QUERY])).max() < 1e-4
+    finally:
+        upgraded.stop()
 
 
 def test_two_replicas_share_new_prompts(replica: Replica, encoder: Encoder) -> None:
