@@ -361,7 +361,8 @@ class Encoder:
         texts = list(texts)
         for start in range(0, len(texts), self.batch_size):
             batch = texts[start: start + self.batch_size]
-            features = self._tokenize(batch) if self._tokenizer_alone else self._model.preprocess(batch)
+            direct = self._tokenizer_alone and self._onnx is not None  # torch's modules take the preprocessing's
+            features = self._tokenize(batch) if direct else self._model.preprocess(batch)
             counts += [int(n) for n in np.asarray(features["attention_mask"]).sum(axis=1)]
             if self._onnx is not None:
                 embedding = self._onnx(features).astype(np.float32)

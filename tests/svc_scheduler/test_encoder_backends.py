@@ -73,6 +73,18 @@ def test_without_onnxruntime_the_encoder_stays_on_torch(monkeypatch: pytest.Monk
     assert np.abs(fallback.encode(TEXTS[:3]) - torch_encoder.encode(TEXTS[:3])).max() < 1e-6
 
 
+def test_an_export_that_gives_other_vectors_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture,
+                                                                torch_encoder: Encoder) -> None:
+    from svc_scheduler import encoder as encoder_module
+
+    monkeypatch.setattr(encoder_module, "ONNX_MATCH_ATOL", -1.0)  # no export can pass: stands in for a bad one
+    with caplog.at_level(logging.WARNING, logger="svc_scheduler.encoder"):
+        fallback = Encoder(backend="onnx")
+    assert fallback.backend == "torch" and "gives other vectors than torch" in caplog.text
+    assert np.abs(fallback.encode(TEXTS[:3]) - torch_encoder.encode(TEXTS[:3])).max() < 1e-6  # and still encodes
+
+
 def test_a_read_only_cache_exports_to_a_temporary_directory(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     from svc_scheduler import encoder as encoder_module
 
