@@ -172,6 +172,7 @@ class _OnnxSentenceModel:
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.path = path
         self.row_by_row = int8
+        self.tokenizer_alone = False  # set by the Encoder: its tokenizer's own call gives the preprocessing
 
     @staticmethod
     def _exported(model: Any, model_dir: Path, name: str, int8: bool, folder: Path) -> Path:
@@ -257,7 +258,6 @@ class Encoder:
         self.clock = device_clock(device)  # device-seconds of encoding (R4)
         self.backend: EncoderBackend = "torch"
         self._onnx: _OnnxSentenceModel | None = None
-        self._tokenizer_alone = False  # ONNX: the tokenizer's own call gives the model's preprocessing
         if backend != "torch":
             self._use_onnx(backend)
         log.info("encoder %s loaded from %s on %s (%s)", self.encoder_id, model_dir, device, self.backend)
@@ -279,7 +279,7 @@ class Encoder:
         wanted = next((backend for backend, known in self._ids.items() if known == encoder_id), None)
         if not self.auto or wanted is None or encoder_id == self.encoder_id:
             return False
-        self._onnx, self._tokenizer_alone, self.backend, self.encoder_id = None, False, "torch", self._ids["onnx"]
+        self._onnx, self.backend, self.encoder_id = None, "torch", self._ids["onnx"]
         self._use_onnx(wanted)
         log.info("encoder_backend auto: the scheduler state holds %s vectors; encoding with %s (%s)", encoder_id,
                  self.backend, self.encoder_id)
@@ -300,8 +300,8 @@ class Encoder:
             log.warning("encoder_backend %s unavailable (%s: %s); the encoder stays on torch", backend,
                         type(exc).__name__, exc)
             return
+        onnx.tokenizer_alone = self._tokenizer_gives_the_preprocessing(onnx.input_names)
         self._onnx = onnx
-        self._tokenizer_alone = self._tokenizer_gives_the_preprocessing(onnx.input_names)
         if reference is not None:
             vectors = self.encode(_CHECK_TEXTS)
             if not np.allclose(vectors, reference, atol=ONNX_MATCH_ATOL):
@@ -361,7 +361,7 @@ class Encoder:
         texts = list(texts)
         for start in range(0, len(texts), self.batch_size):
             batch = texts[start: start + self.batch_size]
-            direct = self._tokenizer_alone and self._onnx is not None  # torch's modules take the preprocessing's
+            direct = self._onnx is not None and self._onnx.tokenizer_alone  # torch takes the preprocessing's
             features = self._tokenize(batch) if direct else self._model.preprocess(batch)
             counts += [int(n) for n in np.asarray(features["attention_mask"]).sum(axis=1)]
             if self._onnx is not None:

@@ -32,7 +32,8 @@ def onnx_encoder() -> Encoder:
 def test_onnx_gives_the_torch_vectors_under_the_same_encoder_id(onnx_encoder: Encoder, torch_encoder: Encoder) -> None:
     encoder = onnx_encoder
     assert encoder.backend == "onnx"
-    assert encoder._tokenizer_alone  # MiniLM's preprocessing is its tokenizer's call: the fast path is taken
+    assert encoder._onnx is not None
+    assert encoder._onnx.tokenizer_alone  # MiniLM's preprocessing is its tokenizer's call: the fast path is taken
     assert encoder.encoder_id == torch_encoder.encoder_id
     vectors, tokens = encoder.encode_counted(TEXTS)
     reference, reference_tokens = torch_encoder.encode_counted(TEXTS)
