@@ -180,10 +180,10 @@ class SchedulerStore:
         """Tie the stored vectors to one encoder; refuse to mix vector spaces."""
         with _available():
             self.client.set(self._encoder_key, encoder_id, nx=True)
-            stored = self.client.get(self._encoder_key)
-        if stored is not None and stored.decode() != encoder_id:
+        stored = self.claimed_encoder()
+        if stored is not None and stored != encoder_id:
             raise RuntimeError(
-                f"Redis prefix {self._s.redis_prefix!r} holds vectors of encoder {stored.decode()!r}, not "
+                f"Redis prefix {self._s.redis_prefix!r} holds vectors of encoder {stored!r}, not "
                 f"{encoder_id!r}; use another --redis-prefix or the same encoder"
             )
 

@@ -382,6 +382,21 @@ def test_a_float_state_is_served_in_its_own_vector_space_by_the_auto_default(inf
         upgraded.stop()
 
 
+def test_a_state_of_another_encoder_is_refused(infra: StrataSettings) -> None:
+    settings = scheduler_settings(infra)
+    client = redis.Redis.from_url(settings.redis_address)
+    try:
+        store = SchedulerStore(client, settings)
+        assert store.claimed_encoder() is None  # a fresh state
+        store.claim_encoder("another-model/384")
+        store.claim_encoder("another-model/384")  # the same encoder again: fine
+        with pytest.raises(RuntimeError, match="holds vectors of encoder 'another-model/384', not 'mine/384'"):
+            store.claim_encoder("mine/384")
+        assert store.claimed_encoder() == "another-model/384"  # the refused claim wrote nothing
+    finally:
+        client.close()
+
+
 def test_two_replicas_share_new_prompts(replica: Replica, encoder: Encoder) -> None:
     other = Replica(replica.settings, encoder)
     try:
