@@ -103,6 +103,7 @@ class SimulatedPolicy:
             cache[key] = float(statistic([rollout_reward(record, competence, rng) for _ in range(n)]))
         return cache[key]
 
+
 def reward_event(prompt_hash: str, request_id: str, version: int, tier: int, i: int,
                  value: float) -> events_pb2.RewardScored:
     message = events_pb2.RewardScored(
