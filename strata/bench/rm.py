@@ -12,7 +12,14 @@ pairs (median of ``--repeats`` forward passes, same threads, timed in turns so t
 machine load).
 Brief: Spearman 0.91 and ~100x faster (200 s -> 1.8 s); targets here: Spearman >= 0.91 on fresh
 prompts, a latency ratio >= 10, light prompt match >= 0.8.
-Last line: ``rm spearman=<fresh> latency_ratio=<y> light_match=<z>``.
+
+Then both RMs on the policy's own answers (R24, ``strata.rm.onpolicy``): one Level-1 and one Level-2
+answer to every prompt of the fresh split, guided by the probe's directions as live, judged by the
+oracle; Spearman against the oracle per tier, the bad-case AUC on Level-1 answers and the pairwise
+accuracy on (Level-1, Level-2) answers to one prompt. Targets (issue 37): light Level-1 Spearman
+>= 0.55, Level-2 >= 0.5, bad-case AUC >= 0.85, pairwise accuracy >= 0.75.
+Last line: ``rm spearman=<fresh> latency_ratio=<y> light_match=<z> onpolicy_l1= onpolicy_l2= bad_auc=
+pair_acc=``, the last four for the served light RM.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ from strata.contract.template import RM_MAX_LENGTH
 SPEARMAN_TARGET = 0.91
 LATENCY_RATIO_TARGET = 10.0
 MATCH_TARGET = 0.8
+ONPOLICY_L1_TARGET = 0.55
+ONPOLICY_L2_TARGET = 0.5
+BAD_AUC_TARGET = 0.85
+PAIR_ACCURACY_TARGET = 0.75
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=int, default=RM_MAX_LENGTH,
                         help="tokens per (prompt, response); an RM never reads more than its model_max_length")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    parser.add_argument("--onpolicy-split", default="fresh", choices=("eval", "fresh"),
+                        help="held-out split whose prompts the policy answers for the on-policy figures")
+    parser.add_argument("--onpolicy-prompts", type=int, default=None,
+                        help="answer only the split's first N prompts (default: all; the fresh split has 280)")
 
 
 def _light_members(spec: str, settings: Any) -> list[Path]:
@@ -100,13 +115,14 @@ def run(args: argparse.Namespace) -> int:
     from strata.models.reward import expected_reward, prompt_match, reward_logits
     from strata.rm.distill import comparison_metrics
     from strata.rm.lifecycle import eval_sets, eval_swaps, mean_rewards, score_logits
+    from strata.rm.onpolicy import BAD_THRESHOLD, PAIR_MARGIN, onpolicy_figures, policy_answers
     from strata.zoo.build import ZooSettings, ensure_zoo
 
     if args.light and args.distill:
         raise CliError("--light and --distill both choose the light RM: pass one")
     settings = ZooSettings()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    zoo = ensure_zoo(settings) if not (args.strong and args.light) else None
+    zoo = ensure_zoo(settings)  # its probe and generators write the on-policy answers even with --strong/--light
     strong_path = Path(args.strong) if args.strong else zoo.rm_strong
     if args.light:
         members = _light_members(args.light, settings)
@@ -142,6 +158,27 @@ def run(args: argparse.Namespace) -> int:
     print(f"prompt match on {len(swaps[0])} eval prompt swaps: light {light_match:.3f}, strong {strong_match:.3f} "
           "(oracle 1.000; an RM blind to the prompt ~0.5)")
 
+    # The policy's own answers, scored by both RMs (R24).
+    if args.onpolicy_prompts is not None and args.onpolicy_prompts < 10:
+        raise CliError("--onpolicy-prompts must be at least 10: the figures need both bad and good answers")
+    answers = policy_answers(zoo, args.onpolicy_split, cache_dir=Path(settings.cache_dir).expanduser() / "rm" /
+                             "onpolicy", limit=args.onpolicy_prompts)
+    answer_prompts, answer_texts = [a.prompt for a in answers], [a.response for a in answers]
+    onpolicy = {
+        "strong": onpolicy_figures(answers, expected_reward(score_logits(
+            strong, answer_prompts, answer_texts, args.max_length, "strong on-policy", cache_dir)).tolist()),
+        "light": onpolicy_figures(answers, mean_rewards(lights, answer_prompts, answer_texts, args.max_length,
+                                                        "light on-policy")),
+    }
+    light_figures = onpolicy["light"]
+    print(f"on the policy's answers ({args.onpolicy_split} split, {light_figures.n_level1} prompts; oracle < "
+          f"{BAD_THRESHOLD:g}: {light_figures.n_bad} bad Level-1 answers; {light_figures.n_pairs} (Level-1, Level-2) "
+          f"pairs {PAIR_MARGIN:g}+ apart):")
+    print(f"{'RM':8s} {'L1 spearman':>12s} {'L2 spearman':>12s} {'bad AUC':>8s} {'pair acc':>9s}")
+    for name, figures in onpolicy.items():
+        print(f"{name:8s} {figures.spearman_level1:12.3f} {figures.spearman_level2:12.3f} {figures.bad_auc:8.3f} "
+              f"{figures.pair_accuracy:9.3f}")
+
     # Latency on the same batch: one forward pass of the whole batch per RM (all ensemble members).
     prompts, responses, _ = sets["eval"]
     batch = (prompts[: args.batch], responses[: args.batch])
@@ -161,5 +198,11 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"targets: fresh spearman {verdict(spearman, SPEARMAN_TARGET)}, latency ratio "
           f"{verdict(ratio, LATENCY_RATIO_TARGET)}, light match {verdict(light_match, MATCH_TARGET)}")
-    print(f"rm spearman={spearman:.3f} latency_ratio={ratio:.1f} light_match={light_match:.3f}")
+    print(f"on-policy targets (light): L1 spearman {verdict(light_figures.spearman_level1, ONPOLICY_L1_TARGET)}, "
+          f"L2 spearman {verdict(light_figures.spearman_level2, ONPOLICY_L2_TARGET)}, bad AUC "
+          f"{verdict(light_figures.bad_auc, BAD_AUC_TARGET)}, pair accuracy "
+          f"{verdict(light_figures.pair_accuracy, PAIR_ACCURACY_TARGET)}")
+    print(f"rm spearman={spearman:.3f} latency_ratio={ratio:.1f} light_match={light_match:.3f} "
+          f"onpolicy_l1={light_figures.spearman_level1:.3f} onpolicy_l2={light_figures.spearman_level2:.3f} "
+          f"bad_auc={light_figures.bad_auc:.3f} pair_acc={light_figures.pair_accuracy:.3f}")
     return 0

@@ -34,7 +34,7 @@ def test_bench_rm_compares_the_served_light_rm_with_its_teacher(
 ) -> None:
     monkeypatch.setenv("STRATA_ZOO_PRESET", zoo.config.preset)
     monkeypatch.setenv("STRATA_CACHE_DIR", str(zoo.root.parent.parent))
-    code = main(["bench", "rm", "--batch", "8", "--repeats", "1", "--threads", "1"])
+    code = main(["bench", "rm", "--batch", "8", "--repeats", "1", "--threads", "1", "--onpolicy-prompts", "40"])
     assert code == 0
     out = capsys.readouterr().out
     # By default the light RM is the zoo's, the one svc_reward serves, distilled from the zoo's strong RM.
@@ -43,8 +43,13 @@ def test_bench_rm_compares_the_served_light_rm_with_its_teacher(
     assert re.search(r"^fresh \(\d+ pairs\): light vs strong spearman=", out, re.MULTILINE)
     assert re.search(r"^prompt match on \d+ eval prompt swaps: light [01]\.\d{3}, strong [01]\.\d{3}", out,
                      re.MULTILINE)
+    # Both RMs on the policy's own answers: 40 fresh prompts, one Level-1 and one Level-2 answer each.
+    assert re.search(r"^on the policy's answers \(fresh split, 40 prompts;", out, re.MULTILINE)
+    assert re.search(r"^strong +-?[01]\.\d{3} +-?[01]\.\d{3} ", out, re.MULTILINE)
     last = out.strip().splitlines()[-1]
-    assert re.fullmatch(r"rm spearman=-?[01]\.\d{3} latency_ratio=\d+\.\d light_match=[01]\.\d{3}", last), last
+    figure = r"(-?[01]\.\d{3}|nan)"
+    assert re.fullmatch(rf"rm spearman=-?[01]\.\d{{3}} latency_ratio=\d+\.\d light_match=[01]\.\d{{3}} "
+                        rf"onpolicy_l1={figure} onpolicy_l2={figure} bad_auc={figure} pair_acc={figure}", last), last
     fields = dict(item.split("=") for item in last.split()[1:])
     assert float(fields["latency_ratio"]) > 1.0  # the grown strong RM costs more than its student
     assert main(["bench", "rm", "--light", str(zoo.rm_light), "--distill"]) == 2  # one or the other
