@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from strata.contract.template import RM_MAX_LENGTH
-from strata.zoo.train import ModelShape
+from strata.zoo.train import ModelShape, rm_text_ids
 
 # --- the loss -------------------------------------------------------------------------------------
 
@@ -116,7 +116,7 @@ def train_light(
     if model.config.num_labels != teacher_logits.shape[1]:
         raise ValueError(f"the light RM has {model.config.num_labels} bins, the strong RM {teacher_logits.shape[1]}")
     rng = random.Random(cfg.seed)
-    encoded = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=cfg.max_length)["input_ids"]
+    encoded = rm_text_ids(tokenizer, texts, cfg.max_length)
     buckets = length_buckets([len(e) for e in encoded], cfg.batch_size)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

@@ -31,7 +31,14 @@ from typing import Any
 import torch
 from pydantic import Field
 from tqdm import tqdm
-from transformers import AutoTokenizer, GPT2ForSequenceClassification, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    GPT2ForSequenceClassification,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
 from strata.config import StrataSettings
 from strata.contract.directions import DIRECTION_NAMES
@@ -39,6 +46,7 @@ from strata.contract.models import write_manifest
 from strata.contract.template import RM_MAX_LENGTH, format_rm_input
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import ZOO_INFO_FILE, load_causal_lm, load_reward_model
+from strata.models.pretrained import trunk_dir
 from strata.models.reward import save_rm_tokenizer
 from strata.zoo import corpus
 from strata.zoo.lexicon import TOPICS
@@ -57,6 +65,7 @@ from strata.zoo.train import (
     train_reward_model,
     train_tokenizer,
     widen,
+    widen_bert,
 )
 
 logger = logging.getLogger(__name__)
@@ -77,9 +86,9 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "rm_strong": ("rm_strong_init", "rm_strong", "rm_strong_init_layers", "rm_strong_train", "rm_n_bins",
                   "rm_max_length", "rm_pairwise_weight", "n_positions", "rm_strong_match_pairs",
                   "rm_strong_feature_weight", "rm_strong_widen", "rm_strong_grow_layers", "rm_strong_grow_train",
-                  "rm_strong_grow_feature_weight"),
+                  "rm_strong_grow_feature_weight", "rm_strong_head_lr_scale"),
     "rm_light": ("rm_light_train", "rm_light_distill_pairs", "rm_light_distill_swaps", "rm_light_temperature",
-                 "rm_max_length"),
+                 "rm_max_length", "rm_light_layers"),
 }
 STAGE_UPSTREAM: dict[str, tuple[str, ...]] = {
     "tokenizer": (), "probe": ("tokenizer",), "level1": ("tokenizer",), "level2": ("tokenizer",),
@@ -92,7 +101,7 @@ def stage_key(config: dict[str, Any], role: str) -> str:
     """Cache key of one stage, from a zoo config as ``asdict`` gives it (as recorded in ``strata_zoo.json``)."""
     upstream = list(STAGE_UPSTREAM[role])
     init = config.get(f"{role}_init") if role.startswith("rm_") else None
-    if init:
+    if init in STAGE_UPSTREAM:  # a zoo LM; a pretrained trunk (``PRETRAINED_INITS``) is named in the fields
         upstream.append(init)
     payload = {
         "format": ZOO_FORMAT_VERSION,
@@ -102,6 +111,9 @@ def stage_key(config: dict[str, Any], role: str) -> str:
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
+
+# RM trunks that come pretrained from a PyPI wheel (``strata.models.pretrained``), with their depth.
+PRETRAINED_INITS: dict[str, int] = {"minilm": 6}
 
 # Default shapes and schedules (frozen dataclasses, shared safely as defaults).
 PROBE_SHAPE = ModelShape(n_embd=128, n_layer=4, n_head=4)  # ~1M parameters
@@ -181,6 +193,8 @@ class ZooConfig:
     rm_strong_grow_layers: int = RM_STRONG_GROW_LAYERS
     rm_strong_grow_train: TrainConfig = RM_STRONG_GROW_TRAIN
     rm_strong_grow_feature_weight: float = 0.0  # feature heads after growth (they start fresh: 0, none)
+    # The score head's learning rate over the trunk's (a pretrained trunk wants ~5e-5, its fresh head ~1e-3).
+    rm_strong_head_lr_scale: float = 1.0
     # The light RM is distilled from the strong RM (R6): it starts from the strong RM's student init and
     # fits, by KL at ``rm_light_temperature``, the strong RM's bin distributions on this many RM pairs
     # (sampled) and this many prompt swaps of train prompts (a reference answer under its own prompt and
@@ -189,6 +203,9 @@ class ZooConfig:
     rm_light_distill_pairs: int = 2000
     rm_light_distill_swaps: int = 500
     rm_light_temperature: float = 2.0
+    # The light RM's start: 0 = the strong RM's trunk before growth (a zoo-LM RM that grows); N = the
+    # strong RM's own first N blocks with its head (a pretrained trunk, which does not grow).
+    rm_light_layers: int = 0
     sample_max_new_tokens: int = 80
 
     def __post_init__(self) -> None:
@@ -197,7 +214,7 @@ class ZooConfig:
             raise ValueError(f"rm_max_length ({self.rm_max_length}) exceeds n_positions ({self.n_positions}): "
                              "the RMs have no position embeddings past n_positions")
         init_depths = {"probe": self.probe.n_layer, "level1": self.level1.n_layer,
-                       "level2": self.level2.n_layer + self.level2_grow_layers}
+                       "level2": self.level2.n_layer + self.level2_grow_layers, **PRETRAINED_INITS}
         init, layers = self.rm_strong_init, self.rm_strong_init_layers
         if init and init not in init_depths:
             raise ValueError(f"rm_strong_init must be one of {', '.join(init_depths)} or '' (scratch), got {init!r}")
@@ -206,11 +223,20 @@ class ZooConfig:
         if self.rm_strong_widen < 1 or self.rm_strong_grow_layers < 0:
             raise ValueError(f"rm_strong_widen must be >= 1 and rm_strong_grow_layers >= 0, got "
                              f"{self.rm_strong_widen} and {self.rm_strong_grow_layers}")
-        if self.rm_strong_widen == 1 and self.rm_strong_grow_layers == 0:
+        grows = self.rm_strong_widen > 1 or self.rm_strong_grow_layers > 0
+        if init in PRETRAINED_INITS and self.rm_strong_grow_layers:
+            raise ValueError(f"a pretrained trunk ({init}) widens but does not deepen (identity blocks are "
+                             "GPT-2's): set rm_strong_grow_layers=0")
+        strong_depth = (layers or init_depths[init]) if init else self.rm_strong.n_layer
+        if self.rm_light_layers < 0 or (self.rm_light_layers and self.rm_light_layers >= strong_depth):
+            raise ValueError(f"rm_light_layers must be 0 or fewer than the strong RM's {strong_depth} blocks, got "
+                             f"{self.rm_light_layers}")
+        if self.rm_light_layers == 0 and (not grows or init in PRETRAINED_INITS):
             # The light RM starts from the strong RM's trunk before growth: without growth there is none
             # (and a light RM as costly as its teacher saves nothing).
-            raise ValueError("the strong RM must grow (rm_strong_widen > 1 or rm_strong_grow_layers > 0): the "
-                             "light RM is distilled from it, starting from its trunk before growth")
+            raise ValueError("the strong RM must grow (rm_strong_widen > 1 or rm_strong_grow_layers > 0), or the "
+                             "light RM start from its first blocks (rm_light_layers > 0; with a pretrained trunk, "
+                             "always)")
 
     def config_hash(self) -> str:
         payload = json.dumps({"format": ZOO_FORMAT_VERSION, **asdict(self)}, sort_keys=True)
@@ -440,10 +466,11 @@ class ZooBuilder:
         tokenizer.save_pretrained(out)
         return {"vocab_size": len(tokenizer), "n_texts": len(texts)}
 
-    def _save_lm(self, model: GPT2LMHeadModel | GPT2ForSequenceClassification, out: Path,
-                 model_max_length: int | None = None) -> int:
+    def _save_lm(self, model: PreTrainedModel, out: Path, model_max_length: int | None = None,
+                 tokenizer: PreTrainedTokenizerBase | None = None) -> int:
+        """Save ``model`` with ``tokenizer`` (default: the zoo's); an RM's reads ``model_max_length`` tokens."""
         model.save_pretrained(out)
-        tokenizer = self._load_tokenizer()
+        tokenizer = tokenizer or self._load_tokenizer()
         if model_max_length is None:
             tokenizer.save_pretrained(out)
         else:
@@ -502,7 +529,14 @@ class ZooBuilder:
         """The strong RM: the recipe below at the init LM's size, then grown and trained on at ~10x."""
         cfg = self.cfg
         tokenizer = self._load_tokenizer()
-        if cfg.rm_strong_init:
+        if cfg.rm_strong_init in PRETRAINED_INITS:
+            # A cross-encoder on a trunk pretrained on English (its own tokenizer), a fresh head over score bins.
+            init_path = trunk_dir(cfg.rm_strong_init)
+            tokenizer = AutoTokenizer.from_pretrained(init_path, local_files_only=True)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                init_path, num_labels=cfg.rm_n_bins, local_files_only=True,
+                **({"num_hidden_layers": cfg.rm_strong_init_layers} if cfg.rm_strong_init_layers else {}))
+        elif cfg.rm_strong_init:
             # Reward model initialised from a trained LM's transformer (InstructGPT-style); the
             # classification head over score bins starts fresh.
             init_path = getattr(self.paths, cfg.rm_strong_init)  # one of the LM roles ZooConfig.__post_init__ allows
@@ -519,7 +553,8 @@ class ZooBuilder:
                               cfg.seed)
         loss = train_reward_model(
             model, tokenizer, texts, scores, cfg.rm_max_length, cfg.rm_strong_train, cfg.seed, "rm_strong",
-            groups=groups_of(rows), pairwise_weight=cfg.rm_pairwise_weight, **aids)
+            groups=groups_of(rows), pairwise_weight=cfg.rm_pairwise_weight, head_lr_scale=cfg.rm_strong_head_lr_scale,
+            **aids)
         recipe = f"two-hot cross-entropy + {cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"
         if cfg.rm_strong_feature_weight > 0:
             recipe += f" + {cfg.rm_strong_feature_weight:g} x feature heads"
@@ -530,19 +565,20 @@ class ZooBuilder:
             model, info = grow_from_student_init(model, tokenizer, out / STUDENT_INIT_DIR, cfg.rm_max_length,
                                                  cfg.rm_strong_widen, cfg.rm_strong_grow_layers, cfg.seed + 2)
             info["loss_before_growth"] = loss
-            recipe += (f"; then grown to {model.config.n_layer} x {model.config.n_embd} and trained on for "
-                       f"{cfg.rm_strong_grow_train.steps} steps"
+            size = f"{model.config.num_hidden_layers} x {model.config.hidden_size}"
+            recipe += (f"; then grown to {size} and trained on for {cfg.rm_strong_grow_train.steps} steps"
                        f"{'' if cfg.rm_strong_grow_feature_weight > 0 else ' without feature heads'}")
-            loss = train_reward_model(
-                model, tokenizer, texts, scores, cfg.rm_max_length, cfg.rm_strong_grow_train, cfg.seed + 1,
-                f"rm_strong (grown to {model.config.n_layer} x {model.config.n_embd})",
-                groups=groups_of(rows), pairwise_weight=cfg.rm_pairwise_weight,
-                **match_training(rows, self.train_records, cfg.rm_strong_match_pairs,
-                                 cfg.rm_strong_grow_feature_weight, cfg.seed + 1))
+            if cfg.rm_strong_grow_train.steps:  # 0: the grown RM is the trained one, widened (same function)
+                loss = train_reward_model(
+                    model, tokenizer, texts, scores, cfg.rm_max_length, cfg.rm_strong_grow_train, cfg.seed + 1,
+                    f"rm_strong (grown to {size})", groups=groups_of(rows), pairwise_weight=cfg.rm_pairwise_weight,
+                    head_lr_scale=cfg.rm_strong_head_lr_scale,
+                    **match_training(rows, self.train_records, cfg.rm_strong_match_pairs,
+                                     cfg.rm_strong_grow_feature_weight, cfg.seed + 1))
         model.config.problem_type = "single_label_classification"
-        return {"n_params": self._save_lm(model, out, cfg.rm_max_length), "final_loss": loss,
+        return {"n_params": self._save_lm(model, out, cfg.rm_max_length, tokenizer), "final_loss": loss,
                 "n_bins": cfg.rm_n_bins, "max_length": cfg.rm_max_length, "init": cfg.rm_strong_init or "scratch",
-                "n_layer": model.config.n_layer, "n_embd": model.config.n_embd,
+                "n_layer": model.config.num_hidden_layers, "n_embd": model.config.hidden_size,
                 "reward": "expected value over bins 0..5", "loss": recipe, **info}
 
     def _rm_light(self, out: Path) -> dict[str, Any]:
@@ -552,11 +588,20 @@ class ZooBuilder:
 
         cfg = self.cfg
         teacher = load_reward_model(self.paths.rm_strong, device="cpu")
-        student_dir = student_init_dir(self.paths.rm_strong)
-        if student_dir is None:
-            raise ValueError(f"the strong RM at {self.paths.rm_strong} has no student init: the light RM is "
-                             "distilled from it, starting from its pre-growth trunk (rm_strong_widen/grow_layers)")
-        student = GPT2ForSequenceClassification.from_pretrained(student_dir, local_files_only=True)
+        if cfg.rm_light_layers:  # the first blocks, embeddings and head of the teacher (before growth, if it grew)
+            grown_from = student_init_dir(self.paths.rm_strong)
+            student_dir = grown_from or self.paths.rm_strong
+            init = (f"rm_strong{'/' + STUDENT_INIT_DIR if grown_from else ''} "
+                    f"(first {cfg.rm_light_layers} blocks)")
+            student = AutoModelForSequenceClassification.from_pretrained(
+                student_dir, num_hidden_layers=cfg.rm_light_layers, local_files_only=True)
+        else:
+            found = student_init_dir(self.paths.rm_strong)
+            if found is None:
+                raise ValueError(f"the strong RM at {self.paths.rm_strong} has no student init: the light RM is "
+                                 "distilled from it, starting from its pre-growth trunk (rm_strong_widen/grow_layers)")
+            student_dir, init = found, "rm_strong/" + STUDENT_INIT_DIR
+            student = GPT2ForSequenceClassification.from_pretrained(student_dir, local_files_only=True)
         prompts, responses, sources = distill_pairs(self._rm_rows(), self.train_records, cfg.rm_light_distill_pairs,
                                                     cfg.rm_light_distill_swaps, cfg.seed)
         started = time.perf_counter()
@@ -573,9 +618,9 @@ class ZooBuilder:
             loss = train_light(student, teacher.tokenizer, texts, teacher_logits, distill,
                                lambda step, kl: bar.update(1))
         student.config.problem_type = "single_label_classification"
-        return {"n_params": self._save_lm(student, out, cfg.rm_max_length), "final_loss": loss,
-                "n_bins": cfg.rm_n_bins, "max_length": cfg.rm_max_length, "init": "rm_strong/" + STUDENT_INIT_DIR,
-                "n_layer": student.config.n_layer, "n_embd": student.config.n_embd,
+        return {"n_params": self._save_lm(student, out, cfg.rm_max_length, teacher.tokenizer), "final_loss": loss,
+                "n_bins": cfg.rm_n_bins, "max_length": cfg.rm_max_length, "init": init,
+                "n_layer": student.config.num_hidden_layers, "n_embd": student.config.hidden_size,
                 "teacher": teacher_version(self.paths.rm_strong), "teacher_params": teacher.n_params,
                 "distill_pairs": sources, "label_seconds": round(label_seconds, 1),
                 "reward": "expected value over bins 0..5",
@@ -585,9 +630,8 @@ class ZooBuilder:
 STUDENT_INIT_DIR = "student_init"
 
 
-def grow_from_student_init(model: GPT2ForSequenceClassification, tokenizer: Any, student_dir: Path,
-                           max_length: int, widen_by: int, extra_layers: int,
-                           seed: int) -> tuple[GPT2ForSequenceClassification, dict[str, Any]]:
+def grow_from_student_init(model: PreTrainedModel, tokenizer: Any, student_dir: Path, max_length: int, widen_by: int,
+                           extra_layers: int, seed: int) -> tuple[PreTrainedModel, dict[str, Any]]:
     """Save ``model`` (with its tokenizer, reading ``max_length`` tokens) as the student init in
     ``student_dir``, then grow it: ``widen_by`` times every width, ``extra_layers`` more blocks, the
     same function. Returns the grown model and what the strong RM records about it (``student_init``
@@ -596,11 +640,13 @@ def grow_from_student_init(model: GPT2ForSequenceClassification, tokenizer: Any,
     model.save_pretrained(student_dir)
     save_rm_tokenizer(tokenizer, student_dir, max_length)
     info = {"student_init": student_dir.name,
-            "grown_from": {"n_embd": model.config.n_embd, "n_layer": model.config.n_layer,
+            "grown_from": {"n_embd": model.config.hidden_size, "n_layer": model.config.num_hidden_layers,
                            "n_params": sum(p.numel() for p in model.parameters())}}
     if widen_by > 1:
-        model = widen(model, widen_by, seed)
+        model = widen_bert(model, widen_by, seed) if model.config.model_type == "bert" else widen(model, widen_by, seed)
     if extra_layers:
+        if not isinstance(model, GPT2ForSequenceClassification):
+            raise ValueError(f"only a GPT-2 RM deepens (identity blocks); {model.config.model_type} widens only")
         model = deepen(model, extra_layers, seed + 1)
     return model, info
 

@@ -25,9 +25,11 @@ from transformers import (
     GPT2LMHeadModel,
     GPT2PreTrainedModel,
     PreTrainedModel,
+    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
 
+from strata.models.prompts import PromptFormat
 from strata.models.reward import expected_reward, two_hot
 
 logger = logging.getLogger(__name__)
@@ -220,6 +222,72 @@ def widen(model: GPT2PreTrainedModel, factor: int, seed: int, noise: float = 1e-
     return wider
 
 
+def widen_bert(model: PreTrainedModel, factor: int, seed: int, noise: float = 1e-3) -> PreTrainedModel:
+    """A BERT sequence classifier with every width times ``factor``, computing the same function up to
+    ``noise``: :func:`widen`'s Net2WiderNet for BERT's post-LayerNorm blocks and ``(out, in)`` Linears.
+
+    As there, the residual stream becomes ``factor`` copies of itself (a post-LayerNorm over copies
+    gives the copied output), a Linear reading it takes its columns divided by ``factor`` per copy, one
+    writing to it repeats its rows, each head keeps its place with ``factor`` times the dimensions and
+    queries scaled by ``1/sqrt(factor)``, and seeded ``noise`` breaks the copies' tie.
+    """
+    if factor < 2:
+        raise ValueError(f"factor must be at least 2, got {factor}")
+    old = model.config
+    if old.model_type != "bert":
+        raise ValueError(f"widen_bert takes a BERT sequence classifier, got model type {old.model_type!r}")
+    d, n_head = old.hidden_size, old.num_attention_heads
+    head_dim = d // n_head
+    config = copy.deepcopy(old)
+    config.hidden_size, config.intermediate_size = d * factor, old.intermediate_size * factor
+    wider = type(model)(config)
+    generator = torch.Generator().manual_seed(seed)
+
+    def read(weight: torch.Tensor) -> torch.Tensor:  # a Linear's input columns reading copies
+        return torch.cat([weight / factor] * factor, dim=1)
+
+    def write(weight: torch.Tensor, dim: int = 0) -> torch.Tensor:  # rows (or a vector) writing copies
+        return torch.cat([weight] * factor, dim=dim)
+
+    def per_head(weight: torch.Tensor) -> torch.Tensor:  # (d in head order, ...) -> (factor * d, ...)
+        rest = weight.shape[1:]
+        heads = weight.reshape(n_head, 1, head_dim, *rest)
+        return heads.expand(n_head, factor, head_dim, *rest).reshape(d * factor, *rest)
+
+    target: dict[str, torch.Tensor] = {}
+    for name, value in model.state_dict().items():
+        leaf = name.rsplit(".", 2)[-2:]  # e.g. ["query", "weight"]
+        if name.endswith(("_embeddings.weight",)):
+            target[name] = write(value, 1)
+        elif leaf[0] == "LayerNorm":
+            target[name] = write(value)
+        elif leaf[0] in ("query", "key", "value"):
+            widened = per_head(value) / (math.sqrt(factor) if leaf[0] == "query" else 1.0)
+            target[name] = read(widened) if leaf[1] == "weight" else widened
+        elif ".attention.output.dense." in name:  # reads the heads' outputs, writes the stream
+            if leaf[1] == "weight":  # (d, d in head order) -> (factor * d, factor * d)
+                columns = per_head(value.T).T / factor
+                target[name] = write(columns)
+            else:
+                target[name] = write(value)
+        elif leaf[0] == "dense":  # intermediate, output and pooler: read copies, write copies
+            target[name] = write(read(value)) if leaf[1] == "weight" else write(value)
+        elif name.startswith("classifier.") or name.startswith("score."):
+            target[name] = read(value) if leaf[1] == "weight" else value
+        elif name.endswith("position_ids") or name.endswith("token_type_ids"):
+            target[name] = value
+        else:
+            raise ValueError(f"cannot widen: no rule for weight {name!r}")
+        if noise > 0 and target[name].dim() >= 2 and target[name].is_floating_point():
+            scale = float(target[name].std()) or 1.0
+            target[name] = target[name] + noise * scale * torch.randn(target[name].shape, generator=generator)
+    missing = [key for key in wider.state_dict() if key not in target]
+    if missing:
+        raise ValueError(f"cannot widen: no source for {missing}")
+    wider.load_state_dict(target, strict=False)
+    return wider
+
+
 def new_reward_model(
     tokenizer: PreTrainedTokenizerFast, shape: ModelShape, n_positions: int, n_bins: int, seed: int
 ) -> GPT2ForSequenceClassification:
@@ -234,11 +302,29 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))  # cosine down to lr/10
 
 
-def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig, head: frozenset[int] = frozenset(),
+               head_lr_scale: float = 1.0) -> torch.optim.Optimizer:
+    """AdamW, weight decay on matrices only; the parameters in ``head`` (by ``id``) learn at
+    ``head_lr_scale`` times the schedule's rate (a fresh head on a pretrained trunk)."""
+    groups = []
+    for in_head, scale in ((False, 1.0), (True, head_lr_scale)):
+        params = [p for p in model.parameters() if (id(p) in head) == in_head]
+        groups += [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay, "lr_scale": scale},
+                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr_scale": scale}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def rm_text_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    """Token ids of RM inputs as serving reads them (``strata.models.reward``): with the special tokens
+    the tokenizer adds ([CLS] ... [SEP] for a BERT-style trunk; none for the zoo's BPE), truncated."""
+    add_special = PromptFormat.of(tokenizer).add_special_tokens
+    return tokenizer(list(texts), add_special_tokens=add_special, truncation=True, max_length=max_length)["input_ids"]
+
+
+def head_parameters(model: PreTrainedModel) -> frozenset[int]:
+    """``id``s of a sequence classifier's parameters outside its base model: the score head."""
+    prefix = model.base_model_prefix + "."
+    return frozenset(id(p) for name, p in model.named_parameters() if not name.startswith(prefix))
 
 
 def pack_texts(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str]) -> torch.Tensor:
@@ -297,6 +383,7 @@ def train_reward_model(
     feature_weight: float = 0.0,
     match_pools: Callable[[int], MatchPool] | None = None,
     match_pairs: int = 0,
+    head_lr_scale: float = 1.0,
 ) -> float:
     """Cross-entropy of the RM's bin logits against two-hot targets of the oracle ``scores``, plus,
     with ``groups``, a pairwise ranking loss inside each group.
@@ -324,10 +411,13 @@ def train_reward_model(
       own over the same weights: sharing one, the weak match gradient was scaled down by the strong,
       easy signals of the degradations (task-wise Adam). On the zoo task this took the probe-sized RM
       from Spearman 0.77 to 0.82-0.84 and its prompt match from 0.49 to 0.77-0.88 (docs/model-zoo.md).
+
+    ``head_lr_scale`` multiplies the learning rate of the parameters outside the base model (the score
+    head, and the feature heads): a pretrained trunk wants a small rate, its fresh head a large one.
     """
     n_bins = model.config.num_labels
     rng = random.Random(seed)
-    encoded = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
+    encoded = rm_text_ids(tokenizer, texts, max_length)
     # A batch is a random window of ``batch_size`` units (single texts, or whole groups) in length
     # order, so that padding stays small and any unit can meet any of its length neighbours.
     units = [[i] for i in range(len(texts))] if groups is None else [list(g) for g in groups if g]
@@ -342,9 +432,10 @@ def train_reward_model(
         name: torch.nn.Linear(model.config.hidden_size, labels.n_classes) for name, labels in (features or {}).items()
     })
     trained = torch.nn.ModuleList([model, heads])  # the feature heads are optimised alongside, then dropped
-    optimizer = _optimizer(trained, cfg)
+    head = head_parameters(model) | {id(p) for p in heads.parameters()}
+    optimizer = _optimizer(trained, cfg, head, head_lr_scale)
     matcher = _Matcher(match_pools, match_pairs, tokenizer, max_length) if match_pools is not None else None
-    match_optimizer = _optimizer(trained, cfg) if matcher is not None else None
+    match_optimizer = _optimizer(trained, cfg, head, head_lr_scale) if matcher is not None else None
     model.train()
     loss_ema = float("nan")
     bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False)
@@ -434,8 +525,7 @@ class _Matcher:
                 raise ValueError(f"match pool feature {name!r} has {len(labels.labels)} labels for "
                                  f"{len(pool.texts)} texts")
         self.pool, self.position = pool, 0
-        self.ids = self.tokenizer(list(pool.texts), add_special_tokens=False, truncation=True,
-                                  max_length=self.max_length)["input_ids"]
+        self.ids = rm_text_ids(self.tokenizer, pool.texts, self.max_length)
 
     def next_batch(self) -> tuple[list[list[int]], torch.Tensor, dict[str, list[int]]]:
         if self.pool is None or self.position + 2 * self.pairs > len(self.pool.texts):
@@ -452,7 +542,7 @@ def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.
           loss_ema: float) -> float:
     """Optimiser step ``step`` of the schedule (warm-up, cosine; clipped gradients); returns the loss EMA."""
     for param_group in optimizer.param_groups:
-        param_group["lr"] = _lr_at(step, cfg)
+        param_group["lr"] = _lr_at(step, cfg) * param_group.get("lr_scale", 1.0)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -77,6 +77,18 @@ def test_bad_configs_fail_before_building() -> None:
         with_overrides(ZooConfig(), rm_strong_widen=0)
     with pytest.raises(ValueError, match="the strong RM must grow"):
         with_overrides(ZooConfig(), rm_strong_widen=1, rm_strong_grow_layers=0)
+    with pytest.raises(ValueError, match=r"a pretrained trunk \(minilm\) widens but does not deepen"):
+        with_overrides(ZooConfig(), rm_strong_init="minilm", rm_light_layers=2)
+    with pytest.raises(ValueError, match="with a pretrained trunk, always"):
+        with_overrides(ZooConfig(), rm_strong_init="minilm", rm_strong_grow_layers=0)
+    with pytest.raises(ValueError, match="rm_light_layers must be 0 or fewer than the strong RM's 6 blocks"):
+        with_overrides(ZooConfig(), rm_strong_init="minilm", rm_strong_widen=1, rm_strong_grow_layers=0,
+                       rm_light_layers=6)
+    with pytest.raises(ValueError, match=r"or the light RM start from its first blocks \(rm_light_layers > 0;"):
+        with_overrides(ZooConfig(), rm_strong_init="minilm", rm_strong_widen=1, rm_strong_grow_layers=0)
+    pretrained = with_overrides(ZooConfig(), rm_strong_init="minilm", rm_strong_widen=1, rm_strong_grow_layers=0,
+                                rm_light_layers=2)
+    assert pretrained.rm_light_layers == 2
     grown = with_overrides(ZooConfig(), rm_strong_init="level2", rm_strong_init_layers=16)
     assert grown.rm_strong_init_layers == 16  # all of the grown LM
 
@@ -140,6 +152,27 @@ def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path
     reused_rm = load_reward_model(changed_paths.strong_rm, device="cpu").model.state_dict()
     fresh_rm = load_reward_model(fresh_paths.strong_rm, device="cpu").model.state_dict()
     assert all(torch.equal(reused_rm[name], fresh_rm[name]) for name in fresh_rm)
+
+    # A strong RM on a pretrained trunk (MiniLM's first 2 blocks here, to stay quick) with its own
+    # tokenizer, widened 2x after training; the light RM is its first block before growth, distilled
+    # from it. Only the RMs are trained.
+    trunk = with_overrides(config, rm_strong_init="minilm", rm_strong_init_layers=2, rm_strong_widen=2,
+                           rm_strong_grow_layers=0, rm_strong_match_pairs=0, rm_strong_feature_weight=0.0,
+                           rm_strong_head_lr_scale=20.0, rm_light_layers=1)
+    trunk_paths = ZooPaths.under(tmp_path / trunk.config_hash(), trunk)
+    builder = ZooBuilder(trunk_paths, threads=1, progress=False)
+    builder.build()
+    assert set(builder.timings) == {"rm_strong", "rm_light"}
+    strong, light = (load_reward_model(p, device="cpu") for p in (trunk_paths.strong_rm, trunk_paths.light_rm))
+    assert strong.model.config.model_type == "bert" and strong.model.config.num_hidden_layers == 2
+    assert strong.model.config.hidden_size == 768  # MiniLM's 384, widened
+    assert light.model.config.model_type == "bert" and light.model.config.num_hidden_layers == 1
+    assert light.model.config.hidden_size == 384
+    assert light.zoo_info is not None and light.zoo_info["init"] == f"rm_strong/{STUDENT_INIT_DIR} (first 1 blocks)"
+    for rm in (strong, light):  # its own WordPiece vocabulary, reading what the RM was trained on
+        assert rm.tokenizer.model_max_length == trunk.rm_max_length
+        assert rm.tokenizer("Q: hi")["input_ids"][0] == rm.tokenizer.cls_token_id
+        assert 0.0 <= score_responses(rm, ["Explain recursion."], ["It calls itself."])[0] <= 5.0
 
 
 def test_stage_keys_follow_what_each_stage_reads() -> None:

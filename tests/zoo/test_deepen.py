@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2ForSequenceClassification,
+    GPT2LMHeadModel,
+)
 
-from strata.zoo.train import deepen, widen
+from strata.zoo.train import deepen, widen, widen_bert
 
 
 def test_deepen_adds_blocks_that_change_nothing_until_trained() -> None:
@@ -81,3 +87,36 @@ def test_widen_refuses_what_it_cannot_keep_the_same() -> None:
     lm = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
     with pytest.raises(ValueError, match="sequence classifier"):
         widen(lm, 2, seed=0)  # its output head is tied to the input embedding
+
+
+def _bert_classifier() -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=32, max_position_embeddings=32, num_labels=5)
+    return BertForSequenceClassification(config).eval()
+
+
+@pytest.mark.parametrize("factor", [2, 3])
+def test_widen_bert_computes_the_same_scores_in_a_wider_model(factor: int) -> None:
+    model = _bert_classifier()
+    ids = torch.randint(1, 64, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[0, 8:] = 0
+    wider = widen_bert(model, factor, seed=1, noise=0.0).eval()
+    assert (wider.config.hidden_size, wider.config.num_attention_heads) == (16 * factor, 4)
+    assert wider.config.intermediate_size == 32 * factor and model.config.hidden_size == 16
+    with torch.no_grad():
+        torch.testing.assert_close(wider(input_ids=ids, attention_mask=mask).logits,
+                                   model(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=1e-5)
+        noisy = widen_bert(model, factor, seed=1).eval()  # the default noise moves the scores a little
+        torch.testing.assert_close(noisy(input_ids=ids, attention_mask=mask).logits,
+                                   model(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=5e-2)
+    first, second = noisy.bert.encoder.layer[0].intermediate.dense.weight.split(32, dim=0)[:2]
+    assert not torch.equal(first, second)  # the copies are not tied: training can tell them apart
+
+
+def test_widen_bert_refuses_another_architecture_and_a_factor_under_2() -> None:
+    with pytest.raises(ValueError, match="at least 2"):
+        widen_bert(_bert_classifier(), 1, seed=0)
+    with pytest.raises(ValueError, match="model type 'gpt2'"):
+        widen_bert(_classifier(), 2, seed=0)
