@@ -137,6 +137,15 @@ class TrainSummary:
         return paired_change(self.before.oracle_scores, self.after.oracle_scores)
 
     @property
+    def hacking_gap(self) -> Change | None:
+        """Held-out light-RM reward change minus oracle change, per prompt: what the policy gained in
+        the RM's eyes and not in the oracle's (reward hacking, issue 37; 0 when both move alike)."""
+        if not self.before or not self.after:
+            return None
+        return paired_change([r - o for r, o in zip(self.before.rewards, self.before.oracle_scores, strict=True)],
+                             [r - o for r, o in zip(self.after.rewards, self.after.oracle_scores, strict=True)])
+
+    @property
     def reward_gain(self) -> float | None:
         if not self.before or not self.after or self.before.mean_reward == 0:
             return None
@@ -325,7 +334,8 @@ def write_report(summary: TrainSummary, report_dir: Path) -> Path:
     fig.savefig(png, dpi=110)
     plt.close(fig)
     changes = {name: None if change is None else asdict(change)
-               for name, change in (("reward_change", summary.reward_change), ("oracle_change", summary.oracle_change))}
+               for name, change in (("reward_change", summary.reward_change), ("oracle_change", summary.oracle_change),
+                                    ("hacking_gap", summary.hacking_gap))}
     payload = {**asdict(summary), "reward_gain": summary.reward_gain, **changes}
     png.with_suffix(".json").write_text(json.dumps(payload, indent=2, default=str))
     return png

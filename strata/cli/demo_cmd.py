@@ -173,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"      held-out ({len(summary.before.rewards)} prompts, policy v{summary.start_version} -> "
               f"v{summary.end_version}): light-RM reward {summary.before.mean_reward:.3f} -> "
               f"{summary.after.mean_reward:.3f} (change {summary.reward_change}), oracle "
-              f"{summary.before.mean_oracle:.3f} -> {summary.after.mean_oracle:.3f} (change {summary.oracle_change})")
+              f"{summary.before.mean_oracle:.3f} -> {summary.after.mean_oracle:.3f} (change {summary.oracle_change}); "
+              f"hacking gap (RM change - oracle change) {summary.hacking_gap}")
     print(f"      rollout log: {rollout_log_size(settings)} records (prompt hash, response hash, reward)")
     print("\n".join("      " + line for line in annotation_lines(Addresses().annotation, desk)))
     print(f"      curves: {summary.png}")

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
               f"(change {summary.reward_change}, gain {summary.reward_gain:+.1%})")
         print(f"held-out oracle score    {before.mean_oracle:.3f} -> {after.mean_oracle:.3f} "
               f"(change {summary.oracle_change})")
+        print(f"hacking gap (RM change - oracle change): {summary.hacking_gap}")
     if summary.weight_sync_s is not None:
         print(f"weight sync (publish -> first rollout on the new version): {summary.weight_sync_s:.2f} s")
     print(f"reward curve: {summary.png} (summary: {Path(summary.png).with_suffix('.json')})")

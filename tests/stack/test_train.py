@@ -110,7 +110,8 @@ def test_the_learner_updates_from_the_stack_and_reports_paired_changes(summary: 
     png = Path(summary.png)
     report = json.loads(png.with_suffix(".json").read_text())
     assert png.is_file() and report["end_version"] == summary.end_version
-    for name, change in (("reward_change", summary.reward_change), ("oracle_change", summary.oracle_change)):
+    for name, change in (("reward_change", summary.reward_change), ("oracle_change", summary.oracle_change),
+                         ("hacking_gap", summary.hacking_gap)):
         assert change is not None and report[name]["n"] == EVAL_PROMPTS
         assert report[name]["mean"] == change.mean and change.stderr > 0
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from strata.train import request_done, round_prompts
+from strata.train import Evaluation, TrainSummary, request_done, round_prompts
 from strata.v1 import common_pb2, events_pb2
 from strata.zoo.suite import PromptRecord
 
@@ -64,3 +64,15 @@ def test_round_prompts_without_a_mix_walk_the_records() -> None:
     records = _records()
     batch, fresh = round_prompts(records, 55, 10, records[:5], random.Random(1))
     assert fresh == 10 and sorted(r.id for r in batch) == sorted(r.id for r in records[55:] + records[:5])
+
+
+def test_the_hacking_gap_is_the_rm_change_minus_the_oracle_change_per_prompt() -> None:
+    before = Evaluation(0, 2.0, 2.0, rewards=[2.0, 2.0, 2.0], oracle_scores=[2.0, 2.0, 2.0])
+    # The RM's reward rises by 1.0, 0.5, 0.0 while the oracle moves by 0.0, 0.5, -0.5.
+    after = Evaluation(3, 2.5, 2.0, rewards=[3.0, 2.5, 2.0], oracle_scores=[2.0, 2.5, 1.5])
+    summary = TrainSummary(0, 3, before=before, after=after)
+    gap = summary.hacking_gap
+    assert gap is not None and gap.n == 3
+    assert gap.mean == pytest.approx((1.0 + 0.0 + 0.5) / 3)
+    assert gap.stderr == pytest.approx(0.5 / 3**0.5)  # the per-prompt gaps 1.0, 0.0, 0.5 have sd 0.5
+    assert TrainSummary(0, 0, before=before).hacking_gap is None  # nothing to compare yet
