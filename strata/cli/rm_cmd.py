@@ -106,6 +106,9 @@ def register(subparsers: Any) -> None:
     distill.add_argument("--init", default=defaults.init,
                          help="what the light RM starts from: auto (the strong RM's student init, its trunk before "
                               "growth, when it has one; else fresh), fresh (--n-embd x --n-layer), or a directory")
+    distill.add_argument("--init-layers", type=int, default=None,
+                         help="keep the init's first N blocks (default: with auto, the zoo's rm_light_layers when "
+                              "the strong RM has that recipe; else all)")
     distill.add_argument("--n-embd", type=int, default=defaults.n_embd, help="light RM width (fresh init)")
     distill.add_argument("--n-layer", type=int, default=defaults.n_layer, help="light RM transformer blocks (fresh)")
     distill.add_argument("--n-head", type=int, default=defaults.n_head, help="light RM attention heads (fresh)")

@@ -190,6 +190,9 @@ class DistillOptions:
     augment_fraction: float = 0.3
     members: int = 1
     init: str = "auto"
+    # Blocks of the init kept (its first N); None: with ``auto``, the strong RM's zoo recipe
+    # (``rm_light_layers``) when it has one, else all.
+    init_layers: int | None = None
     n_embd: int = 64
     n_layer: int = 2
     n_head: int = 2
@@ -210,6 +213,9 @@ class DistillOptions:
             raise CliError(f"unknown augmentation(s) {sorted(unknown)}: use {', '.join(KINDS)} or none")
         if self.members < 1:
             raise CliError("--members must be at least 1")
+        if self.init_layers is not None and (self.init_layers < 1 or self.init == "fresh"):
+            raise CliError(f"--init-layers must be at least 1 and needs an init to take blocks from, got "
+                           f"{self.init_layers} with --init {self.init}")
         if not 0.0 <= self.hold_out < 1.0:
             raise CliError(f"--hold-out must be in [0, 1), got {self.hold_out}")
         if self.init not in ("auto", "fresh") and not (Path(self.init) / "config.json").is_file():
@@ -256,18 +262,22 @@ def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions,
     from transformers import AutoModelForSequenceClassification
 
     from strata.models.prompts import model_positions
-    from strata.zoo.build import student_init_dir
+    from strata.zoo.build import rm_init_overrides, student_init_dir
     from strata.zoo.train import ModelShape, new_reward_model
 
+    layers = options.init_layers
     if init == "auto":
         found = student_init_dir(strong_path)
         init = str(found) if found is not None else "fresh"
+        if layers is None and found is not None:  # the zoo's light RM is the first rm_light_layers blocks
+            layers = ((strong.zoo_info or {}).get("config") or {}).get("rm_light_layers") or None
     if init == "fresh":
         shape = ModelShape(options.n_embd, options.n_layer, options.n_head)
         n_positions = max(256, options.max_length)  # svc_reward reads up to 256 tokens by default
         return new_reward_model(strong.tokenizer, shape, n_positions, n_bins, seed), "fresh"
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(init, local_files_only=True)
+        model = AutoModelForSequenceClassification.from_pretrained(init, local_files_only=True,
+                                                                   **rm_init_overrides(layers or 0))
     except (OSError, ValueError) as exc:
         raise CliError(f"--init {init}: not a sequence-classification RM ({exc})") from exc
     if model.config.num_labels != n_bins:
@@ -545,6 +555,7 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
         groups_of,
         grow_from_student_init,
         match_training,
+        rm_init_dir,
         rm_init_overrides,
     )
     from strata.zoo.suite import load_suite
@@ -565,7 +576,7 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
     if options.widen < 1 or options.grow_layers < 0 or (options.grow_steps is not None and options.grow_steps < 1):
         raise CliError(f"--widen must be at least 1, --grow-layers at least 0 and --grow-steps at least 1, got "
                        f"{options.widen}, {options.grow_layers} and {options.grow_steps}")
-    init = options.init or str(getattr(zoo, recipe.rm_strong_init or "level1"))
+    init = options.init or str(rm_init_dir(zoo, recipe.rm_strong_init or "level1"))
     # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
     overrides = {} if options.init else rm_init_overrides(recipe.rm_strong_init_layers)
     try:
@@ -596,9 +607,11 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
         progress(f"  + a match step of {options.match_pairs} prompt swaps (suite train prompts) after each step")
     started = time.perf_counter()
     scores = [float(r["score"]) for r in rows]
+    # A fresh head on a given checkpoint learns at the schedule's rate; on the zoo's init, at the recipe's.
+    head_lr_scale = 1.0 if options.init else recipe.rm_strong_head_lr_scale
     loss = train_reward_model(model, tokenizer, texts, scores, options.max_length, cfg,
                               options.seed, "strong RM", groups=groups_of(rows) if grouped else None,
-                              pairwise_weight=options.pairwise_weight, **match)
+                              pairwise_weight=options.pairwise_weight, head_lr_scale=head_lr_scale, **match)
     model.config.problem_type = "single_label_classification"
     staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
     growth: dict[str, Any] = {}
@@ -610,7 +623,7 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
         if options.grow_steps is not None:
             grow_cfg = replace(grow_cfg, steps=options.grow_steps,
                                warmup_steps=min(grow_cfg.warmup_steps, options.grow_steps))
-        progress(f"  grown to {model.config.n_layer} x {model.config.n_embd} "
+        progress(f"  grown to {model.config.num_hidden_layers} x {model.config.hidden_size} "
               f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {grow_cfg.steps} more steps")
         if options.match_pairs:
             match = match_training(rows, load_suite("train"), options.match_pairs,
@@ -618,7 +631,7 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
         loss = train_reward_model(model, tokenizer, texts, scores, options.max_length,
                                   replace(grow_cfg, batch_size=cfg.batch_size), options.seed + 1, "strong RM (grown)",
                                   groups=groups_of(rows) if grouped else None, pairwise_weight=options.pairwise_weight,
-                                  **match)
+                                  head_lr_scale=head_lr_scale, **match)
         model.config.problem_type = "single_label_classification"
     model.save_pretrained(staging)
     save_rm_tokenizer(tokenizer, staging, options.max_length)

@@ -535,11 +535,11 @@ class ZooBuilder:
             tokenizer = AutoTokenizer.from_pretrained(init_path, local_files_only=True)
             model = AutoModelForSequenceClassification.from_pretrained(
                 init_path, num_labels=cfg.rm_n_bins, local_files_only=True,
-                **({"num_hidden_layers": cfg.rm_strong_init_layers} if cfg.rm_strong_init_layers else {}))
+                **rm_init_overrides(cfg.rm_strong_init_layers))
         elif cfg.rm_strong_init:
             # Reward model initialised from a trained LM's transformer (InstructGPT-style); the
             # classification head over score bins starts fresh.
-            init_path = getattr(self.paths, cfg.rm_strong_init)  # one of the LM roles ZooConfig.__post_init__ allows
+            init_path = rm_init_dir(self.paths, cfg.rm_strong_init)  # an LM role ZooConfig.__post_init__ allows
             model = GPT2ForSequenceClassification.from_pretrained(
                 init_path, num_labels=cfg.rm_n_bins, local_files_only=True,
                 **rm_init_overrides(cfg.rm_strong_init_layers),
@@ -699,9 +699,15 @@ def score_in_length_order(rm: Any, prompts: Sequence[str], responses: Sequence[s
                                chunk=256, on_chunk=bar.update)
 
 
+def rm_init_dir(paths: ZooPaths, init: str) -> Path:
+    """Where the strong RM of ``paths``' recipe starts: a zoo LM's directory, or a pretrained trunk's."""
+    return trunk_dir(init) if init in PRETRAINED_INITS else Path(getattr(paths, init))
+
+
 def rm_init_overrides(init_layers: int) -> dict[str, int]:
-    """``from_pretrained`` config overrides that keep an init LM's first ``init_layers`` blocks (0: all)."""
-    return {"n_layer": init_layers} if init_layers else {}
+    """``from_pretrained`` config overrides that keep an init model's first ``init_layers`` blocks (0: all);
+    ``num_hidden_layers`` is every architecture's name for it (GPT-2 maps it to ``n_layer``)."""
+    return {"num_hidden_layers": init_layers} if init_layers else {}
 
 
 def groups_of(rows: list[dict[str, Any]]) -> list[list[int]]:

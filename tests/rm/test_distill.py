@@ -23,7 +23,7 @@ from strata.rm.distill import (
     rank_metrics,
     train_light,
 )
-from strata.rm.lifecycle import read_pairs
+from strata.rm.lifecycle import DistillOptions, read_pairs
 from strata.rm.versions import RM_INFO_FILE
 from strata.zoo.build import STUDENT_INIT_DIR, ZooConfig, student_init_dir
 from strata.zoo.train import new_reward_model
@@ -289,3 +289,12 @@ def test_bad_training_data_is_a_clear_error(tmp_path: Path, line: str, problem: 
 def test_a_missing_data_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(CliError, match=r"nope\.jsonl: no such file"):
         read_pairs(tmp_path / "nope.jsonl", need_score=False)
+
+
+@pytest.mark.parametrize(("options", "problem"), [
+    (DistillOptions(init_layers=0), "--init-layers must be at least 1"),
+    (DistillOptions(init="fresh", init_layers=2), "needs an init to take blocks from"),
+])
+def test_init_layers_need_an_init_and_at_least_one_block(options: DistillOptions, problem: str) -> None:
+    with pytest.raises(CliError, match=problem):
+        options.validate()
