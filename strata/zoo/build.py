@@ -124,23 +124,21 @@ LEVEL2_SHAPE = ModelShape(n_embd=384, n_layer=6, n_head=6)  # ~12M: Level-2 befo
 LEVEL2_TRAIN = TrainConfig(steps=120, batch_size=16, lr=1.5e-3)
 LEVEL2_GROW_LAYERS = 10  # then deepened to 16 x 384, ~29M, and trained on (``train.deepen``)
 LEVEL2_GROW_TRAIN = TrainConfig(steps=32, batch_size=16, lr=1e-3, warmup_steps=5)
-# The strong RM: the probe's trunk, 800 grouped steps (batch: prompt groups) each followed by a match
-# step of 16 prompt swaps. It ranks better than Level-2's first 4 blocks trained 300 grouped steps
-# (0.82 built, 0.84 in experiments, vs 0.78 Spearman), because it learns to compare the answer with the prompt,
-# which no RM here learned without the match steps (docs/model-zoo.md). It takes longer (~6 min of
-# CPU), paid for by a shorter Level-2 schedule (120 + 32 steps, was 160 + 40).
-RM_STRONG_TRAIN = TrainConfig(steps=800, batch_size=4, lr=1e-3, warmup_steps=10)
-RM_STRONG_INIT_LAYERS = 0
-RM_STRONG_MATCH_PAIRS = 16
-# Then it grows (``train.widen``, ``train.deepen``: the same function in a bigger model, 12 x 384, 22M)
-# and trains on at that size, so that it costs what a strong RM costs: ~10x the light RM per scored
-# token. Gently (lr 5e-5, no feature heads): at 2e-4 with fresh heads its prompt match fell 0.86 -> 0.78.
-RM_STRONG_WIDEN = 3
-RM_STRONG_GROW_LAYERS = 8
-RM_STRONG_GROW_TRAIN = TrainConfig(steps=30, batch_size=4, lr=5e-5, warmup_steps=5)
-# The light RM: the strong RM's pre-growth trunk (its student init), fitted by KL to the grown strong
-# RM's bin distributions on RM pairs and prompt swaps it labels (R6).
-RM_LIGHT_TRAIN = TrainConfig(steps=400, batch_size=32, lr=5e-4, warmup_steps=20)
+# The strong RM: a cross-encoder on all-MiniLM-L6-v2 (pretrained on English; the zoo's own LMs read only
+# the zoo's task, and RMs built on them ranked Level-1's answers at Spearman 0.20, docs/reward-models.md),
+# 800 grouped steps at lr 5e-5 with its fresh score head at 20x (docs/model-zoo.md).
+RM_STRONG_TRAIN = TrainConfig(steps=800, batch_size=4, lr=5e-5, warmup_steps=40)
+RM_STRONG_HEAD_LR_SCALE = 20.0
+# Then it widens 2x (``train.widen_bert``, the same function in a 6 x 768 model, ~67M) so that it costs
+# what a strong RM costs: ~4x MiniLM per token, ~12x the light RM's two blocks. No steps after growth.
+RM_STRONG_WIDEN = 2
+RM_STRONG_GROW_TRAIN = TrainConfig(steps=0, batch_size=4, lr=5e-5, warmup_steps=0)
+# The light RM: the strong RM before growth (6 x 384), fitted gently by KL to the widened strong RM's bin
+# distributions on RM pairs and prompt swaps it labels (R6). Its first two blocks, distilled 600 steps
+# at 1e-3, copied the strong RM at 0.78 and ranked Level-1's answers at 0.21 (the strong RM: 0.53);
+# docs/model-zoo.md. A light RM that reads is worth more than a fast blind one; the ratio is ~4x.
+RM_LIGHT_LAYERS = 0
+RM_LIGHT_TRAIN = TrainConfig(steps=150, batch_size=32, lr=5e-5, warmup_steps=10)
 
 
 @dataclass(frozen=True)
@@ -166,35 +164,35 @@ class ZooConfig:
     level2_grow_layers: int = LEVEL2_GROW_LAYERS
     level2_grow_train: TrainConfig = LEVEL2_GROW_TRAIN
     rm_group_size: int = 4  # per train prompt: a reference and this many minus one degradations of it
-    rm_model_samples: int = 96  # responses sampled from each of Level-1 and Level-2 for RM data
+    rm_model_samples: int = 600  # responses sampled from each of Level-1 and Level-2 for RM data (on-policy)
     rm_pairwise_weight: float = 1.0  # weight of the in-group ranking loss (0: scores only)
     rm_n_bins: int = 11  # RM logits over 0, 0.5, ..., 5; reward = expected value
     # RM input tokens, saved as the tokenizer's model_max_length (serving truncates alike). All of nearly
     # every answer: at 128, a third of the repeated and most of the too-long answers were cut before
     # what the oracle punishes in them.
     rm_max_length: int = RM_MAX_LENGTH
-    # RM backbone initialised from this LM ("" = from scratch). The probe: it already reads the prompt's
-    # intent (its own task), one side of the match, and is small enough for 800 + 800 steps.
-    rm_strong_init: str = "probe"
+    # RM backbone: a pretrained trunk (``PRETRAINED_INITS``: "minilm"), a zoo LM ("probe", "level1",
+    # "level2"; the probe reads the prompt's intent, one side of the prompt-answer match) or "" (scratch).
+    rm_strong_init: str = "minilm"
     rm_strong: ModelShape = LEVEL1_SHAPE  # used only when rm_strong_init is "" (else the init LM's)
     # The strong RM reads with the init LM's first blocks only (0: all): fine-tuning all of the grown
     # Level-2 (29M) would take the RM stage past the build budget.
-    rm_strong_init_layers: int = RM_STRONG_INIT_LAYERS
+    rm_strong_init_layers: int = 0
     rm_strong_train: TrainConfig = RM_STRONG_TRAIN
     # Match steps (train_reward_model): pairs of one reference answer under its own and another train
     # prompt per step, with an optimiser of their own (0: none); and the weight of the feature heads
     # (prompt and answer intent, topic and subject) on both kinds of step.
-    rm_strong_match_pairs: int = RM_STRONG_MATCH_PAIRS
-    rm_strong_feature_weight: float = 0.3
+    rm_strong_match_pairs: int = 0
+    rm_strong_feature_weight: float = 0.0
     # After those steps the strong RM grows: every width times ``rm_strong_widen`` (1: none) and
     # ``rm_strong_grow_layers`` more blocks (0: none), then ``rm_strong_grow_train`` steps of the same
     # recipe at that size. The model before growth is saved as its student init (``STUDENT_INIT_DIR``).
     rm_strong_widen: int = RM_STRONG_WIDEN
-    rm_strong_grow_layers: int = RM_STRONG_GROW_LAYERS
+    rm_strong_grow_layers: int = 0
     rm_strong_grow_train: TrainConfig = RM_STRONG_GROW_TRAIN
     rm_strong_grow_feature_weight: float = 0.0  # feature heads after growth (they start fresh: 0, none)
     # The score head's learning rate over the trunk's (a pretrained trunk wants ~5e-5, its fresh head ~1e-3).
-    rm_strong_head_lr_scale: float = 1.0
+    rm_strong_head_lr_scale: float = RM_STRONG_HEAD_LR_SCALE
     # The light RM is distilled from the strong RM (R6): it starts from the strong RM's student init and
     # fits, by KL at ``rm_light_temperature``, the strong RM's bin distributions on this many RM pairs
     # (sampled) and this many prompt swaps of train prompts (a reference answer under its own prompt and
@@ -205,7 +203,7 @@ class ZooConfig:
     rm_light_temperature: float = 2.0
     # The light RM's start: 0 = the strong RM's trunk before growth (a zoo-LM RM that grows); N = the
     # strong RM's own first N blocks with its head (a pretrained trunk, which does not grow).
-    rm_light_layers: int = 0
+    rm_light_layers: int = RM_LIGHT_LAYERS
     sample_max_new_tokens: int = 80
 
     def __post_init__(self) -> None:
@@ -231,12 +229,11 @@ class ZooConfig:
         if self.rm_light_layers < 0 or (self.rm_light_layers and self.rm_light_layers >= strong_depth):
             raise ValueError(f"rm_light_layers must be 0 or fewer than the strong RM's {strong_depth} blocks, got "
                              f"{self.rm_light_layers}")
-        if self.rm_light_layers == 0 and (not grows or init in PRETRAINED_INITS):
+        if self.rm_light_layers == 0 and not grows:
             # The light RM starts from the strong RM's trunk before growth: without growth there is none
             # (and a light RM as costly as its teacher saves nothing).
             raise ValueError("the strong RM must grow (rm_strong_widen > 1 or rm_strong_grow_layers > 0), or the "
-                             "light RM start from its first blocks (rm_light_layers > 0; with a pretrained trunk, "
-                             "always)")
+                             "light RM start from its first blocks (rm_light_layers > 0)")
 
     def config_hash(self) -> str:
         payload = json.dumps({"format": ZOO_FORMAT_VERSION, **asdict(self)}, sort_keys=True)
@@ -261,8 +258,10 @@ def _ci_preset() -> ZooConfig:
         level2_grow_layers=0,
         # On-policy samples are what the PPO tests' light RM scores: many of them (tiny models sample fast).
         rm_model_samples=300,
+        # A GPT-2 RM on Level-1's trunk: a pretrained one trains ~1 s a step here, past this preset's budget.
         rm_strong_init="level1",
         rm_strong_init_layers=0,
+        rm_strong_head_lr_scale=1.0,
         rm_strong=ModelShape(n_embd=96, n_layer=2, n_head=2),
         rm_strong_train=TrainConfig(steps=150, batch_size=4, lr=1e-3, warmup_steps=5),
         rm_strong_match_pairs=0,  # plumbing: the match steps are tested on their own and in the micro build
@@ -270,6 +269,7 @@ def _ci_preset() -> ZooConfig:
         rm_strong_widen=2,
         rm_strong_grow_layers=1,
         rm_strong_grow_train=TrainConfig(steps=20, batch_size=4, lr=2e-4, warmup_steps=2),
+        rm_light_layers=0,  # the light RM is the strong RM's trunk before growth
         rm_light_train=TrainConfig(steps=150, batch_size=32, lr=5e-4, warmup_steps=10),
         rm_light_distill_pairs=600,
         rm_light_distill_swaps=150,
@@ -601,7 +601,7 @@ class ZooBuilder:
                 raise ValueError(f"the strong RM at {self.paths.rm_strong} has no student init: the light RM is "
                                  "distilled from it, starting from its pre-growth trunk (rm_strong_widen/grow_layers)")
             student_dir, init = found, "rm_strong/" + STUDENT_INIT_DIR
-            student = GPT2ForSequenceClassification.from_pretrained(student_dir, local_files_only=True)
+            student = AutoModelForSequenceClassification.from_pretrained(student_dir, local_files_only=True)
         prompts, responses, sources = distill_pairs(self._rm_rows(), self.train_records, cfg.rm_light_distill_pairs,
                                                     cfg.rm_light_distill_swaps, cfg.seed)
         started = time.perf_counter()

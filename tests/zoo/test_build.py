@@ -67,28 +67,29 @@ def test_presets_and_hashes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 
 def test_bad_configs_fail_before_building() -> None:
+    # The GPT-2 recipe on the probe's trunk (the default before the pretrained trunk): it must grow.
+    probe_rm = with_overrides(ZooConfig(), rm_strong_init="probe", rm_strong_widen=3, rm_strong_grow_layers=8,
+                              rm_light_layers=0)
     with pytest.raises(ValueError, match=r"rm_max_length \(512\) exceeds n_positions \(256\)"):
         with_overrides(ZooConfig(), rm_max_length=512)
     with pytest.raises(ValueError, match=r"rm_strong_init_layers \(17\) exceeds the level2 LM's 16 layers"):
         with_overrides(ZooConfig(), rm_strong_init="level2", rm_strong_init_layers=17)
     with pytest.raises(ValueError, match=r"rm_strong_init_layers \(5\) exceeds the probe LM's 4 layers"):
-        with_overrides(ZooConfig(), rm_strong_init_layers=5)
+        with_overrides(probe_rm, rm_strong_init_layers=5)
+    with pytest.raises(ValueError, match=r"rm_strong_init_layers \(7\) exceeds the minilm LM's 6 layers"):
+        with_overrides(ZooConfig(), rm_strong_init_layers=7)
     with pytest.raises(ValueError, match="rm_strong_widen must be >= 1"):
         with_overrides(ZooConfig(), rm_strong_widen=0)
     with pytest.raises(ValueError, match="the strong RM must grow"):
-        with_overrides(ZooConfig(), rm_strong_widen=1, rm_strong_grow_layers=0)
+        with_overrides(probe_rm, rm_strong_widen=1, rm_strong_grow_layers=0)
     with pytest.raises(ValueError, match=r"a pretrained trunk \(minilm\) widens but does not deepen"):
-        with_overrides(ZooConfig(), rm_strong_init="minilm", rm_light_layers=2)
-    with pytest.raises(ValueError, match="with a pretrained trunk, always"):
-        with_overrides(ZooConfig(), rm_strong_init="minilm", rm_strong_grow_layers=0)
+        with_overrides(ZooConfig(), rm_strong_grow_layers=8)
     with pytest.raises(ValueError, match="rm_light_layers must be 0 or fewer than the strong RM's 6 blocks"):
         with_overrides(ZooConfig(), rm_strong_init="minilm", rm_strong_widen=1, rm_strong_grow_layers=0,
                        rm_light_layers=6)
-    with pytest.raises(ValueError, match=r"or the light RM start from its first blocks \(rm_light_layers > 0;"):
-        with_overrides(ZooConfig(), rm_strong_init="minilm", rm_strong_widen=1, rm_strong_grow_layers=0)
-    pretrained = with_overrides(ZooConfig(), rm_strong_init="minilm", rm_strong_widen=1, rm_strong_grow_layers=0,
-                                rm_light_layers=2)
-    assert pretrained.rm_light_layers == 2
+    with pytest.raises(ValueError, match=r"or the light RM start from its first blocks \(rm_light_layers > 0\)"):
+        with_overrides(ZooConfig(), rm_strong_widen=1)
+    assert with_overrides(ZooConfig(), rm_strong_widen=1, rm_light_layers=2).rm_light_layers == 2
     grown = with_overrides(ZooConfig(), rm_strong_init="level2", rm_strong_init_layers=16)
     assert grown.rm_strong_init_layers == 16  # all of the grown LM
 
@@ -185,7 +186,9 @@ def test_stage_keys_follow_what_each_stage_reads() -> None:
     assert changed_stages(preset="renamed") == set()
     # The light RM is distilled from the strong RM: whatever changes the strong RM changes it too.
     assert changed_stages(rm_strong_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"rm_strong", "rm_light"}
-    assert changed_stages(rm_strong_widen=2) == {"rm_strong", "rm_light"}
+    assert changed_stages(rm_strong_widen=3) == {"rm_strong", "rm_light"}
+    assert changed_stages(rm_strong_head_lr_scale=1.0) == {"rm_strong", "rm_light"}
+    assert changed_stages(rm_light_layers=3) == {"rm_light"}
     assert changed_stages(rm_strong_grow_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"rm_strong",
                                                                                               "rm_light"}
     assert changed_stages(rm_light_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"rm_light"}
@@ -194,9 +197,15 @@ def test_stage_keys_follow_what_each_stage_reads() -> None:
     assert changed_stages(level1_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {
         "level1", "rm_data", "rm_strong", "rm_light"}
     assert changed_stages(rm_strong_match_pairs=8) == {"rm_strong", "rm_light"}
-    assert changed_stages(rm_strong_feature_weight=0.0) == {"rm_strong", "rm_light"}
-    # The strong RM starts from the probe (the light RM from the strong RM); with another init it follows that LM.
-    assert changed_stages(probe_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"probe", "rm_strong", "rm_light"}
+    assert changed_stages(rm_strong_feature_weight=0.3) == {"rm_strong", "rm_light"}
+    # A pretrained trunk depends on no zoo LM: a longer probe changes the probe alone.
+    assert changed_stages(probe_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)) == {"probe"}
+    # An RM on a zoo LM follows that LM (the light RM the strong RM).
+    probe_init = asdict(with_overrides(ZooConfig(), rm_strong_init="probe"))
+    longer_probe = asdict(with_overrides(ZooConfig(), rm_strong_init="probe",
+                                         probe_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)))
+    assert {role for role in ROLES if stage_key(longer_probe, role) != stage_key(probe_init, role)} == {
+        "probe", "rm_strong", "rm_light"}
     level2_init = asdict(with_overrides(ZooConfig(), rm_strong_init="level2"))
     longer_level2 = asdict(with_overrides(ZooConfig(), rm_strong_init="level2",
                                           level2_train=TrainConfig(steps=1, batch_size=1, lr=1e-3)))
