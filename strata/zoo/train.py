@@ -169,7 +169,6 @@ def widen(model: GPT2PreTrainedModel, factor: int, seed: int, noise: float = 1e-
     if getattr(old, "n_inner", None):
         config.n_inner = old.n_inner * factor
     wider = type(model)(config)
-    generator = torch.Generator().manual_seed(seed)
 
     def read(weight: torch.Tensor, dim: int) -> torch.Tensor:  # a weight reading the stream along ``dim``
         return torch.cat([weight / factor] * factor, dim=dim)
@@ -211,15 +210,23 @@ def widen(model: GPT2PreTrainedModel, factor: int, seed: int, noise: float = 1e-
             target[name] = value
         else:
             raise ValueError(f"cannot widen: no rule for weight {name!r}")
-        if noise > 0 and target[name].dim() >= 2 and target[name].is_floating_point():
-            scale = float(target[name].std()) or 1.0
-            target[name] = target[name] + noise * scale * torch.randn(target[name].shape, generator=generator)
+    _load_widened(wider, target, noise, seed)
+    wider.tie_weights()
+    return wider
+
+
+def _load_widened(wider: PreTrainedModel, target: dict[str, torch.Tensor], noise: float, seed: int) -> None:
+    """Load the widened weights into ``wider``, each matrix plus ``noise`` times its scale of seeded
+    Gaussian noise (in ``target``'s order, so a seed gives the same model); every weight needs a source."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, value in target.items():
+        if noise > 0 and value.dim() >= 2 and value.is_floating_point():
+            scale = float(value.std()) or 1.0
+            target[name] = value + noise * scale * torch.randn(value.shape, generator=generator)
     missing = [key for key in wider.state_dict() if key not in target]
     if missing:
         raise ValueError(f"cannot widen: no source for {missing}")
     wider.load_state_dict(target, strict=False)
-    wider.tie_weights()
-    return wider
 
 
 def widen_bert(model: PreTrainedModel, factor: int, seed: int, noise: float = 1e-3) -> PreTrainedModel:
@@ -241,7 +248,6 @@ def widen_bert(model: PreTrainedModel, factor: int, seed: int, noise: float = 1e
     config = copy.deepcopy(old)
     config.hidden_size, config.intermediate_size = d * factor, old.intermediate_size * factor
     wider = type(model)(config)
-    generator = torch.Generator().manual_seed(seed)
 
     def read(weight: torch.Tensor) -> torch.Tensor:  # a Linear's input columns reading copies
         return torch.cat([weight / factor] * factor, dim=1)
@@ -278,13 +284,7 @@ def widen_bert(model: PreTrainedModel, factor: int, seed: int, noise: float = 1e
             target[name] = value
         else:
             raise ValueError(f"cannot widen: no rule for weight {name!r}")
-        if noise > 0 and target[name].dim() >= 2 and target[name].is_floating_point():
-            scale = float(target[name].std()) or 1.0
-            target[name] = target[name] + noise * scale * torch.randn(target[name].shape, generator=generator)
-    missing = [key for key in wider.state_dict() if key not in target]
-    if missing:
-        raise ValueError(f"cannot widen: no source for {missing}")
-    wider.load_state_dict(target, strict=False)
+    _load_widened(wider, target, noise, seed)
     return wider
 
 
