@@ -618,7 +618,9 @@ class ZooBuilder:
             loss = train_light(student, teacher.tokenizer, texts, teacher_logits, distill,
                                lambda step, kl: bar.update(1))
         student.config.problem_type = "single_label_classification"
-        return {"n_params": self._save_lm(student, out, cfg.rm_max_length, teacher.tokenizer), "final_loss": loss,
+        # A pretrained trunk's RMs read with its own tokenizer; the zoo's GPT-2 RMs with the zoo's.
+        tokenizer = teacher.tokenizer if cfg.rm_strong_init in PRETRAINED_INITS else None
+        return {"n_params": self._save_lm(student, out, cfg.rm_max_length, tokenizer), "final_loss": loss,
                 "n_bins": cfg.rm_n_bins, "max_length": cfg.rm_max_length, "init": init,
                 "n_layer": student.config.num_hidden_layers, "n_embd": student.config.hidden_size,
                 "teacher": teacher_version(self.paths.rm_strong), "teacher_params": teacher.n_params,
