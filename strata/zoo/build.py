@@ -130,7 +130,7 @@ LEVEL2_GROW_TRAIN = TrainConfig(steps=32, batch_size=16, lr=1e-3, warmup_steps=5
 RM_STRONG_TRAIN = TrainConfig(steps=800, batch_size=4, lr=5e-5, warmup_steps=40)
 RM_STRONG_HEAD_LR_SCALE = 20.0
 # Then it widens 2x (``train.widen_bert``, the same function in a 6 x 768 model, ~67M) so that it costs
-# what a strong RM costs: ~4x MiniLM per token, ~12x the light RM's two blocks. No steps after growth.
+# more than the light RM: ~4x MiniLM per token (3.6x measured). No steps after growth.
 RM_STRONG_WIDEN = 2
 RM_STRONG_GROW_TRAIN = TrainConfig(steps=0, batch_size=4, lr=5e-5, warmup_steps=0)
 # The light RM: the strong RM before growth (6 x 384), fitted gently by KL to the widened strong RM's bin
@@ -201,8 +201,8 @@ class ZooConfig:
     rm_light_distill_pairs: int = 2000
     rm_light_distill_swaps: int = 500
     rm_light_temperature: float = 2.0
-    # The light RM's start: 0 = the strong RM's trunk before growth (a zoo-LM RM that grows); N = the
-    # strong RM's own first N blocks with its head (a pretrained trunk, which does not grow).
+    # The light RM's start: the strong RM before growth (or itself, when it did not grow); N > 0 keeps
+    # only its first N blocks, with its embeddings and head (0: all of them).
     rm_light_layers: int = RM_LIGHT_LAYERS
     sample_max_new_tokens: int = 80
 
@@ -529,21 +529,15 @@ class ZooBuilder:
         """The strong RM: the recipe below at the init LM's size, then grown and trained on at ~10x."""
         cfg = self.cfg
         tokenizer = self._load_tokenizer()
-        if cfg.rm_strong_init in PRETRAINED_INITS:
-            # A cross-encoder on a trunk pretrained on English (its own tokenizer), a fresh head over score bins.
-            init_path = trunk_dir(cfg.rm_strong_init)
-            tokenizer = AutoTokenizer.from_pretrained(init_path, local_files_only=True)
+        if cfg.rm_strong_init:
+            # Reward model initialised from a trained LM's transformer (InstructGPT-style) or a pretrained
+            # trunk (a cross-encoder, with its own tokenizer); the head over score bins starts fresh.
+            init_path = rm_init_dir(self.paths, cfg.rm_strong_init)  # a role ZooConfig.__post_init__ allows
+            if cfg.rm_strong_init in PRETRAINED_INITS:
+                tokenizer = AutoTokenizer.from_pretrained(init_path, local_files_only=True)
             model = AutoModelForSequenceClassification.from_pretrained(
                 init_path, num_labels=cfg.rm_n_bins, local_files_only=True,
                 **rm_init_overrides(cfg.rm_strong_init_layers))
-        elif cfg.rm_strong_init:
-            # Reward model initialised from a trained LM's transformer (InstructGPT-style); the
-            # classification head over score bins starts fresh.
-            init_path = rm_init_dir(self.paths, cfg.rm_strong_init)  # an LM role ZooConfig.__post_init__ allows
-            model = GPT2ForSequenceClassification.from_pretrained(
-                init_path, num_labels=cfg.rm_n_bins, local_files_only=True,
-                **rm_init_overrides(cfg.rm_strong_init_layers),
-            )
         else:
             model = new_reward_model(tokenizer, cfg.rm_strong, cfg.n_positions, cfg.rm_n_bins, cfg.seed)
         rows = self._rm_rows()
@@ -588,20 +582,17 @@ class ZooBuilder:
 
         cfg = self.cfg
         teacher = load_reward_model(self.paths.rm_strong, device="cpu")
-        if cfg.rm_light_layers:  # the first blocks, embeddings and head of the teacher (before growth, if it grew)
-            grown_from = student_init_dir(self.paths.rm_strong)
-            student_dir = grown_from or self.paths.rm_strong
-            init = (f"rm_strong{'/' + STUDENT_INIT_DIR if grown_from else ''} "
-                    f"(first {cfg.rm_light_layers} blocks)")
-            student = AutoModelForSequenceClassification.from_pretrained(
-                student_dir, num_hidden_layers=cfg.rm_light_layers, local_files_only=True)
-        else:
-            found = student_init_dir(self.paths.rm_strong)
-            if found is None:
-                raise ValueError(f"the strong RM at {self.paths.rm_strong} has no student init: the light RM is "
-                                 "distilled from it, starting from its pre-growth trunk (rm_strong_widen/grow_layers)")
-            student_dir, init = found, "rm_strong/" + STUDENT_INIT_DIR
-            student = AutoModelForSequenceClassification.from_pretrained(student_dir, local_files_only=True)
+        # The teacher before growth (its student init), or the teacher itself when it did not grow; with
+        # ``rm_light_layers``, only the first blocks of it (embeddings and head kept).
+        grown_from = student_init_dir(self.paths.rm_strong)
+        if grown_from is None and not cfg.rm_light_layers:
+            raise ValueError(f"the strong RM at {self.paths.rm_strong} has no student init: the light RM is "
+                             "distilled from it, starting from its pre-growth trunk (rm_strong_widen/grow_layers)")
+        init = f"rm_strong{'/' + STUDENT_INIT_DIR if grown_from else ''}"
+        if cfg.rm_light_layers:
+            init += f" (first {cfg.rm_light_layers} blocks)"
+        student = AutoModelForSequenceClassification.from_pretrained(
+            grown_from or self.paths.rm_strong, local_files_only=True, **rm_init_overrides(cfg.rm_light_layers))
         prompts, responses, sources = distill_pairs(self._rm_rows(), self.train_records, cfg.rm_light_distill_pairs,
                                                     cfg.rm_light_distill_swaps, cfg.seed)
         started = time.perf_counter()
