@@ -27,6 +27,11 @@ class RewardSettings(StrataSettings):
     )
     aggregation: Literal["mean", "median"] = Field("mean", description="how ensemble members are combined (R8)")
     annotate_level2: bool = Field(True, description="request human annotation for Level-2 samples (R3)")
+    annotate_level1_share: float = Field(
+        0.05, ge=0, le=1, description="share of Level-1 answers also sent to the annotators, drawn by response hash: "
+        "fresh on-policy labels for `strata rm refresh` (the RMs otherwise see humans score only escalations); "
+        "their routing never waits on the score; each is booked as human review"
+    )
     await_annotation: bool = Field(
         False, description="a Level-2 reward sent for annotation is not final: svc_annotation publishes the final "
         "reward (the human score, or this one past its deadline); needs svc_annotation running (docs/annotation.md)"

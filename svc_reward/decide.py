@@ -1,7 +1,9 @@
-"""What a reward means for its rollout (R2, R3): final, or escalate to Level-2. Pure."""
+"""What a reward means for its rollout (R2, R3): final, or escalate to Level-2; and whether a human
+scores it. Pure."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 
@@ -11,24 +13,42 @@ class Outcome:
     escalate: bool     # send the prompt to Level-2
     annotate: bool     # ask for human annotation
     reason: str
+    awaits_annotation: bool = False  # the human's score, published by svc_annotation, is the final reward
+
+
+def sampled_for_annotation(response_hash: str, share: float) -> bool:
+    """Whether a Level-1 answer is in the share sent to the annotators as RM data (issue 37's loop).
+
+    Drawn from the response hash, so a redelivered rollout draws the same and the share is the same
+    on every replica.
+    """
+    if share <= 0:
+        return False
+    draw = int.from_bytes(hashlib.sha256(f"annotate:{response_hash}".encode()).digest()[:8], "big") / 2**64
+    return draw < share
 
 
 def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_on_caution: bool = True,
-           annotate_level2: bool = True, unsafe: bool = False, await_annotation: bool = False) -> Outcome:
+           annotate_level2: bool = True, unsafe: bool = False, await_annotation: bool = False,
+           sampled: bool = False) -> Outcome:
     """``tier`` is 1 or 2 (the generator tier that produced the sample); ``unsafe``: the response gives
     unsafe advice (R12), so a Level-1 answer is never final and a Level-2 one goes to a human.
     ``await_annotation``: a Level-2 reward sent to a human is not final; svc_annotation publishes the
-    final one (the human's score, or this reward past its deadline)."""
+    final one (the human's score, or this reward past its deadline). ``sampled``: a Level-1 answer
+    drawn for annotation (``sampled_for_annotation``): a human scores it for the reward models' data,
+    and its routing is what it would have been, never waiting on that score."""
     if tier == 2:
         reason = "level-2 sample, unsafe advice" if unsafe else "level-2 sample"
         annotate = annotate_level2 or unsafe
-        if annotate and await_annotation:
+        awaits = annotate and await_annotation
+        if awaits:
             reason += ", awaiting annotation"
-        return Outcome(final=not (annotate and await_annotation), escalate=False, annotate=annotate, reason=reason)
+        return Outcome(final=not awaits, escalate=False, annotate=annotate, reason=reason, awaits_annotation=awaits)
+    sample_note = ", sampled for annotation" if sampled else ""
     if unsafe:
-        return Outcome(False, True, False, "unsafe advice in the response")
+        return Outcome(False, True, sampled, "unsafe advice in the response" + sample_note)
     if reward < threshold:
-        return Outcome(False, True, False, f"light RM reward {reward:.2f} < {threshold}")
+        return Outcome(False, True, sampled, f"light RM reward {reward:.2f} < {threshold}" + sample_note)
     if caution and escalate_on_caution:
-        return Outcome(False, True, False, "probe flagged caution")
-    return Outcome(True, False, False, f"light RM reward {reward:.2f} >= {threshold}")
+        return Outcome(False, True, sampled, "probe flagged caution" + sample_note)
+    return Outcome(True, False, sampled, f"light RM reward {reward:.2f} >= {threshold}" + sample_note)

@@ -25,7 +25,7 @@ from strata.contract.identity import request_identity, sample_identity
 from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
 from svc_reward.config import RewardSettings
-from svc_reward.decide import decide
+from svc_reward.decide import decide, sampled_for_annotation
 from svc_reward.models import RewardModels
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class RewardWorker:
                     UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
                 futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals, annotated,
                                           unsafe is not None, escalations, escalated_before))
-                review = [ledger.Charge("human_review", 2, human_seconds=self._settings.review_seconds_per_item)
+                review = [ledger.Charge("human_review", tier, human_seconds=self._settings.review_seconds_per_item)
                           for _ in annotated]
                 charges.append((event, [charge, *review]))
         self._publisher.wait(futures)
@@ -125,13 +125,14 @@ class RewardWorker:
               escalations: set[str], escalated_before: set[str]) -> list:
         s = self._settings
         outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
-                         s.annotate_level2, unsafe=unsafe, await_annotation=s.await_annotation)
+                         s.annotate_level2, unsafe=unsafe, await_annotation=s.await_annotation,
+                         sampled=tier == 1 and sampled_for_annotation(event.response_hash, s.annotate_level1_share))
         scored = events_pb2.RewardScored(
             prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
             policy_version=event.policy_version, rm_version=version, reward=reward, reward_std=spread,
             scorer=scorer, final=outcome.final, escalated=outcome.escalate, sample_index=event.sample_index,
             response_tokens=event.response_tokens, request_id=event.request_id, directions=event.directions,
-            unsafe=unsafe, awaiting_annotation=outcome.annotate and not outcome.final,
+            unsafe=unsafe, awaiting_annotation=outcome.awaits_annotation,
         )
         scored.generated_at.CopyFrom(event.generated_at)
         scored.scored_at.GetCurrentTime()

@@ -89,8 +89,9 @@ def annotation_lines(address: str, desk: SimulatedDesk) -> list[str]:
             status = annotation_pb2_grpc.AnnotationStub(channel).Status(annotation_pb2.StatusRequest(), timeout=10)
     except grpc.RpcError as exc:
         return [f"annotation: the desk did not answer ({exc.code().name})"]  # type: ignore[attr-defined]
-    lines = [f"annotation: {status.completed} Level-2 items annotated, {status.expired} past the deadline (strong RM "
-             f"reward kept), {status.queue_depth} waiting; {status.gold_items} gold items"]
+    lines = [f"annotation: {status.completed} items annotated (Level-2, and a sampled share of Level-1 as RM data), "
+             f"{status.expired} past the deadline (the model's reward kept), {status.queue_depth} waiting; "
+             f"{status.gold_items} gold items"]
     for name, row in sorted(status.annotators.items()):
         bias = "-" if math.isnan(row.gold_bias) else f"{row.gold_bias:+.2f}"
         agree = "-" if math.isnan(row.peer_agreement) else f"{row.peer_agreement:.0%}"

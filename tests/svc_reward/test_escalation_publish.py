@@ -93,3 +93,20 @@ def test_a_level2_reward_awaiting_annotation_hands_its_event_to_the_annotation_s
     assert (scored.final, scored.awaiting_annotation) == (False, True)  # type: ignore[attr-defined]
     assert request.provisional == scored  # type: ignore[attr-defined]
     assert not [t for t, _ in publisher.published if t == topics.ROLLOUT_LOG.name]  # logged once final
+
+
+def test_a_sampled_level1_answer_is_annotated_without_awaiting_the_human(infra, redis_client) -> None:
+    store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
+    sample = events_pb2.RolloutGenerated(prompt_hash=store.put(f"Why do cats purr? {uuid.uuid4()}"),
+                                         response_hash=store.put(f"Nobody knows. {uuid.uuid4()}"),
+                                         tier=common_pb2.TIER_LEVEL_1, request_id=f"r-{uuid.uuid4().hex[:8]}")
+    publisher = FlakyPublisher()
+    publisher.broken = False
+    settings = RewardSettings(**{**infra.model_dump(), "await_annotation": True, "annotate_level1_share": 1.0})
+    worker = RewardWorker(settings, LowScores(), store, redis_client, publisher)  # type: ignore[arg-type]
+    worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, sample, None, 0, 0, 1, 0)])
+    [scored] = [m for t, m in publisher.published if t == topics.REWARDS_SCORED.name]
+    [request] = [m for t, m in publisher.published if t == topics.ANNOTATIONS_REQUESTED.name]
+    assert (scored.final, scored.escalated, scored.awaiting_annotation) == (False, True, False)  # type: ignore[attr-defined]
+    assert request.provisional == scored and "sampled for annotation" in request.reason  # type: ignore[attr-defined]
+    assert len(publisher.escalations()) == 1  # routed as without the draw

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from svc_reward.decide import decide
+from svc_reward.decide import decide, sampled_for_annotation
 from svc_reward.scoring import aggregate, tempered_reward
 
 
@@ -81,3 +81,23 @@ def test_a_level2_reward_awaiting_a_human_is_not_final() -> None:
     assert decide(2, 4.0, False, 3.2, annotate_level2=False, await_annotation=True).final  # no human asked
     assert not decide(2, 4.0, False, 3.2, annotate_level2=False, unsafe=True, await_annotation=True).final
     assert decide(2, 4.0, False, 3.2, annotate_level2=True).final  # the default: the strong RM's is final
+
+
+def test_a_sampled_level1_answer_goes_to_a_human_without_changing_its_route() -> None:
+    kept = decide(1, 4.0, False, 3.2, await_annotation=True, sampled=True)
+    assert (kept.final, kept.escalate, kept.annotate, kept.awaits_annotation) == (True, False, True, False)
+    assert kept.reason.endswith("sampled for annotation")
+    escalated = decide(1, 1.0, False, 3.2, await_annotation=True, sampled=True)
+    assert (escalated.final, escalated.escalate, escalated.annotate, escalated.awaits_annotation) == (
+        False, True, True, False)  # the Level-2 answer is the prompt's; the human only labels this one
+    assert not decide(1, 4.0, False, 3.2).annotate
+
+
+def test_the_level1_annotation_draw_is_stable_and_near_its_share() -> None:
+    hashes = [f"{i:064x}" for i in range(4000)]
+    assert not any(sampled_for_annotation(h, 0.0) for h in hashes)
+    assert all(sampled_for_annotation(h, 1.0) for h in hashes)
+    drawn = [sampled_for_annotation(h, 0.2) for h in hashes]
+    assert drawn == [sampled_for_annotation(h, 0.2) for h in hashes]  # a redelivery draws the same
+    assert 0.17 < sum(drawn) / len(drawn) < 0.23
+    assert all(sampled_for_annotation(h, 0.3) for h, d in zip(hashes, drawn, strict=True) if d)  # nested shares
