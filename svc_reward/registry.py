@@ -188,3 +188,11 @@ class RmRegistry:
             pipe.lpush(self._key("promotions"), json.dumps({"version": version, "at": now}))
             pipe.execute()
         return event
+
+    def record_refresh(self, summary: dict[str, Any]) -> None:
+        """Keep the last ``strata rm refresh`` turn's summary (its label count paces the next turn)."""
+        self._redis.set(self._key("refresh", "last"), json.dumps(summary))
+
+    def last_refresh(self) -> dict[str, Any] | None:
+        raw = self._redis.get(self._key("refresh", "last"))
+        return json.loads(raw) if raw is not None else None

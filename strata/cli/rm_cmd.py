@@ -4,6 +4,8 @@
     strata rm distill [--strong DIR|VERSION] [--members 3]      light RM(s) fitted to the strong RM
     strata rm distill --from-log                                one turn of the loop: re-distil, promote if better
     strata rm promote <version>                                 svc_reward swaps to it between batches
+    strata rm refresh [--every 21600]                           the loop on fresh human labels: fine-tune,
+                                                                re-distil, promote only if better held out
     strata rm list [--kind light] [--json]
 
 Artifacts go to ``<cache_dir>/rm/<version>/`` (one ``save_pretrained`` directory, or ``member-<i>``
@@ -140,6 +142,35 @@ def register(subparsers: Any) -> None:
                          help="skip the checksum check here (the replicas still check it)")
     promote.set_defaults(func=_promote)
 
+    refresh = sub.add_parser(
+        "refresh", help="one turn of the RM loop on fresh human labels: fine-tune the strong RM, re-distil the light "
+                        "RM, promote it only if it ranks held-out labels better (or every --every seconds)")
+    refresh.add_argument("--annotations", action=argparse.BooleanOptionalAction, default=None,
+                         help="read the annotators' scores from Kafka (default on)")
+    refresh.add_argument("--data", type=str, action="append", default=None,
+                         help="JSONL of {prompt, response, score} labels to use besides (repeatable)")
+    for name, kind, text in (
+        ("hold-out", float, "share of the labelled prompts held out to judge on (default 0.3)"),
+        ("min-held-out", int, "fewest held-out labels a verdict is drawn from (default 20)"),
+        ("min-train", int, "fewest labels to fine-tune on (default 20)"),
+        ("min-gain", float, "Spearman gain on the held-out labels needed to promote (default 0)"),
+        ("min-gain-se", float, "...and bootstrap standard errors of that gain it must exceed (default 1; 0: any)"),
+        ("strong-steps", int, "fine-tuning steps of the strong RM (default 60)"),
+        ("strong-lr", float, "its peak learning rate (default: the zoo recipe's at its size)"),
+        ("replay", float, "groups of the zoo's RM data mixed in per labelled prompt (default 2)"),
+        ("distill-steps", int, "KL steps of the light RM (default: the zoo recipe's)"),
+        ("distill-pairs", int, "zoo RM pairs the new strong RM labels for the distillation (default 1000)"),
+        ("every", float, "run a turn every this many seconds, when --min-new-labels arrived (default: once)"),
+        ("min-new-labels", int, "with --every: fresh labels since the last turn needed to run one (default 50)"),
+    ):
+        refresh.add_argument(f"--{name}", type=kind, default=None, help=text)
+    refresh.add_argument("--promote", action=argparse.BooleanOptionalAction, default=None,
+                         help="promote a candidate that ranks the held-out labels better (default on)")
+    refresh.add_argument("--seed", type=int, default=None)
+    refresh.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N")
+    refresh.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    refresh.set_defaults(func=_refresh)
+
     human = sub.add_parser("human-labels", help="annotators' scores as {prompt, response, score} JSONL for "
                                                 "train-strong --data and distill --data (R3, R5)")
     human.add_argument("--out", type=Path, required=True, help="JSONL file to write")
@@ -184,25 +215,10 @@ def _print_metrics(metrics: dict[str, float]) -> None:
 
 
 def _human_labels(args: argparse.Namespace) -> int:
-    import redis
-
     from strata.config import StrataSettings
-    from strata.content_store import ContentStore
-    from strata.rm.human import human_labels, label_rows, read_completed
+    from strata.rm.loop import annotation_rows
 
-    settings = StrataSettings()
-    try:
-        labels = human_labels(read_completed(settings))
-    except Exception as exc:  # Kafka unreachable or too slow: one line naming it
-        raise CliError(f"could not read the annotations from Kafka ({settings.kafka_address}): {exc}") from exc
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
-    try:
-        store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
-        rows, missing = label_rows(labels, store.get_text)
-    except redis.RedisError as exc:
-        raise CliError(f"could not read texts from Redis ({settings.redis_address_masked}): {exc}") from exc
-    finally:
-        client.close()
+    rows, missing = annotation_rows(StrataSettings())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     partial = args.out.with_suffix(args.out.suffix + ".partial")  # never a half-written file under --out
     partial.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -245,6 +261,42 @@ def _distill(args: argparse.Namespace) -> int:
     fields["augment"] = tuple(a.strip() for a in args.augment.split(",") if a.strip() and a.strip() != "none")
     distill_version(DistillOptions(**fields), settings, registry, out=args.out, from_log=args.from_log,
                     promote=args.promote, promote_if_better=args.promote_if_better)
+    return 0
+
+
+# --- refresh --------------------------------------------------------------------------------------
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from strata.rm.loop import run_every, run_turn
+    from strata.rm.refresh import RefreshOptions
+
+    flags = {"every_s": args.every, **{k: v for k, v in vars(args).items() if k != "every"}}
+    if args.data is not None:
+        flags["data"] = tuple(args.data)
+    names = set(RefreshOptions.model_fields)
+    try:
+        options = RefreshOptions(**{k: v for k, v in flags.items() if k in names and v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+                             for e in exc.errors())
+        raise CliError(f"strata rm refresh: {problems}") from exc
+    if not options.annotations and not options.data:
+        raise CliError("no labels to refresh on: keep --annotations or pass --data FILE")
+    settings = _settings()
+    registry = open_registry(settings)
+    _set_threads(args.threads)
+    if options.every_s > 0:
+        print(f"refreshing every {options.every_s:.0f} s once {options.min_new_labels} new labels arrived "
+              "(Ctrl-C stops)")
+        try:
+            run_every(options, settings, registry)
+        except KeyboardInterrupt:
+            print("stopped")
+        return 0
+    run_turn(options, settings, registry)
     return 0
 
 

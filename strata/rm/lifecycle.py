@@ -242,9 +242,9 @@ class DistillResult:
 
 def held_out_prompt(prompt: str, share: float) -> bool:
     """Whether a rollout's prompt is in the held-out share (by its content hash: stable across runs)."""
-    from strata.hashing import content_hash
+    from strata.rm.refresh import is_held_out
 
-    return share > 0 and int(content_hash(prompt)[:8], 16) / 0xFFFFFFFF < share
+    return share > 0 and is_held_out(prompt, share)
 
 
 def eval_swaps(split: str = "eval", seed: int = EVAL_SEED) -> tuple[list[str], list[str], list[str]]:

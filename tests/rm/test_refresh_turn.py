@@ -1,0 +1,107 @@
+"""A turn of the RM loop on the ci zoo, for real: labelled answers of the zoo's own policy, a strong RM
+fine-tuned and a light RM re-distilled, judged on held-out labels, promoted only if better."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from strata.cli.main import main
+from strata.rm.loop import run_every
+from strata.rm.onpolicy import policy_answers
+from strata.rm.refresh import RefreshOptions
+from strata.zoo.build import ZooPaths, ZooSettings
+from svc_reward.registry import RmRegistry, describe
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def labels_file(zoo: ZooPaths, tmp_path: Path) -> Path:
+    """Level-1 and Level-2 answers of the ci zoo to 70 fresh prompts, scored as an annotator would (the
+    oracle, noise sd 0.3, rounded to halves)."""
+    answers = policy_answers(zoo, "fresh", cache_dir=zoo.root.parent.parent / "rm" / "onpolicy", limit=70,
+                             progress=False)
+    rng = random.Random(0)
+    path = tmp_path / "labels.jsonl"
+    path.write_text("".join(json.dumps({"prompt": a.prompt, "response": a.response,
+                                        "score": min(5.0, max(0.0, round(2 * (a.oracle + rng.gauss(0, 0.3))) / 2))})
+                            + "\n" for a in answers))
+    return path
+
+
+@pytest.fixture
+def own_redis(infra, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[redis.Redis]:
+    """A Redis database of its own (what is in service is what this test promoted) and the zoo's settings."""
+    url = infra.redis_address.rsplit("/", 1)[0] + "/11"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
+    monkeypatch.setenv("STRATA_REDIS_URL", url)
+    monkeypatch.setenv("STRATA_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("STRATA_ZOO_PRESET", os.environ.get("STRATA_TEST_ZOO_PRESET", "ci"))  # the zoo fixture's
+    yield client
+    client.close()
+
+
+def test_a_turn_judges_the_candidate_on_held_out_labels_and_promotes_only_if_better(
+        zoo: ZooPaths, labels_file: Path, own_redis: redis.Redis, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    n_labels = len(labels_file.read_text().splitlines())
+    code = main(["rm", "refresh", "--no-annotations", "--data", str(labels_file), "--strong-steps", "15",
+                 "--distill-steps", "20", "--distill-pairs", "60", "--threads", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    [report_file] = (tmp_path / "state" / "rm-refresh").glob("*.json")
+    report = json.loads(report_file.read_text())
+    assert report["refused"] is None
+    assert report["n_train"] + report["n_held_out"] == n_labels and report["n_held_out"] >= 20
+    registry = RmRegistry(own_redis)
+    zoo_light = describe("light", [zoo.rm_light]).version
+    assert report["parents"] == {"light": zoo_light, "strong": describe("strong", [zoo.rm_strong]).version}
+    light = registry.get(report["light_version"])
+    strong = registry.get(report["strong_version"])
+    assert light.parent == strong.version and strong.parent == report["parents"]["strong"]
+    figures = report["figures"]
+    assert set(figures) == {"light_current", "light_new", "strong_current", "strong_new"}
+    assert all(f["n"] == report["n_held_out"] for f in figures.values())
+    gain = figures["light_new"]["spearman"] - figures["light_current"]["spearman"]
+    better = gain > report["gain_se"]  # the default: by more than one bootstrap standard error
+    assert report["promoted"] == better
+    assert registry.promoted() == (light.version if better else None)
+    assert re.search(rf"(promoting|not promoting) {light.version}: Spearman vs the labels on "
+                     rf"{report['n_held_out']} held-out answers", out)
+    assert registry.last_refresh()["n_labels"] == n_labels
+
+    # The cadence: no new labels since that turn, so the next check waits instead of retraining.
+    naps: list[float] = []
+    reports = run_every(RefreshOptions(annotations=False, data=(str(labels_file),), every_s=5, min_new_labels=1),
+                        ZooSettings(), registry, progress=lambda line: None, turns=2, sleep=naps.append)
+    assert reports == [] and naps == [5]
+
+
+def test_too_few_labels_refuse_the_turn_with_the_counts(
+        labels_file: Path, own_redis: redis.Redis, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["rm", "refresh", "--no-annotations", "--data", str(labels_file), "--min-held-out", "1000"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert re.search(r"no refresh: \d+ labels to train on and \d+ held out, of at least 20 and 1000", out)
+    assert RmRegistry(own_redis).list() == []  # nothing trained, nothing registered
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--hold-out", "1.5"], "--hold-out: Input should be less than 1"),
+    (["--no-annotations"], "no labels to refresh on"),
+    (["--strong-steps", "0"], "--strong-steps: Input should be greater than or equal to 1"),
+])
+def test_bad_options_are_refused_naming_the_flag(argv: list[str], message: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rm", "refresh", *argv]) == 2
+    assert message in capsys.readouterr().err
