@@ -4,7 +4,9 @@
 service as its own process (``strata up``); 4. the suite's training prompts through the scheduler's
 gRPC API in rounds while the learner runs PPO on the rewards (``strata train``); 5. a report: tier
 mix, skip rate, escalations, every stage's cost and the saving against a named all-Level-2
-baseline, reward and oracle curves, the rollout log's size. A second run reuses the zoo, the
+baseline, reward and oracle curves, the rollout log's size; 6. one turn of the reward models' loop on
+the annotators' labels (``strata rm refresh``): a better light RM promoted, or the figure that says
+why not. A second run reuses the zoo, the
 running stack and the data.
 """
 
@@ -57,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--paraphrase-share", type=float, default=0.25,
                         help="share that paraphrase a prompt sent before (same family in the suite)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the services")
+    parser.add_argument("--refresh", action=argparse.BooleanOptionalAction, default=True,
+                        help="end with one `strata rm refresh` turn on the desk's labels (promotes a better light RM "
+                             "or says why not)")
     parser.set_defaults(func=run)
 
 
@@ -103,6 +108,19 @@ def annotation_lines(address: str, desk: SimulatedDesk) -> list[str]:
     return lines
 
 
+def refresh_turn(settings: StrataSettings) -> None:
+    """[6/6]: one turn of the RM loop on what the desk labelled (this run's and earlier runs')."""
+    from strata.rm.loop import run_turn
+    from strata.rm.refresh import RefreshOptions
+    from strata.rm.versions import open_registry
+    from strata.zoo.build import ZooSettings
+
+    print("[6/6] reward models: one refresh turn on the annotators' labels (strata rm refresh)", flush=True)
+    zoo_settings = ZooSettings()
+    run_turn(RefreshOptions(), zoo_settings, open_registry(zoo_settings), progress=lambda line: print("     ", line,
+                                                                                                        flush=True))
+
+
 def run(args: argparse.Namespace) -> int:
     if not (args.repeat_share >= 0 and args.paraphrase_share >= 0 and args.repeat_share + args.paraphrase_share <= 1):
         raise CliError("--repeat-share and --paraphrase-share must be >= 0 and sum to at most 1")
@@ -111,15 +129,15 @@ def run(args: argparse.Namespace) -> int:
     settings = StrataSettings()
     started = time.monotonic()
     try:
-        print("[1/5] Kafka and Redis", flush=True)
+        print("[1/6] Kafka and Redis", flush=True)
         for row in infra_up(settings):
             print(f"      {row.name:<6} {row.state:<4} {row.address}")
-        print(f"[2/5] model zoo (preset {os.environ['STRATA_ZOO_PRESET']}; built once, then reused)", flush=True)
+        print(f"[2/6] model zoo (preset {os.environ['STRATA_ZOO_PRESET']}; built once, then reused)", flush=True)
         from strata.zoo.build import ensure_zoo
 
         paths = ensure_zoo(settings)
         print(f"      {paths.root}")
-        print("[3/5] services (strata up)", flush=True)
+        print("[3/6] services (strata up)", flush=True)
         gold = write_gold_items(paths.rm_data, settings.state_dir / "annotation-gold.jsonl")
         service_args = {**DEMO_SERVICE_ARGS, "annotation": ["--gold-items-path", str(gold), "--gold-share", "0.3"]}
         control.start(settings, default_services(), service_args, args.timeout,
@@ -127,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     except InfraError as exc:
         raise CliError(str(exc)) from exc
 
-    print(f"[4/5] training: suite prompts -> scheduler -> tiers -> rewards -> PPO ({args.updates} updates)",
+    print(f"[4/6] training: suite prompts -> scheduler -> tiers -> rewards -> PPO ({args.updates} updates)",
           flush=True)
     bar = tqdm(total=args.updates, desc="      policy updates", unit="update")
 
@@ -153,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
         desk.stop()
 
-    print("[5/5] report", flush=True)
+    print("[5/6] report", flush=True)
     with rpc.channel(Addresses().scheduler) as channel:
         stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=10)
     import redis
@@ -179,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"      rollout log: {rollout_log_size(settings)} records (prompt hash, response hash, reward)")
     print("\n".join("      " + line for line in annotation_lines(Addresses().annotation, desk)))
     print(f"      curves: {summary.png}")
+    if args.refresh:
+        refresh_turn(settings)
     print(f"done in {time.monotonic() - started:.0f} s. The stack keeps running: `strata status`, "
           "`strata report`, `strata down`.")
     return 0
