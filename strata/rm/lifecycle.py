@@ -75,7 +75,7 @@ def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_
     import torch
 
     from strata.contract.checksums import weights_checksum
-    from strata.zoo.build import score_in_length_order
+    from strata.rm.recipe import score_in_length_order
 
     cache_file = None
     if cache_dir is not None:
@@ -262,8 +262,9 @@ def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions,
     from transformers import AutoModelForSequenceClassification
 
     from strata.models.prompts import model_positions
-    from strata.zoo.build import rm_init_overrides, student_init_dir
-    from strata.zoo.train import ModelShape, new_reward_model
+    from strata.models.training import ModelShape
+    from strata.rm.recipe import rm_init_overrides, student_init_dir
+    from strata.rm.train import new_reward_model
 
     layers = options.init_layers
     if init == "auto":
@@ -548,18 +549,11 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
     from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
     from strata.models.prompts import PromptFormat, model_positions
     from strata.models.reward import expected_reward, save_rm_tokenizer
+    from strata.models.training import TrainConfig
     from strata.rm.distill import rank_metrics
-    from strata.zoo.build import (
-        STUDENT_INIT_DIR,
-        ZooConfig,
-        groups_of,
-        grow_from_student_init,
-        match_training,
-        rm_init_dir,
-        rm_init_overrides,
-    )
+    from strata.rm.recipe import STUDENT_INIT_DIR, StrongRecipe, fit_strong, groups_of, rm_init_overrides
+    from strata.zoo.build import ZooConfig, match_training, rm_init_dir
     from strata.zoo.suite import load_suite
-    from strata.zoo.train import TrainConfig, train_reward_model
 
     zoo = None if (options.data and options.init) else _zoo(settings)
     data_path = options.data or zoo.rm_data
@@ -599,40 +593,35 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
     texts = [rm_format.rm_text(r["prompt"], r["response"]) for r in rows]
     grouped = any("group" in r for r in rows)
     batch_size = options.groups_per_step if grouped else options.batch_size
-    cfg = TrainConfig(steps=options.steps, batch_size=batch_size, lr=options.lr, warmup_steps=min(10, options.steps))
-    match: dict[str, Any] = {}
+    grow_train = recipe.rm_strong_grow_train
+    if options.grow_steps is not None:
+        grow_train = replace(grow_train, steps=options.grow_steps,
+                             warmup_steps=min(grow_train.warmup_steps, options.grow_steps))
+    strong_recipe = StrongRecipe(
+        train=TrainConfig(steps=options.steps, batch_size=batch_size, lr=options.lr,
+                          warmup_steps=min(10, options.steps)),
+        max_length=options.max_length, pairwise_weight=options.pairwise_weight,
+        # A fresh head on a given checkpoint learns at the schedule's rate; on the zoo's init, at the recipe's.
+        head_lr_scale=1.0 if options.init else recipe.rm_strong_head_lr_scale,
+        widen=options.widen, grow_layers=options.grow_layers, grow_train=replace(grow_train, batch_size=batch_size),
+        seed=options.seed)
     if options.match_pairs:
-        match = match_training(rows, load_suite("train"), options.match_pairs, recipe.rm_strong_feature_weight,
-                               options.seed)
         progress(f"  + a match step of {options.match_pairs} prompt swaps (suite train prompts) after each step")
+
+    def aids(grown: bool, seed: int) -> dict[str, Any]:
+        if not options.match_pairs:
+            return {}
+        weight = recipe.rm_strong_grow_feature_weight if grown else recipe.rm_strong_feature_weight
+        return match_training(rows, load_suite("train"), options.match_pairs, weight, seed)
+
     started = time.perf_counter()
     scores = [float(r["score"]) for r in rows]
-    # A fresh head on a given checkpoint learns at the schedule's rate; on the zoo's init, at the recipe's.
-    head_lr_scale = 1.0 if options.init else recipe.rm_strong_head_lr_scale
-    loss = train_reward_model(model, tokenizer, texts, scores, options.max_length, cfg,
-                              options.seed, "strong RM", groups=groups_of(rows) if grouped else None,
-                              pairwise_weight=options.pairwise_weight, head_lr_scale=head_lr_scale, **match)
-    model.config.problem_type = "single_label_classification"
     staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
-    growth: dict[str, Any] = {}
-    if options.widen > 1 or options.grow_layers:
-        # The model before growth is what a light RM distilled from this one starts from.
-        model, growth = grow_from_student_init(model, tokenizer, staging / STUDENT_INIT_DIR, options.max_length,
-                                               options.widen, options.grow_layers, options.seed + 2)
-        grow_cfg = recipe.rm_strong_grow_train
-        if options.grow_steps is not None:
-            grow_cfg = replace(grow_cfg, steps=options.grow_steps,
-                               warmup_steps=min(grow_cfg.warmup_steps, options.grow_steps))
-        progress(f"  grown to {model.config.num_hidden_layers} x {model.config.hidden_size} "
-              f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {grow_cfg.steps} more steps")
-        if options.match_pairs:
-            match = match_training(rows, load_suite("train"), options.match_pairs,
-                                   recipe.rm_strong_grow_feature_weight, options.seed + 1)
-        loss = train_reward_model(model, tokenizer, texts, scores, options.max_length,
-                                  replace(grow_cfg, batch_size=cfg.batch_size), options.seed + 1, "strong RM (grown)",
-                                  groups=groups_of(rows) if grouped else None, pairwise_weight=options.pairwise_weight,
-                                  head_lr_scale=head_lr_scale, **match)
-        model.config.problem_type = "single_label_classification"
+    if strong_recipe.grows:
+        progress(f"  then grown x{options.widen} wide, +{options.grow_layers} blocks, {grow_train.steps} more steps")
+    model, loss, growth = fit_strong(model, tokenizer, texts, scores, groups_of(rows) if grouped else None,
+                                     strong_recipe, staging / STUDENT_INIT_DIR, "strong RM", aids)
+    model.config.problem_type = "single_label_classification"
     model.save_pretrained(staging)
     save_rm_tokenizer(tokenizer, staging, options.max_length)
     strong = load_reward_model(staging, device=options.device)

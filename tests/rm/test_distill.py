@@ -24,9 +24,10 @@ from strata.rm.distill import (
     train_light,
 )
 from strata.rm.lifecycle import DistillOptions, read_pairs
+from strata.rm.recipe import STUDENT_INIT_DIR, student_init_dir
+from strata.rm.train import new_reward_model
 from strata.rm.versions import RM_INFO_FILE
-from strata.zoo.build import STUDENT_INIT_DIR, ZooConfig, student_init_dir
-from strata.zoo.train import new_reward_model
+from strata.zoo.build import ZooConfig
 from svc_reward.registry import describe
 
 

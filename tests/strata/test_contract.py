@@ -118,3 +118,17 @@ def test_the_library_never_imports_tools_or_services() -> None:
                                    ("strata.zoo", "strata.bench", "strata.diagnose", "strata.train")):
                 offenders.append(f"{rel} imports {name}")
     assert not offenders, "\n".join(offenders)
+
+
+# How an RM is made (strata/rm/recipe.py and what it trains with): the zoo calls it, so it never calls
+# the zoo back, nor a service, nor the tools that run it (docs/architecture.md).
+RM_RECIPE = ("strata/rm/recipe.py", "strata/rm/train.py", "strata/rm/distill.py", "strata/rm/augment.py",
+             "strata/rm/refresh.py", "strata/models/training.py", "strata/models/growth.py")
+
+
+def test_the_rm_recipe_imports_no_zoo_service_or_rm_run() -> None:
+    runs = ("strata.rm.lifecycle", "strata.rm.loop", "strata.rm.onpolicy", "strata.rm.versions", "strata.rm.human")
+    offenders = [f"{rel} imports {name}" for rel in RM_RECIPE for name in _imports(ROOT / rel)
+                 if name.split(".")[0].startswith("svc_") or name == "strata.zoo" or name.startswith("strata.zoo.")
+                 or name in runs]
+    assert not offenders, "\n".join(offenders)

@@ -22,8 +22,8 @@ from strata.content_store import ContentStore
 from strata.contract.checksums import version_id, weights_checksum
 from strata.hashing import content_hash
 from strata.rm.lifecycle import PSEUDO_LABELS_FILE, SourceUnavailableError, historical_rollouts
+from strata.rm.train import new_reward_model
 from strata.v1 import events_pb2
-from strata.zoo.train import new_reward_model
 from svc_reward.registry import (
     ChecksumMismatchError,
     RegistryError,

@@ -12,23 +12,21 @@ import torch
 from strata.config import StrataSettings
 from strata.models.loading import load_causal_lm, load_reward_model
 from strata.models.reward import score_responses
+from strata.models.training import ModelShape, TrainConfig
+from strata.rm.recipe import STUDENT_INIT_DIR, groups_of, student_init_dir
 from strata.zoo.build import (
     PRESETS,
     ROLES,
-    STUDENT_INIT_DIR,
     ZooBuilder,
     ZooConfig,
     ZooPaths,
     ZooSettings,
     as_zoo_settings,
-    groups_of,
     resolve_config,
     stage_key,
-    student_init_dir,
     with_overrides,
     zoo_paths,
 )
-from strata.zoo.train import ModelShape, TrainConfig
 from svc_reward.registry import describe
 
 MICRO_SHAPE = ModelShape(n_embd=16, n_layer=1, n_head=2)

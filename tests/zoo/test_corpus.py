@@ -95,7 +95,7 @@ def test_prompt_swaps_pair_a_reference_with_a_prompt_it_answers_worse() -> None:
 def test_pairwise_loss_prefers_the_better_answer_and_ignores_ties() -> None:
     import torch
 
-    from strata.zoo.train import pairwise_loss
+    from strata.rm.train import pairwise_loss
 
     scores = torch.tensor([4.8, 2.0, 2.1])  # 2.0 and 2.1 are within the margin: no pair between them
     right = pairwise_loss(torch.tensor([4.0, 1.0, 1.0]), scores, margin=0.25)

@@ -12,7 +12,7 @@ from transformers import (
     GPT2LMHeadModel,
 )
 
-from strata.zoo.train import deepen, widen, widen_bert
+from strata.models.growth import deepen, widen, widen_bert
 
 
 def test_deepen_adds_blocks_that_change_nothing_until_trained() -> None:

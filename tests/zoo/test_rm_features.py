@@ -12,20 +12,14 @@ from transformers import PreTrainedTokenizerFast
 
 from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.template import format_rm_input
+from strata.models.training import ModelShape, TrainConfig
+from strata.rm.train import FeatureLabels, MatchPool, new_reward_model, train_reward_model
 from strata.zoo.build import match_pool, rm_features
 from strata.zoo.corpus import reference_response
 from strata.zoo.lexicon import TOPICS
 from strata.zoo.oracle import SUBJECT_NAMES, oracle_score
 from strata.zoo.suite import load_suite
-from strata.zoo.train import (
-    FeatureLabels,
-    MatchPool,
-    ModelShape,
-    TrainConfig,
-    new_reward_model,
-    train_reward_model,
-    train_tokenizer,
-)
+from strata.zoo.train import train_tokenizer
 
 
 def test_rm_features_label_the_prompt_from_the_suite_and_the_answer_from_its_words() -> None:
