@@ -552,13 +552,15 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
     from strata.models.training import TrainConfig
     from strata.rm.distill import rank_metrics
     from strata.rm.recipe import STUDENT_INIT_DIR, StrongRecipe, fit_strong, groups_of, rm_init_overrides
-    from strata.zoo.build import ZooConfig, match_training, rm_init_dir
+    from strata.zoo.build import match_training, resolve_config, rm_init_dir
     from strata.zoo.suite import load_suite
 
     zoo = None if (options.data and options.init) else _zoo(settings)
     data_path = options.data or zoo.rm_data
     rows = read_pairs(Path(data_path), need_score=True)
-    recipe = zoo.config if zoo is not None else ZooConfig()
+    # The configured preset's recipe even when its zoo is not needed (--data with --init): a ci-preset
+    # run grows and trains on as the ci zoo does.
+    recipe = zoo.config if zoo is not None else resolve_config(settings)
     defaults = {"steps": recipe.rm_strong_train.steps, "lr": recipe.rm_strong_train.lr,
                 "groups_per_step": recipe.rm_strong_train.batch_size, "max_length": recipe.rm_max_length,
                 "match_pairs": recipe.rm_strong_match_pairs if options.data is None else 0,

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from strata.errors import CliError
+from strata.rm.recipe import student_init_dir
 from strata.rm.refresh import (
     RefreshOptions,
     SliceFigures,
+    fine_tune_steps,
     gain_se,
     grouped_by_prompt,
     replay_groups,
@@ -172,31 +174,42 @@ def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Ca
     progress(f"in service: light {light_version}, distilled from strong {strong_version}")
     work = Path(settings.cache_dir).expanduser() / "rm" / f".refresh-{uuid.uuid4().hex[:8]}"
     try:
-        # 1. The strong RM: fine-tuned from the one in use on the labels, grouped by prompt, plus replay.
+        # 1. The strong RM: fine-tuned on the labels, grouped by prompt, plus replay. A grown strong RM is
+        # fine-tuned before growth (its student init, at the size the recipe trains at) and grown again:
+        # fine-tuning the widened RM itself lost 0.08 Spearman on held-out labels (docs/reward-models.md).
         n_prompts = len({r["prompt"] for r in train})
         replay = replay_groups(read_pairs(zoo.rm_data, need_score=True), round(options.replay * n_prompts),
                                options.seed)
         strong_data = work / "strong-data.jsonl"
         _write_jsonl(strong_data, grouped_by_prompt(train) + replay)
-        grown = recipe.rm_strong_widen > 1 or recipe.rm_strong_grow_layers > 0
-        lr = options.strong_lr or (recipe.rm_strong_grow_train.lr if grown else recipe.rm_strong_train.lr)
+        before_growth = student_init_dir(strong_path)
+        start = before_growth or strong_path
+        groups_per_step = recipe.rm_strong_train.batch_size
+        steps = fine_tune_steps(n_prompts, len({r["group"] for r in replay}), groups_per_step, options)
+        lr = options.strong_lr or 0.6 * recipe.rm_strong_train.lr
         progress(f"strong RM: {len(train)} labels on {n_prompts} prompts + {len(replay)} replayed zoo pairs, "
-                 f"{options.strong_steps} steps at lr {lr:g} from {strong_version}")
+                 f"{steps} steps at lr {lr:g} from {strong_version}{' before growth' if before_growth else ''}")
         strong = train_strong(StrongOptions(
-            data=strong_data, init=str(strong_path), n_bins=recipe.rm_n_bins, steps=options.strong_steps, lr=lr,
-            groups_per_step=recipe.rm_strong_train.batch_size, match_pairs=0, max_length=recipe.rm_max_length,
-            widen=1, grow_layers=0, pseudo_label=False, seed=options.seed, device=options.device), settings, progress)
+            data=strong_data, init=str(start), n_bins=recipe.rm_n_bins, steps=steps, lr=lr,
+            groups_per_step=groups_per_step, match_pairs=0, max_length=recipe.rm_max_length,
+            widen=recipe.rm_strong_widen if before_growth else 1,
+            grow_layers=recipe.rm_strong_grow_layers if before_growth else 0,
+            pseudo_label=False, seed=options.seed, device=options.device), settings, progress)
         report.strong_version = strong.entry.version
         if registry is not None:
             registry.register(replace(strong.entry, parent=strong_version))
 
-        # 2. The light RM: re-distilled from the new strong RM, starting from the one in service.
+        # 2. The light RM: re-distilled from the new strong RM, starting (as the zoo's does) from its model
+        # before growth when it has one, else from the light RM in service.
+        new_start = student_init_dir(Path(strong.entry.path))
         distill_data = work / "distill-data.jsonl"
         _write_jsonl(distill_data, [{"prompt": r["prompt"], "response": r["response"]} for r in train])
         distill = DistillOptions(strong=str(strong.entry.path), data=(str(distill_data),), zoo_pairs=True,
                                  rollout_log=False, max_pairs=options.distill_pairs, members=len(light_paths),
-                                 init=str(light_paths[0]), steps=options.distill_steps,
-                                 max_length=recipe.rm_max_length, seed=options.seed, device=options.device)
+                                 init="auto" if new_start else str(light_paths[0]),
+                                 init_layers=(recipe.rm_light_layers or None) if new_start else None,
+                                 steps=options.distill_steps, max_length=recipe.rm_max_length, seed=options.seed,
+                                 device=options.device)
         distill.validate()
         staging = work / "light"
         result = run_distill(distill, settings, staging)

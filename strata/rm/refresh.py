@@ -42,12 +42,15 @@ class RefreshOptions(BaseSettings):
     min_gain_se: float = Field(
         1.0, ge=0, description="...and the gain must exceed this many bootstrap standard errors (0: any gain)"
     )
-    strong_steps: int = Field(60, ge=1, description="fine-tuning steps of the strong RM")
+    strong_epochs: float = Field(
+        3.0, gt=0, description="passes over the labelled prompts (and the replay) the strong RM fine-tunes for"
+    )
+    strong_steps: int | None = Field(None, ge=1, description="fine-tuning steps; unset: from strong_epochs")
     strong_lr: float | None = Field(
-        None, gt=0, description="its peak learning rate; unset: the zoo recipe's at the strong RM's size"
+        None, gt=0, description="peak learning rate; unset: 0.6 x the zoo recipe's (3e-5 on the default zoo)"
     )
     replay: float = Field(
-        2.0, ge=0, description="groups of the zoo's RM data mixed in per labelled prompt (keeps what it knew)"
+        0.5, ge=0, description="groups of the zoo's RM data mixed in per labelled prompt (keeps what it knew)"
     )
     distill_steps: int | None = Field(None, ge=1, description="KL steps of the light RM; unset: the zoo recipe's")
     distill_pairs: int = Field(1000, ge=0, description="zoo RM pairs the new strong RM labels for the distillation")
@@ -88,6 +91,14 @@ def replay_groups(rows: Sequence[dict[str, Any]], n_groups: int, seed: int) -> l
     keys = list(groups)
     chosen = random.Random(seed).sample(keys, min(n_groups, len(keys)))
     return [{**row, "group": f"replay:{key}"} for key in chosen for row in groups[key]]
+
+
+def fine_tune_steps(n_prompts: int, n_replay_groups: int, groups_per_step: int, options: RefreshOptions) -> int:
+    """Steps of the strong RM's fine-tuning: ``strong_steps``, else ``strong_epochs`` passes over the
+    labelled prompts and the replayed groups."""
+    if options.strong_steps is not None:
+        return options.strong_steps
+    return max(1, math.ceil(options.strong_epochs * (n_prompts + n_replay_groups) / groups_per_step))
 
 
 def shortfall(n_train: int, n_held: int, options: RefreshOptions) -> str | None:

@@ -11,6 +11,7 @@ from scipy.stats import spearmanr
 from strata.rm.refresh import (
     RefreshOptions,
     SliceFigures,
+    fine_tune_steps,
     gain_se,
     grouped_by_prompt,
     is_held_out,
@@ -117,3 +118,9 @@ def test_options_come_from_the_environment_and_are_checked(monkeypatch: pytest.M
     assert RefreshOptions(hold_out=0.4).hold_out == 0.4  # a flag wins
     with pytest.raises(ValueError, match="hold_out"):
         RefreshOptions(hold_out=1.0)
+
+
+def test_fine_tuning_runs_its_epochs_over_the_labels_and_the_replay_unless_told_the_steps() -> None:
+    assert fine_tune_steps(200, 100, 4, RefreshOptions(strong_epochs=3.0)) == 225
+    assert fine_tune_steps(1, 0, 4, RefreshOptions(strong_epochs=1.0)) == 1
+    assert fine_tune_steps(200, 100, 4, RefreshOptions(strong_steps=7)) == 7

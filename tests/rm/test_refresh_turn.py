@@ -56,7 +56,7 @@ def test_a_turn_judges_the_candidate_on_held_out_labels_and_promotes_only_if_bet
         capsys: pytest.CaptureFixture[str]) -> None:
     n_labels = len(labels_file.read_text().splitlines())
     code = main(["rm", "refresh", "--no-annotations", "--data", str(labels_file), "--strong-steps", "15",
-                 "--distill-steps", "20", "--distill-pairs", "60", "--threads", "2"])
+                 "--replay", "1", "--distill-steps", "20", "--distill-pairs", "60", "--threads", "2"])
     out = capsys.readouterr().out
     assert code == 0, out
     [report_file] = (tmp_path / "state" / "rm-refresh").glob("*.json")
@@ -69,6 +69,11 @@ def test_a_turn_judges_the_candidate_on_held_out_labels_and_promotes_only_if_bet
     light = registry.get(report["light_version"])
     strong = registry.get(report["strong_version"])
     assert light.parent == strong.version and strong.parent == report["parents"]["strong"]
+    # The ci strong RM grows: it was fine-tuned before growth and grown again, and the light RM starts
+    # from the new model before growth, as the zoo's does.
+    assert strong.config["init"].endswith("rm_strong/student_init") and strong.config["widen"] == 2
+    light_info = json.loads((Path(light.path) / "strata_rm.json").read_text())
+    assert light_info["config"]["init"] == str(Path(strong.path) / "student_init")
     figures = report["figures"]
     assert set(figures) == {"light_current", "light_new", "strong_current", "strong_new"}
     assert all(f["n"] == report["n_held_out"] for f in figures.values())
