@@ -291,8 +291,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                      args.timeout, every_s=5.0)
             log(f"PolicyUpdated events: {policy_updates(compose)}")
 
-            log("docker-compose up -d --scale svc_generator_l1=2")
-            compose.run("up", "-d", "--no-recreate", "--scale", "svc_generator_l1=2")
+            log("docker-compose up -d --no-deps --scale svc_generator_l1=2 svc_generator_l1")
+            # Only the scaled service: a plain `up` also restarts the exited strata-init, and podman's runc
+            # raced reading the cgroup of that instantly-exiting container ("read /proc/<pid>/cgroup: no
+            # such process"), failing the step with nothing wrong in Strata.
+            compose.run("up", "-d", "--no-recreate", "--no-deps", "--scale", "svc_generator_l1=2", "svc_generator_l1")
             wait_for("the second Level-1 replica", lambda: unhealthy(HEALTHY, {"svc_generator_l1": 2}), args.timeout)
             replicas = sorted(c["name"] for c in containers() if c["service"] == "svc_generator_l1")
             stream = [f"{p} (variant {i})" for i in range(12) for p in PROMPTS]
