@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from strata.diagnose.verdict import CheckResult, Verdict
+from strata.rm.refresh import ranks
 
 NAME = "rm-overfit"
 CURE = ("augment the RM's training data with adversarial samples: perturbed responses (synonym swaps, "
@@ -25,21 +26,6 @@ CURE = ("augment the RM's training data with adversarial samples: perturbed resp
 class RmOverfitConfig:
     n_pairs: int = 120               # fresh (prompt, response) pairs scored
     min_spearman: float = 0.7        # Spearman rho under which the check alarms
-
-
-def ranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties sharing their average rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:

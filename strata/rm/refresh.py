@@ -110,25 +110,26 @@ def shortfall(n_train: int, n_held: int, options: RefreshOptions) -> str | None:
     return None
 
 
-def _ranks(values: Sequence[float]) -> list[float]:
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
     order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
+    out = [0.0] * len(values)
     i = 0
     while i < len(order):
         j = i
         while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
             j += 1
         for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2.0  # ties share their mean rank
+            out[order[k]] = (i + j) / 2 + 1
         i = j + 1
-    return ranks
+    return out
 
 
 def spearman(predicted: Sequence[float], reference: Sequence[float]) -> float:
     """Spearman's rho with mean ranks for ties; nan when either side is constant."""
     if len(predicted) != len(reference):
         raise ValueError(f"{len(predicted)} predictions for {len(reference)} references")
-    a, b = _ranks(predicted), _ranks(reference)
+    a, b = ranks(predicted), ranks(reference)
     n = len(a)
     if n < 2:
         return float("nan")
