@@ -46,7 +46,9 @@ fi
 socket=/run/podman/podman.sock
 if ! curl -s --unix-socket "$socket" http://d/_ping 2>/dev/null | grep -q OK; then
   mkdir -p /run/podman
-  nohup podman system service --time=0 "unix://$socket" > /var/log/strata-podman-service.log 2>&1 &
+  # From /: the service outlives this checkout, and conmon fails every later start ("Failed to get
+  # working directory") once the directory it was started from is gone.
+  nohup env --chdir=/ podman system service --time=0 "unix://$socket" > /var/log/strata-podman-service.log 2>&1 &
   for _ in $(seq 50); do
     curl -s --unix-socket "$socket" http://d/_ping 2>/dev/null | grep -q OK && break
     sleep 0.2
