@@ -49,3 +49,9 @@ def decode_utf8(data: bytes, field: str = "text") -> str:
 def is_content_hash(value: str) -> bool:
     """True for a well-formed hash (64 lowercase hex digits)."""
     return len(value) == HASH_HEX_LENGTH and all(c in "0123456789abcdef" for c in value)
+
+
+def stable_fraction(text: str) -> float:
+    """A uniform number in [0, 1) fixed by ``text`` (the first 8 bytes of the SHA-256 of its UTF-8
+    bytes, no normalisation): a draw that every replica and every redelivery makes the same way."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") / 2**64

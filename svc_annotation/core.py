@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from strata.contract.identity import sample_identity
+from strata.hashing import stable_fraction
 
 SCORE_MIN = 0.0
 SCORE_MAX = 5.0
@@ -152,11 +153,6 @@ class DeskStatus:
 
 # -- the rules ---------------------------------------------------------------------------------------
 
-def _fraction(text: str) -> float:
-    """A stable number in [0, 1) from ``text`` (the first 8 bytes of its SHA-256)."""
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") / 2**64
-
-
 def item_id_of(prompt_hash: str, response_hash: str, request_id: str, sample_index: int) -> str:
     """One sample of one request, whatever event brings it: 32 hex digits."""
     identity = sample_identity(prompt_hash, response_hash, request_id, sample_index)
@@ -169,7 +165,7 @@ def gold_item_id(prompt_hash: str, response_hash: str) -> str:
 
 def is_double(item_id: str, double_share: float) -> bool:
     """True for the items scored by two annotators: a fixed share, chosen by item id alone."""
-    return _fraction(f"double:{item_id}") < double_share
+    return stable_fraction(f"double:{item_id}") < double_share
 
 
 def scores_needed(item_id: str, double_share: float) -> int:
@@ -182,7 +178,7 @@ def gold_due(annotator: str, assignments: int, gold_share: float) -> bool:
     A stable pseudo-random draw per (annotator, position): a ``gold_share`` of each stream on
     average, with no period an annotator could learn.
     """
-    return gold_share > 0 and _fraction(f"gold:{annotator}:{assignments}") < gold_share
+    return gold_share > 0 and stable_fraction(f"gold:{annotator}:{assignments}") < gold_share
 
 
 def has_free_slot(needs: int, scored: int, held_by_others: int) -> bool:

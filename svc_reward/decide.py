@@ -3,8 +3,9 @@ scores it. Pure."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
+
+from strata.hashing import stable_fraction
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,7 @@ def sampled_for_annotation(response_hash: str, share: float) -> bool:
     """
     if share <= 0:
         return False
-    draw = int.from_bytes(hashlib.sha256(f"annotate:{response_hash}".encode()).digest()[:8], "big") / 2**64
-    return draw < share
+    return stable_fraction(f"annotate:{response_hash}") < share
 
 
 def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_on_caution: bool = True,

@@ -32,7 +32,6 @@ flagged unsafe (R12). Every other neighbour still counts in the denominator k:
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -40,6 +39,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from strata import risk
+from strata.hashing import stable_fraction
 from strata.risk import RiskMatch
 from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.stats import LIGHT, RewardStats, marks_high_uncertainty
@@ -240,8 +240,7 @@ def decide(
 def audit_draw(prompt_hash: str, request_id: str) -> float:
     """A uniform number in [0, 1) fixed by the prompt and the request: the same request audits the same
     way on every replica and every retry, and a prompt skipped again under a new request is drawn again."""
-    digest = hashlib.sha256(f"{prompt_hash}:{request_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
+    return stable_fraction(f"{prompt_hash}:{request_id}")
 
 
 def audit(decision: Decision, prompt_hash: str, request_id: str, share: float) -> Decision:
