@@ -11,11 +11,12 @@ The reference ranking is the oracle judge (the zoo's stand-in for human scores) 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from strata.diagnose.verdict import CheckResult, Verdict
-from strata.rm.refresh import ranks
+from strata.rm.refresh import spearman as rank_spearman
 
 NAME = "rm-overfit"
 CURE = ("augment the RM's training data with adversarial samples: perturbed responses (synonym swaps, "
@@ -32,12 +33,8 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     """Spearman's rho (Pearson of the ranks); 0 when either side is constant."""
     if len(a) != len(b) or len(a) < 2:
         raise ValueError("need two sequences of the same length >= 2")
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
-    va = sum((x - ma) ** 2 for x in ra)
-    vb = sum((y - mb) ** 2 for y in rb)
-    return cov / (va * vb) ** 0.5 if va > 0 and vb > 0 else 0.0
+    rho = rank_spearman(a, b)
+    return 0.0 if math.isnan(rho) else rho
 
 
 @dataclass(frozen=True)

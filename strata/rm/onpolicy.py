@@ -26,11 +26,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from strata.rm.refresh import PAIR_MARGIN, pairwise_accuracy, spearman
+
 log = logging.getLogger(__name__)
 
 TIERS: tuple[str, ...] = ("level1", "level2")
 BAD_THRESHOLD = 1.5  # an oracle score under this is a bad case (as `strata bench tiers` counts them)
-PAIR_MARGIN = 0.5  # (Level-1, Level-2) answers whose oracle scores differ by at least this form a pair
 ANSWERS_SEED = 11
 ANSWERS_FORMAT = "1"  # bump when what an answer set holds changes (part of the cache key)
 
@@ -61,12 +62,6 @@ class OnPolicyFigures:
     n_pairs: int
 
 
-def _spearman(predicted: Sequence[float], reference: Sequence[float]) -> float:
-    from strata.rm.distill import rank_metrics
-
-    return rank_metrics(predicted, reference)["spearman"]
-
-
 def detection_auc(rewards: Sequence[float], bad: Sequence[bool]) -> float:
     """Area under the ROC curve of ``-reward`` as a detector of ``bad``: the probability that a bad
     answer gets a lower reward than a good one, ties counted half (Mann-Whitney). ``nan`` without
@@ -87,16 +82,6 @@ def detection_auc(rewards: Sequence[float], bad: Sequence[bool]) -> float:
     return wins / (len(bad_rewards) * len(good_rewards))
 
 
-def pairwise_accuracy(pairs: Sequence[tuple[float, float, float, float]], margin: float) -> tuple[float, int]:
-    """Share of ``(reward_a, reward_b, oracle_a, oracle_b)`` with ``|oracle_a - oracle_b| >= margin``
-    that the RM orders as the oracle does (a tie counts half), and how many such pairs there were."""
-    clear = [(ra, rb, oa, ob) for ra, rb, oa, ob in pairs if abs(oa - ob) >= margin]
-    if not clear:
-        return float("nan"), 0
-    right = sum(1.0 if (ra - rb) * (oa - ob) > 0 else 0.5 if ra == rb else 0.0 for ra, rb, oa, ob in clear)
-    return right / len(clear), len(clear)
-
-
 def onpolicy_figures(answers: Sequence[PolicyAnswer], rewards: Sequence[float],
                      bad_threshold: float = BAD_THRESHOLD, pair_margin: float = PAIR_MARGIN) -> OnPolicyFigures:
     """The figures of one RM whose rewards of ``answers`` (same order) are ``rewards``."""
@@ -112,8 +97,8 @@ def onpolicy_figures(answers: Sequence[PolicyAnswer], rewards: Sequence[float],
              for a, r in level2 if a.prompt_id in first]
     accuracy, n_pairs = pairwise_accuracy(pairs, pair_margin)
     return OnPolicyFigures(
-        spearman_level1=_spearman([r for _, r in level1], [a.oracle for a, _ in level1]),
-        spearman_level2=_spearman([r for _, r in level2], [a.oracle for a, _ in level2]),
+        spearman_level1=spearman([r for _, r in level1], [a.oracle for a, _ in level1]),
+        spearman_level2=spearman([r for _, r in level2], [a.oracle for a, _ in level2]),
         bad_auc=detection_auc([r for _, r in level1], bad),
         pair_accuracy=accuracy,
         n_level1=len(level1), n_level2=len(level2), n_bad=sum(bad), n_pairs=n_pairs,

@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from strata.hashing import content_hash
 
-PAIR_MARGIN = 0.5  # two answers to one prompt whose labels differ by this much form a pair
+PAIR_MARGIN = 0.5  # two answers to one prompt whose scores differ by at least this much form a pair
 
 
 class RefreshOptions(BaseSettings):
@@ -149,6 +149,16 @@ class SliceFigures:
     n_pairs: int
 
 
+def pairwise_accuracy(pairs: Sequence[tuple[float, float, float, float]], margin: float) -> tuple[float, int]:
+    """Share of ``(reward_a, reward_b, oracle_a, oracle_b)`` with ``|oracle_a - oracle_b| >= margin``
+    that the RM orders as the oracle does (a tie counts half), and how many such pairs there were."""
+    clear = [(ra, rb, oa, ob) for ra, rb, oa, ob in pairs if abs(oa - ob) >= margin]
+    if not clear:
+        return float("nan"), 0
+    right = sum(1.0 if (ra - rb) * (oa - ob) > 0 else 0.5 if ra == rb else 0.0 for ra, rb, oa, ob in clear)
+    return right / len(clear), len(clear)
+
+
 def slice_figures(rewards: Sequence[float], labels: Sequence[float], prompts: Sequence[str],
                   margin: float = PAIR_MARGIN) -> SliceFigures:
     if not len(rewards) == len(labels) == len(prompts):
@@ -156,15 +166,10 @@ def slice_figures(rewards: Sequence[float], labels: Sequence[float], prompts: Se
     by_prompt: dict[str, list[int]] = {}
     for i, prompt in enumerate(prompts):
         by_prompt.setdefault(prompt, []).append(i)
-    right, pairs = 0.0, 0
-    for items in by_prompt.values():
-        for x, i in enumerate(items):
-            for j in items[x + 1:]:
-                if abs(labels[i] - labels[j]) >= margin:
-                    pairs += 1
-                    agree = (rewards[i] - rewards[j]) * (labels[i] - labels[j])
-                    right += 1.0 if agree > 0 else 0.5 if rewards[i] == rewards[j] else 0.0
-    return SliceFigures(len(rewards), spearman(rewards, labels), right / pairs if pairs else float("nan"), pairs)
+    pairs = [(rewards[i], rewards[j], labels[i], labels[j])
+             for items in by_prompt.values() for x, i in enumerate(items) for j in items[x + 1:]]
+    accuracy, n_pairs = pairwise_accuracy(pairs, margin)
+    return SliceFigures(len(rewards), spearman(rewards, labels), accuracy, n_pairs)
 
 
 def gain_se(candidate: Sequence[float], current: Sequence[float], labels: Sequence[float], rounds: int,

@@ -11,6 +11,7 @@ from diagutil import TinyModels
 from strata.diagnose import memory, repetition, rm_noise, rm_overfit, runner, shift
 from strata.diagnose.items import load_pairs, suite_pairs
 from strata.diagnose.verdict import CheckResult, Verdict, error_result
+from strata.rm.refresh import ranks
 
 
 def test_repeat_spread_is_the_mean_and_max_of_per_item_population_stds() -> None:
@@ -35,7 +36,7 @@ def test_rm_noise_alarms_strictly_above_the_bound() -> None:
 
 
 def test_ranks_share_ties_and_spearman_matches_a_hand_computation() -> None:
-    assert rm_overfit.ranks([1, 2, 2, 3]) == [1.0, 2.5, 2.5, 4.0]
+    assert ranks([1, 2, 2, 3]) == [1.0, 2.5, 2.5, 4.0]  # the recipe's, which the check ranks with
     assert rm_overfit.spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(8 / math.sqrt(95))
     assert rm_overfit.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert rm_overfit.spearman([1, 2, 3], [2, 2, 2]) == 0.0
