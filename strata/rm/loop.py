@@ -10,12 +10,13 @@ way, and every turn writes a report (``<state_dir>/rm-refresh/``) with the figur
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,18 +102,16 @@ def collect_labels(options: RefreshOptions, settings: Any) -> tuple[list[dict[st
     return list(distinct.values()), sources
 
 
-def serving_pair(registry: Any, settings: Any) -> tuple[tuple[str, list[Path]], tuple[str, Path]]:
-    """The light RM in service and the strong RM it was distilled from (registered), else the zoo's."""
+def serving_pair(registry: Any, settings: Any, zoo: Any) -> tuple[tuple[str, list[Path]], tuple[str, Path]]:
+    """The light RM in service and the strong RM it was distilled from (registered), else ``zoo``'s."""
     from strata.rm.versions import serving_light
-    from strata.zoo.build import ensure_zoo
     from svc_reward.registry import RegistryError, describe, recorded_teacher
 
     light = serving_light(registry, settings)
     parent = None
-    try:
-        parent = registry.get(light[0]).parent if registry is not None else None
-    except RegistryError:
-        parent = None
+    if registry is not None:
+        with contextlib.suppress(RegistryError):
+            parent = registry.get(light[0]).parent
     parent = parent or recorded_teacher(light[1][0])
     if parent and registry is not None:
         try:
@@ -121,8 +120,7 @@ def serving_pair(registry: Any, settings: Any) -> tuple[tuple[str, list[Path]], 
                 return light, (entry.version, Path(entry.path))
         except RegistryError:
             pass
-    strong = ensure_zoo(settings).rm_strong
-    return light, (describe("strong", [strong]).version, strong)
+    return light, (describe("strong", [zoo.rm_strong]).version, zoo.rm_strong)
 
 
 def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -151,8 +149,6 @@ def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Ca
              labelled: tuple[list[dict[str, Any]], dict[str, int]] | None = None) -> TurnReport:
     """One turn: labels (``labelled``: already collected), split, strong fine-tune, light re-distil,
     held-out verdict, maybe promotion."""
-    from dataclasses import replace
-
     from strata.rm.lifecycle import DistillOptions, StrongOptions, read_pairs, run_distill, train_strong
     from strata.rm.versions import finalize_version, promote_version
     from strata.zoo.build import ensure_zoo
@@ -169,7 +165,7 @@ def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Ca
 
     zoo = ensure_zoo(settings)
     recipe = zoo.config
-    (light_version, light_paths), (strong_version, strong_path) = serving_pair(registry, settings)
+    (light_version, light_paths), (strong_version, strong_path) = serving_pair(registry, settings, zoo)
     report.parents = {"light": light_version, "strong": strong_version}
     progress(f"in service: light {light_version}, distilled from strong {strong_version}")
     work = Path(settings.cache_dir).expanduser() / "rm" / f".refresh-{uuid.uuid4().hex[:8]}"

@@ -84,13 +84,13 @@ def grouped_by_prompt(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def replay_groups(rows: Sequence[dict[str, Any]], n_groups: int, seed: int) -> list[dict[str, Any]]:
-    """``n_groups`` whole groups of the RM data (rows without a group are groups of one), seeded."""
-    groups: dict[Any, list[dict[str, Any]]] = {}
-    for i, row in enumerate(rows):
-        groups.setdefault(row.get("group", f"row-{i}"), []).append(row)
-    keys = list(groups)
-    chosen = random.Random(seed).sample(keys, min(n_groups, len(keys)))
-    return [{**row, "group": f"replay:{key}"} for key in chosen for row in groups[key]]
+    """``n_groups`` whole groups of the RM data (``groups_of``: rows without a group are groups of one),
+    seeded."""
+    from strata.rm.recipe import groups_of  # the recipe's grouping rule (its module loads torch)
+
+    groups = groups_of(list(rows))
+    chosen = random.Random(seed).sample(range(len(groups)), min(n_groups, len(groups)))
+    return [{**rows[i], "group": f"replay:{g}"} for g in chosen for i in groups[g]]
 
 
 def fine_tune_steps(n_prompts: int, n_replay_groups: int, groups_per_step: int, options: RefreshOptions) -> int:
