@@ -33,7 +33,9 @@ class AnnotationSettings(StrataSettings):
         0.1, ge=0, le=1, description="share of each annotator's assignments that are gold items (known score, R18)"
     )
     gold_items_path: Path | None = Field(
-        None, description="JSONL of gold items, one {\"prompt\", \"response\", \"score\"} per line; unset: none"
+        None, description="JSONL of gold items, one {\"prompt\", \"response\", \"score\"} per line; unset: the "
+        "packaged default set (svc_annotation/data/gold.jsonl: 48 suite answers scored by the oracle); gold_share 0 "
+        "turns gold items off"
     )
     item_retention_s: int = Field(
         7 * 24 * 3600, ge=60, description="how long a closed item (and its scores) is kept: a redelivered request "

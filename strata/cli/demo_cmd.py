@@ -13,12 +13,9 @@ running stack and the data.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import random
 import time
-from pathlib import Path
 
 import grpc
 from kafka import KafkaConsumer, TopicPartition
@@ -31,7 +28,6 @@ from strata.config import StrataSettings
 from strata.errors import CliError
 from strata.infra import InfraError
 from strata.infra import up as infra_up
-from strata.jsonl import read_jsonl
 from strata.stack import control
 from strata.stack.spec import default_services
 from strata.train import Addresses, RoundStats, TrainOptions, train
@@ -74,17 +70,6 @@ def rollout_log_size(settings: StrataSettings) -> int:
         return sum(end[tp] - begin[tp] for tp in partitions)
     finally:
         consumer.close()
-
-
-def write_gold_items(pairs: Path, out: Path, n: int = 40, seed: int = 0) -> Path:
-    """Gold items for the desk: oracle-scored (prompt, response) pairs of the zoo, scored away from 0
-    and 5 (an annotator cannot overshoot a 5, which would hide an upward drift)."""
-    rows = [row for _, row in read_jsonl(pairs) if 1.0 <= float(row["score"]) <= 4.0]
-    chosen = random.Random(seed).sample(rows, min(n, len(rows)))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps({"prompt": r["prompt"], "response": r["response"], "score": r["score"]}) + "\n"
-                           for r in chosen))
-    return out
 
 
 def annotation_lines(address: str, desk: SimulatedDesk) -> list[str]:
@@ -138,8 +123,9 @@ def run(args: argparse.Namespace) -> int:
         paths = ensure_zoo(settings)
         print(f"      {paths.root}")
         print("[3/6] services (strata up)", flush=True)
-        gold = write_gold_items(paths.rm_data, settings.state_dir / "annotation-gold.jsonl")
-        service_args = {**DEMO_SERVICE_ARGS, "annotation": ["--gold-items-path", str(gold), "--gold-share", "0.3"]}
+        # The desk's packaged gold set (svc_annotation/data/gold.jsonl), at 3x its default share so that a
+        # short demo shows drift figures.
+        service_args = {**DEMO_SERVICE_ARGS, "annotation": ["--gold-share", "0.3"]}
         control.start(settings, default_services(), service_args, args.timeout,
                       progress=lambda line: print("     ", line, flush=True))
     except InfraError as exc:
