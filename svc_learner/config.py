@@ -8,7 +8,7 @@ object is stored in every checkpoint (``as_log_dict``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -75,7 +75,10 @@ class LearnerSettings(StrataSettings):
     rollout_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout probability during rollout when enabled")
 
     # Checkpoints and serving.
-    checkpoint_dir: Path = Field(Path(".strata/learner/checkpoints"), description="where v<version>/ dirs are written")
+    checkpoint_dir: Path = Field(
+        Path(".strata/learner/checkpoints"), description="where v<version>/ dirs are written; unset: "
+        "<state_dir>/learner/checkpoints"
+    )
     keep_checkpoints: int = Field(5, ge=1, description="newest checkpoints kept on disk (>= max_staleness + 1)")
     grpc_port: int = Field(50055, ge=0, le=65535, description="port of the Learner gRPC service (0: any free port)")
     seed: int = Field(0, description="seed of torch and of the minibatch shuffling")
@@ -124,6 +127,15 @@ class LearnerSettings(StrataSettings):
     def trained_tiers(self) -> frozenset[int]:
         """The tiers of ``train_tiers`` as numbers (1 = Level-1, 2 = Level-2)."""
         return frozenset(int(part) for part in self.train_tiers.split(",") if part.strip())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpoints_under_the_state_dir(cls, data: Any) -> Any:
+        # Unset, the checkpoints follow STRATA_STATE_DIR like every other piece of runtime state.
+        if isinstance(data, dict) and data.get("checkpoint_dir") is None:
+            state_dir = data.get("state_dir") or cls.model_fields["state_dir"].default
+            data = {**data, "checkpoint_dir": Path(state_dir) / "learner" / "checkpoints"}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerSettings:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -60,3 +61,12 @@ def test_ppo_config_copies_every_ppo_field() -> None:
     config = settings.ppo_config()
     for field in dataclasses.fields(PPOConfig):
         assert getattr(config, field.name) == getattr(settings, field.name), field.name
+
+
+def test_checkpoints_follow_the_state_dir_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert LearnerSettings(state_dir=Path("/srv/strata")).checkpoint_dir == Path("/srv/strata/learner/checkpoints")
+    monkeypatch.setenv("STRATA_STATE_DIR", "/var/lib/strata")
+    assert LearnerSettings().checkpoint_dir == Path("/var/lib/strata/learner/checkpoints")
+    assert LearnerSettings(checkpoint_dir=Path("/checkpoints")).checkpoint_dir == Path("/checkpoints")
+    monkeypatch.setenv("STRATA_CHECKPOINT_DIR", "/mnt/ckpt")
+    assert LearnerSettings().checkpoint_dir == Path("/mnt/ckpt")
