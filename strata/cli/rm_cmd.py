@@ -6,6 +6,8 @@
     strata rm promote <version>                                 svc_reward swaps to it between batches
     strata rm refresh [--every 21600]                           the loop on fresh human labels: fine-tune,
                                                                 re-distil, promote only if better held out
+    strata rm sources [--prompts 200]                           what each kind of RM data adds (samples,
+                                                                best-of-n, perturbed, a PPO checkpoint's)
     strata rm list [--kind light] [--json]
 
 Artifacts go to ``<cache_dir>/rm/<version>/`` (one ``save_pretrained`` directory, or ``member-<i>``
@@ -173,6 +175,27 @@ def register(subparsers: Any) -> None:
     refresh.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     refresh.set_defaults(func=_refresh)
 
+    sources = sub.add_parser(
+        "sources", help="what each kind of RM data adds: one fine-tune per source (more samples, best-of-n under the "
+                        "light RM, perturbed answers, a PPO checkpoint's answers) judged on the policy's fresh answers")
+    sources.add_argument("--arm", dest="arms", action="append", default=None,
+                         help="a source to measure (repeatable; default all: samples, best_of_n, perturbed, "
+                              "policy_checkpoint)")
+    for name, kind, text in (
+        ("prompts", int, "train-split prompts each arm's labels answer (default 200)"),
+        ("best-of", int, "Level-1 samples the light RM picks its best from (default 4)"),
+        ("policy-checkpoint", Path, "a PPO checkpoint of this zoo's Level-1 policy (default: the learner's newest "
+                                    "that started from it)"),
+        ("eval-prompts", int, "fresh-split prompts judged on (default all)"),
+        ("replay", float, "zoo RM groups replayed per labelled prompt (default 0.5, as the refresh)"),
+        ("strong-epochs", float, "passes over the prompts and the replay (default 3, as the refresh)"),
+    ):
+        sources.add_argument(f"--{name}", type=kind, default=None, help=text)
+    sources.add_argument("--seed", type=int, default=None)
+    sources.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N")
+    sources.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    sources.set_defaults(func=_sources)
+
     human = sub.add_parser("human-labels", help="annotators' scores as {prompt, response, score} JSONL for "
                                                 "train-strong --data and distill --data (R3, R5)")
     human.add_argument("--out", type=Path, required=True, help="JSONL file to write")
@@ -269,22 +292,29 @@ def _distill(args: argparse.Namespace) -> int:
 # --- refresh --------------------------------------------------------------------------------------
 
 
-def _refresh(args: argparse.Namespace) -> int:
+def _options(kind: Any, command: str, flags: dict[str, Any], flag_names: dict[str, str] | None = None) -> Any:
+    """A pydantic options object from the flags that were given (the rest from the environment and
+    defaults), or a CliError naming each bad flag (``flag_names``: field -> flag, where they differ)."""
     from pydantic import ValidationError
 
+    names = set(kind.model_fields)
+    try:
+        return kind(**{k: v for k, v in flags.items() if k in names and v is not None})
+    except ValidationError as exc:
+        renamed = flag_names or {}
+        problems = "; ".join(f"--{renamed.get(str(e['loc'][0]), str(e['loc'][0])).replace('_', '-')}: {e['msg']}"
+                             for e in exc.errors())
+        raise CliError(f"strata rm {command}: {problems}") from exc
+
+
+def _refresh(args: argparse.Namespace) -> int:
     from strata.rm.loop import run_every, run_turn
     from strata.rm.refresh import RefreshOptions
 
     flags = {"every_s": args.every, **{k: v for k, v in vars(args).items() if k != "every"}}
     if args.data is not None:
         flags["data"] = tuple(args.data)
-    names = set(RefreshOptions.model_fields)
-    try:
-        options = RefreshOptions(**{k: v for k, v in flags.items() if k in names and v is not None})
-    except ValidationError as exc:
-        problems = "; ".join(f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
-                             for e in exc.errors())
-        raise CliError(f"strata rm refresh: {problems}") from exc
+    options = _options(RefreshOptions, "refresh", flags)
     if not options.annotations and not options.data:
         raise CliError("no labels to refresh on: keep --annotations or pass --data FILE")
     settings = _settings()
@@ -299,6 +329,25 @@ def _refresh(args: argparse.Namespace) -> int:
             print("stopped")
         return 0
     run_turn(options, settings, registry)
+    return 0
+
+
+# --- sources --------------------------------------------------------------------------------------
+
+
+def _sources(args: argparse.Namespace) -> int:
+    from strata.rm.sources import SourcesOptions, run_sources, summary_line, table
+
+    flags = dict(vars(args))
+    if args.arms is not None:
+        flags["arms"] = tuple(args.arms)
+    options = _options(SourcesOptions, "sources", flags, {"arms": "arm"})
+    _set_threads(args.threads)
+    report = run_sources(options, _settings())
+    print(f"zoo {report.zoo}: {report.n_prompts} train prompts, {report.steps} steps per arm, {report.seconds:.0f} s")
+    for line in table(report):
+        print(line)
+    print(summary_line(report))
     return 0
 
 
