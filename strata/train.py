@@ -26,6 +26,7 @@ from strata.bus import topics
 from strata.bus.tail import TailReader
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
+from strata.rm.onpolicy import BAD_THRESHOLD
 from strata.v1 import (
     common_pb2,
     generator_pb2,
@@ -91,6 +92,11 @@ class Evaluation:
     mean_oracle: float
     rewards: list[float] = field(default_factory=list)  # per held-out prompt, in a fixed order
     oracle_scores: list[float] = field(default_factory=list)
+
+    @property
+    def bad_share(self) -> float:
+        """Share of held-out answers the oracle scores under ``BAD_THRESHOLD``: the bad cases."""
+        return sum(score < BAD_THRESHOLD for score in self.oracle_scores) / max(1, len(self.oracle_scores))
 
 
 @dataclass(frozen=True)
@@ -212,7 +218,8 @@ def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], ver
     responses = []
     for i, record in enumerate(records):
         directions = probe.Directions(probe_pb2.DirectionsRequest(prompt=record.text), timeout=30).directions
-        sampling = common_pb2.SamplingParams(seed=seed * 100_003 + i)
+        # Dropout off: this measures the policy as it would be served, not a rollout (R17).
+        sampling = common_pb2.SamplingParams(seed=seed * 100_003 + i, rollout_dropout=0.0)
         reply = generator.Generate(generator_pb2.GenerateRequest(prompt=record.text, directions=directions,
                                                                  sampling=sampling), timeout=300)
         responses.append(reply.generations[0].response)

@@ -83,8 +83,8 @@ def check_directions(names: list[str], field: str = "directions", prompt_format:
 
 
 def check_rollout_dropout(dropout: float | None, supported: bool) -> None:
-    """Refuse rollout dropout (R17) that the serving model would silently ignore."""
-    if dropout is not None and not supported:
+    """Refuse rollout dropout (R17) that the serving model would silently ignore (0 asks for none)."""
+    if dropout and not supported:
         raise RequestError("sampling.rollout_dropout", "this generator cannot keep dropout on during rollout (vLLM "
                            "backend, or a model without dropout layers); leave it unset")
 

@@ -36,6 +36,8 @@ def build(settings: GeneratorSettings) -> ServiceParts:
     backend = create_backend(settings, path)
     budget = TokenBudget.of_model(f"Level-{settings.tier}", path)
     rollout_dropout_ok = settings.backend == "hf" and has_dropout(backend.lm.model)  # type: ignore[attr-defined]
+    if settings.wants_rollout_dropout and not rollout_dropout_ok:  # by default only: create_backend said why
+        settings = settings.model_copy(update={"rollout_dropout_enabled": False})
     batcher = DynamicBatcher(backend, settings.max_batch_size, settings.max_wait_ms / 1000, settings.policy_version,
                              clock=device_clock(backend.device))
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)

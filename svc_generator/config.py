@@ -39,8 +39,11 @@ class GeneratorSettings(StrataSettings):
     max_top_p: float = Field(limits.MAX_TOP_P, description="top_p must be below this (R16)")
     max_new_tokens_limit: int = Field(limits.MAX_NEW_TOKENS, ge=1, description="largest max_new_tokens asked")
     allow_out_of_range_sampling: bool = Field(False, description="accept R16 violations with a warning")
-    rollout_dropout_enabled: bool = Field(False, description="keep dropout on during rollout (R17)")
-    rollout_dropout: float = Field(0.1, ge=0, lt=1, description="dropout probability when enabled (R17)")
+    rollout_dropout_enabled: bool | None = Field(
+        None, description="keep dropout on during rollout (R17); unset: on for Level-1 where the backend can (hf: "
+        "dropout modules, or hooks on attention and MLP outputs), off for Level-2 (a fixed model) and on vllm"
+    )
+    rollout_dropout: float = Field(0.1, ge=0, lt=1, description="dropout probability when on (R17)")
 
     # Request limits.
     max_prompt_chars: int = Field(limits.MAX_PROMPT_CHARS, ge=1, description="longest prompt accepted")
@@ -68,9 +71,14 @@ class GeneratorSettings(StrataSettings):
     def consumer_group(self) -> str:
         return self.group_id or f"svc-generator-l{self.tier}"
 
+    @property
+    def wants_rollout_dropout(self) -> bool:
+        """Rollout dropout asked for, or by default (Level-1): the policy's rollouts, not Level-2's fixed model."""
+        return self.tier == 1 if self.rollout_dropout_enabled is None else self.rollout_dropout_enabled
+
     def sampling_defaults(self) -> Sampling:
         return Sampling(self.temperature, self.top_p, self.max_new_tokens, None,
-                        self.rollout_dropout if self.rollout_dropout_enabled else None)
+                        self.rollout_dropout if self.wants_rollout_dropout else None)
 
     def sampling_bounds(self) -> SamplingBounds:
         return SamplingBounds(self.min_temperature, limits.MAX_TEMPERATURE, self.max_top_p, self.max_new_tokens_limit,

@@ -70,10 +70,6 @@ class LearnerSettings(StrataSettings):
         1.0, gt=0.0, description="c̄ of the truncated importance weights min(c̄, π_old/π_behaviour) of stale samples"
     )
 
-    # Rollout dropout (R17, seed §5.2): applied by the generators, recorded with the policy.
-    rollout_dropout_enabled: bool = Field(False, description="keep dropout on while sampling rollouts")
-    rollout_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout probability during rollout when enabled")
-
     # Checkpoints and serving.
     checkpoint_dir: Path = Field(
         Path(".strata/learner/checkpoints"), description="where v<version>/ dirs are written; unset: "

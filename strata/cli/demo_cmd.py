@@ -28,6 +28,7 @@ from strata.config import StrataSettings
 from strata.errors import CliError
 from strata.infra import InfraError
 from strata.infra import up as infra_up
+from strata.rm.onpolicy import BAD_THRESHOLD
 from strata.stack import control
 from strata.stack.spec import default_services
 from strata.train import Addresses, RoundStats, TrainOptions, train
@@ -179,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
               f"v{summary.end_version}): light-RM reward {summary.before.mean_reward:.3f} -> "
               f"{summary.after.mean_reward:.3f} (change {summary.reward_change}), oracle "
               f"{summary.before.mean_oracle:.3f} -> {summary.after.mean_oracle:.3f} (change {summary.oracle_change}); "
-              f"hacking gap (RM change - oracle change) {summary.hacking_gap}")
+              f"hacking gap (RM change - oracle change) {summary.hacking_gap}; bad cases (oracle < "
+              f"{BAD_THRESHOLD:g}) {summary.before.bad_share:.1%} -> {summary.after.bad_share:.1%}")
     print(f"      rollout log: {rollout_log_size(settings)} records (prompt hash, response hash, reward)")
     print("\n".join("      " + line for line in annotation_lines(Addresses().annotation, desk)))
     print(f"      curves: {summary.png}")

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"held-out oracle score    {before.mean_oracle:.3f} -> {after.mean_oracle:.3f} "
               f"(change {summary.oracle_change})")
         print(f"hacking gap (RM change - oracle change): {summary.hacking_gap}")
+        print(f"held-out bad cases       {before.bad_share:.1%} -> {after.bad_share:.1%} (oracle < 1.5)")
     if summary.weight_sync_s is not None:
         print(f"weight sync (publish -> first rollout on the new version): {summary.weight_sync_s:.2f} s")
     print(f"reward curve: {summary.png} (summary: {Path(summary.png).with_suffix('.json')})")

@@ -159,7 +159,10 @@ def policy_answers(zoo: Any, split: str = "fresh", seed: int = ANSWERS_SEED, cac
     if not records:
         raise ValueError(f"the suite has no prompts in split {split!r}")
     generators = {"level1": Path(zoo.level1), "level2": Path(zoo.level2)}
-    sampling = asdict(GeneratorSettings().sampling_defaults()) | {"n_prompts": len(records)}
+    # What sample_policy_answers samples with (it keeps no rollout dropout), so a key names the answers.
+    defaults = GeneratorSettings().sampling_defaults()
+    sampling = {"temperature": defaults.temperature, "top_p": defaults.top_p, "max_new_tokens": defaults.max_new_tokens,
+                "seed": None, "rollout_dropout": None, "n_prompts": len(records)}
     key = answers_key([Path(zoo.probe), *generators.values()], split, seed, sampling)
     cache_file = Path(cache_dir) / f"{split}-{key}.jsonl" if cache_dir is not None else None
     if cache_file is not None and cache_file.is_file():

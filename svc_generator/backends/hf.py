@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -29,13 +30,52 @@ def _sort_key(sampling: Sampling) -> tuple:
     return tuple((value is not None, value if value is not None else 0) for value in _group_key(sampling))
 
 
+# Where a decoder block's residual branches end in Llama, Qwen2, Mistral, Gemma and Phi-3 (their
+# attention dropout is functional and their MLPs have none): rollout dropout drops these outputs.
+DROPOUT_SITES = frozenset({"self_attn", "mlp"})
+
+
+def dropout_modules(model: torch.nn.Module) -> list[torch.nn.Dropout]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+
+
+def dropout_sites(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The attention and MLP blocks whose outputs a forward hook drops, for models without
+    ``nn.Dropout`` modules (GPT-2 style dropout sits at the same places: after attention and MLP)."""
+    return [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in DROPOUT_SITES]
+
+
+def can_drop_out(model: torch.nn.Module) -> bool:
+    """Whether rollout dropout changes what ``model`` samples: it has dropout modules or hook sites."""
+    return bool(dropout_modules(model) or dropout_sites(model))
+
+
+def _drop_output(p: float) -> Callable[[torch.nn.Module, Any, Any], Any]:
+    def hook(module: torch.nn.Module, args: Any, output: Any) -> Any:
+        if isinstance(output, tuple):  # attention: (hidden states, weights, ...)
+            return (torch.nn.functional.dropout(output[0], p, training=True), *output[1:])
+        return torch.nn.functional.dropout(output, p, training=True)
+
+    return hook
+
+
 @contextmanager
 def rollout_dropout(model: torch.nn.Module, p: float | None) -> Iterator[None]:
-    """Dropout on during generation (R17): only the dropout modules switch to training mode."""
-    if p is None:
+    """Dropout on during generation (R17). A model with ``nn.Dropout`` modules gets only those
+    switched to training mode at ``p``; one without (Llama and kin) gets ``p`` applied by forward hooks
+    to its attention and MLP outputs, removed afterwards. ``None`` or 0: off."""
+    if not p:
         yield
         return
-    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    dropouts = dropout_modules(model)
+    if not dropouts:
+        handles = [site.register_forward_hook(_drop_output(p)) for site in dropout_sites(model)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+        return
     saved = [(m.p, m.training) for m in dropouts]
     for module in dropouts:
         module.p = p

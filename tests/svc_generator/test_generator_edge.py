@@ -1,7 +1,7 @@
 """The generator's door for a user's model: direction names by template, rollout dropout by backend.
 
 A real gRPC server around the real servicer, batcher and HF backend on tiny GPT-2 (zoo template,
-dropout layers) and Llama (chat template, no dropout layers) checkpoints.
+dropout layers) and Llama (chat template, no dropout layers: hooks on attention and MLP outputs) checkpoints.
 """
 
 from __future__ import annotations
@@ -77,9 +77,16 @@ def test_a_chat_model_takes_a_users_own_direction_and_the_zoo_template_refuses_i
     assert malformed.value.code() is grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_rollout_dropout_is_refused_at_the_door_where_the_model_has_no_dropout_layers(llama, gpt2) -> None:
+def test_rollout_dropout_is_served_on_gpt2_by_its_layers_and_on_llama_by_hooks(llama, gpt2) -> None:
     assert len(generate(gpt2, "give_code", dropout=0.1).generations) == 1  # GPT-2 has nn.Dropout layers
-    with pytest.raises(grpc.RpcError) as refused:
-        generate(llama, "give_code", dropout=0.1)
-    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert refused.value.details().startswith("sampling.rollout_dropout:")
+    assert len(generate(llama, "give_code", dropout=0.1).generations) == 1  # Llama: hooks, no layers
+
+
+def test_a_model_rollout_dropout_cannot_reach_is_refused_at_the_door(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("svc_generator.backends.hf.DROPOUT_SITES", frozenset())  # a Llama with nothing to hook
+    for stub in serve(build_tiny_model("llama", tmp_path / "m")):
+        with pytest.raises(grpc.RpcError) as refused:
+            generate(stub, "give_code", dropout=0.1)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details().startswith("sampling.rollout_dropout:")

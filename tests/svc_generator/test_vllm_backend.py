@@ -240,13 +240,34 @@ def test_create_backend_refuses_rollout_dropout_with_vllm(monkeypatch: pytest.Mo
         create_backend(settings, "/nonexistent")
 
 
-def test_create_backend_refuses_rollout_dropout_on_a_model_without_dropout_modules(
-        tiny: Callable[[str], Path]) -> None:
+def test_by_default_level1_drops_out_where_it_can_and_says_why_where_it_cannot(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    assert GeneratorSettings(tier=1).sampling_defaults().rollout_dropout == 0.1  # R17, the article's 0.1
+    assert GeneratorSettings(tier=2).sampling_defaults().rollout_dropout is None  # Level-2 is a fixed model
+    assert GeneratorSettings(tier=1, rollout_dropout_enabled=False).sampling_defaults().rollout_dropout is None
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with caplog.at_level("WARNING"), pytest.raises((ImportError, ModelLoadError)):  # not refused for dropout: no GPU
+        create_backend(GeneratorSettings(backend="vllm"), "/nonexistent")
+    assert "rollout dropout (R17) is off on the vllm backend" in caplog.text
+
+
+def test_create_backend_refuses_asked_for_rollout_dropout_only_where_nothing_can_drop_out(
+        tiny: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from svc_generator.backends.hf import can_drop_out, dropout_modules, dropout_sites
+
     settings = GeneratorSettings(backend="hf", device="cpu", rollout_dropout_enabled=True)
-    with pytest.raises(ValueError, match=r"rollout_dropout_enabled.*'llama' model.*no torch.nn.Dropout"):
+    llama = create_backend(settings, str(tiny("llama")))  # no nn.Dropout layers: hooks on its blocks
+    model = llama.lm.model  # type: ignore[attr-defined]
+    assert not dropout_modules(model) and len(dropout_sites(model)) == 2 * model.config.num_hidden_layers
+    gpt2 = create_backend(settings, str(tiny("gpt2")))  # GPT-2 has nn.Dropout layers: those are used
+    assert dropout_modules(gpt2.lm.model)  # type: ignore[attr-defined]
+    monkeypatch.setattr("svc_generator.backends.hf.DROPOUT_SITES", frozenset())
+    assert not can_drop_out(model)
+    with pytest.raises(ValueError, match=r"rollout_dropout_enabled=true but the 'llama' model.*neither"):
         create_backend(settings, str(tiny("llama")))
-    gpt2 = create_backend(settings, str(tiny("gpt2")))  # GPT-2 has nn.Dropout layers: accepted
-    assert any(isinstance(m, torch.nn.Dropout) for m in gpt2.lm.model.modules())  # type: ignore[attr-defined]
+    with caplog.at_level("WARNING"):
+        create_backend(GeneratorSettings(backend="hf", device="cpu"), str(tiny("llama")))  # default: served
+    assert "rollout dropout (R17) is off: the 'llama' model" in caplog.text
 
 
 def learner_checkpoint(model: Path, out: Path) -> Path:
