@@ -194,7 +194,7 @@ def read_policy_updates(infra: StrataSettings, topic: Topic, count: int) -> list
 def test_a_full_batch_is_learned_checkpointed_and_published(
     infra, policy_dir, tmp_path, learner_topics, publisher, make_learner, fabricate
 ) -> None:
-    settings = learner_settings(infra, policy_dir, tmp_path / "ckpt", measure_sync=True, train_tiers="1")
+    settings = learner_settings(infra, policy_dir, tmp_path / "ckpt", measure_sync=True)  # Level-1 only: the default
     learner = make_learner(settings, learner_topics)
     assert learner.tail is not None
     learner.tail.connect()  # weight sync is timed from rollouts published after this
@@ -267,7 +267,7 @@ def test_level2_rewards_train_the_policy_weighted_against_the_level2_model(
     infra, policy_dir, level2_dir, tmp_path, learner_topics, publisher, make_learner, fabricate
 ) -> None:
     settings = learner_settings(infra, policy_dir, tmp_path / "ckpt", level2_model_path=level2_dir,
-                                level2_tokenizer_id="custom-level2-key")  # fmt: skip
+                                level2_tokenizer_id="custom-level2-key", train_tiers="1,2")  # fmt: skip
     learner = make_learner(settings, learner_topics)
     assert learner.level2_tokenizer_id == "custom-level2-key" != learner.tokenizer_id
     make = fabricate(learner)  # stores Level-2 token ids under the Level-2 key only
