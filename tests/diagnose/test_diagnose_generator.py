@@ -62,9 +62,10 @@ def test_repetition_passes_with_sane_sampling(tiny_models: TinyModels) -> None:
 
 
 def test_repetition_alarms_on_greedy_sampling_and_prints_the_parameters(tiny_models: TinyModels) -> None:
-    # A deployment whose default temperature was overridden to near-greedy, accepted with a warning.
+    # A deployment whose default temperature was overridden to near-greedy, accepted with a warning, and
+    # rollout dropout off (R17's variety would hide the collapse on this tiny model).
     settings = GeneratorSettings(device="cpu", max_new_tokens=12, temperature=0.02, top_p=0.9,
-                                 allow_out_of_range_sampling=True)
+                                 allow_out_of_range_sampling=True, rollout_dropout_enabled=False)
     with serving(generator_parts(settings, HfBackend(str(tiny_models.lm), "cpu"))) as (port,):
         result = runner.run_check("repetition", repetition_settings(port))
     assert result.verdict is Verdict.ALARM, result.summary
