@@ -197,14 +197,15 @@ class SchedulerEngine:
         vectors, tokens, shares = self._vectors(prompts, hashes)
         found = self.index.search(vectors, self.settings.k)
         wanted = sorted({h for row in found for h, _ in row})
-        stats, marks, versions = self.store.neighbour_state(wanted)
+        state = self.store.neighbour_state(wanted)
         now = self.clock()
         routed = []
         for text, digest, vector, row, n, share in zip(prompts, hashes, vectors, found, tokens, shares, strict=True):
-            neighbours = [Neighbour(h, sim, stats.get(h), marks.get(h)) for h, sim in row]
-            decision = decide(digest, neighbours, self._risk(text, vector), now, versions, self.settings)
+            neighbours = [Neighbour(h, sim, state.stats.get(h), state.marks.get(h), state.clusters.get(h),
+                                    state.cluster_marks.get(h)) for h, sim in row]
+            decision = decide(digest, neighbours, self._risk(text, vector), now, state.versions, self.settings)
             charge = ledger.Charge("encoder", 0, n, share, float(self.encoder.n_params) * n)
-            routed.append(Routed(digest, vector, decision, versions, charge))
+            routed.append(Routed(digest, vector, decision, state.versions, charge))
         DECISION_SECONDS.observe(time.perf_counter() - started)
         return routed
 
@@ -316,9 +317,11 @@ class SchedulerEngine:
         if not accepted:
             return
         new: dict[str, np.ndarray] = {}
+        clusters: dict[str, str | None] = {}
         for item in accepted:
             if item.decision.route is not Route.SKIP and item.prompt_hash not in self.index:
                 new.setdefault(item.prompt_hash, item.vector)
+                clusters.setdefault(item.prompt_hash, item.decision.cluster)
         counts: dict[str, int] = {"submitted": len(accepted)}
         for item in accepted:
             key = f"decision:{item.decision.route.value}"
@@ -328,7 +331,7 @@ class SchedulerEngine:
         hashes = list(new)
         vectors = np.stack(list(new.values())) if new else np.zeros((0, self.encoder.dim), dtype=np.float32)
         try:
-            self.store.index_prompts(hashes, vectors)
+            self.store.index_prompts(hashes, vectors, [clusters[h] for h in hashes])
             self.store.count(counts)
         except ConnectionError as exc:
             log.warning("accepted prompts not recorded in Redis (%s); other replicas will miss them", exc)

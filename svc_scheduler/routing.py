@@ -12,6 +12,9 @@ the current policy / reward-model versions. The rules, in order:
 4. **High-uncertainty neighbourhood**: at least ``min_marked_neighbours`` similar neighbours are
    marked (their reward variance went over ``high_variance_threshold``), or show such a variance
    now                                                                          -> Level-2 (R11).
+   **Marked cluster** (``cluster_marking``): the prompt's cluster (the most similar neighbour that
+   leads one, at cosine ``cluster_similarity`` or more) was marked: a prompt in it had a reward
+   variance over ``high_variance_threshold``                                   -> Level-2 (R11).
 5. **Known reward of the neighbourhood**: at least ``min_low_variance_neighbours`` of the k
    neighbours are *usable* and have a variance under ``low_variance_threshold`` -> skip, reuse (R10).
 6. Otherwise                                                                    -> Level-0 probe, then Level-1.
@@ -67,6 +70,8 @@ class Neighbour:
     similarity: float  # cosine similarity to the new prompt (normalised embeddings, inner product)
     stats: RewardStats | None  # its reward statistics; None: never scored (or expired from Redis)
     marked_at: float | None = None  # unix seconds its neighbourhood was marked high-uncertainty; None: not
+    cluster: str | None = None  # the cluster it belongs to (its leader's hash; its own when it leads one)
+    cluster_marked_at: float | None = None  # when it leads a cluster: unix seconds that cluster was marked
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class Decision:
     risk: RiskMatch | None  # the risk topic that sent the prompt to Level-2, if any
     ignored: Mapping[str, int]  # neighbours not usable, by reason ("below similarity floor": 3, ...)
     audited_reward: float | None = None  # an audited skip rolled out anyway: the reward it would have reused
+    cluster: str | None = None  # the prompt's cluster (a leader's hash, or its own: it leads a new one)
 
     @property
     def caution(self) -> bool:
@@ -159,6 +165,25 @@ def _reused_reward(low: Sequence[Neighbour]) -> tuple[float, float]:
     return mean, math.sqrt(within + between)
 
 
+def cluster_of(prompt_hash: str, neighbours: Sequence[Neighbour], settings: SchedulerSettings) -> Neighbour | None:
+    """The leader of the prompt's cluster: the most similar neighbour that leads a cluster, at cosine
+    ``cluster_similarity`` or more (the prompt itself when it leads one); None: it leads a new cluster.
+
+    Membership is by closeness to the leader, not to any member, so a cluster cannot drift along a
+    chain of paraphrases; a leader farther than the k nearest neighbours is too far to count.
+    """
+    leaders = [n for n in neighbours
+               if n.cluster == n.prompt_hash and n.similarity >= settings.cluster_similarity]
+    own = next((n for n in leaders if n.prompt_hash == prompt_hash), None)
+    return own or max(leaders, key=lambda n: n.similarity, default=None)
+
+
+def cluster_marked(leader: Neighbour, now: float, settings: SchedulerSettings) -> bool:
+    """Whether the cluster ``leader`` leads carries a fresh high-uncertainty mark (and marking is on)."""
+    return (settings.cluster_marking and leader.cluster_marked_at is not None
+            and now - leader.cluster_marked_at <= settings.mark_ttl_s)
+
+
 # -- the decision ------------------------------------------------------------------------------------
 
 
@@ -178,6 +203,8 @@ def decide(
     usable = [n for n in considered if reasons[n.prompt_hash] is None]
     low = [n for n in usable if n.stats is not None and n.stats.variance < settings.low_variance_threshold]
     marked = [n for n in considered if is_high_uncertainty(n, now, reasons[n.prompt_hash] is None, settings)]
+    leader = cluster_of(prompt_hash, considered, settings)
+    cluster = leader.prompt_hash if leader is not None else prompt_hash
 
     def make(route: Route, reason: str, reused: tuple[float, float] | None = None,
              reused_from: Sequence[Neighbour] | None = None) -> Decision:
@@ -196,6 +223,7 @@ def decide(
             marked_neighbours=len(marked),
             risk=risk if route is Route.LEVEL_2 else None,
             ignored=dict(ignored),
+            cluster=cluster,
         )
 
     if risk is not None:
@@ -217,6 +245,13 @@ def decide(
             Route.LEVEL_2,
             f"Level-2: {len(marked)} of the {len(considered)} nearest prompts are in a high-uncertainty "
             f"neighbourhood (reward variance > {settings.high_variance_threshold:g})",
+        )
+    if leader is not None and cluster_marked(leader, now, settings):
+        return make(
+            Route.LEVEL_2,
+            f"Level-2: its cluster (prompts within cosine {settings.cluster_similarity:g} of "
+            f"{leader.prompt_hash[:12]}) is marked high-uncertainty (a reward variance > "
+            f"{settings.high_variance_threshold:g} in it)",
         )
     if len(low) >= settings.min_low_variance_neighbours:
         reused = _reused_reward(low)

@@ -99,6 +99,15 @@ class SchedulerSettings(StrataSettings):
     min_marked_neighbours: int = Field(
         3, ge=1, description="marked (high-uncertainty) neighbours above the floor that send a prompt to Level-2"
     )
+    cluster_marking: bool = Field(
+        False, description="a variance over high_variance_threshold also marks the prompt's cluster, and a later "
+        "prompt of a marked cluster goes to Level-2 (R11 as the article has it); off: measured to send 77% more "
+        "prompts to Level-2 for no better aim at bad rollouts (docs/scheduler.md)"
+    )
+    cluster_similarity: float = Field(
+        0.75, ge=-1, le=1, description="cosine to a cluster's first prompt (its leader) that makes a prompt a member; "
+        "a prompt with no leader this close among its k neighbours leads a new cluster"
+    )
     stats_ttl_s: int = Field(48 * 3600, ge=1, description="reward statistics older than this are ignored (R12)")
     mark_ttl_s: int = Field(48 * 3600, ge=1, description="lifetime of a high-uncertainty mark (R11)")
     max_policy_lag: int = Field(

@@ -9,6 +9,8 @@ Keys (``<p>`` is ``redis_prefix``, ``<h>`` a prompt hash):
     <p>:indexed          sorted set of indexed prompt hashes, scored by insertion time (rebuild order)
     <p>:stats:<h>        reward statistics (JSON), expire stats_ttl_s after the last update (R12)
     <p>:mark:<h>         high-uncertainty mark: unix seconds it was set, expires after mark_ttl_s (R11)
+    <p>:cluster:<h>      the cluster of an indexed prompt: its leader's hash (its own when it leads one)
+    <p>:cmark:<c>        high-uncertainty mark of cluster c (a member's variance went over the threshold)
     <p>:seen:<h>:<r>:<v> a processed reward event (prompt, response, RM version): idempotent updates
     <p>:audit:<h>:<req>  an audited skip: reused reward, and the fresh rewards' count and sum so far
     <p>:audits           sorted set of audit keys by time (the report's window)
@@ -54,6 +56,17 @@ if ARGV[2] ~= '' and tonumber(ARGV[3]) >= tonumber(redis.call('HGET', KEYS[1], '
 end
 return 1
 """
+
+
+@dataclass(frozen=True)
+class NeighbourState:
+    """What the rules need of the neighbours, read in one round trip."""
+
+    stats: dict[str, RewardStats | None]
+    marks: dict[str, float | None]  # the neighbour's own high-uncertainty mark
+    clusters: dict[str, str | None]  # the neighbour's cluster (its leader's hash)
+    cluster_marks: dict[str, float | None]  # for a neighbour that leads a cluster: that cluster's mark
+    versions: VersionState
 
 
 @dataclass(frozen=True)
@@ -187,8 +200,10 @@ class SchedulerStore:
                 f"{encoder_id!r}; use another --redis-prefix or the same encoder"
             )
 
-    def index_prompts(self, hashes: Sequence[str], vectors: np.ndarray) -> None:
-        """Persist embeddings and add the hashes to the ordered set of indexed prompts."""
+    def index_prompts(self, hashes: Sequence[str], vectors: np.ndarray,
+                      clusters: Sequence[str | None] | None = None) -> None:
+        """Persist embeddings (and each prompt's cluster, first one wins) and add the hashes to the
+        ordered set of indexed prompts."""
         if not hashes:
             return
         now_us = time.time() * 1e6
@@ -196,6 +211,8 @@ class SchedulerStore:
             for i, (digest, vector) in enumerate(zip(hashes, vectors, strict=True)):
                 pipe.set(self._key("emb", digest), _float32_bytes(vector))
                 pipe.zadd(self._indexed_key, {digest: now_us + i}, nx=True)
+                if clusters is not None and clusters[i] is not None:
+                    pipe.set(self._key("cluster", digest), clusters[i], nx=True)
             pipe.execute()
 
     def get_embeddings(self, hashes: Sequence[str]) -> list[np.ndarray | None]:
@@ -216,18 +233,24 @@ class SchedulerStore:
 
     # -- what a decision reads -------------------------------------------------------------------------
 
-    def neighbour_state(
-        self, hashes: Sequence[str]
-    ) -> tuple[dict[str, RewardStats | None], dict[str, float | None], VersionState]:
-        """Statistics and marks of ``hashes`` and the current versions, in one round trip."""
+    def neighbour_state(self, hashes: Sequence[str]) -> NeighbourState:
+        """Statistics, marks and clusters of ``hashes`` and the current versions, in one round trip."""
         with _available(), self.client.pipeline(transaction=False) as pipe:
-            pipe.mget([self._key("stats", h) for h in hashes] or [self._key("stats", "-")])
-            pipe.mget([self._key("mark", h) for h in hashes] or [self._key("mark", "-")])
+            for kind in ("stats", "mark", "cluster", "cmark"):
+                pipe.mget([self._key(kind, h) for h in hashes] or [self._key(kind, "-")])
             pipe.hgetall(self._versions_key)
-            raw_stats, raw_marks, raw_versions = pipe.execute()
-        stats = {h: _stats_from_json(raw) for h, raw in zip(hashes, raw_stats, strict=False)}
-        marks = {h: None if raw is None else float(raw) for h, raw in zip(hashes, raw_marks, strict=False)}
-        return stats, marks, _versions(raw_versions)
+            raw_stats, raw_marks, raw_clusters, raw_cmarks, raw_versions = pipe.execute()
+
+        def seconds(raw: list[bytes | None]) -> dict[str, float | None]:
+            return {h: None if value is None else float(value) for h, value in zip(hashes, raw, strict=False)}
+
+        return NeighbourState(
+            stats={h: _stats_from_json(raw) for h, raw in zip(hashes, raw_stats, strict=False)},
+            marks=seconds(raw_marks),
+            clusters={h: None if raw is None else raw.decode() for h, raw in zip(hashes, raw_clusters, strict=False)},
+            cluster_marks=seconds(raw_cmarks),
+            versions=_versions(raw_versions),
+        )
 
     def versions(self) -> VersionState:
         return _versions(self._call(lambda: self.client.hgetall(self._versions_key)))
@@ -267,11 +290,14 @@ class SchedulerStore:
                     mark = marks_high_uncertainty(new, s.min_samples_per_neighbour, s.high_variance_threshold)
                     newly_marked = mark and not pipe.exists(mark_key)
                     audited = audit_key is not None and bool(pipe.exists(audit_key))
+                    cluster = pipe.get(self._key("cluster", prompt_hash)) if mark and s.cluster_marking else None
                     pipe.multi()
                     pipe.set(stats_key, _stats_to_json(new), ex=s.stats_ttl_s)
                     pipe.set(seen_key, b"1", ex=s.dedupe_ttl_s)
                     if mark:
                         pipe.set(mark_key, repr(now), ex=s.mark_ttl_s)
+                    if cluster is not None:
+                        pipe.set(self._key("cmark", cluster.decode()), repr(now), ex=s.mark_ttl_s)
                     if newly_marked:
                         pipe.hincrby(self._counters_key, "high_uncertainty_marks", 1)
                     if audited:

@@ -51,8 +51,13 @@ the scheduler (probe, generators, reward models) are simulated, because generati
 
 The bench refuses to run while another consumer group reads the prompt topics (a running stack's
 probe would roll out the bench's prompts and its reward service would score them).
+9. **R11's aim**: of the non-risk submissions, the share sent to Level-2, and the share of their bad
+   rollouts (oracle < 1.5) that were in them; ``--compare-cluster-marking`` routes the same stream a
+   second time with ``cluster_marking`` flipped (its own Redis prefix and statistics group).
+
 Last line: ``scheduler trigger_reduction=<x> reuse_mae=<y> greso_trigger_reduction=<z> live_skip_rate=<w>``
-(``nan`` without ``--live``).
+(``nan`` without ``--live``) ``... level2_share= bad_caught=`` and, with ``--compare-cluster-marking``,
+``flipped_level2_share= flipped_bad_caught=``.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ from strata import rpc
 from strata.bench.reuse_ceiling import CeilingResult, ReuseHistory
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
+from strata.rm.onpolicy import BAD_THRESHOLD
 from strata.v1 import common_pb2
 
 if TYPE_CHECKING:
@@ -110,6 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse-budget", type=float, default=0.3,
                         help="reuse MAE at which the ceiling any rule could reach is measured")
+    parser.add_argument("--compare-cluster-marking", action="store_true",
+                        help="route the stream a second time with cluster_marking flipped (R11, one run, same "
+                             "stream) and print both: Level-2 share and bad rollouts caught")
     parser.add_argument("--live", action="store_true",
                         help="also run a smaller stream through the real probe, generators and reward models, "
                              "next to the simulated tier on the same stream")
@@ -212,6 +221,18 @@ class RuleResult:
     level2: int = 0
     reuse_errors: list[float] | None = None
     reasons: Counter[str] = field(default_factory=Counter)  # decisions by the rule that made them
+    nonrisk: int = 0  # submissions not on a risk topic (risk goes to Level-2 under every rule)
+    nonrisk_level2: int = 0  # of those, sent to Level-2 (R11: uncertain neighbourhood or marked cluster)
+    bad_samples: int = 0  # their rollouts the oracle scores under BAD_THRESHOLD, wherever routed
+    bad_level2: int = 0  # of those, in submissions sent to Level-2: the bad cases R11 caught
+
+    @property
+    def level2_share(self) -> float:
+        return self.nonrisk_level2 / self.nonrisk if self.nonrisk else float("nan")
+
+    @property
+    def bad_caught(self) -> float:
+        return self.bad_level2 / self.bad_samples if self.bad_samples else float("nan")
 
     @property
     def trigger_rate(self) -> float:
@@ -345,6 +366,13 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
                 # The tier and both baselines see the same rollouts: a pure function of (request, version).
                 rewards = policy.rewards(record, rid, version, args.n_samples)
                 history.add(record.text, record.family, rewards, version)
+                if not risky:  # what R11 is for: the rollouts that would have been bad at Level-1
+                    bad = sum(value < BAD_THRESHOLD for value in rewards)
+                    knn.nonrisk += 1
+                    knn.bad_samples += bad
+                    if decision == common_pb2.DECISION_LEVEL_2:
+                        knn.nonrisk_level2 += 1
+                        knn.bad_level2 += bad
                 if not risky and greso_usable(mine, version, settings):
                     greso.reuse_errors.append(abs(mine.mean - policy.truth(record, version)))
                 else:
@@ -656,10 +684,18 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
                     "redis_prefix": f"{settings.redis_prefix}-sub", "stats_group_id": f"{settings.stats_group_id}-sub"})
                 _, _, sim_subset, _ = run_routing(args, sub_settings, cached, f"{run_id}-sub", subset, subset_stream,
                                                quiet=True)
+            flipped: RuleResult | None = None
+            if args.compare_cluster_marking:
+                flip_settings = settings.model_copy(update={
+                    "redis_prefix": f"{settings.redis_prefix}-flip",
+                    "stats_group_id": f"{settings.stats_group_id}-flip",
+                    "cluster_marking": not settings.cluster_marking})
+                _, _, flipped, _ = run_routing(args, flip_settings, cached, f"{run_id}-flip", records,
+                                               make_stream(records, args.passes, args.seed), quiet=True)
             latency = run_latency(args, settings, encoder, client)
         recall_suite = suite_recall(settings, cached)
     finally:
-        for prefix in (settings.redis_prefix, f"{settings.redis_prefix}-sub"):
+        for prefix in (settings.redis_prefix, f"{settings.redis_prefix}-sub", f"{settings.redis_prefix}-flip"):
             for key in client.scan_iter(f"{prefix}:*", count=1000):
                 client.delete(key)
         client.close()
@@ -683,6 +719,12 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
             name = label if bound is None else f"  prompts varying < {bound:g} ({which})"
             print(f"  {name:<34} trigger reduction {most:.3f} at reuse MAE {mae:.3f} "
                   f"({most * audit_kept:.3f} after auditing {settings.audit_share:.0%})")
+    arms = [(settings.cluster_marking, knn)] + ([] if flipped is None else [(not settings.cluster_marking, flipped)])
+    for marking, rule in sorted(arms, key=lambda arm: not arm[0]):
+        print(f"R11 with cluster marking {'on' if marking else 'off'}: {rule.nonrisk_level2} of {rule.nonrisk} "
+              f"non-risk submissions to Level-2 ({rule.level2_share:.1%}); {rule.bad_level2} of {rule.bad_samples} "
+              f"bad rollouts (oracle < {BAD_THRESHOLD:g}) in them ({rule.bad_caught:.1%}); trigger reduction "
+              f"{1 - rule.trigger_rate / everything.trigger_rate:.3f}, reuse MAE {rule.mae:.3f}")
     print(f"knn rollouts include {knn.reasons[AUDITED]} audited skips (audit_share {settings.audit_share:g}: "
           "rolled out anyway to measure the reused reward, docs/scheduler.md)")
     if live is not None and sim_subset is not None:
@@ -709,7 +751,9 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
     print(f"scheduler trigger_reduction={reduction:.3f} reuse_mae={knn.mae:.3f} "
           f"greso_trigger_reduction={greso_reduction:.3f} live_skip_rate={live_rate} "
           f"r10_ceiling={r10_ceiling * audit_kept:.3f} r11_ceiling={r11_ceiling * audit_kept:.3f} "
-          f"{latency_fields(latency)}")
+          f"{latency_fields(latency)} level2_share={knn.level2_share:.3f} bad_caught={knn.bad_caught:.3f}"
+          + ("" if flipped is None else f" flipped_level2_share={flipped.level2_share:.3f} "
+                                        f"flipped_bad_caught={flipped.bad_caught:.3f}"))
     return 0
 
 

@@ -22,7 +22,8 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     # --live: one paraphrase family (7 prompts x 2 passes) through the real tiers of the ci zoo too.
     args = parser.parse_args(["--limit", "40", "--batch", "8", "--policy-step-every", "4",
                               "--latency-sizes", "300", "--latency-queries", "5", "--n-samples", "3",
-                              "--live", "--live-families", "1", "--live-audit-share", "0.5"])
+                              "--live", "--live-families", "1", "--live-audit-share", "0.5",
+                              "--compare-cluster-marking"])
     assert bench.run(args) == 0
     out = capsys.readouterr().out
     rows = {m.group(1).strip(): (int(m.group(2)), int(m.group(3)), int(m.group(4)))
@@ -43,11 +44,21 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
                          r"greso_trigger_reduction=(\d\.\d{3}) live_skip_rate=(\d\.\d{3}) "
                          r"r10_ceiling=(\d\.\d{3}) r11_ceiling=(\d\.\d{3}) "
                          r"decision_p99_ms=[\d.]+ decision_over_limit=[\d.]+ recall_at_10=1\.000 "
-                         r"repeat_p99_ms=[\d.]+", last)
+                         r"repeat_p99_ms=[\d.]+ level2_share=(\d\.\d{3}) bad_caught=(\d\.\d{3}|nan) "
+                         r"flipped_level2_share=(\d\.\d{3}) flipped_bad_caught=(\d\.\d{3}|nan)", last)
     assert match, last
     assert float(match.group(5)) <= float(match.group(6))  # R10 allows less than R11 does
     assert float(match.group(1)) == pytest.approx(1 - rollouts / submitted, abs=1e-3)
     assert float(match.group(4)) == pytest.approx(int(live.group(4)) / 14, abs=1e-3)
+    # R11 on the same stream with cluster marking on (the default) and off: the figures the last line quotes.
+    r11 = {m.group(1): (int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))) for m in re.finditer(
+        r"^R11 with cluster marking (on|off): (\d+) of (\d+) non-risk submissions to Level-2 \S+; (\d+) of (\d+) bad",
+        out, re.M)}
+    assert set(r11) == {"on", "off"}
+    for arm, share in (("on", match.group(7)), ("off", match.group(9))):
+        to_level2, nonrisk, bad_caught, bad = r11[arm]
+        assert 0 < nonrisk < 80 and to_level2 <= nonrisk and bad_caught <= bad  # risk prompts are left out
+        assert float(share) == pytest.approx(to_level2 / nonrisk, abs=1e-3)
 
 
 def test_latency_only_times_each_stage_beside_the_decision(infra: StrataSettings, zoo, monkeypatch, capsys) -> None:

@@ -254,3 +254,44 @@ def test_unusable_reason_order() -> None:
     assert unusable_reason(far, NOW, VERSIONS, SETTINGS) == "below similarity floor"
     assert unusable_reason(Neighbour("x", 0.9, None), NOW, VERSIONS, SETTINGS) == "no rewards yet"
     assert unusable_reason(Neighbour("x", 0.9, stats(LOW)), NOW, VERSIONS, SETTINGS) is None
+
+
+# -- cluster marking (R11: variance > 0.8 marks the prompt's cluster) ---------------------------------
+
+
+def clustered(leader_similarity: float, marked_at: float | None, n_low: int = 8) -> list[Neighbour]:
+    """Low-variance neighbours (they alone would skip) in one cluster led by ``lead``."""
+    ns = [dataclasses.replace(n, cluster="lead") for n in neighbours(n_low)]
+    ns[0] = Neighbour("lead", leader_similarity, stats(LOW), cluster="lead", cluster_marked_at=marked_at)
+    return ns
+
+
+MARKING = SchedulerSettings(cluster_marking=True)
+
+
+def test_a_prompt_of_a_marked_cluster_goes_to_level_2_where_its_neighbours_alone_would_skip() -> None:
+    assert route(clustered(0.9, None), settings=MARKING).route is Route.SKIP
+    assert route(clustered(0.9, NOW - 60)).route is Route.SKIP  # off by default (docs/scheduler.md says why)
+    decision = route(clustered(0.9, NOW - 60), settings=MARKING)
+    assert decision.route is Route.LEVEL_2 and decision.marked_neighbours == 0  # no neighbour mark: the cluster's
+    assert "cluster" in decision.reason and "lead" in decision.reason
+    assert decision.cluster == "lead"
+
+
+def test_cluster_marking_off_expired_or_a_leader_too_far_do_not_escalate() -> None:
+    off = SchedulerSettings(cluster_marking=False)
+    assert route(clustered(0.9, NOW - 60), settings=off).route is Route.SKIP
+    assert route(clustered(0.9, NOW - SETTINGS.mark_ttl_s - 1), settings=MARKING).route is Route.SKIP
+    far = route(clustered(SETTINGS.cluster_similarity - 0.01, NOW - 60), settings=MARKING)
+    assert far.route is Route.SKIP and far.cluster == "self"  # no leader close enough: it leads a new cluster
+
+
+def test_the_cluster_is_the_closest_leader_and_members_never_lead() -> None:
+    ns = clustered(0.8, None)
+    ns[1] = Neighbour("other-lead", 0.95, stats(LOW), cluster="other-lead", cluster_marked_at=NOW - 60)
+    ns[2] = Neighbour("member", 0.99, stats(LOW), cluster="other-lead", cluster_marked_at=NOW - 60)
+    decision = route(ns, settings=MARKING)
+    assert decision.cluster == "other-lead" and decision.route is Route.LEVEL_2  # 0.95 beats 0.8; not the member
+    ns[1] = dataclasses.replace(ns[1], cluster_marked_at=None)
+    assert route(ns, settings=MARKING).route is Route.SKIP  # the member's copy of a mark is not read: the leader's
+    assert route(ns, prompt_hash="lead").cluster == "lead"  # a leader is its own cluster, however close another

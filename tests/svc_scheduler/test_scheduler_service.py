@@ -263,6 +263,36 @@ def test_escalations_mark_the_neighbourhood_and_later_prompts_go_to_level2(repli
     assert replica.stub.Stats(scheduler_pb2.StatsRequest(), timeout=10).high_uncertainty_marks >= 1
 
 
+def test_one_high_variance_prompt_marks_its_cluster_and_a_later_paraphrase_goes_to_level2(
+        infra: StrataSettings, encoder: Encoder, publisher: Publisher) -> None:
+    # R11 as the article has it (cluster_marking, off by default): the variance marks the prompt's
+    # cluster, not only the prompt. One marked neighbour is below min_marked_neighbours (3), so only
+    # the cluster's mark escalates.
+    replica = Replica(scheduler_settings(infra, cluster_marking=True), encoder)
+    try:
+        cluster_marking_escalates(replica, publisher)
+    finally:
+        replica.stop()
+
+
+def cluster_marking_escalates(replica: Replica, publisher: Publisher) -> None:
+    base = f"Describe the water cycle for a school project {uuid.uuid4().hex[:6]}."
+    leader = submit(replica.stub, base)
+    assert leader.decision == common_pb2.DECISION_LEVEL_1
+    store = replica.engine.store
+    assert store.neighbour_state([leader.prompt_hash]).clusters[leader.prompt_hash] == leader.prompt_hash
+    for i, value in enumerate([0.5, 4.5, 1.0]):
+        publisher.publish(topics.REWARDS_SCORED, reward(leader.prompt_hash, value, i, rm="light-1"))
+    publisher.flush()
+    state = eventually(lambda: (s := store.neighbour_state([leader.prompt_hash])).cluster_marks[leader.prompt_hash]
+                       and s, "the cluster's mark")
+    assert state.marks[leader.prompt_hash] is not None
+    later = submit(replica.stub, base.removesuffix(".") + ", please.")
+    assert later.decision == common_pb2.DECISION_LEVEL_2, later.reason
+    assert "cluster" in later.reason and leader.prompt_hash[:12] in later.reason
+    assert store.neighbour_state([later.prompt_hash]).clusters[later.prompt_hash] == leader.prompt_hash
+
+
 def seed_paraphrases(engine: SchedulerEngine, stub) -> list[str]:
     """Submit the paraphrases (each rolled out and indexed) and give each stable rewards."""
     hashes = [submit(stub, text).prompt_hash for text in PARAPHRASES]
