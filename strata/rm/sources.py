@@ -210,37 +210,48 @@ def _perturbed(answers: Sequence[PolicyAnswer], records: dict[str, Any], seed: i
 
 def run_sources(options: SourcesOptions, settings: Any, progress: Callable[[str], None] = print) -> SourcesReport:
     """Sample every source's answers, fine-tune one RM per arm, judge each on the fresh answers."""
-    from strata.models.loading import load_reward_model
-    from strata.rm.lifecycle import StrongOptions, mean_rewards, read_pairs, train_strong
-    from strata.rm.onpolicy import policy_answers, sample_policy_answers
-    from strata.rm.recipe import student_init_dir
+    from strata.rm.onpolicy import policy_answers
     from strata.zoo.build import ensure_zoo
-    from strata.zoo.suite import load_suite
-    from svc_learner.config import LearnerSettings
 
     started = time.time()
     zoo = ensure_zoo(settings)
-    recipe = zoo.config
     cache = Path(settings.cache_dir).expanduser() / "rm"
-    max_length = recipe.rm_max_length
     fresh = policy_answers(zoo, "fresh", cache_dir=cache / "onpolicy", limit=options.eval_prompts)
-    fresh_prompts, fresh_texts = [a.prompt for a in fresh], [a.response for a in fresh]
+    base_rows, arms, skipped = _sample_arms(options, zoo, progress)
+    report = _fine_tune_and_judge(options, settings, zoo, base_rows, arms, fresh, cache, progress)
+    report.skipped = skipped
+    report.seconds = round(time.time() - started, 1)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
+    out = Path(settings.state_dir) / REPORT_DIR / f"{zoo.root.name}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report.to_json(), encoding="utf-8")
+    progress(f"report: {out}")
+    return report
+
+
+def _sample_arms(options: SourcesOptions, zoo: Any, progress: Callable[[str], None],
+                 ) -> tuple[list[dict[str, Any]], list[_Arm], dict[str, str]]:
+    """The base rows, each arm's added answers with the light RM's rewards of them, and the arms skipped."""
+    from strata.models.loading import load_reward_model
+    from strata.rm.lifecycle import mean_rewards
+    from strata.rm.onpolicy import sample_policy_answers
+    from strata.zoo.suite import load_suite
+    from svc_learner.config import LearnerSettings
+
     records = random.Random(options.seed).sample(load_suite("train"), options.prompts)
-    by_id = {r.id: r for r in records}
     light = load_reward_model(zoo.rm_light, device=options.device)
-    init = student_init_dir(zoo.rm_strong) or zoo.rm_strong
 
     def sample(model_dir: Path, tier: str, seed: int) -> list[PolicyAnswer]:
         return sample_policy_answers(zoo.probe, {tier: model_dir}, records, options.seed + seed, progress=False)
 
     def light_rewards(answers: Sequence[PolicyAnswer], desc: str) -> list[float]:
-        return mean_rewards([light], [a.prompt for a in answers], [a.response for a in answers], max_length, desc)
+        return mean_rewards([light], [a.prompt for a in answers], [a.response for a in answers],
+                            zoo.config.rm_max_length, desc)
 
     progress(f"sampling: {options.prompts} train prompts, a Level-2 answer and {options.best_of + 1} Level-1 "
              "answers each")
     level2 = sample(zoo.level2, "level2", 101)
     level1 = [sample(zoo.level1, "level1", 201 + k) for k in range(options.best_of + 1)]
-    base_rows = label_rows(level1[0], "sample:level1") + label_rows(level2, "sample:level2")
     arms: list[_Arm] = []
     skipped: dict[str, str] = {}
     for name in options.arms:
@@ -253,7 +264,7 @@ def run_sources(options: SourcesOptions, settings: Any, progress: Callable[[str]
             arms.append(_Arm(name, [pool[d][p] for p, d in enumerate(picks)],
                              [rewards[d][p] for p, d in enumerate(picks)]))
         elif name == "perturbed":
-            added = _perturbed(level2, by_id, options.seed)
+            added = _perturbed(level2, {r.id: r for r in records}, options.seed)
             arms.append(_Arm(name, added, light_rewards(added, "light: perturbed")))
         elif name == "policy_checkpoint":
             checkpoint = options.policy_checkpoint or newest_policy_checkpoint(
@@ -262,28 +273,38 @@ def run_sources(options: SourcesOptions, settings: Any, progress: Callable[[str]
                 skipped[name] = (f"no learner checkpoint started from {zoo.level1}: run `make demo` (or the learner) "
                                  "on this zoo, or pass --policy-checkpoint DIR")
                 continue
-            added = sample(Path(checkpoint), "level1", 301)
             progress(f"policy checkpoint: {checkpoint}")
+            added = sample(Path(checkpoint), "level1", 301)
             arms.append(_Arm(name, added, light_rewards(added, "light: checkpoint")))
+    return label_rows(level1[0], "sample:level1") + label_rows(level2, "sample:level2"), arms, skipped
 
-    zoo_rows = read_pairs(zoo.rm_data, need_score=True)
-    n_replay = round(options.replay * options.prompts)
-    replay = replay_groups(zoo_rows, n_replay, options.seed)
+
+def _fine_tune_and_judge(options: SourcesOptions, settings: Any, zoo: Any, base_rows: list[dict[str, Any]],
+                         arms: list[_Arm], fresh: list[PolicyAnswer], cache: Path,
+                         progress: Callable[[str], None]) -> SourcesReport:
+    """The RM before fine-tuning, then one fine-tune per arm (the base first), each judged on ``fresh``."""
+    from strata.models.loading import load_reward_model
+    from strata.rm.lifecycle import StrongOptions, mean_rewards, read_pairs, train_strong
+    from strata.rm.recipe import student_init_dir
+
+    recipe = zoo.config
+    init = student_init_dir(zoo.rm_strong) or zoo.rm_strong
+    replay = replay_groups(read_pairs(zoo.rm_data, need_score=True), round(options.replay * options.prompts),
+                           options.seed)
     groups_per_step = recipe.rm_strong_train.batch_size
     steps = fine_tune_steps(options.prompts, len({r["group"] for r in replay}), groups_per_step,
                             RefreshOptions(strong_epochs=options.strong_epochs))
     lr = 0.6 * recipe.rm_strong_train.lr
-    report = SourcesReport(zoo=zoo.root.name, n_prompts=options.prompts, steps=steps, lr=lr, skipped=skipped)
+    report = SourcesReport(zoo=zoo.root.name, n_prompts=options.prompts, steps=steps, lr=lr)
     progress(f"each arm: {steps} steps at lr {lr:g} from {init.name} + {len(replay)} replayed zoo pairs; judged on "
              f"{len(fresh) // 2} fresh prompts' Level-1 and Level-2 answers")
 
     def judge(model_dir: Path, desc: str) -> list[float]:
-        return mean_rewards([load_reward_model(model_dir, device=options.device)], fresh_prompts, fresh_texts,
-                            max_length, desc)
+        return mean_rewards([load_reward_model(model_dir, device=options.device)], [a.prompt for a in fresh],
+                            [a.response for a in fresh], recipe.rm_max_length, desc)
 
     t = time.time()
-    none_rewards = judge(init, "judge: none")
-    report.arms.append(ArmResult("none", 0, 0, float("nan"), float("nan"), onpolicy_figures(fresh, none_rewards),
+    report.arms.append(ArmResult("none", 0, 0, float("nan"), float("nan"), onpolicy_figures(fresh, judge(init, "none")),
                                  float("nan"), float("nan"), round(time.time() - t, 1)))
     work = cache / f".sources-{uuid.uuid4().hex[:8]}"
     base_rewards: list[float] | None = None
@@ -297,25 +318,19 @@ def run_sources(options: SourcesOptions, settings: Any, progress: Callable[[str]
             progress(f"arm {arm.name}: {len(rows)} labels")
             result = train_strong(StrongOptions(
                 data=data, init=str(init), n_bins=recipe.rm_n_bins, steps=steps, lr=lr, groups_per_step=groups_per_step,
-                match_pairs=0, max_length=max_length, widen=1, grow_layers=0, pseudo_label=False, seed=options.seed,
-                device=options.device, out=work / f"{arm.name}-rm"), settings, lambda message: None)
+                match_pairs=0, max_length=recipe.rm_max_length, widen=1, grow_layers=0, pseudo_label=False,
+                seed=options.seed, device=options.device, out=work / f"{arm.name}-rm"), settings, lambda message: None)
             rewards = judge(Path(result.entry.path), f"judge: {arm.name}")
             if base_rewards is None:
                 base_rewards, gain, se = rewards, float("nan"), float("nan")
             else:
                 gain, se = level1_gain(rewards, base_rewards, fresh, options.bootstrap_rounds, options.seed)
-            result_row = ArmResult(arm.name, len(rows), len(arm.added), mean([a.oracle for a in arm.added]),
-                                   mean(arm.added_light), onpolicy_figures(fresh, rewards), gain, se,
-                                   round(time.time() - t, 1))
-            report.arms.append(result_row)
-            progress(table(SourcesReport(report.zoo, 0, 0, 0.0, [result_row]))[1])
+            row = ArmResult(arm.name, len(rows), len(arm.added), mean([a.oracle for a in arm.added]),
+                            mean(arm.added_light), onpolicy_figures(fresh, rewards), gain, se,
+                            round(time.time() - t, 1))
+            report.arms.append(row)
+            progress(table(SourcesReport(report.zoo, 0, 0, 0.0, [row]))[1])
             shutil.rmtree(work / f"{arm.name}-rm", ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report.seconds = round(time.time() - started, 1)
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
-    out = Path(settings.state_dir) / REPORT_DIR / f"{zoo.root.name}-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report.to_json(), encoding="utf-8")
-    progress(f"report: {out}")
     return report
