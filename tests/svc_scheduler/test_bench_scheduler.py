@@ -9,6 +9,7 @@ import pytest
 
 from strata.bench import scheduler as bench
 from strata.config import StrataSettings
+from svc_scheduler.settings import SchedulerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -50,12 +51,13 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     assert float(match.group(5)) <= float(match.group(6))  # R10 allows less than R11 does
     assert float(match.group(1)) == pytest.approx(1 - rollouts / submitted, abs=1e-3)
     assert float(match.group(4)) == pytest.approx(int(live.group(4)) / 14, abs=1e-3)
-    # R11 on the same stream with cluster marking on (the default) and off: the figures the last line quotes.
+    # R11 on the same stream with cluster marking as configured, then flipped: what the last line quotes.
     r11 = {m.group(1): (int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))) for m in re.finditer(
         r"^R11 with cluster marking (on|off): (\d+) of (\d+) non-risk submissions to Level-2 \S+; (\d+) of (\d+) bad",
         out, re.M)}
     assert set(r11) == {"on", "off"}
-    for arm, share in (("on", match.group(7)), ("off", match.group(9))):
+    configured, flipped = ("on", "off") if SchedulerSettings().cluster_marking else ("off", "on")
+    for arm, share in ((configured, match.group(7)), (flipped, match.group(9))):
         to_level2, nonrisk, bad_caught, bad = r11[arm]
         assert 0 < nonrisk < 80 and to_level2 <= nonrisk and bad_caught <= bad  # risk prompts are left out
         assert float(share) == pytest.approx(to_level2 / nonrisk, abs=1e-3)
