@@ -170,9 +170,7 @@ def register(subparsers: Any) -> None:
         refresh.add_argument(f"--{name}", type=kind, default=None, help=text)
     refresh.add_argument("--promote", action=argparse.BooleanOptionalAction, default=None,
                          help="promote a candidate that ranks the held-out labels better (default on)")
-    refresh.add_argument("--seed", type=int, default=None)
-    refresh.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N")
-    refresh.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    _add_run_flags(refresh)
     refresh.set_defaults(func=_refresh)
 
     sources = sub.add_parser(
@@ -191,9 +189,7 @@ def register(subparsers: Any) -> None:
         ("strong-epochs", float, "passes over the prompts and the replay (default 3, as the refresh)"),
     ):
         sources.add_argument(f"--{name}", type=kind, default=None, help=text)
-    sources.add_argument("--seed", type=int, default=None)
-    sources.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N")
-    sources.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    _add_run_flags(sources)
     sources.set_defaults(func=_sources)
 
     human = sub.add_parser("human-labels", help="annotators' scores as {prompt, response, score} JSONL for "
@@ -205,6 +201,13 @@ def register(subparsers: Any) -> None:
     listing.add_argument("--kind", choices=("strong", "light"), default=None)
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(func=_list)
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Seed, device and threads, unset unless given (their options objects read the environment)."""
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -160,9 +160,8 @@ def policy_answers(zoo: Any, split: str = "fresh", seed: int = ANSWERS_SEED, cac
         raise ValueError(f"the suite has no prompts in split {split!r}")
     generators = {"level1": Path(zoo.level1), "level2": Path(zoo.level2)}
     # What sample_policy_answers samples with (it keeps no rollout dropout), so a key names the answers.
-    defaults = GeneratorSettings().sampling_defaults()
-    sampling = {"temperature": defaults.temperature, "top_p": defaults.top_p, "max_new_tokens": defaults.max_new_tokens,
-                "seed": None, "rollout_dropout": None, "n_prompts": len(records)}
+    sampling = asdict(replace(GeneratorSettings().sampling_defaults(), rollout_dropout=None)) | {
+        "n_prompts": len(records)}
     key = answers_key([Path(zoo.probe), *generators.values()], split, seed, sampling)
     cache_file = Path(cache_dir) / f"{split}-{key}.jsonl" if cache_dir is not None else None
     if cache_file is not None and cache_file.is_file():

@@ -38,7 +38,14 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from strata.rm.onpolicy import OnPolicyFigures, PolicyAnswer, onpolicy_figures
-from strata.rm.refresh import RefreshOptions, fine_tune_steps, gain_se, grouped_by_prompt, replay_groups
+from strata.rm.refresh import (
+    RefreshOptions,
+    fine_tune_steps,
+    gain_se,
+    grouped_by_prompt,
+    replay_groups,
+    spearman,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +141,6 @@ def mean(values: Sequence[float]) -> float:
 def level1_gain(arm: Sequence[float], base: Sequence[float], answers: Sequence[PolicyAnswer], rounds: int,
                 seed: int) -> tuple[float, float]:
     """Level-1 Spearman gain of ``arm``'s rewards over ``base``'s on the same answers, and its SE."""
-    from strata.rm.refresh import spearman
-
     picks = [i for i, a in enumerate(answers) if a.tier == "level1"]
     oracle = [answers[i].oracle for i in picks]
     ours, theirs = [arm[i] for i in picks], [base[i] for i in picks]
