@@ -655,6 +655,15 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, settings, run_id)
 
 
+SIDE_RUNS = ("sub", "flip")  # the --live subset's simulated run, the --compare-cluster-marking run
+
+
+def side_run(settings: SchedulerSettings, side: str, **changes: object) -> SchedulerSettings:
+    """Settings for a second routing run in this process: its own Redis keys and statistics group."""
+    return settings.model_copy(update={"redis_prefix": f"{settings.redis_prefix}-{side}",
+                                       "stats_group_id": f"{settings.stats_group_id}-{side}", **changes})
+
+
 def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> int:
     from strata.zoo.suite import load_suite
     from svc_scheduler.encoder import Encoder
@@ -680,22 +689,18 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
             everything, greso, knn, ceiling = run_routing(args, settings, cached, run_id, records,
                                                  make_stream(records, args.passes, args.seed))
             if args.live:
-                sub_settings = settings.model_copy(update={
-                    "redis_prefix": f"{settings.redis_prefix}-sub", "stats_group_id": f"{settings.stats_group_id}-sub"})
+                sub_settings = side_run(settings, "sub")
                 _, _, sim_subset, _ = run_routing(args, sub_settings, cached, f"{run_id}-sub", subset, subset_stream,
                                                quiet=True)
             flipped: RuleResult | None = None
             if args.compare_cluster_marking:
-                flip_settings = settings.model_copy(update={
-                    "redis_prefix": f"{settings.redis_prefix}-flip",
-                    "stats_group_id": f"{settings.stats_group_id}-flip",
-                    "cluster_marking": not settings.cluster_marking})
+                flip_settings = side_run(settings, "flip", cluster_marking=not settings.cluster_marking)
                 _, _, flipped, _ = run_routing(args, flip_settings, cached, f"{run_id}-flip", records,
                                                make_stream(records, args.passes, args.seed), quiet=True)
             latency = run_latency(args, settings, encoder, client)
         recall_suite = suite_recall(settings, cached)
     finally:
-        for prefix in (settings.redis_prefix, f"{settings.redis_prefix}-sub", f"{settings.redis_prefix}-flip"):
+        for prefix in (settings.redis_prefix, *(side_run(settings, side).redis_prefix for side in SIDE_RUNS)):
             for key in client.scan_iter(f"{prefix}:*", count=1000):
                 client.delete(key)
         client.close()
