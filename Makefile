@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STRATA := $(VENV)/bin/strata
 
-.PHONY: setup test test-auth demo compose-test protos lint infra-up infra-down clean
+.PHONY: setup test test-auth test-containers demo compose-test protos lint infra-up infra-down clean
 
 # The virtual environment at .venv/ with Strata installed in editable mode and the dev tools.
 setup: $(VENV)/.installed
@@ -32,6 +32,20 @@ test-auth: setup
 	  STRATA_KAFKA_SASL_PASSWORD="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(18))')" \
 	  STRATA_REDIS_PASSWORD="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(18))')" \
 	  $(PY) -m pytest -q $(AUTH_TESTS)
+
+# A cross-section of the integration tests again, with Kafka and Redis started by testcontainers
+# through podman's Docker-compatible socket, from the images compose.yaml runs (built from Debian
+# here, where no registry answers). Root. Ryuk, testcontainers' reaper, is an image from a registry:
+# it is off, and the session fixture stops its containers itself.
+CONTAINER_TESTS := tests/integration/test_bus.py tests/integration/test_content_store.py \
+  tests/integration/test_dlq.py tests/stack/test_tiers.py
+test-containers: setup
+	deploy/podman/setup.sh >/dev/null
+	deploy/images/build.sh --infra
+	env -u STRATA_KAFKA_BOOTSTRAP -u STRATA_REDIS_URL STRATA_TEST_INFRA=testcontainers \
+	  DOCKER_HOST=unix:///run/podman/podman.sock TESTCONTAINERS_RYUK_DISABLED=true \
+	  TESTCONTAINERS_CONNECTION_MODE=docker_host \
+	  $(PY) -m pytest -q $(CONTAINER_TESTS)
 
 demo: setup
 	$(STRATA) demo

@@ -30,18 +30,39 @@ if TYPE_CHECKING:
 
 
 def _testcontainers_settings(stack: list) -> StrataSettings:
-    from testcontainers.kafka import KafkaContainer
-    from testcontainers.redis import RedisContainer
+    """Kafka (one KRaft node) and Redis in containers, from the images compose.yaml runs
+    (``STRATA_TEST_KAFKA_IMAGE``, ``STRATA_TEST_REDIS_IMAGE``): the official ones, or the stand-ins
+    ``deploy/images/build.sh`` tags under their names. Both Kafka images read the broker's settings
+    from KAFKA_* variables, so the container is configured that way rather than by testcontainers'
+    Kafka module, which scripts Confluent's image."""
+    from testcontainers.community.redis import RedisContainer
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-    kafka = KafkaContainer("apache/kafka:4.1.1").with_kraft()
-    redis_container = RedisContainer("redis:7")
-    for container in (kafka, redis_container):
-        container.start()
-        stack.append(container)
+    # Published at the same number on the host: the broker advertises the address its clients dial.
+    port = free_port()
+    kafka = (DockerContainer(os.environ.get("STRATA_TEST_KAFKA_IMAGE", "apache/kafka:4.1.1"))
+             .with_bind_ports(port, port)
+             .waiting_for(LogMessageWaitStrategy("Kafka Server started").with_startup_timeout(120)))
+    for name, value in {
+        "NODE_ID": "1", "PROCESS_ROLES": "broker,controller", "CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "LISTENERS": f"PLAINTEXT://:{port},CONTROLLER://:9093",
+        "ADVERTISED_LISTENERS": f"PLAINTEXT://localhost:{port}",
+        "LISTENER_SECURITY_PROTOCOL_MAP": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "CONTROLLER_QUORUM_VOTERS": "1@localhost:9093", "OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+        "TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1", "TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "GROUP_INITIAL_REBALANCE_DELAY_MS": "0", "AUTO_CREATE_TOPICS_ENABLE": "false",
+    }.items():
+        kafka.with_env(f"KAFKA_{name}", value)
+    redis_container = RedisContainer(os.environ.get("STRATA_TEST_REDIS_IMAGE", "redis:7"))
+    stack += [kafka, redis_container]  # stopped by the fixture, even when one fails to start
+    kafka.start()
+    redis_container.start()
     host = redis_container.get_container_host_ip()
-    port = redis_container.get_exposed_port(6379)
-    return StrataSettings(kafka_bootstrap=kafka.get_bootstrap_server(), redis_url=f"redis://{host}:{port}/0",
-                          topic_partitions=3)
+    return StrataSettings(kafka_bootstrap=f"localhost:{port}",
+                          redis_url=f"redis://{host}:{redis_container.get_exposed_port(6379)}/0",
+                          topic_partitions=3, consumer_session_timeout_ms=6_000, consumer_heartbeat_interval_ms=1_000,
+                          retry_backoff_initial_s=0.05, retry_backoff_max_s=0.2, max_delivery_attempts=3)
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +81,8 @@ def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StrataSettings]:
             yield settings
         finally:
             for container in containers:
-                container.stop()
+                if container.get_wrapped_container() is not None:  # started (or tried to)
+                    container.stop()
         return
     state_dir = Path(tmp_path_factory.mktemp("strata-state"))
     settings = StrataSettings(

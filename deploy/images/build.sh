@@ -7,6 +7,7 @@
 #   deploy/images/build.sh            build what is missing or stale (each image is labelled with a
 #                                     hash of its inputs; an unchanged one is kept)
 #   deploy/images/build.sh --force    rebuild everything
+#   deploy/images/build.sh --infra    Kafka and Redis only (`make test-containers`); with --force too
 #
 # Behind a TLS-intercepting proxy (pip fails with CERTIFICATE_VERIFY_FAILED in the build), set
 # STRATA_BUILD_CA to the host's CA bundle: it is mounted into the build steps, never baked in.
@@ -14,7 +15,14 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 force=0
-[[ "${1:-}" == "--force" ]] && force=1
+infra_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --force) force=1 ;;
+    --infra) infra_only=1 ;;
+    *) echo "build.sh: unknown option $arg (--force, --infra)" >&2; exit 2 ;;
+  esac
+done
 
 debian_image=localhost/debian:bookworm
 python_image=localhost/strata-python:3.11-bookworm
@@ -84,11 +92,11 @@ else
   log "$debian_image: present"
 fi
 
-build "$python_image" "$(inputs_hash deploy/images/python/Containerfile)" "$here/python" \
+((infra_only == 1)) || build "$python_image" "$(inputs_hash deploy/images/python/Containerfile)" "$here/python" \
   -f "$here/python/Containerfile"
 build "$redis_image" "$(inputs_hash deploy/images/redis/Containerfile deploy/images/redis/entrypoint.sh)" \
   "$here/redis" -f "$here/redis/Containerfile"
-build "$prometheus_image" "$(inputs_hash deploy/images/prometheus/Containerfile deploy/images/prometheus/prometheus.yml)" \
+((infra_only == 1)) || build "$prometheus_image" "$(inputs_hash deploy/images/prometheus/Containerfile deploy/images/prometheus/prometheus.yml)" \
   "$here/prometheus" -f "$here/prometheus/Containerfile"
 
 kafka_hash="$(inputs_hash deploy/images/kafka/Containerfile deploy/images/kafka/pom.xml deploy/images/kafka/log4j2.properties deploy/images/kafka/bin/*)"
@@ -102,6 +110,11 @@ if ((force == 1)) || [[ "$(current_hash "$kafka_image")" != "$kafka_hash" ]]; th
   rm -rf "$context"
 else
   log "$kafka_image: up to date ($kafka_hash)"
+fi
+
+if ((infra_only == 1)); then
+  log "images ready: $kafka_image $redis_image"
+  exit 0
 fi
 
 # Strata: the project's own Dockerfile, with the Debian-made Python as its base.
