@@ -93,13 +93,14 @@ def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_
 
 
 def mean_rewards(rms: Sequence[Any], prompts: Sequence[str], responses: Sequence[str], max_length: int,
-                 desc: str) -> list[float]:
-    """Rewards of the pairs under an RM or ensemble (mean of the members' expected scores, R8)."""
+                 desc: str, temperature: float = 1.0) -> list[float]:
+    """Rewards of the pairs under an RM or ensemble as svc_reward serves them (R8): the mean of the
+    members' expected scores at the scoring ``temperature``."""
     import torch
 
-    from strata.models.reward import expected_reward
+    from svc_reward.scoring import tempered_reward
 
-    return torch.stack([expected_reward(score_logits(rm, prompts, responses, max_length, desc))
+    return torch.stack([tempered_reward(score_logits(rm, prompts, responses, max_length, desc), temperature)
                         for rm in rms]).mean(dim=0).tolist()
 
 

@@ -53,3 +53,5 @@ def test_bench_rm_compares_the_served_light_rm_with_its_teacher(
     fields = dict(item.split("=") for item in last.split()[1:])
     assert float(fields["latency_ratio"]) > 1.0  # the grown strong RM costs more than its student
     assert main(["bench", "rm", "--light", str(zoo.rm_light), "--distill"]) == 2  # one or the other
+    assert main(["bench", "rm", "--temperature", "0"]) == 2
+    assert "--temperature must be > 0, got 0" in capsys.readouterr().err
