@@ -25,3 +25,11 @@ def test_every_command_maps_to_the_module_that_registers_it() -> None:
     for command, module in MODULE_OF_COMMAND.items():
         only = next(a for a in build_parser([command])._actions if a.dest == "command").choices
         assert command in only, (command, module)
+
+
+def test_progress_bars_written_to_a_pipe_draw_at_most_every_30_seconds() -> None:
+    code = ("import strata.cli, sys, time; from tqdm import tqdm\n"
+            "for _ in tqdm(range(50)): time.sleep(0.01)")
+    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert len(piped.stderr.split("\r")) <= 3, piped.stderr  # the first draw, the last, and no tick between
+    assert "50/50" in piped.stderr
