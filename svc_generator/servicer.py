@@ -9,6 +9,7 @@ from concurrent.futures import as_completed
 import grpc
 
 from strata.content_store import ContentStore, StoreUnavailableError
+from strata.contract.tiers import TIER_ENUM
 from strata.hashing import content_hash
 from strata.models.budget import TokenBudget
 from strata.rpc import abort_invalid, abort_unavailable
@@ -26,7 +27,6 @@ from strata.validation import (
 from svc_generator.backends.base import GenerationRequest
 from svc_generator.batcher import DynamicBatcher, SampleResult
 from svc_generator.config import GeneratorSettings
-from svc_generator.worker import TIER_ENUM
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,10 @@ from strata import ledger
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.contract.identity import request_identity
+from strata.contract.tiers import TIER_ENUM
 from strata.debug_store import DebugSample, DebugStore
 from strata.models.budget import TokenBudget
-from strata.v1 import common_pb2, events_pb2
+from strata.v1 import events_pb2
 from strata.validation import (
     RequestError,
     check_directions,
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 
 ROLLOUTS = Counter("strata_generator_rollouts_total", "Rollouts generated and claimed (once per sample)", ["tier"])
 
-TIER_ENUM = {1: common_pb2.TIER_LEVEL_1, 2: common_pb2.TIER_LEVEL_2}  # GeneratorSettings.tier -> wire enum
 
 
 def request_key(message: events_pb2.PromptRouted) -> str:

@@ -18,6 +18,7 @@ from strata.bus.serde import PoisonMessageError, decode
 from strata.config import StrataSettings
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.contract.template import format_prompt
+from strata.contract.tiers import TIER_ENUM
 from strata.diagnose.items import Pair, ScoredBatch, chunks
 from strata.diagnose.shift import Rollout
 from strata.v1 import (
@@ -32,7 +33,6 @@ from strata.v1 import (
 )
 
 MAX_SCORE_ITEMS = 256  # svc_reward's default max_items_per_request
-TIER_ENUM = {1: common_pb2.TIER_LEVEL_1, 2: common_pb2.TIER_LEVEL_2}  # tier number -> wire enum
 
 
 class RewardClient:
