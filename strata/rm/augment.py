@@ -181,3 +181,19 @@ def augment_responses(
                 if changed != response:
                     out.append(Augmented(index, changed, kind))
     return out
+
+
+def pick_perturbation(candidates: Sequence[Sequence[str]], index: int) -> str | None:
+    """One perturbed copy per answer, the kinds taken in turn by the answer's index so that both kinds
+    are in the data; ``candidates[kind]`` are that kind's copies (empty where it changed nothing)."""
+    order = [candidates[(index + k) % len(candidates)] for k in range(len(candidates))]
+    return next((copies[0] for copies in order if copies), None)
+
+
+def perturb_each(responses: Sequence[str], seed: int = 0) -> list[str | None]:
+    """One near miss per response (the article's §5.1 augmentation, to be re-scored by a judge): its
+    words swapped or its sentences reordered, the kinds in turn; None where neither changes it."""
+    copies: dict[str, list[list[str]]] = {kind: [[] for _ in responses] for kind in KINDS}
+    for aug in augment_responses(responses, KINDS, seed=seed):
+        copies[aug.kind][aug.index].append(aug.response)
+    return [pick_perturbation([copies[kind][i] for kind in KINDS], i) for i in range(len(responses))]

@@ -122,13 +122,6 @@ def best_of_n(rewards: Sequence[Sequence[float]]) -> list[int]:
     return [max(range(len(rewards)), key=lambda d: (rewards[d][p], -d)) for p in range(len(rewards[0]))]
 
 
-def pick_perturbation(candidates: Sequence[Sequence[str]], index: int) -> str | None:
-    """One perturbed copy per answer, the kinds taken in turn by the answer's index so that both kinds
-    are in the data; ``candidates[kind]`` are that kind's copies (empty where it changed nothing)."""
-    order = [candidates[(index + k) % len(candidates)] for k in range(len(candidates))]
-    return next((copies[0] for copies in order if copies), None)
-
-
 def label_rows(answers: Sequence[PolicyAnswer], source: str) -> list[dict[str, Any]]:
     """Training rows labelled by the oracle, tagged with where they came from."""
     return [{"prompt": a.prompt, "response": a.response, "score": a.oracle, "source": source} for a in answers]
@@ -197,20 +190,13 @@ class _Arm:
 
 
 def _perturbed(answers: Sequence[PolicyAnswer], records: dict[str, Any], seed: int) -> list[PolicyAnswer]:
-    from strata.rm.augment import KINDS, augment_responses
+    from strata.rm.augment import perturb_each
     from strata.zoo.oracle import oracle_score
 
-    texts = [a.response for a in answers]
-    copies: dict[str, list[list[str]]] = {kind: [[] for _ in texts] for kind in KINDS}
-    for aug in augment_responses(texts, KINDS, seed=seed):
-        copies[aug.kind][aug.index].append(aug.response)
-    out = []
-    for i, answer in enumerate(answers):
-        text = pick_perturbation([copies[kind][i] for kind in KINDS], i)
-        if text is not None:
-            out.append(PolicyAnswer(answer.prompt_id, answer.prompt, "perturbed", text, answer.directions,
-                                    oracle_score(records[answer.prompt_id], text)))
-    return out
+    return [PolicyAnswer(answer.prompt_id, answer.prompt, "perturbed", text, answer.directions,
+                         oracle_score(records[answer.prompt_id], text))
+            for answer, text in zip(answers, perturb_each([a.response for a in answers], seed), strict=True)
+            if text is not None]
 
 
 def run_sources(options: SourcesOptions, settings: Any, progress: Callable[[str], None] = print) -> SourcesReport:

@@ -3,7 +3,15 @@ import re
 
 import pytest
 
-from strata.rm.augment import KINDS, SYNONYMS, augment_responses, reorder_sentences, synonym_replace
+from strata.rm.augment import (
+    KINDS,
+    SYNONYMS,
+    augment_responses,
+    perturb_each,
+    pick_perturbation,
+    reorder_sentences,
+    synonym_replace,
+)
 
 PROSE = "The idea is simple. Check the flour first! Then measure the water. Is it right?"
 CODE = (
@@ -65,3 +73,22 @@ def test_augment_is_seeded_and_labels_its_kind() -> None:
     assert len(augment_responses(responses, kinds=("reorder",), per_response=2, seed=7)) == 4
     with pytest.raises(ValueError, match="unknown augmentation"):
         augment_responses(responses, kinds=("paraphrase",))
+
+
+def test_perturbations_alternate_kinds_by_answer_and_fall_back_to_the_kind_that_changed_something() -> None:
+    synonyms, reorders = ["swapped words"], ["reordered sentences"]
+    assert pick_perturbation([synonyms, reorders], 0) == "swapped words"
+    assert pick_perturbation([synonyms, reorders], 1) == "reordered sentences"
+    assert pick_perturbation([[], reorders], 0) == "reordered sentences"  # one sentence: only synonyms apply...
+    assert pick_perturbation([synonyms, []], 1) == "swapped words"
+    assert pick_perturbation([[], []], 3) is None  # ...and an answer neither changes adds no label
+
+
+def test_perturb_each_gives_one_changed_copy_per_answer_in_order_and_none_where_nothing_changes() -> None:
+    one_sentence_no_synonym = "Zebra."
+    out = perturb_each([PROSE, PROSE, one_sentence_no_synonym], seed=3)
+    assert len(out) == 3 and out[2] is None
+    assert out[0] != PROSE and out[1] != PROSE
+    assert sorted(out[1].split()) == sorted(PROSE.split())  # the second answer's turn: reordered, same words
+    assert sorted(out[0].split()) != sorted(PROSE.split())  # the first's: words swapped
+    assert perturb_each([PROSE, PROSE, one_sentence_no_synonym], seed=3) == out

@@ -18,7 +18,6 @@ from strata.rm.sources import (
     best_of_n,
     level1_gain,
     newest_policy_checkpoint,
-    pick_perturbation,
 )
 from strata.zoo.build import ZooPaths
 
@@ -30,15 +29,6 @@ def test_best_of_n_takes_the_draw_the_rm_rates_highest_per_prompt_and_the_first_
         best_of_n([[1.0, 2.0], [1.0]])
     with pytest.raises(ValueError):
         best_of_n([])
-
-
-def test_perturbations_alternate_kinds_by_answer_and_fall_back_to_the_kind_that_changed_something() -> None:
-    synonyms, reorders = ["swapped words"], ["reordered sentences"]
-    assert pick_perturbation([synonyms, reorders], 0) == "swapped words"
-    assert pick_perturbation([synonyms, reorders], 1) == "reordered sentences"
-    assert pick_perturbation([[], reorders], 0) == "reordered sentences"  # one sentence: only synonyms apply...
-    assert pick_perturbation([synonyms, []], 1) == "swapped words"
-    assert pick_perturbation([[], []], 3) is None  # ...and an answer neither changes adds no label
 
 
 def answers(oracle: list[float], tier: str = "level1") -> list[PolicyAnswer]:
