@@ -14,10 +14,10 @@ event the data topics retain: it came back empty (or predates the marker). :func
 Accounting: :class:`History` folds the events of the prompt, rollout and reward topics into what
 each prompt's requests did, and :func:`losses` says per prompt hash whether its text and its
 responses' texts are gone and whether a request was still in flight and can no longer finish. Both
-are pure; :class:`TopicScan` and the marker functions are the I/O.
+are pure; the marker functions are the I/O here, and ``strata.bus.scan.TopicScan`` reads the topics.
 
 Layout of this module: topics, the marker (pure, then Redis), the history and the loss report
-(pure), then the Kafka scan.
+(pure).
 """
 
 from __future__ import annotations
@@ -25,23 +25,16 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import redis
-from kafka import KafkaConsumer
-from kafka.errors import KafkaError
-from kafka.structs import TopicPartition
 
 from strata.bus import topics
-from strata.bus.security import KafkaTarget, kafka_connection
-from strata.bus.serde import PoisonMessageError, decode
 from strata.bus.topics import Topic
-from strata.bus.worker import Delivery
 from strata.contract.identity import request_identity
-from strata.errors import CliError
 from strata.v1 import common_pb2, events_pb2
 
 log = logging.getLogger(__name__)
@@ -341,120 +334,3 @@ def losses(history: History, present: Collection[str], now_s: float, content_ttl
             sum(cannot_finish(r, text, responses) for r in in_flight),
         ))
     return report
-
-
-# -- reading Kafka -----------------------------------------------------------------------------------
-
-Progress = Callable[[str, int, int], None]  # (topic, events read, events to read)
-
-
-class TopicScan:
-    """Reads whole topics as they are now, no consumer group, nothing committed.
-
-    Short timeouts: a recovery tool must say within seconds that Kafka is unreachable; a read that
-    makes no progress for ``idle_timeout_s`` is an error naming the topic and the address.
-    """
-
-    def __init__(self, cluster: KafkaTarget, client_id: str = "strata-recover", idle_timeout_s: float = 20.0) -> None:
-        self.address = kafka_connection(cluster)["bootstrap_servers"]
-        self._idle_timeout_s = idle_timeout_s
-        self.skipped = 0  # events the last ``events`` call left out
-        try:
-            self._consumer = KafkaConsumer(
-                **kafka_connection(cluster), client_id=client_id, group_id=None, enable_auto_commit=False,
-                bootstrap_timeout_ms=3000, request_timeout_ms=10_000, allow_auto_create_topics=False,
-            )
-        except KafkaError as exc:
-            raise CliError(f"Kafka at {self.address} is unreachable: {exc}") from None
-
-    def close(self) -> None:
-        self._consumer.close(autocommit=False)
-
-    def __enter__(self) -> TopicScan:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def bounds(self, name: str, required: bool = True) -> dict[TopicPartition, tuple[int, int]]:
-        """partition -> (beginning, end) offsets now; a missing topic is a CliError when ``required``."""
-        numbers = self._consumer.partitions_for_topic(name)
-        if not numbers:
-            if not required:
-                return {}
-            raise CliError(f"topic {name} does not exist on Kafka at {self.address} (`strata infra up` creates it)")
-        parts = [TopicPartition(name, p) for p in sorted(numbers)]
-        beginning, end = self._consumer.beginning_offsets(parts), self._consumer.end_offsets(parts)
-        return {tp: (beginning[tp], end[tp]) for tp in parts}
-
-    def _records(self, bounds: Mapping[TopicPartition, tuple[int, int]], progress: Progress | None = None,
-                 first_only: bool = False) -> Iterator[Any]:
-        """Records in ``[beginning, end)`` of each partition, in offset order per partition (only each
-        partition's first with ``first_only``)."""
-        todo = {tp: end for tp, (begin, end) in bounds.items() if begin < end}
-        if not todo:
-            return
-        total, done = sum(end - bounds[tp][0] for tp, end in todo.items()), 0
-        self._consumer.assign(list(todo))
-        for tp in todo:
-            self._consumer.seek(tp, bounds[tp][0])
-        last_progress = time.monotonic()
-        while todo:
-            batches = self._consumer.poll(timeout_ms=500)
-            if not batches and time.monotonic() - last_progress > self._idle_timeout_s:
-                names = ", ".join(sorted({f"{tp.topic}[{tp.partition}]" for tp in todo}))
-                raise CliError(f"could not read {names} from Kafka at {self.address}: no progress for "
-                               f"{self._idle_timeout_s:.0f} s")
-            for tp, records in batches.items():
-                if tp not in todo:
-                    continue
-                last_progress = time.monotonic()
-                for record in records:
-                    if record.offset >= todo[tp]:
-                        break
-                    done += 1
-                    yield record
-                    if first_only:
-                        todo[tp] = -1  # done with it
-                        break
-            for tp in [tp for tp, end in todo.items() if self._consumer.position(tp) >= end]:
-                del todo[tp]
-                self._consumer.pause(tp)
-            if progress is not None and batches:
-                progress(next(iter(bounds)).topic, done, total)
-        self._consumer.assign([])
-
-    def oldest_s(self, topic: Topic[Any]) -> float | None:
-        """The timestamp of the oldest event ``topic`` retains (None when it holds none)."""
-        stamps = [r.timestamp for r in self._records(self.bounds(topic.name), first_only=True)]
-        return min(stamps) / 1000 if stamps else None
-
-    def events(self, topic: Topic[Any], progress: Progress | None = None,
-               skip: Collection[tuple[int, int]] = ()) -> Iterator[Delivery[Any]]:
-        """Every decodable event ``topic`` retains, in offset order per partition; undecodable ones and
-        ``skip`` ((partition, offset): refused for good, see :meth:`refused`) are left out and counted."""
-        self.skipped = 0
-        for record in self._records(self.bounds(topic.name), progress):
-            if (record.partition, record.offset) in skip:
-                self.skipped += 1
-                continue
-            try:
-                message = decode(topic, record.value, record.key)
-            except PoisonMessageError:
-                self.skipped += 1
-                continue
-            yield Delivery(topic, message, record.key, record.partition, record.offset, 1, record.timestamp)
-
-    def refused(self, topic: Topic[Any]) -> set[tuple[int, int]]:
-        """(partition, offset) of ``topic``'s events in its DLQ: what followers refused for good."""
-        found: set[tuple[int, int]] = set()
-        for record in self._records(self.bounds(topic.dlq, required=False)):
-            headers = dict(record.headers or ())
-            if headers.get("strata-dlq-source-topic") != topic.name.encode():
-                continue
-            try:
-                found.add((int(headers.get("strata-dlq-source-partition", b"0")),
-                           int(headers.get("strata-dlq-source-offset", b"-1"))))
-            except ValueError:
-                continue
-        return found

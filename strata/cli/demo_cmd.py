@@ -18,12 +18,11 @@ import os
 import time
 
 import grpc
-from kafka import KafkaConsumer, TopicPartition
 from tqdm import tqdm
 
 from strata import ledger, rpc
 from strata.bus import topics
-from strata.bus.security import kafka_connection
+from strata.bus.scan import TopicScan
 from strata.config import StrataSettings
 from strata.errors import CliError
 from strata.infra import InfraError
@@ -63,14 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def rollout_log_size(settings: StrataSettings) -> int:
-    consumer = KafkaConsumer(**kafka_connection(settings), group_id=None, enable_auto_commit=False)
-    try:
-        partitions = [TopicPartition(topics.ROLLOUT_LOG.name, p)
-                      for p in consumer.partitions_for_topic(topics.ROLLOUT_LOG.name) or ()]
-        begin, end = consumer.beginning_offsets(partitions), consumer.end_offsets(partitions)
-        return sum(end[tp] - begin[tp] for tp in partitions)
-    finally:
-        consumer.close()
+    with TopicScan(settings, client_id="strata-demo") as scan:
+        return scan.size(topics.ROLLOUT_LOG.name)
 
 
 def annotation_lines(address: str, desk: SimulatedDesk) -> list[str]:

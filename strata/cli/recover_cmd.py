@@ -32,8 +32,9 @@ from strata.errors import CliError
 if TYPE_CHECKING:
     import redis
 
+    from strata.bus.scan import TopicScan
     from strata.bus.worker import Delivery
-    from strata.recovery import LossSummary, Marker, PromptLoss, RecoverTopics, TopicScan, Verdict
+    from strata.recovery import LossSummary, Marker, PromptLoss, RecoverTopics, Verdict
     from strata.v1 import events_pb2
     from svc_reward.registry import RmRegistry
     from svc_scheduler.settings import SchedulerSettings
@@ -101,8 +102,8 @@ def _connections(settings: SchedulerSettings, verbose: bool) -> Iterator[tuple[r
     import redis
     from kafka.errors import KafkaError
 
+    from strata.bus.scan import TopicScan
     from strata.content_store import StoreUnavailableError
-    from strata.recovery import TopicScan
 
     kafka_log = logging.getLogger("kafka")
     level = kafka_log.level
@@ -115,7 +116,7 @@ def _connections(settings: SchedulerSettings, verbose: bool) -> Iterator[tuple[r
             client.ping()
         except redis.RedisError as exc:
             raise CliError(f"Redis at {where} does not answer: {exc}") from None
-        with TopicScan(settings) as scan:
+        with TopicScan(settings, client_id="strata-recover") as scan:
             try:
                 yield client, scan
             except KafkaError as exc:

@@ -19,6 +19,7 @@ from strata.diagnose import annotators, memory, repetition, rm_noise, rm_overfit
 from strata.diagnose.items import Pair, load_pairs, suite_pairs
 from strata.diagnose.settings import DiagnoseSettings
 from strata.diagnose.verdict import CheckResult, Verdict, error_result
+from strata.errors import CliError
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def run_check(name: str, settings: DiagnoseSettings) -> CheckResult:
         return run(settings)
     except grpc.RpcError as exc:
         return error_result(name, cure, f"gRPC {exc.code().name}: {exc.details()}")  # type: ignore[attr-defined]
-    except (OSError, LookupError, ValueError, RuntimeError) as exc:
+    except (CliError, OSError, LookupError, ValueError, RuntimeError) as exc:
         log.debug("check %s failed", name, exc_info=True)
         return error_result(name, cure, f"{type(exc).__name__}: {exc}")
 

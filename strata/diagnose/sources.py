@@ -8,13 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kafka import KafkaConsumer
-from kafka.structs import TopicPartition
-
 from strata import rpc
 from strata.bus import topics
-from strata.bus.security import kafka_connection
-from strata.bus.serde import PoisonMessageError, decode
+from strata.bus.scan import TopicScan
 from strata.config import StrataSettings
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.contract.template import format_prompt
@@ -116,32 +112,13 @@ def recent_rollout_events(settings: StrataSettings, max_events: int, since_ms: i
     """
     topic = topics.ROLLOUTS_GENERATED
     wanted = TIER_ENUM.get(tier)
-    consumer = KafkaConsumer(**kafka_connection(settings), group_id=None, enable_auto_commit=False,
-                             client_id="strata-diagnose")
-    try:
-        partitions = [TopicPartition(topic.name, p) for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
-        if not partitions:
-            raise LookupError(f"topic {topic.name} does not exist; is the stack up?")
-        consumer.assign(partitions)
-        begin, end = consumer.beginning_offsets(partitions), consumer.end_offsets(partitions)
-        depth = per_partition or 4 * max_events
-        for tp in partitions:
-            consumer.seek(tp, max(begin[tp], end[tp] - depth))
-        events: list[tuple[int, events_pb2.RolloutGenerated]] = []
-        while any(consumer.position(tp) < end[tp] for tp in partitions):
-            for tp, records in consumer.poll(timeout_ms=1000).items():
-                for record in records:
-                    if record.offset >= end[tp]:
-                        continue
-                    try:
-                        event = decode(topic, record.value, record.key)
-                    except PoisonMessageError:
-                        continue
-                    at_ms = event.generated_at.ToMilliseconds() or record.timestamp
-                    if at_ms >= since_ms and (wanted is None or event.tier == wanted):
-                        events.append((at_ms, event))
-    finally:
-        consumer.close(autocommit=False)
+    events: list[tuple[int, events_pb2.RolloutGenerated]] = []
+    with TopicScan(settings, client_id="strata-diagnose") as scan:
+        for delivery in scan.events(topic, bounds=scan.newest(topic.name, per_partition or 4 * max_events)):
+            event = delivery.message
+            at_ms = event.generated_at.ToMilliseconds() or delivery.timestamp_ms
+            if at_ms >= since_ms and (wanted is None or event.tier == wanted):
+                events.append((at_ms, event))
     events.sort(key=lambda pair: pair[0])
     return [event for _, event in events[-max_events:]]
 

@@ -111,39 +111,23 @@ class SourceUnavailableError(Exception):
 def historical_rollouts(settings: Any, limit: int, timeout_s: float = 30.0) -> tuple[list[dict[str, Any]], int]:
     """The newest ``limit`` distinct (prompt, response) pairs of the rollout log, with their texts from
     the content store. Returns the rows and how many were logged but have expired from the store."""
-    from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
-    from strata.bus import decode, topics
-    from strata.bus.security import kafka_connection
+    from strata.bus import topics
+    from strata.bus.scan import TopicScan
     from strata.content_store import ContentNotFoundError, ContentStore, StoreUnavailableError
+    from strata.errors import CliError
 
-    try:
-        consumer = KafkaConsumer(**kafka_connection(settings), group_id=None, enable_auto_commit=False,
-                                 request_timeout_ms=15_000, bootstrap_timeout_ms=5_000)
-    except KafkaError as exc:
-        raise SourceUnavailableError(f"Kafka at {settings.kafka_address}: {exc}") from exc
     logged: dict[tuple[str, str], float] = {}
-    try:
-        partitions = [TopicPartition(topics.ROLLOUT_LOG.name, p)
-                      for p in sorted(consumer.partitions_for_topic(topics.ROLLOUT_LOG.name) or ())]
-        if not partitions or limit <= 0:
-            return [], 0
-        consumer.assign(partitions)
-        begin, end = consumer.beginning_offsets(partitions), consumer.end_offsets(partitions)
-        per_partition = max(1, limit // len(partitions))
-        for tp in partitions:
-            consumer.seek(tp, max(begin[tp], end[tp] - per_partition))
-        deadline = time.monotonic() + timeout_s
-        while any(consumer.position(tp) < end[tp] for tp in partitions) and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=500).values():
-                for record in records:
-                    event = decode(topics.ROLLOUT_LOG, record.value, record.key)
-                    logged[(event.prompt_hash, event.response_hash)] = event.reward
-    except KafkaError as exc:
-        raise SourceUnavailableError(f"rollout log on {settings.kafka_address}: {exc}") from exc
-    finally:
-        consumer.close()
+    if limit > 0:
+        try:
+            with TopicScan(settings, client_id="strata-rm", idle_timeout_s=timeout_s) as scan:
+                per_partition = max(1, limit // max(1, len(scan.bounds(topics.ROLLOUT_LOG.name, required=False))))
+                newest = scan.newest(topics.ROLLOUT_LOG.name, per_partition, required=False)
+                for delivery in scan.events(topics.ROLLOUT_LOG, bounds=newest):
+                    logged[(delivery.message.prompt_hash, delivery.message.response_hash)] = delivery.message.reward
+        except (CliError, KafkaError) as exc:
+            raise SourceUnavailableError(f"rollout log on {settings.kafka_address}: {exc}") from exc
     store = ContentStore.from_url(settings.redis_address, settings.content_ttl_s, settings.content_max_bytes)
     rows, expired = [], 0
     try:
