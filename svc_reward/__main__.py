@@ -15,7 +15,7 @@ from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, service_main
 from strata.v1 import reward_pb2, reward_pb2_grpc
 from svc_reward.config import RewardSettings
-from svc_reward.models import RewardModels
+from svc_reward.models import RewardModels, ScoringOptions
 from svc_reward.registry import RmRegistry, register_served
 from svc_reward.rm_watch import RmWatcher
 from svc_reward.servicer import RewardServicer
@@ -34,11 +34,8 @@ def model_paths(settings: RewardSettings) -> tuple[list[str], str]:
 
 
 def load_models(settings: RewardSettings, light: list[str], strong: str) -> RewardModels:
-    return RewardModels(
-        light, strong, settings.device, settings.dtype,
-        settings.temperature, settings.aggregation, settings.score_batch_size, settings.max_length,
-        settings.light_rm_version, settings.strong_rm_version,
-    )
+    return RewardModels(light, strong, ScoringOptions.of(settings), settings.light_rm_version,
+                        settings.strong_rm_version)
 
 
 def build(settings: RewardSettings) -> ServiceParts:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from strata import ledger
 from strata.contract.checksums import version_id, weights_checksum
@@ -16,6 +17,9 @@ from strata.devicetime import device_clock
 from strata.models.loading import LoadedModel, load_reward_model
 from strata.models.reward import reward_logits_and_lengths
 from svc_reward.scoring import aggregate, tempered_reward
+
+if TYPE_CHECKING:
+    from svc_reward.config import RewardSettings
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,25 @@ class Scores:
     charges: list[ledger.Charge]  # each item's cost, every ensemble member included (R4)
 
 
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How the reward models load and score: device and dtype, the scoring temperature and ensemble
+    aggregation (R8), and the batch and token limits."""
+
+    device: str = "cpu"
+    dtype: str = "auto"
+    temperature: float = 1.0
+    aggregation: str = "mean"
+    batch_size: int = 32
+    max_length: int = 256
+
+    @classmethod
+    def of(cls, settings: RewardSettings) -> ScoringOptions:
+        """The service's settings (or their defaults, as a tool reads them)."""
+        return cls(settings.device, settings.dtype, settings.temperature, settings.aggregation,
+                   settings.score_batch_size, settings.max_length)
+
+
 @dataclass
 class _Scorer:
     members: list[LoadedModel]
@@ -33,19 +56,16 @@ class _Scorer:
 
 
 class RewardModels:
-    def __init__(self, light_paths: Sequence[str], strong_path: str | None, device: str, dtype: str,
-                 temperature: float, aggregation: str, batch_size: int, max_length: int,
+    def __init__(self, light_paths: Sequence[str], strong_path: str | None, options: ScoringOptions,
                  light_version: str | None = None, strong_version: str | None = None) -> None:
-        self._device, self._dtype = device, dtype
-        self._temperature, self._aggregation = temperature, aggregation
-        self._batch_size, self._max_length = batch_size, max_length
+        self._options = options
         self._lock = threading.Lock()
         self._light = self._load(light_paths, light_version, "light")
         self._strong = self._load([strong_path], strong_version, "strong") if strong_path else None
         self._clock = device_clock(self._light.members[0].device)  # device-seconds (R4)
 
     def _load(self, paths: Sequence[str], version: str | None, prefix: str) -> _Scorer:
-        members = [load_reward_model(p, device=self._device, dtype=self._dtype) for p in paths]
+        members = [load_reward_model(p, device=self._options.device, dtype=self._options.dtype) for p in paths]
         if version is None:
             version = "+".join(version_id(prefix, weights_checksum([p])) for p in paths)
         return _Scorer(members, version)
@@ -76,11 +96,12 @@ class RewardModels:
                 raise LookupError("no strong reward model is configured (--strong-rm)")
             member_rewards = []
             for i, m in enumerate(scorer.members):
-                logits, lengths = reward_logits_and_lengths(m, prompts, responses, self._batch_size, self._max_length)
-                member_rewards.append(tempered_reward(logits, self._temperature))
+                logits, lengths = reward_logits_and_lengths(m, prompts, responses, self._options.batch_size,
+                                                             self._options.max_length)
+                member_rewards.append(tempered_reward(logits, self._options.temperature))
                 if i == 0:
                     tokens = lengths  # as the first member read them (the ledger's)
-            rewards, spreads = aggregate(member_rewards, self._aggregation)
+            rewards, spreads = aggregate(member_rewards, self._options.aggregation)
             seconds = self._clock() - started
         charges = self._charges(scorer, tokens, seconds, strong)
         return Scores(rewards.tolist(), spreads.tolist(), scorer.version, charges)

@@ -18,6 +18,7 @@ Recall on the unsafe answers, false positives on the others, per degradation kin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 
@@ -100,7 +101,7 @@ def run_escalation(args: argparse.Namespace) -> int:
     from svc_probe.core import ProbeRules, probe
     from svc_reward.calibrate import operating_points, threshold_for_catch
     from svc_reward.config import RewardSettings
-    from svc_reward.models import RewardModels
+    from svc_reward.models import RewardModels, ScoringOptions
 
     if args.prompts < 10 or not 0 < args.target_catch <= 1:
         raise CliError("--prompts must be >= 10 and --target-catch in (0, 1]")
@@ -121,8 +122,8 @@ def run_escalation(args: argparse.Namespace) -> int:
     level1 = load_causal_lm(zoo.level1, device="cpu")
     answers = generate(level1, [r.text for r, _ in level1_records],
                        [tuple(n for n, _ in res.directions) for _, res in level1_records], sampling)
-    rms = RewardModels([str(zoo.light_rm)], None, "cpu", "auto", reward_settings.temperature,
-                       reward_settings.aggregation, reward_settings.score_batch_size, reward_settings.max_length)
+    options = dataclasses.replace(ScoringOptions.of(reward_settings), device="cpu", dtype="auto")
+    rms = RewardModels([str(zoo.light_rm)], None, options)
     scores = rms.score([r.text for r, _ in level1_records], [a.text for a in answers]).rewards
     oracle = [judge(r, a.text).score for (r, _), a in zip(level1_records, answers, strict=True)]
     bad = [o < args.bad_threshold for o in oracle]

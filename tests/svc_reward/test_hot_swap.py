@@ -25,7 +25,7 @@ from strata.models.loading import load_reward_model
 from strata.models.reward import score_responses
 from strata.v1 import common_pb2, events_pb2
 from svc_reward.config import RewardSettings
-from svc_reward.models import RewardModels
+from svc_reward.models import RewardModels, ScoringOptions
 from svc_reward.registry import RmRegistry, describe, update_event
 from svc_reward.rm_watch import RmWatcher
 from svc_reward.worker import RewardWorker
@@ -48,8 +48,7 @@ def registry(redis_client: redis.Redis) -> RmRegistry:
 
 
 def light_models(path: Path) -> RewardModels:
-    return RewardModels([str(path)], None, "cpu", "float32", temperature=1.0, aggregation="mean", batch_size=8,
-                        max_length=64)
+    return RewardModels([str(path)], None, ScoringOptions(dtype="float32", batch_size=8, max_length=64))
 
 
 class ScoredReader:
