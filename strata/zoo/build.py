@@ -49,6 +49,7 @@ from strata.models.loading import ZOO_INFO_FILE, load_causal_lm, load_reward_mod
 from strata.models.pretrained import TRUNKS, trunk_dir
 from strata.models.reward import save_rm_tokenizer
 from strata.models.training import ModelShape, TrainConfig
+from strata.rm.augment import perturb_each
 from strata.rm.recipe import (
     STUDENT_INIT_DIR,
     StrongRecipe,
@@ -80,7 +81,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "level1": ("level1", "level1_train", "block_size", "n_positions", "lm_responses_per_prompt"),
     "level2": ("level2", "level2_train", "level2_grow_layers", "level2_grow_train", "block_size", "n_positions",
                "lm_responses_per_prompt"),
-    "rm_data": ("rm_group_size", "rm_model_samples", "sample_max_new_tokens"),
+    "rm_data": ("rm_group_size", "rm_model_samples", "rm_perturbed_samples", "sample_max_new_tokens"),
     "rm_strong": ("rm_strong_init", "rm_strong", "rm_strong_init_layers", "rm_strong_train", "rm_n_bins",
                   "rm_max_length", "rm_pairwise_weight", "n_positions", "rm_strong_match_pairs",
                   "rm_strong_feature_weight", "rm_strong_widen", "rm_strong_grow_layers", "rm_strong_grow_train",
@@ -163,6 +164,10 @@ class ZooConfig:
     level2_grow_train: TrainConfig = LEVEL2_GROW_TRAIN
     rm_group_size: int = 4  # per train prompt: a reference and this many minus one degradations of it
     rm_model_samples: int = 600  # responses sampled from each of Level-1 and Level-2 for RM data (on-policy)
+    # Each of those samples also joins its group as a near miss (the article's §5.1): its words swapped or
+    # its sentences reordered, re-scored by the oracle. The best source of label per label measured
+    # (`strata rm sources`: +0.038 Level-1 Spearman on the default zoo, +0.058 on the ci zoo).
+    rm_perturbed_samples: bool = True
     rm_pairwise_weight: float = 1.0  # weight of the in-group ranking loss (0: scores only)
     rm_n_bins: int = 11  # RM logits over 0, 0.5, ..., 5; reward = expected value
     # RM input tokens, saved as the tokenizer's model_max_length (serving truncates alike). All of nearly
@@ -501,7 +506,8 @@ class ZooBuilder:
 
     def _rm_data(self, out: Path) -> dict[str, Any]:
         """Oracle-labelled answers in groups (one per train prompt): a reference and degradations of it,
-        plus, for some prompts, a Level-1 and a Level-2 sample joining that prompt's group."""
+        plus, for some prompts, a Level-1 and a Level-2 sample and a perturbed copy of each joining that
+        prompt's group."""
         groups = corpus.rm_groups(self.train_records, self.cfg.rm_group_size, self.cfg.seed)
         rows = [_pair_row(p.record, p.response, p.kind, g) for g, group in enumerate(groups) for p in group]
         group_of = {group[0].record.id: g for g, group in enumerate(groups)}
@@ -512,8 +518,11 @@ class ZooBuilder:
             directions = [corpus.sample_directions(r, rng) for r in records]
             sampling = SamplingConfig(max_new_tokens=self.cfg.sample_max_new_tokens, seed=self.cfg.seed)
             generations = generate(lm, [r.text for r in records], directions, sampling)
-            rows += [_pair_row(r, g.text, f"sample:{role}", group_of[r.id])
-                     for r, g in zip(records, generations, strict=True)]
+            samples = [_pair_row(r, g.text, f"sample:{role}", group_of[r.id])
+                       for r, g in zip(records, generations, strict=True)]
+            rows += samples
+            if self.cfg.rm_perturbed_samples:
+                rows += near_miss_rows(samples, {r.id: r for r in records}, self.cfg.seed + 2)
         with (out / self.paths.rm_data.name).open("w", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
@@ -678,6 +687,14 @@ def match_pool(records: list[PromptRecord], seed: int) -> MatchPool:
                  _pair_row(swap.other, swap.response, swap.kind, -1)]
     return MatchPool([format_rm_input(row["prompt"], row["response"]) for row in rows],
                      [row["score"] for row in rows], rm_features(rows))
+
+
+def near_miss_rows(samples: list[dict[str, Any]], records: dict[str, PromptRecord], seed: int) -> list[dict[str, Any]]:
+    """A near miss of each sample row where it has one (``augment.perturb_each``), re-scored by the
+    oracle, in the sample's group; its kind ``perturbed:<tier>`` for a ``sample:<tier>`` row."""
+    texts = perturb_each([row["response"] for row in samples], seed)
+    return [_pair_row(records[row["prompt_id"]], text, row["kind"].replace("sample:", "perturbed:", 1), row["group"])
+            for row, text in zip(samples, texts, strict=True) if text is not None]
 
 
 def _pair_row(record: PromptRecord, response: str, kind: str, group: int) -> dict[str, Any]:

@@ -22,11 +22,14 @@ from strata.zoo.build import (
     ZooPaths,
     ZooSettings,
     as_zoo_settings,
+    near_miss_rows,
     resolve_config,
     stage_key,
     with_overrides,
     zoo_paths,
 )
+from strata.zoo.oracle import oracle_score
+from strata.zoo.suite import load_suite
 from svc_reward.registry import describe
 
 MICRO_SHAPE = ModelShape(n_embd=16, n_layer=1, n_head=2)
@@ -123,6 +126,9 @@ def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path
     rows = [json.loads(line) for line in paths.rm_data.open()]
     assert {"prompt", "response", "score", "kind", "group"} <= set(rows[0])
     assert any(row["kind"].startswith("sample:level2") for row in rows)
+    samples = [row for row in rows if row["kind"].startswith("sample:")]
+    assert [row for row in rows if row["kind"].startswith("perturbed:")] == near_miss_rows(
+        samples, {record.id: record for record in load_suite("train")}, config.seed + 2)
     for group in groups_of(rows):  # one prompt per group: the contrast is between its answers
         assert len({rows[i]["prompt_id"] for i in group}) == 1 and len(group) >= config.rm_group_size
 
@@ -211,3 +217,15 @@ def test_stage_keys_follow_what_each_stage_reads() -> None:
         "level2", "rm_data", "rm_strong", "rm_light"}
     assert stage_key(level2_init, "rm_strong") != stage_key(base, "rm_strong")
     assert changed_stages(seed=1) == set(ROLES)
+
+
+def test_near_misses_join_their_samples_group_re_scored_by_the_oracle() -> None:
+    records = load_suite("train")[:3]
+    prose = ("The idea is simple. Check the result first. Then measure it again.", "Zebra.")
+    samples = [{"prompt_id": r.id, "prompt": r.text, "response": prose[i % 2], "kind": f"sample:level{1 + i % 2}",
+                "group": 10 + i, "score": 0.0} for i, r in enumerate(records)]
+    rows = near_miss_rows(samples, {r.id: r for r in records}, seed=0)
+    assert [row["group"] for row in rows] == [10, 12]  # "Zebra." has nothing to swap or reorder: no near miss
+    assert all(row["kind"] == "perturbed:level1" and row["response"] != prose[0] for row in rows)
+    rescored = [oracle_score(records[i], row["response"]) for i, row in zip((0, 2), rows, strict=True)]
+    assert [row["score"] for row in rows] == rescored
