@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     def progress(stats: RoundStats, advanced: int) -> None:
         bar.n = min(advanced, args.updates)
         reward = "-" if stats.mean_reward is None else f"{stats.mean_reward:.2f}"
-        bar.set_postfix_str(f"round {stats.round} reward {reward} finals {stats.finals}")
+        bar.set_postfix_str(f"round {stats.round} reward {reward} finals {stats.finals}", refresh=False)
         bar.refresh()
 
     desk = SimulatedDesk(Addresses().annotation, demo_pool()).start()

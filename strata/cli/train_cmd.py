@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         bar.n = min(advanced, args.updates)
         reward = "-" if stats.mean_reward is None else f"{stats.mean_reward:.2f}"
         bar.set_postfix_str(f"round {stats.round} v{stats.policy_version} reward {reward} "
-                            f"finals {stats.finals}")
+                            f"finals {stats.finals}", refresh=False)
         bar.refresh()
 
     try:

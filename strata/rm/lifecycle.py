@@ -367,7 +367,7 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
             def report(step: int, loss: float, bar: Any = bar) -> None:
                 bar.update(1)
                 if step % 20 == 0:
-                    bar.set_postfix(kl=f"{loss:.4f}")
+                    bar.set_postfix(kl=f"{loss:.4f}", refresh=False)
 
             losses.append(train_light(model, strong.tokenizer, texts, teacher, cfg, report))
         out = staging if options.members == 1 else staging / f"member-{member}"

@@ -179,7 +179,7 @@ def train_reward_model(
             if heads and feature_weight > 0:
                 match_loss = match_loss + feature_weight * _features_loss(heads, match_pooled, match_labels)
             optimizer_step(trained, match_optimizer, match_loss, cfg, step, float("nan"))
-        bar.set_postfix(loss=f"{loss_ema:.3f}")
+        bar.set_postfix(loss=f"{loss_ema:.3f}", refresh=False)  # drawn at the bar's own pace
     model.eval()
     logger.info("%s: %d steps%s, final loss %.3f", desc, cfg.steps,
                 f" (+ {cfg.steps} match steps of {match_pairs} pairs)" if matcher is not None else "", loss_ema)

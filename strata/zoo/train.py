@@ -70,7 +70,7 @@ def train_causal_lm(model: GPT2LMHeadModel, stream: torch.Tensor, block_size: in
         x = torch.stack([stream[s : s + block_size] for s in starts.tolist()])  # (B, T)
         loss = model(input_ids=x, labels=x).loss  # HF shifts the labels by one inside
         loss_ema = optimizer_step(model, optimizer, loss, cfg, step, loss_ema)
-        bar.set_postfix(loss=f"{loss_ema:.3f}")
+        bar.set_postfix(loss=f"{loss_ema:.3f}", refresh=False)  # drawn at the bar's own pace
     model.eval()
     logger.info("%s: %d steps, final loss %.3f", desc, cfg.steps, loss_ema)
     return loss_ema
