@@ -44,7 +44,7 @@ DEVICE_VARIABLES = ("STRATA_DEVICE", "STRATA_ENCODER_DEVICE")
 GPU_OVERRIDE = "compose.override.yaml"
 CPU_OVERRIDE = "compose.cpu.yaml"
 # Variables that are not settings but are read by libraries inside the container.
-NON_SETTINGS_ENV = {"HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES", "TRANSFORMERS_OFFLINE"}
+NON_SETTINGS_ENV = {"HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES", "TRANSFORMERS_OFFLINE", "TQDM_MININTERVAL"}
 
 _VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 
