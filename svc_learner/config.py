@@ -15,6 +15,9 @@ from pydantic import Field, model_validator
 from strata.config import StrataSettings
 from svc_learner.ppo import PPOConfig
 
+# The math's defaults, written once in ppo.py; the settings only add bounds and descriptions.
+PPO_DEFAULTS = PPOConfig()
+
 
 class LearnerSettings(StrataSettings):
     """PPO hyperparameters, staleness policy, checkpoints and the service's port."""
@@ -27,47 +30,75 @@ class LearnerSettings(StrataSettings):
     dtype: str = Field("float32", description="training dtype of the policy (float32 keeps Adam simple on CPU)")
 
     # Returns and advantages.
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount per token (1.0: one response = one episode)")
-    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE λ")
-    norm_adv: bool = Field(True, description="whiten advantages over the batch's response tokens")
+    gamma: float = Field(
+        PPO_DEFAULTS.gamma, ge=0.0, le=1.0, description="discount per token (1.0: one response = one episode)"
+    )
+    gae_lambda: float = Field(PPO_DEFAULTS.gae_lambda, ge=0.0, le=1.0, description="GAE λ")
+    norm_adv: bool = Field(PPO_DEFAULTS.norm_adv, description="whiten advantages over the batch's response tokens")
 
     # Clipping (R17 rule 2: adaptive clip).
     clip_mode: Literal["fixed", "adaptive"] = Field(
-        "adaptive", description="fixed: ε = clip_coef; adaptive: ε from the batch KL to the reference (R17)"
+        PPO_DEFAULTS.clip_mode,
+        description="fixed: ε = clip_coef; adaptive: ε from the batch KL to the reference (R17)",
     )
-    clip_coef: float = Field(0.2, gt=0.0, lt=1.0, description="ε of the fixed clip mode (CleanRL default 0.2)")
-    clip_eps_low: float = Field(0.02, gt=0.0, lt=1.0, description="adaptive ε when the batch KL <= clip_kl_low")
-    clip_eps_high: float = Field(0.1, gt=0.0, lt=1.0, description="adaptive ε when the batch KL >= clip_kl_high")
-    clip_kl_low: float = Field(0.02, ge=0.0, description="batch KL (per token, k3) at and under which ε = eps_low")
-    clip_kl_high: float = Field(0.1, gt=0.0, description="batch KL (per token, k3) at and over which ε = eps_high")
-    vf_clip_coef: float = Field(0.2, gt=0.0, description="value clip range, in reward units (TRL cliprange_value)")
-    clip_vloss: bool = Field(True, description="clip the value loss around the old values (CleanRL clip_vloss)")
+    clip_coef: float = Field(
+        PPO_DEFAULTS.clip_coef, gt=0.0, lt=1.0, description="ε of the fixed clip mode (CleanRL default 0.2)"
+    )
+    clip_eps_low: float = Field(
+        PPO_DEFAULTS.clip_eps_low, gt=0.0, lt=1.0, description="adaptive ε when the batch KL <= clip_kl_low"
+    )
+    clip_eps_high: float = Field(
+        PPO_DEFAULTS.clip_eps_high, gt=0.0, lt=1.0, description="adaptive ε when the batch KL >= clip_kl_high"
+    )
+    clip_kl_low: float = Field(
+        PPO_DEFAULTS.clip_kl_low, ge=0.0, description="batch KL (per token, k3) at and under which ε = eps_low"
+    )
+    clip_kl_high: float = Field(
+        PPO_DEFAULTS.clip_kl_high, gt=0.0, description="batch KL (per token, k3) at and over which ε = eps_high"
+    )
+    vf_clip_coef: float = Field(
+        PPO_DEFAULTS.vf_clip_coef, gt=0.0, description="value clip range, in reward units (TRL cliprange_value)"
+    )
+    clip_vloss: bool = Field(
+        PPO_DEFAULTS.clip_vloss, description="clip the value loss around the old values (CleanRL clip_vloss)"
+    )
 
     # KL penalty against the frozen reference (R17 rule 1: warm-up).
-    kl_coef: float = Field(0.05, ge=0.0, description="target β of the per-token KL penalty to the reference model")
-    kl_warmup_updates: int = Field(100, ge=0, description="β rises linearly from 0 to kl_coef over this many updates")
+    kl_coef: float = Field(
+        PPO_DEFAULTS.kl_coef, ge=0.0, description="target β of the per-token KL penalty to the reference model"
+    )
+    kl_warmup_updates: int = Field(
+        PPO_DEFAULTS.kl_warmup_updates, ge=0, description="β rises linearly from 0 to kl_coef over this many updates"
+    )
 
     # Loss weights and optimisation.
-    ent_coef: float = Field(0.0, ge=0.0, description="entropy bonus weight (0: the KL penalty already regularises)")
-    vf_coef: float = Field(0.1, ge=0.0, description="value loss weight (TRL's 0.1)")
+    ent_coef: float = Field(
+        PPO_DEFAULTS.ent_coef, ge=0.0, description="entropy bonus weight (0: the KL penalty already regularises)"
+    )
+    vf_coef: float = Field(PPO_DEFAULTS.vf_coef, ge=0.0, description="value loss weight (TRL's 0.1)")
     value_trunk_grad: bool = Field(
         False, description="let the value loss train the LM trunk the value head shares (TRL); off: the head "
         "reads detached features and cannot move the policy (a fresh head's large early errors otherwise "
         "drive the LM away from the reference)")
-    max_grad_norm: float = Field(1.0, gt=0.0, description="global gradient-norm clip per minibatch step")
+    max_grad_norm: float = Field(
+        PPO_DEFAULTS.max_grad_norm, gt=0.0, description="global gradient-norm clip per minibatch step"
+    )
     learning_rate: float = Field(1e-5, gt=0.0, description="Adam learning rate (tiny CPU models want ~1e-4..1e-3)")
     adam_eps: float = Field(1e-5, gt=0.0, description="Adam ε (CleanRL uses 1e-5 rather than torch's 1e-8)")
-    update_epochs: int = Field(4, ge=1, description="PPO epochs over each batch")
-    minibatch_size: int = Field(8, ge=1, description="sequences per gradient step")
+    update_epochs: int = Field(PPO_DEFAULTS.update_epochs, ge=1, description="PPO epochs over each batch")
+    minibatch_size: int = Field(PPO_DEFAULTS.minibatch_size, ge=1, description="sequences per gradient step")
     batch_size: int = Field(32, ge=1, description="samples (scored responses) per PPO update")
-    target_kl: float | None = Field(None, gt=0.0, description="stop an update's epochs once approx_kl exceeds it")
+    target_kl: float | None = Field(
+        PPO_DEFAULTS.target_kl, gt=0.0, description="stop an update's epochs once approx_kl exceeds it"
+    )
 
     # Staleness (R13).
     max_staleness: int = Field(
         2, ge=0, description="refuse samples more than this many policy versions behind the current one (counted)"
     )
     is_truncation: float = Field(
-        1.0, gt=0.0, description="c̄ of the truncated importance weights min(c̄, π_old/π_behaviour) of stale samples"
+        PPO_DEFAULTS.is_truncation, gt=0.0,
+        description="c̄ of the truncated importance weights min(c̄, π_old/π_behaviour) of stale samples",
     )
 
     # Checkpoints and serving.

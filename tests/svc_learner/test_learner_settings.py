@@ -63,6 +63,10 @@ def test_ppo_config_copies_every_ppo_field() -> None:
         assert getattr(config, field.name) == getattr(settings, field.name), field.name
 
 
+def test_settings_default_to_the_math_defaults_written_once_in_ppo_py() -> None:
+    assert LearnerSettings().ppo_config() == PPOConfig()
+
+
 def test_checkpoints_follow_the_state_dir_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     assert LearnerSettings(state_dir=Path("/srv/strata")).checkpoint_dir == Path("/srv/strata/learner/checkpoints")
     monkeypatch.setenv("STRATA_STATE_DIR", "/var/lib/strata")
