@@ -14,8 +14,11 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass
 
 import redis
+from kafka.producer.future import FutureRecordMetadata
 from prometheus_client import Counter, Histogram
 
 from strata import ledger, risk
@@ -47,6 +50,24 @@ def escalation_key(event: events_pb2.RolloutGenerated) -> str:
     return f"strata:reward:escalated:{event.prompt_hash}:{event.request_id}"
 
 
+@dataclass(frozen=True)
+class _ItemScore:
+    reward: float
+    spread: float  # across the ensemble's members (0 for one RM)
+    version: str
+    scorer: int  # common_pb2.Scorer
+
+
+@dataclass(frozen=True)
+class _Emitted:
+    """What ``_emit`` published for one rollout, for the batch to claim and book once acknowledged."""
+
+    futures: list[FutureRecordMetadata]
+    final: bool
+    annotated: bool
+    escalation: str | None  # the escalation key, when this rollout escalated its prompt
+
+
 class RewardWorker:
     def __init__(self, settings: RewardSettings, models: RewardModels, store: ContentStore,
                  client: redis.Redis, publisher: Publisher) -> None:
@@ -75,6 +96,7 @@ class RewardWorker:
             by_tier[TIER_NUMBER[event.tier]].append(event)
         futures = []
         escalations: set[str] = set()  # escalation keys published in this batch, claimed once acknowledged
+        escalated = set(escalated_before)  # ... and every key no later sample may escalate again
         finals: list[int] = []
         charges: list[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]] = []
         for tier, events in by_tier.items():
@@ -94,14 +116,20 @@ class RewardWorker:
             scorer = common_pb2.SCORER_STRONG if tier == 2 and self._models.has_strong else common_pb2.SCORER_LIGHT
             for event, response, reward, spread, charge in zip(events, responses, scores.rewards, scores.spreads,
                                                                scores.charges, strict=True):
-                annotated: list[bool] = []
                 unsafe = risk.detect_unsafe_advice(response) if self._settings.flag_unsafe else None
                 if unsafe is not None:
                     UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
-                futures.extend(self._emit(tier, event, reward, spread, scores.version, scorer, finals, annotated,
-                                          unsafe is not None, escalations, escalated_before))
-                review = [ledger.Charge("human_review", tier, human_seconds=self._settings.review_seconds_per_item)
-                          for _ in annotated]
+                item = _ItemScore(reward, spread, scores.version, scorer)
+                emitted = self._emit(tier, event, item, unsafe is not None, escalated)
+                futures.extend(emitted.futures)
+                if emitted.final:
+                    finals.append(tier)  # counted once the batch is acknowledged
+                if emitted.escalation is not None:
+                    escalations.add(emitted.escalation)
+                    escalated.add(emitted.escalation)
+                # Booked as human review once the batch is acknowledged.
+                review = ([ledger.Charge("human_review", tier, human_seconds=self._settings.review_seconds_per_item)]
+                          if emitted.annotated else [])
                 charges.append((event, [charge, *review]))
         self._publisher.wait(futures)
         for key in escalations:  # acknowledged: now claim, so that no later sample escalates again
@@ -120,9 +148,11 @@ class RewardWorker:
                     ledger.book(self._redis, event.prompt_hash, event.request_id, booked, ttl, pipe=pipe)
                 pipe.execute()
 
-    def _emit(self, tier: int, event: events_pb2.RolloutGenerated, reward: float, spread: float, version: str,
-              scorer: int, finals: list[int], annotated: list[bool], unsafe: bool,
-              escalations: set[str], escalated_before: set[str]) -> list:
+    def _emit(self, tier: int, event: events_pb2.RolloutGenerated, score: _ItemScore, unsafe: bool,
+              escalated: Collection[str]) -> _Emitted:
+        """Publish what one scored rollout leads to (its reward; the rollout log, an escalation, an
+        annotation request as ``decide`` says); nothing is claimed or booked until the batch is acknowledged."""
+        reward, spread, version, scorer = score.reward, score.spread, score.version, score.scorer
         s = self._settings
         outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
                          s.annotate_level2, unsafe=unsafe, await_annotation=s.await_annotation,
@@ -141,9 +171,9 @@ class RewardWorker:
         if outcome.final:
             futures.append(self._publisher.publish(topics.ROLLOUT_LOG, events_pb2.RolloutLogRecord(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, reward=reward)))
-            finals.append(tier)  # counted once the batch is acknowledged
         key = escalation_key(event)
-        if outcome.escalate and key not in escalations and key not in escalated_before:
+        escalates = outcome.escalate and key not in escalated
+        if escalates:
             escalation = events_pb2.PromptRouted(
                 prompt_hash=event.prompt_hash, tier=common_pb2.TIER_LEVEL_2, decision=common_pb2.DECISION_LEVEL_2,
                 reason=f"escalated: {outcome.reason}", sampling=event.sampling, n_samples=1,
@@ -155,7 +185,6 @@ class RewardWorker:
             escalation.submitted_at.CopyFrom(event.routed_at)
             escalation.routed_at.GetCurrentTime()
             futures.append(self._publisher.publish(topics.PROMPTS_LEVEL2, escalation))
-            escalations.add(key)
         if outcome.annotate:
             request = events_pb2.AnnotationRequested(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
@@ -164,8 +193,7 @@ class RewardWorker:
             )
             request.requested_at.GetCurrentTime()
             futures.append(self._publisher.publish(topics.ANNOTATIONS_REQUESTED, request))
-            annotated.append(True)  # booked as human review once the batch is acknowledged
         log.info("reward tier=%d prompt=%s response=%s reward=%.3f rm=%s final=%s escalate=%s unsafe=%s", tier,
                  event.prompt_hash[:12], event.response_hash[:12], reward, version, outcome.final, outcome.escalate,
                  unsafe)
-        return futures
+        return _Emitted(futures, outcome.final, outcome.annotate, key if escalates else None)
