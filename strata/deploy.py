@@ -27,7 +27,7 @@ import yaml
 from strata.config import StrataSettings, add_settings_flags
 
 SETTINGS_OF_MODULE = {
-    "svc_scheduler": "svc_scheduler.settings:SchedulerSettings",
+    "svc_scheduler": "svc_scheduler.config:SchedulerSettings",
     "svc_probe": "svc_probe.config:ProbeSettings",
     "svc_generator": "svc_generator.config:GeneratorSettings",
     "svc_reward": "svc_reward.config:RewardSettings",

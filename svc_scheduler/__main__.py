@@ -26,10 +26,10 @@ from strata.rpc import ServiceBinding, token_table
 from strata.rpc_auth import CallerIdentity
 from strata.service import ServiceParts, run_service
 from strata.telemetry import setup_logging
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.encoder import Encoder
 from svc_scheduler.engine import SchedulerEngine
 from svc_scheduler.servicer import SERVICE_NAME, SchedulerServicer, add_to_server
-from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.store import SchedulerStore, connect
 from svc_scheduler.watch import WatchFeed, WatchHub
 from svc_scheduler.workers import IndexSync, StatsUpdater

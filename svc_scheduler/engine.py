@@ -39,6 +39,7 @@ from strata.hashing import content_hash
 from strata.telemetry import Sensitive
 from strata.v1 import common_pb2, events_pb2
 from strata.validation import PromptRequest, sampling_to_proto
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.encoder import Encoder
 from svc_scheduler.index import PromptIndex
 from svc_scheduler.routing import (
@@ -51,7 +52,6 @@ from svc_scheduler.routing import (
     decide,
     detect_risk,
 )
-from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.store import AuditSummary, SchedulerStore
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ from enum import Enum
 from strata import risk
 from strata.hashing import stable_fraction
 from strata.risk import RiskMatch
-from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.stats import LIGHT, RewardStats, marks_high_uncertainty
 
 

@@ -30,9 +30,9 @@ from strata.rpc import abort_invalid, abort_unavailable
 from strata.rpc_auth import CallerIdentity
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from strata.validation import PromptRequest, RequestError, SubmitLimits, requested_sampling, validate_submit
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.engine import Accepted, NotAcceptedError, RequestGoneError, SchedulerEngine
 from svc_scheduler.routing import Route
-from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.watch import WatchHub
 
 log = logging.getLogger(__name__)

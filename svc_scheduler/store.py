@@ -39,8 +39,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from strata.content_store import StoreUnavailableError
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.routing import VersionState
-from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.stats import Aging, RewardObservation, RewardStats, apply_reward, marks_high_uncertainty
 
 T = TypeVar("T")

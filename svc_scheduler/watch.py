@@ -28,7 +28,7 @@ from typing import Any
 from strata.bus import topics
 from strata.bus.tail import TailReader
 from strata.v1 import scheduler_pb2
-from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.config import SchedulerSettings
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from strata.bus.tail import TailReader
 from strata.contract.checksums import recorded_policy_version
 from strata.contract.control import ControlEventError, ControlEventUnavailable, check_policy_update
 from strata.v1 import common_pb2, events_pb2
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.engine import SchedulerEngine
-from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.stats import RewardObservation
 from svc_scheduler.store import SchedulerStore
 

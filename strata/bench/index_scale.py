@@ -88,7 +88,7 @@ def faiss_candidate(name: str, args: argparse.Namespace, data: np.ndarray) -> tu
 
 
 def main() -> int:
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
 
     defaults = SchedulerSettings()
     parser = argparse.ArgumentParser(prog="python -m strata.bench.index_scale", description=__doc__.splitlines()[0])

@@ -91,9 +91,9 @@ if TYPE_CHECKING:
     from strata.bus.admin import GroupLag
     from strata.service import RunningService
     from strata.zoo.suite import PromptRecord
+    from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.encoder import Encoder
     from svc_scheduler.index import PromptIndex
-    from svc_scheduler.settings import SchedulerSettings
     from svc_scheduler.stats import RewardStats
 
 SYNC_TIMEOUT_S = 120.0  # one batch's rollouts or statistics taking longer means the stack is stuck
@@ -635,7 +635,7 @@ def suite_recall(settings: SchedulerSettings, encoder: CachedEncoder) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from strata.errors import CliError
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
 
     if args.batch < 1 or args.n_samples < 1 or args.passes < 1 or args.policy_step_every < 0:
         raise CliError("--batch, --n-samples and --passes must be >= 1, --policy-step-every >= 0")

@@ -22,7 +22,7 @@ from strata.v1 import common_pb2, events_pb2
 if TYPE_CHECKING:
     from strata.bus import Delivery, Publisher
     from strata.zoo.suite import PromptRecord
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
 
 TARGET_P_GOOD = 0.95  # what a policy update moves each family's competence toward
 POLICY_STEP_GAIN = 0.1  # share of the remaining gap closed per policy version

@@ -167,9 +167,9 @@ def profile_scheduler(args: argparse.Namespace, settings: Any) -> Stages:
     from strata.content_store import ContentStore
     from strata.hashing import content_hash
     from strata.v1 import common_pb2, events_pb2
+    from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.encoder import Encoder
     from svc_scheduler.engine import SchedulerEngine
-    from svc_scheduler.settings import SchedulerSettings
     from svc_scheduler.store import SchedulerStore, connect
 
     sched = SchedulerSettings(**settings.model_dump(exclude={"grpc_port"}),

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from strata.recovery import LossSummary, Marker, PromptLoss, RecoverTopics, Verdict
     from strata.v1 import events_pb2
     from svc_reward.registry import RmRegistry
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.store import SchedulerStore
     from svc_scheduler.workers import StatsUpdater
 
@@ -87,7 +87,7 @@ def recover_topics() -> RecoverTopics:
 def _settings() -> SchedulerSettings:
     from pydantic import ValidationError
 
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
 
     try:
         return SchedulerSettings()

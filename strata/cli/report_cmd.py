@@ -50,7 +50,7 @@ def summary_lines(summary: ledger.CostSummary) -> list[str]:
 
 def skip_lines(client: redis.Redis) -> list[str]:
     """The scheduler's live skipping (R10-R12): decisions, skip rate and the skip audit, from its Redis state."""
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.store import SchedulerStore
 
     store = SchedulerStore(client, SchedulerSettings())

@@ -105,7 +105,7 @@ class StackCollector(Collector):
     def _skipping(self) -> Iterator[Metric]:
         import redis
 
-        from svc_scheduler.settings import SchedulerSettings
+        from svc_scheduler.config import SchedulerSettings
         from svc_scheduler.store import SchedulerStore
 
         client = redis.Redis.from_url(self._settings.redis_address, socket_timeout=5)

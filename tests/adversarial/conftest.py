@@ -34,7 +34,7 @@ def edge(infra: StrataSettings, zoo, tmp_path_factory: pytest.TempPathFactory) -
     from svc_reward.__main__ import build as build_reward
     from svc_reward.config import RewardSettings
     from svc_scheduler.__main__ import build_parts
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
 
     directory = tmp_path_factory.mktemp("edge")
     pki = init_dev_pki(directory / "pki")

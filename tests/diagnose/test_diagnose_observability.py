@@ -140,7 +140,7 @@ def test_exporter_scrape_survives_a_dead_kafka_and_redis() -> None:
 
 def test_exporter_and_report_show_the_skip_audit(infra: StrataSettings, redis_client) -> None:
     from strata.cli.report_cmd import skip_lines
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.stats import RewardObservation
     from svc_scheduler.store import SchedulerStore
 

@@ -44,7 +44,7 @@ from strata.recovery import (
 )
 from strata.v1 import common_pb2, events_pb2
 from svc_reward.registry import RmRegistry, describe
-from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.store import SchedulerStore
 from svc_scheduler.workers import StatsUpdater
 

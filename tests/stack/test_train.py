@@ -59,7 +59,7 @@ def loop(infra: StrataSettings, zoo, tmp_path_factory: pytest.TempPathFactory) -
     from svc_reward.__main__ import build as build_reward
     from svc_reward.config import RewardSettings
     from svc_scheduler.__main__ import build_parts as build_scheduler
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
 
     run = uuid.uuid4().hex[:8]
     # A higher audit share than served (0.1): the run's ~20 would-be skips then surely include audits.

@@ -19,7 +19,7 @@ from strata.sampling import SamplingRequest as Sampling
 from strata.sampling import resolve_sampling
 from strata.validation import RequestError, check_n_samples, check_prompt, validate_submit
 from svc_generator.config import GeneratorSettings
-from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.config import SchedulerSettings
 
 SCHEDULER = SchedulerSettings()
 TIERS = [GeneratorSettings(tier=1), GeneratorSettings(tier=2)]

@@ -7,8 +7,8 @@ import pytest
 
 from strata.risk import KEYWORDS, LEGAL_KEYWORDS, MEDICAL_KEYWORDS, detect_risk, detect_unsafe_advice, match_keywords
 from svc_probe.config import ProbeSettings
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.routing import detect_risk as scheduler_detect_risk
-from svc_scheduler.settings import SchedulerSettings
 
 
 @pytest.mark.parametrize(

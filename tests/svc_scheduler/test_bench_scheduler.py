@@ -9,7 +9,7 @@ import pytest
 
 from strata.bench import scheduler as bench
 from strata.config import StrataSettings
-from svc_scheduler.settings import SchedulerSettings
+from svc_scheduler.config import SchedulerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -84,8 +84,8 @@ def test_latency_only_times_each_stage_beside_the_decision(infra: StrataSettings
 
 
 def test_rule_of_names_the_rule_behind_each_reason() -> None:
+    from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.routing import Neighbour, Route, VersionState, audit, decide
-    from svc_scheduler.settings import SchedulerSettings
     from svc_scheduler.stats import RewardStats
 
     settings, versions, now = SchedulerSettings(), VersionState(1, None), 1000.0

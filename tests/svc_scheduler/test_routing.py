@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.routing import (
     Neighbour,
     Route,
@@ -16,7 +17,6 @@ from svc_scheduler.routing import (
     detect_risk,
     unusable_reason,
 )
-from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.stats import RewardStats
 
 NOW = 1_000_000.0

@@ -30,10 +30,10 @@ from strata.infra.process import free_port
 from strata.service import RunningService, ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from svc_scheduler.__main__ import build_parts
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.encoder import Encoder
 from svc_scheduler.engine import SchedulerEngine
 from svc_scheduler.routing import Route
-from svc_scheduler.settings import SchedulerSettings
 from svc_scheduler.stats import RewardObservation
 from svc_scheduler.store import SchedulerStore
 

@@ -7,8 +7,8 @@ import pytest
 from strata.sampling import SamplingRequest as Sampling
 from strata.v1 import scheduler_pb2
 from strata.validation import RequestError, validate_submit
+from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.servicer import Malformed, _varint, lenient
-from svc_scheduler.settings import SchedulerSettings
 
 SETTINGS = SchedulerSettings(max_prompt_chars=50, max_prompt_bytes=60, max_n_samples=8)
 

@@ -146,7 +146,7 @@ def test_aging_factors_are_checked() -> None:
 def test_a_reward_that_is_not_a_number_is_poison_not_folded() -> None:
     from strata.bus import PoisonMessageError
     from strata.v1 import events_pb2
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.workers import StatsUpdater
 
     updater = StatsUpdater(None, SchedulerSettings())  # type: ignore[arg-type]  # refused before any store call
@@ -161,7 +161,7 @@ def test_a_policy_update_ages_statistics_only_once_its_checkpoint_is_checked(tmp
     from strata.bus import Delivery, PoisonMessageError, topics
     from strata.contract.checksums import POLICY_META_FILE, POLICY_WEIGHTS_FILE, policy_checksum
     from strata.v1 import events_pb2
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.workers import StatsUpdater
 
     class Versions:
@@ -195,7 +195,7 @@ def test_a_policy_update_ages_statistics_only_once_its_checkpoint_is_checked(tmp
 
 def test_a_reward_awaiting_annotation_is_not_folded() -> None:
     from strata.v1 import events_pb2
-    from svc_scheduler.settings import SchedulerSettings
+    from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.workers import StatsUpdater
 
     updater = StatsUpdater(None, SchedulerSettings())  # type: ignore[arg-type]  # returns before any store call
