@@ -29,12 +29,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
-from kafka import KafkaConsumer
-from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from strata.bus.errors import is_too_large
 from strata.bus.producer import Publisher
+from strata.bus.scan import tool_consumer
 from strata.bus.security import KafkaTarget, kafka_connection
 from strata.bus.serde import PoisonMessageError, decode
 from strata.bus.topics import DLQ_SUFFIX, Topic
@@ -286,14 +285,7 @@ class DeadLetterQueues:
         self.cluster = cluster
         self.address = kafka_connection(cluster)["bootstrap_servers"]
         self._timeout_s = timeout_s
-        try:
-            self._consumer = KafkaConsumer(
-                **kafka_connection(cluster), client_id=client_id, group_id=REPLAY_GROUP,
-                enable_auto_commit=False, allow_auto_create_topics=False,
-                bootstrap_timeout_ms=3000, request_timeout_ms=10_000,
-            )
-        except KafkaError as exc:
-            raise CliError(f"Kafka at {self.address} is unreachable: {exc}") from None
+        self._consumer = tool_consumer(cluster, client_id, group_id=REPLAY_GROUP)
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)

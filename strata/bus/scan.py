@@ -25,6 +25,18 @@ from strata.errors import CliError
 
 Bounds = Mapping[TopicPartition, tuple[int, int]]  # partition -> [first offset, end offset)
 
+
+def tool_consumer(cluster: KafkaTarget, client_id: str, group_id: str | None = None) -> KafkaConsumer:
+    """A consumer for a command-line tool: short timeouts, nothing auto-committed or auto-created, and
+    an unreachable Kafka as one :class:`CliError` naming the address."""
+    try:
+        return KafkaConsumer(
+            **kafka_connection(cluster), client_id=client_id, group_id=group_id, enable_auto_commit=False,
+            bootstrap_timeout_ms=3000, request_timeout_ms=10_000, allow_auto_create_topics=False,
+        )
+    except KafkaError as exc:
+        raise CliError(f"Kafka at {kafka_connection(cluster)['bootstrap_servers']} is unreachable: {exc}") from None
+
 Progress = Callable[[str, int, int], None]  # (topic, events read, events to read)
 
 
@@ -37,13 +49,7 @@ class TopicScan:
         self.address = kafka_connection(cluster)["bootstrap_servers"]
         self._idle_timeout_s = idle_timeout_s
         self.skipped = 0  # events the last ``events`` call left out
-        try:
-            self._consumer = KafkaConsumer(
-                **kafka_connection(cluster), client_id=client_id, group_id=None, enable_auto_commit=False,
-                bootstrap_timeout_ms=3000, request_timeout_ms=10_000, allow_auto_create_topics=False,
-            )
-        except KafkaError as exc:
-            raise CliError(f"Kafka at {self.address} is unreachable: {exc}") from None
+        self._consumer = tool_consumer(cluster, client_id)
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)
