@@ -37,6 +37,12 @@ def tool_consumer(cluster: KafkaTarget, client_id: str, group_id: str | None = N
     except KafkaError as exc:
         raise CliError(f"Kafka at {kafka_connection(cluster)['bootstrap_servers']} is unreachable: {exc}") from None
 
+
+def newest_of(bounds: Bounds, per_partition: int) -> dict[TopicPartition, tuple[int, int]]:
+    """``bounds`` narrowed to the last ``per_partition`` events of each partition."""
+    return {tp: (max(begin, end - max(0, per_partition)), end) for tp, (begin, end) in bounds.items()}
+
+
 Progress = Callable[[str, int, int], None]  # (topic, events read, events to read)
 
 
@@ -73,8 +79,7 @@ class TopicScan:
 
     def newest(self, name: str, per_partition: int, required: bool = True) -> dict[TopicPartition, tuple[int, int]]:
         """The bounds of the last ``per_partition`` events of each partition (fewer where it holds fewer)."""
-        return {tp: (max(begin, end - max(0, per_partition)), end)
-                for tp, (begin, end) in self.bounds(name, required).items()}
+        return newest_of(self.bounds(name, required), per_partition)
 
     def size(self, name: str) -> int:
         """Events ``name`` retains now, over its partitions (0 for a missing topic)."""

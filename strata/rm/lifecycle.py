@@ -114,7 +114,7 @@ def historical_rollouts(settings: Any, limit: int, timeout_s: float = 30.0) -> t
     from kafka.errors import KafkaError
 
     from strata.bus import topics
-    from strata.bus.scan import TopicScan
+    from strata.bus.scan import TopicScan, newest_of
     from strata.content_store import ContentNotFoundError, ContentStore, StoreUnavailableError
     from strata.errors import CliError
 
@@ -122,8 +122,8 @@ def historical_rollouts(settings: Any, limit: int, timeout_s: float = 30.0) -> t
     if limit > 0:
         try:
             with TopicScan(settings, client_id="strata-rm", idle_timeout_s=timeout_s) as scan:
-                per_partition = max(1, limit // max(1, len(scan.bounds(topics.ROLLOUT_LOG.name, required=False))))
-                newest = scan.newest(topics.ROLLOUT_LOG.name, per_partition, required=False)
+                bounds = scan.bounds(topics.ROLLOUT_LOG.name, required=False)
+                newest = newest_of(bounds, max(1, limit // max(1, len(bounds))))
                 for delivery in scan.events(topics.ROLLOUT_LOG, bounds=newest):
                     logged[(delivery.message.prompt_hash, delivery.message.response_hash)] = delivery.message.reward
         except (CliError, KafkaError) as exc:
