@@ -33,14 +33,14 @@ class Scores:
 @dataclass(frozen=True)
 class ScoringOptions:
     """How the reward models load and score: device and dtype, the scoring temperature and ensemble
-    aggregation (R8), and the batch and token limits."""
+    aggregation (R8), and the batch and token limits. Its defaults are RewardSettings': ``of``."""
 
-    device: str = "cpu"
-    dtype: str = "auto"
-    temperature: float = 1.0
-    aggregation: str = "mean"
-    batch_size: int = 32
-    max_length: int = 256
+    device: str
+    dtype: str
+    temperature: float
+    aggregation: str
+    batch_size: int
+    max_length: int
 
     @classmethod
     def of(cls, settings: RewardSettings) -> ScoringOptions:

@@ -7,6 +7,7 @@ reward tells which model computed it, whatever version label it carries.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -48,7 +49,9 @@ def registry(redis_client: redis.Redis) -> RmRegistry:
 
 
 def light_models(path: Path) -> RewardModels:
-    return RewardModels([str(path)], None, ScoringOptions(dtype="float32", batch_size=8, max_length=64))
+    options = ScoringOptions.of(RewardSettings())
+    return RewardModels([str(path)], None, dataclasses.replace(options, device="cpu", dtype="float32", temperature=1.0,
+                                                                batch_size=8, max_length=64))
 
 
 class ScoredReader:
