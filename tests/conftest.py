@@ -13,7 +13,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -27,6 +27,14 @@ from strata.v1 import events_pb2
 
 if TYPE_CHECKING:
     from strata.zoo.build import ZooPaths
+
+
+# The session's Kafka and Redis settings, wherever they run. Tests restart consumers often: a dead
+# member should not hold partitions for long, and retries should not wait.
+TEST_TUNING: dict[str, Any] = {
+    "topic_partitions": 3, "consumer_session_timeout_ms": 6_000, "consumer_heartbeat_interval_ms": 1_000,
+    "retry_backoff_initial_s": 0.05, "retry_backoff_max_s": 0.2, "max_delivery_attempts": 3,
+}
 
 
 def _testcontainers_settings(stack: list) -> StrataSettings:
@@ -60,9 +68,7 @@ def _testcontainers_settings(stack: list) -> StrataSettings:
     redis_container.start()
     host = redis_container.get_container_host_ip()
     return StrataSettings(kafka_bootstrap=f"localhost:{port}",
-                          redis_url=f"redis://{host}:{redis_container.get_exposed_port(6379)}/0",
-                          topic_partitions=3, consumer_session_timeout_ms=6_000, consumer_heartbeat_interval_ms=1_000,
-                          retry_backoff_initial_s=0.05, retry_backoff_max_s=0.2, max_delivery_attempts=3)
+                          redis_url=f"redis://{host}:{redis_container.get_exposed_port(6379)}/0", **TEST_TUNING)
 
 
 @pytest.fixture(scope="session")
@@ -90,13 +96,7 @@ def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StrataSettings]:
         kafka_port=free_port(),
         kafka_controller_port=free_port(),
         redis_port=free_port(),
-        topic_partitions=3,
-        # Tests restart consumers often; a dead member should not hold partitions for long.
-        consumer_session_timeout_ms=6_000,
-        consumer_heartbeat_interval_ms=1_000,
-        retry_backoff_initial_s=0.05,
-        retry_backoff_max_s=0.2,
-        max_delivery_attempts=3,
+        **TEST_TUNING,
     )
     up(settings)
     try:
