@@ -99,9 +99,10 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when a reason is missing or the docs are stale")
     args = parser.parse_args()
     if args.check:
-        for problem in problems():
+        found = problems()
+        for problem in found:
             print(problem, file=sys.stderr)
-        return 1 if problems() else 0
+        return 1 if found else 0
     print(table(long_functions()))
     return 0
 
