@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STRATA := $(VENV)/bin/strata
 
-.PHONY: setup test test-auth test-containers demo compose-test protos lint infra-up infra-down clean
+.PHONY: setup test test-auth test-containers demo compose-test protos lint typecheck infra-up infra-down clean
 
 # The virtual environment at .venv/ with Strata installed in editable mode and the dev tools.
 setup: $(VENV)/.installed
@@ -60,6 +60,10 @@ protos: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# The runtime library the services import, type-checked (its files: [tool.mypy] in pyproject.toml).
+typecheck: setup
+	$(PY) -m mypy
 
 infra-up: setup
 	$(STRATA) infra up

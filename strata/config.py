@@ -311,13 +311,14 @@ class SettingsError(ValueError):
     """Settings that do not validate; the message names each flag / env var and what is wrong."""
 
 
-def describe_settings_errors(exc: ValidationError, from_flags: Mapping[str, Any] = ()) -> str:
+def describe_settings_errors(exc: ValidationError, from_flags: Mapping[str, Any] | None = None) -> str:
     """``exc`` as lines like ``--tier (env STRATA_TIER) = 3: Input should be 1 or 2``."""
+    flagged = from_flags or {}
     lines = []
     for error in exc.errors():
         field = str(error["loc"][0]) if error["loc"] else "settings"
         flag, env = flag_name(field), env_name(field)
-        where, also = (flag, f" (env {env})") if field in from_flags else (env, f" (flag {flag})")
+        where, also = (flag, f" (env {env})") if field in flagged else (env, f" (flag {flag})")
         value = f" = {error['input']!r}" if "input" in error and not isinstance(error["input"], dict) else ""
         lines.append(f"{where}{also}{value}: {error['msg']}")
     return "\n".join(lines)

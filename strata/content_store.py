@@ -15,6 +15,7 @@ from __future__ import annotations
 import array
 import sys
 from collections.abc import Sequence
+from typing import cast
 
 import redis
 
@@ -111,7 +112,7 @@ class ContentStore:
 
     def _get(self, key: str) -> bytes | None:
         try:
-            return self._redis.get(key)
+            return cast("bytes | None", self._redis.get(key))
         except redis.ConnectionError as exc:
             raise StoreUnavailableError(f"content store (Redis) unavailable: {exc}") from exc
 
@@ -127,7 +128,7 @@ class ContentStore:
         if not unique:
             return {}
         try:
-            found = self._redis.mget([_TEXT_PREFIX + d for d in unique])
+            found = cast("list[bytes | None]", self._redis.mget([_TEXT_PREFIX + d for d in unique]))
         except redis.ConnectionError as exc:
             raise StoreUnavailableError(f"content store (Redis) unavailable: {exc}") from exc
         return {d: data.decode("utf-8") for d, data in zip(unique, found, strict=True) if data is not None}

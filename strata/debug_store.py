@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -74,7 +74,7 @@ class DebugStore:
 
     def recent(self, n: int = 20) -> list[DebugSample]:
         """The newest ``n`` samples still alive, newest first."""
-        keys = self._redis.zrevrange(INDEX_KEY, 0, n - 1)
+        keys = cast("list[bytes]", self._redis.zrevrange(INDEX_KEY, 0, n - 1))
         if not keys:
             return []
         samples = []

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import redis
 
@@ -160,7 +161,7 @@ def book(client: redis.Redis, prompt_hash: str, request_id: str, charges: Iterab
     Pass ``pipe`` to add the writes to a caller's transaction (e.g. with its done keys).
     """
     own = pipe is None
-    target = client.pipeline(transaction=True) if own else pipe
+    target = pipe if pipe is not None else client.pipeline(transaction=True)
     request_key = _REQUEST_KEY.format(prompt_hash=prompt_hash, request_id=request_id or "-")
     for c in charges:
         stage_key = _STAGE_KEY.format(stage=c.stage, tier=c.tier)
@@ -187,11 +188,16 @@ _COUNTED = ("items", "tokens")  # integers; the other metrics are floats
 
 
 def _stage_cost(stage: str, tier: int, raw: Mapping[str, str]) -> StageCost:
-    return StageCost(stage, tier, **{name: (int if name in _COUNTED else float)(raw.get(name, 0)) for name in METRICS})
+    metrics: dict[str, Any] = {name: (int if name in _COUNTED else float)(raw.get(name, 0)) for name in METRICS}
+    return StageCost(stage, tier, **metrics)
 
 
-def _decode(raw: Mapping[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in raw.items()}
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _decode(raw: Mapping[Any, Any]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}
 
 
 def estimate_baseline(stages: Sequence[StageCost], counts: Mapping[str, int]) -> Baseline | None:
@@ -230,7 +236,7 @@ def read_stages(client: redis.Redis) -> list[StageCost]:
 
 
 def read_counts(client: redis.Redis) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in client.hgetall(COUNTS_KEY).items()}
+    return {_text(k): int(v) for k, v in client.hgetall(COUNTS_KEY).items()}
 
 
 def read(client: redis.Redis, baseline: Baseline | None = None) -> CostSummary:
@@ -248,7 +254,7 @@ def read_prompt(client: redis.Redis, prompt_hash: str) -> dict[str, list[StageCo
     prefix = _REQUEST_KEY.format(prompt_hash=prompt_hash, request_id="")
     out = {}
     for key in client.scan_iter(match=f"{prefix}*", count=500):
-        request_id = key.decode()[len(prefix):]
+        request_id = _text(key)[len(prefix):]
         out[request_id] = _group(_decode(client.hgetall(key)))
     return out
 

@@ -19,14 +19,17 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from strata.bus import Worker
-from strata.config import S, StrataSettings, add_settings_flags, parse_settings
+from strata.config import StrataSettings, add_settings_flags, parse_settings
 from strata.errors import ServiceConfigError
 from strata.lifecycle import stop_on_signals
 from strata.rpc import RunningServer, ServiceBinding, start_server
 from strata.rpc_metrics import register_device_memory_metrics
 from strata.telemetry import setup_logging, start_metrics_server
+
+Settings = TypeVar("Settings", bound=StrataSettings)
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +120,7 @@ def stop_service(parts: ServiceParts, running: RunningService, grace_s: float = 
     log.info("%s stopped", parts.name)
 
 
-def service_main(settings_type: type[S], build: Callable[[S], ServiceParts], prog: str,
+def service_main(settings_type: type[Settings], build: Callable[[Settings], ServiceParts], prog: str,
                  description: str | None, argv: Sequence[str] | None = None) -> int:
     """A service's ``main``: settings from env and flags, logging, then :func:`run_service`."""
     parser = argparse.ArgumentParser(prog=prog, description=description)

@@ -78,7 +78,7 @@ ALL_TOPICS: tuple[Topic, ...] = (
 # Control topics are tiny and must be totally ordered: one partition.
 SINGLE_PARTITION_TOPICS: frozenset[str] = frozenset({POLICY_UPDATED.name, RM_UPDATED.name})
 
-_PROMPTS_BY_TIER = {
+_PROMPTS_BY_TIER: dict[int, Topic[events_pb2.PromptRouted]] = {
     common_pb2.TIER_LEVEL_0: PROMPTS_LEVEL0,
     common_pb2.TIER_LEVEL_1: PROMPTS_LEVEL1,
     common_pb2.TIER_LEVEL_2: PROMPTS_LEVEL2,

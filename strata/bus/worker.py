@@ -65,6 +65,13 @@ Handler = Callable[[Delivery[Any]], None]
 BatchHandler = Callable[[list[Delivery[Any]]], None]
 
 
+def _one_at_a_time(batch_handler: BatchHandler) -> Handler:
+    """A batch handler's one-by-one fallback: each event as a batch of one."""
+    def handle(delivery: Delivery[Any]) -> None:
+        batch_handler([delivery])
+    return handle
+
+
 class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
@@ -103,8 +110,7 @@ class Worker:
         self._handlers = {topic.name: (topic, handler) for topic, handler in handlers.items()}
         self._batch_handlers = {topic.name: handler for topic, handler in batch_handlers.items()}
         for topic, batch_handler in batch_handlers.items():
-            # One-by-one fallback of a batch handler (see BatchHandler).
-            self._handlers[topic.name] = (topic, lambda delivery, fn=batch_handler: fn([delivery]))
+            self._handlers[topic.name] = (topic, _one_at_a_time(batch_handler))
         self._publisher = publisher
         self._client_id = client_id or group_id
         self._consumer: KafkaConsumer | None = None

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
+from transformers import GenerationMixin
 
 from strata.models.loading import LoadedModel
 from strata.models.prompts import PromptFormat, cut_at_stop, stop_token_ids
@@ -47,7 +49,7 @@ def generate(
     for start in range(0, len(texts), batch_size):
         batch = prompt_format.encode(texts[start : start + batch_size], return_tensors="pt", padding=True).to(lm.device)
         do_sample = sampling.temperature > 0
-        output = lm.model.generate(
+        output = cast(GenerationMixin, lm.model).generate(
             **batch,
             max_new_tokens=sampling.max_new_tokens,
             do_sample=do_sample,
@@ -60,6 +62,6 @@ def generate(
         new_tokens = output[:, batch["input_ids"].shape[1] :]  # (b, T_new)
         for row in new_tokens.tolist():
             row, finished = cut_at_stop(row, stops)
-            text = tokenizer.decode([t for t in row if t not in stops and t != tokenizer.pad_token_id])
+            text = str(tokenizer.decode([t for t in row if t not in stops and t != tokenizer.pad_token_id]))
             results.append(Generation(text.strip(), len(row), finished))
     return results

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import cast
 
 import torch
 from transformers import (
@@ -14,6 +15,7 @@ from transformers import (
     GPT2PreTrainedModel,
     PreTrainedModel,
 )
+from transformers.pytorch_utils import Conv1D
 
 
 def deepen(model: GPT2PreTrainedModel, extra_layers: int, seed: int) -> GPT2PreTrainedModel:
@@ -35,8 +37,9 @@ def deepen(model: GPT2PreTrainedModel, extra_layers: int, seed: int) -> GPT2PreT
     if result.unexpected_keys:  # every trained weight must land somewhere
         raise ValueError(f"cannot deepen: weights with no place in the deeper model: {result.unexpected_keys}")
     with torch.no_grad():
-        for block in deeper.transformer.h[model.config.n_layer :]:
-            for projection in (block.attn.c_proj, block.mlp.c_proj):
+        for index in range(model.config.n_layer, config.n_layer):
+            for name in ("attn.c_proj", "mlp.c_proj"):
+                projection = cast(Conv1D, deeper.get_submodule(f"transformer.h.{index}.{name}"))
                 projection.weight.zero_()
                 projection.bias.zero_()
     deeper.tie_weights()
@@ -67,7 +70,7 @@ def widen(model: GPT2PreTrainedModel, factor: int, seed: int, noise: float = 1e-
     head_dim = d // n_head
     config = copy.deepcopy(old)
     config.n_embd = d * factor
-    if getattr(old, "n_inner", None):
+    if old.n_inner:
         config.n_inner = old.n_inner * factor
     wider = type(model)(config)
 

@@ -89,7 +89,7 @@ def reward_logits_and_lengths(
         lengths += batch["attention_mask"].sum(dim=1).tolist()
         out.append(rm.model(**batch).logits.float().cpu())  # (b, num_labels)
     if not out:
-        return torch.zeros(0, rm.model.config.num_labels), lengths
+        return torch.zeros(0, rm.model.config.num_labels or 1), lengths
     return torch.cat(out), lengths
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import GPT2Config, PreTrainedTokenizerFast
@@ -31,7 +32,7 @@ class TrainConfig:
     grad_clip: float = 1.0
 
 
-def gpt2_config(tokenizer: PreTrainedTokenizerFast, shape: ModelShape, n_positions: int, **extra: int) -> GPT2Config:
+def gpt2_config(tokenizer: PreTrainedTokenizerFast, shape: ModelShape, n_positions: int, **extra: Any) -> GPT2Config:
     # Dropout is off for these short pretraining runs; rollout dropout (R17) is set at generation time.
     return GPT2Config(
         vocab_size=len(tokenizer),
