@@ -25,7 +25,7 @@ COMMAND = "a command: argparse, then the steps it prints, in the order a user re
 REASONS: dict[str, str] = {
     "scripts/gpu_check.py:main": "the GPU check, run by hand on a lent machine: each step prints as it goes",
     "strata/cli/rm_cmd.py:register": "the help text of the rm commands' ~40 options",
-    "svc_annotation/web.py:create_app": "the desk's pages as Flask routes with their HTML inline; to become templates",
+    "svc_annotation/web.py:create_app": "the desk's routes, closures over one store and token table (pages: templates/)",
     "strata/bench/scheduler.py:run_routing": BENCH,
     "strata/rm/lifecycle.py:run_distill": "the distillation run: data, teacher labels, members, evaluation; to split",
     "strata/bench/learner.py:_run": BENCH,

@@ -124,8 +124,8 @@ def test_score_items_one_after_another_until_none_is_left(client: FlaskClient, s
     page = client.get("/annotate")
     assert shown_item(page.text) == first
     assert content.get_text(store.item(first).response_hash) in page.text  # type: ignore[union-attr]
-    assert page.headers["Cache-Control"] == "no-store" and "script-src 'nonce-" in page.headers[
-        "Content-Security-Policy"]
+    assert page.headers["Cache-Control"] == "no-store"
+    assert "script-src 'self'; style-src 'self'" in page.headers["Content-Security-Policy"]
     assert shown_item(client.get("/annotate").text) == first  # asked again: the same open assignment
     done = client.post("/score", data={"csrf": csrf_of(page.text), "item_id": first, "score": "3.5",
                                        "unsafe": "on"}, follow_redirects=True)
@@ -274,3 +274,19 @@ def _no_texts_in_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """The page shows texts; it never logs them."""
     yield
     assert "bleach and vinegar" not in caplog.text and "chlorine gas" not in caplog.text
+
+
+def test_the_pages_load_their_script_and_style_from_static_files_only(client: FlaskClient, store: AnnotationStore,
+                                                                     content: ContentStore) -> None:
+    queue(store, content)
+    log_in(client)
+    page = client.get("/annotate").text
+    # The CSP allows 'self' only: anything inline would be blocked by the browser.
+    assert "<style" not in page and re.search(r"<script(?![^>]*\bsrc=)", page) is None
+    sources = re.findall(r'(?:src|href)="(/static/[^"]+)"', page)
+    assert sorted(sources) == ["/static/annotation.css", "/static/keys.js"]
+    for source in sources:
+        served = client.get(source)
+        assert served.status_code == 200 and served.data
+        assert served.mimetype in ("text/css", "text/javascript", "application/javascript")
+    assert 'data-next-url="/annotate"' in page
