@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import string
 import tempfile
 import threading
 import time
@@ -41,38 +40,8 @@ from pathlib import Path
 from typing import Any
 
 VOWELS = frozenset("aeiou")
-EOS_TOKEN, PAD_TOKEN, UNK_TOKEN = "<|endoftext|>", "<|pad|>", "<|unk|>"
 WORDS = ("river", "stone", "cloud", "garden", "engine", "letter", "market", "signal", "window", "forest",
          "bridge", "candle", "planet", "mirror", "harbor", "ladder")  # fmt: skip
-
-
-def build_tiny_policy(directory: str | Path, seed: int = 0, n_positions: int = 160) -> Path:
-    """A ~0.1M-parameter GPT-2 and a character-level tokenizer (printable ASCII), saved as a model dir.
-
-    Random weights: next-token probabilities start near uniform (vowels ~5%), so a toy reward on
-    characters carries signal from the first batch. Nothing is downloaded.
-    """
-    import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-    directory = Path(directory)
-    symbols = [EOS_TOKEN, PAD_TOKEN, UNK_TOKEN, "\n", *string.printable[:95]]  # 95 printable, space included
-    vocab = {symbol: index for index, symbol in enumerate(dict.fromkeys(symbols))}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN,
-                                        pad_token=PAD_TOKEN, unk_token=UNK_TOKEN)  # fmt: skip
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=len(vocab), n_positions=n_positions, n_embd=64, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        bos_token_id=vocab[EOS_TOKEN], eos_token_id=vocab[EOS_TOKEN], pad_token_id=vocab[PAD_TOKEN],
-    )  # fmt: skip
-    GPT2LMHeadModel(config).eval().save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 def toy_reward(response: str) -> float:
@@ -146,6 +115,7 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
     from strata.bus.admin import ensure_topics
     from strata.content_store import ContentStore
     from strata.contract.directions import DIRECTION_NAMES
+    from strata.models.tiny import build_char_policy
     from strata.sampling import Sampling
     from strata.service import start_service, stop_service
     from strata.v1 import common_pb2, events_pb2
@@ -159,7 +129,7 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
 
     hf_logging.disable_progress_bar()  # weights load and save at every version
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
-    model_dir = Path(args.model) if args.model else build_tiny_policy(workdir / "policy")
+    model_dir = Path(args.model) if args.model else build_char_policy(workdir / "policy")
     run_id = uuid.uuid4().hex[:8]
     topics = LearnerTopics(
         rewards=Topic(f"bench.learner.{run_id}.rewards", events_pb2.RewardScored),

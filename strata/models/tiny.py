@@ -13,10 +13,13 @@ tokenizer and, for the instruct families, a chat template in that family's style
 
 Tests run generate -> score -> PPO update -> weight sync with each (tests/models/test_architectures.py),
 and ``strata models tiny`` writes one for a bench (``strata bench generator --model``).
+``build_char_policy`` is the other tiny model: a GPT-2 on a character tokenizer, whose toy rewards
+on characters PPO can climb in a few updates (``strata bench learner``, the learner's tests).
 """
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -143,3 +146,34 @@ def _family(arch: str) -> Family:
     if arch not in FAMILIES:
         raise ValueError(f"unknown architecture {arch!r}: use one of {', '.join(ARCHITECTURES)}")
     return FAMILIES[arch]
+
+
+CHAR_EOS, CHAR_PAD, CHAR_UNK = "<|endoftext|>", "<|pad|>", "<|unk|>"
+
+
+def build_char_policy(directory: str | Path, seed: int = 0, n_positions: int = 160) -> Path:
+    """A ~0.1M-parameter GPT-2 and a character-level tokenizer (printable ASCII), saved as a model dir.
+
+    Random weights: next-token probabilities start near uniform (vowels ~5%), so a toy reward on
+    characters carries signal from the first batch (``strata bench learner``, the learner's tests).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    directory = Path(directory)
+    symbols = [CHAR_EOS, CHAR_PAD, CHAR_UNK, "\n", *string.printable[:95]]  # 95 printable, space included
+    vocab = {symbol: index for index, symbol in enumerate(dict.fromkeys(symbols))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=CHAR_UNK))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=CHAR_EOS, bos_token=CHAR_EOS,
+                                        pad_token=CHAR_PAD, unk_token=CHAR_UNK)  # fmt: skip
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=len(vocab), n_positions=n_positions, n_embd=64, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=vocab[CHAR_EOS], eos_token_id=vocab[CHAR_EOS], pad_token_id=vocab[CHAR_PAD],
+    )  # fmt: skip
+    GPT2LMHeadModel(config).eval().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from strata.bench.learner import build_tiny_policy
+from strata.models.tiny import build_char_policy
 from svc_learner.checkpoint import verify_checkpoint
 from svc_learner.config import LearnerSettings
 from svc_learner.engine import LearnerEngine, Outcome, Sample, Source, WeightSync
@@ -17,7 +17,7 @@ TOPIC = "rewards"
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny")
+    return build_char_policy(tmp_path_factory.mktemp("policy") / "tiny")
 
 
 def engine_for(policy_dir: Path, tmp_path: Path, **extra: object) -> LearnerEngine:

@@ -26,13 +26,13 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kafka import KafkaConsumer, TopicPartition
 
-from strata.bench.learner import build_tiny_policy
 from strata.bus import Publisher, Topic
 from strata.bus.admin import ensure_topics
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.contract.template import format_prompt
 from strata.infra.process import free_port
+from strata.models.tiny import build_char_policy
 from strata.service import start_service, stop_service
 from strata.v1 import common_pb2, events_pb2, learner_pb2, learner_pb2_grpc
 from svc_learner.checkpoint import list_checkpoints, verify_checkpoint
@@ -48,13 +48,13 @@ BATCH = 4
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny-policy")
+    return build_char_policy(tmp_path_factory.mktemp("policy") / "tiny-policy")
 
 
 @pytest.fixture(scope="module")
 def level2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Plays the Level-2 model: the policy's tokenizer, other weights, another directory."""
-    return build_tiny_policy(tmp_path_factory.mktemp("level2") / "tiny-level2", seed=1)
+    return build_char_policy(tmp_path_factory.mktemp("level2") / "tiny-level2", seed=1)
 
 
 @pytest.fixture

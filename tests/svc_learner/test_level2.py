@@ -1,6 +1,6 @@
 """Level-2 samples: the Level-2 model is their behaviour policy (no Kafka: the engine, the intake with fakes).
 
-Two tiny GPT-2s share the character tokenizer of ``build_tiny_policy`` but not their weights: one is
+Two tiny GPT-2s share the character tokenizer of ``build_char_policy`` but not their weights: one is
 the policy (Level 1), the other, in another directory, plays the Level-2 model.
 """
 
@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, GPT2LMHeadModel
 
-from strata.bench.learner import build_tiny_policy
 from strata.bus import Delivery, topics
 from strata.content_store import ContentNotFoundError
 from strata.contract.template import format_prompt
+from strata.models.tiny import build_char_policy
 from strata.models.tokens import tokenizer_id
 from strata.v1 import common_pb2, events_pb2
 from svc_learner.config import LearnerSettings
@@ -31,12 +31,12 @@ TOPIC = "rewards"
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny-level1")
+    return build_char_policy(tmp_path_factory.mktemp("policy") / "tiny-level1")
 
 
 @pytest.fixture(scope="module")
 def level2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_policy(tmp_path_factory.mktemp("level2") / "tiny-level2", seed=1)
+    return build_char_policy(tmp_path_factory.mktemp("level2") / "tiny-level2", seed=1)
 
 
 @pytest.fixture(scope="module")
