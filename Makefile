@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STRATA := $(VENV)/bin/strata
 
-.PHONY: setup test test-auth test-containers demo compose-test protos lint typecheck infra-up infra-down clean
+.PHONY: setup test test-fast test-auth test-containers demo compose-test protos lint typecheck infra-up infra-down clean
 
 # The virtual environment at .venv/ with Strata installed in editable mode and the dev tools.
 setup: $(VENV)/.installed
@@ -19,6 +19,10 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(PY) -m pytest -q
+
+# The tests that need no Kafka or Redis (the `integration` marker deselected): the quick check while editing.
+test-fast: setup
+	$(PY) -m pytest -q -m 'not integration'
 
 # The bus, the content store, `strata infra` and the tier services end to end, with authentication
 # on: the session's Kafka takes SASL/PLAIN logins only and its Redis one ACL user (docs/security.md).
