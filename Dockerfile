@@ -31,6 +31,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY strata ./strata
+COPY strata_tools ./strata_tools
 COPY svc_probe ./svc_probe
 COPY svc_generator ./svc_generator
 COPY svc_reward ./svc_reward

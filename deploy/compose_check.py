@@ -169,7 +169,7 @@ def seed_models(fresh: bool) -> None:
            "--label", "com.docker.compose.volume=models", volume)
     mountpoint = Path(podman("volume", "inspect", "--format", "{{.Mountpoint}}", volume).strip())
     if not fresh:
-        from strata.zoo.build import ZooSettings, ensure_zoo
+        from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
         zoo = ensure_zoo(ZooSettings(zoo_preset="ci"))
         target = mountpoint / "zoo" / zoo.root.name

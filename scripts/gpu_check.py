@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def bench_generator() -> tuple[str, Any]:
             limit = int(max(10, min(BUDGET_S["bench-generator"], deadline - time.time()) - 5))
-            command = [sys.executable, "-m", "strata.cli.main", "bench", "generator", "--device", device,
+            command = [sys.executable, "-m", "strata_tools.cli.main", "bench", "generator", "--device", device,
                        "--model", str(models.llama()), "--prompts", "16", "--clients", "8", "--max-new-tokens", "16"]
             # The bench also measures the zoo's Level-1 model (building the zoo if needed): the ci zoo is
             # the one that fits in the budget, unless the caller picked one.

@@ -24,40 +24,41 @@ COMMAND = "a command: argparse, then the steps it prints, in the order a user re
 # "path:function" -> why it stays long. Keep the reasons short; the history goes in commit bodies.
 REASONS: dict[str, str] = {
     "scripts/gpu_check.py:main": "the GPU check, run by hand on a lent machine: each step prints as it goes",
-    "strata/cli/rm_cmd.py:register": "the help text of the rm commands' ~40 options",
-    "svc_annotation/web.py:create_app": "the desk's routes, closures over one store and token table (pages: templates/)",
-    "strata/bench/scheduler.py:run_routing": BENCH,
-    "strata/rm/lifecycle.py:run_distill": "the distillation run: data, teacher labels, members, evaluation; to split",
-    "strata/bench/learner.py:_run": BENCH,
+    "strata_tools/cli/rm_cmd.py:register": "the help text of the rm commands' ~40 options",
+    "svc_annotation/web.py:create_app": "the desk's routes, closures over one store and token table",
+    "strata_tools/bench/scheduler.py:run_routing": BENCH,
+    "strata_tools/rm/lifecycle.py:run_distill": "the distillation run: data, teacher labels, members, evaluation",
+    "strata_tools/bench/learner.py:_run": BENCH,
     "svc_learner/ppo.py:ppo_update": "CleanRL's shape on purpose: one readable pass of the PPO math, top to bottom",
-    "strata/rm/lifecycle.py:train_strong": "the strong RM's run: data, init, fit, growth, evaluation; to split",
-    "strata/rm/train.py:train_reward_model": "one training loop with its optional match steps and feature heads",
-    "strata/bench/rm.py:run": BENCH,
-    "strata/bench/scheduler.py:_run": BENCH,
-    "strata/rm/loop.py:run_turn": "one turn of the RM loop, its steps printed in order",
-    "strata/cli/probe_cmd.py:run_train": COMMAND,
-    "strata/bench/tiers.py:build_report": BENCH,
-    "strata/bench/index_scale.py:main": BENCH,
-    "strata/bench/zoo.py:run": BENCH,
-    "strata/cli/demo_cmd.py:run": COMMAND,
-    "strata/train.py:train": "the demo's round loop: submit, wait for finals, update, report",
+    "strata_tools/rm/lifecycle.py:train_strong": "the strong RM's run: data, init, fit, growth, evaluation; to split",
+    "strata_tools/rm/train.py:train_reward_model": "one training loop with its optional match steps and feature heads",
+    "strata_tools/bench/rm.py:run": BENCH,
+    "strata_tools/bench/scheduler.py:_run": BENCH,
+    "strata_tools/rm/loop.py:run_turn": "one turn of the RM loop, its steps printed in order",
+    "strata_tools/cli/probe_cmd.py:run_train": COMMAND,
+    "strata_tools/bench/tiers.py:build_report": BENCH,
+    "strata_tools/bench/index_scale.py:main": BENCH,
+    "strata_tools/bench/zoo.py:run": BENCH,
+    "strata_tools/cli/demo_cmd.py:run": COMMAND,
+    "strata_tools/train.py:train": "the demo's round loop: submit, wait for finals, update, report",
     "svc_scheduler/routing.py:decide": "the rules R10-R12 in their order, which is the policy; split, it would hide",
-    "strata/bench/edge.py:_run": BENCH,
-    "strata/bench/tiers.py:started": BENCH,
+    "strata_tools/bench/edge.py:_run": BENCH,
+    "strata_tools/bench/tiers.py:started": BENCH,
     "strata/models/growth.py:widen": "one weight-surgery pass over every GPT-2 tensor, read once top to bottom",
     "svc_reward/worker.py:handle_batch": "one batch: dedupe, score per tier, publish, claim, book in one transaction",
-    "strata/bench/scheduler.py:run_latency": BENCH,
-    "strata/cli/probe_cmd.py:run_compare": COMMAND,
-    "strata/bench/generator.py:measure": BENCH,
-    "strata/cli/calibrate_cmd.py:run_escalation": COMMAND,
+    "strata_tools/bench/scheduler.py:run_latency": BENCH,
+    "strata_tools/cli/probe_cmd.py:run_compare": COMMAND,
+    "strata_tools/bench/generator.py:measure": BENCH,
+    "strata_tools/cli/calibrate_cmd.py:run_escalation": COMMAND,
     "svc_generator/worker.py:handle_batch": "one batch: claim, generate, store, publish, book",
-    "strata/bench/chaos.py:_run": BENCH,
+    "strata_tools/bench/chaos.py:_run": BENCH,
 }
 
 
 def long_functions(root: Path = ROOT, limit: int = LIMIT) -> list[tuple[int, str]]:
     """(lines, "path:function") of every function over ``limit`` lines, longest first."""
-    paths = [*sorted((root / "strata").rglob("*.py")), *sorted((root / "scripts").glob("*.py"))]
+    paths = [*sorted((root / "strata").rglob("*.py")), *sorted((root / "strata_tools").rglob("*.py"))]
+    paths += sorted((root / "scripts").glob("*.py"))
     paths += sorted(p for d in sorted(root.glob("svc_*")) for p in d.rglob("*.py"))
     found = []
     for path in paths:

@@ -20,8 +20,8 @@ from strata.bus import Publisher, Worker
 from strata.config import add_settings_flags, parse_settings
 from strata.content_store import ContentStore
 from strata.contract.models import ModelNotConfiguredError, model_path
+from strata.epoch import mark_start
 from strata.models.budget import TokenBudget
-from strata.recovery import mark_start
 from strata.rpc import ServiceBinding, token_table
 from strata.rpc_auth import CallerIdentity
 from strata.service import ServiceParts, run_service

@@ -56,7 +56,7 @@ class SchedulerSettings(StrataSettings):
     hnsw_ef_construction: int = Field(80, ge=8, description="HNSW efConstruction")
     hnsw_ef_search: int = Field(96, ge=8, description="HNSW efSearch (recall vs latency)")
     # IVF for the largest indexes: at 1M 384-d prompts, 0.74 GB and ~1 ms a query at recall@10 1.000, where HNSW
-    # takes ~6 min to build and 3.2 GB with its float32 copy (docs/performance.md, strata.bench.index_scale).
+    # takes ~6 min to build and 3.2 GB with its float32 copy (docs/performance.md, strata_tools.bench.index_scale).
     ivf_min_size: int = Field(
         300_000, ge=0,
         description="above this many prompts the index is rebuilt once as IVF (float16 vectors, "

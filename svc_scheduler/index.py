@@ -9,7 +9,7 @@ Three stages, each entered once, by a rebuild, as the index grows:
    1M 384-d prompts HNSW takes ~6 min to build on two cores and 1.7 GB, besides the 1.5 GB float32
    copy kept for rebuilds; IVF stores 2 bytes a dimension (0.74 GB at 1M, nothing else kept), searches
    in ~1 ms at recall@10 1.000 (0.98 for HNSW) and adds a prompt with one centroid search
-   (docs/performance.md, ``python -m strata.bench.index_scale``). Its ``ivf_nlist`` centroids are
+   (docs/performance.md, ``python -m strata_tools.bench.index_scale``). Its ``ivf_nlist`` centroids are
    trained (spherical k-means, seeded) on ``ivf_train_size`` rows sampled with a fixed seed, so a
    rebuild is reproducible; later adds go straight into the trained lists.
 

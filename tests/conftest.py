@@ -21,12 +21,12 @@ import redis
 from strata.bus.admin import ensure_topics
 from strata.bus.topics import Topic
 from strata.config import StrataSettings
-from strata.infra import down, up
-from strata.infra.process import free_port
 from strata.v1 import events_pb2
+from strata_tools.infra import down, up
+from strata_tools.infra.process import free_port
 
 if TYPE_CHECKING:
-    from strata.zoo.build import ZooPaths
+    from strata_tools.zoo.build import ZooPaths
 
 
 # The session's Kafka and Redis settings, wherever they run. Tests restart consumers often: a dead
@@ -123,7 +123,7 @@ def fresh_topic(infra: StrataSettings) -> Topic[events_pb2.PromptRouted]:
 @pytest.fixture(scope="session")
 def zoo() -> ZooPaths:
     """The model zoo's small ``ci`` preset (built once into the cache, then reused)."""
-    from strata.zoo.build import ZooSettings, ensure_zoo
+    from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     preset = os.environ.get("STRATA_TEST_ZOO_PRESET", "ci")
     return ensure_zoo(ZooSettings(zoo_preset=preset), progress=False)

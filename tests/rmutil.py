@@ -13,8 +13,8 @@ from transformers import GPT2ForSequenceClassification, PreTrainedTokenizerFast
 
 from strata.models.reward import score_bins
 from strata.models.training import ModelShape
-from strata.rm.train import new_reward_model
-from strata.zoo.train import train_tokenizer
+from strata_tools.rm.train import new_reward_model
+from strata_tools.zoo.train import train_tokenizer
 
 N_BINS = 11
 TINY = ModelShape(n_embd=32, n_layer=1, n_head=2)

@@ -120,7 +120,7 @@ fi
 # Strata: the project's own Dockerfile, with the Debian-made Python as its base.
 # Every file the Dockerfile copies, committed or not (what git does not ignore), by content.
 strata_hash="$(cd "$root" && git ls-files -co --exclude-standard -- Dockerfile .dockerignore pyproject.toml \
-  README.md protos strata 'svc_*' | sort | xargs sha256sum | sha256sum | cut -c1-16)"
+  README.md protos strata strata_tools 'svc_*' | sort | xargs sha256sum | sha256sum | cut -c1-16)"
 deps_hash="$(inputs_hash pyproject.toml)"
 build "$strata_image" "$strata_hash" "$root" -f "$root/Dockerfile" --build-arg "BASE_IMAGE=$python_image" \
   --build-arg "STRATA_SOURCE_HASH=$strata_hash" --build-arg "STRATA_DEPS_HASH=$deps_hash" \

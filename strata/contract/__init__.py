@@ -7,6 +7,6 @@
 - ``identity``: how a request and a sample are spelled inside every service's Redis keys;
 - ``models``: where a service finds its model when none is configured: a built zoo's manifest.
 
-The model zoo (``strata.zoo``) builds models offline and is *not* a run-time dependency: services
+The model zoo (``strata_tools.zoo``) builds models offline and is *not* a run-time dependency: services
 import this package, never the zoo, and never build a model.
 """

@@ -1,7 +1,7 @@
 """What every training loop here shares: model shapes, the schedule (linear warm-up, cosine decay to a
 tenth), AdamW with decay on matrices only and a faster head, and one clipped optimiser step.
 
-The zoo's LMs (``strata.zoo.train``) and the reward models (``strata.rm.train``, ``strata.rm.recipe``)
+The zoo's LMs (``strata_tools.zoo.train``) and the reward models (``strata_tools.rm.train``, ``strata_tools.rm.recipe``)
 train with it.
 """
 

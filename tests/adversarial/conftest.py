@@ -20,7 +20,7 @@ from strata.bus.admin import start_group_at_end
 from strata.config import StrataSettings
 from strata.rpc_auth import new_token, token_line
 from strata.service import RunningService, ServiceParts, start_service, stop_service
-from strata.tlsgen import init_dev_pki
+from strata_tools.tlsgen import init_dev_pki
 
 CLIENTS = ("alice", "bob", "carol", "dave", "erin")
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import grpc
 
 from strata import rpc
-from strata.bench.edge import Outcomes as BenchOutcomes
 from strata.config import StrataSettings
-from strata.tlsgen import DevPki
 from strata.v1 import scheduler_pb2_grpc
+from strata_tools.bench.edge import Outcomes as BenchOutcomes
+from strata_tools.tlsgen import DevPki
 
 
 @dataclass

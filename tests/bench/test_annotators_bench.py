@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from strata.bench import annotators
+from strata_tools.bench import annotators
 
 LAST_LINE = re.compile(r"annotators drift_detected=(\d+)/(\d+) false_alarms=(\d+) detection_delay=(\d+|nan)")
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata.bench.chaos import POISONS, SERVICES, FinalReward, Outcomes, doubled_batches, schedule, tally
+from strata_tools.bench.chaos import POISONS, SERVICES, FinalReward, Outcomes, doubled_batches, schedule, tally
 
 
 def test_the_schedule_has_every_fault_once_in_a_seeded_order() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata.bench.edge import Flood, Phase, report
+from strata_tools.bench.edge import Flood, Phase, report
 
 
 def phases(idle_ms: list[float], load_ms: list[float], load_health_ok: int) -> list[Phase]:

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from strata.bench.reuse_ceiling import CeilingResult, ReuseHistory, ceiling_skips
+from strata_tools.bench.reuse_ceiling import CeilingResult, ReuseHistory, ceiling_skips
 
 
 def test_the_ceiling_takes_the_smallest_errors_while_their_mean_fits() -> None:

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from strata.bench import scheduler as bench
 from strata.config import StrataSettings
+from strata_tools.bench import scheduler as bench
 from svc_scheduler.config import SchedulerSettings
 
 pytestmark = pytest.mark.integration

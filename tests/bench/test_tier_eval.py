@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata.bench.tier_eval import (
+from strata_tools.bench.tier_eval import (
     Answer,
     ArmFigures,
     PromptOutcome,

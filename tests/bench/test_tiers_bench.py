@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata.bench import tiers
-from strata.bench.tier_eval import Answer, all_level2, compare
-from strata.bench.tier_eval import PromptOutcome as Outcome
 from strata.config import StrataSettings
+from strata_tools.bench import tiers
+from strata_tools.bench.tier_eval import Answer, all_level2, compare
+from strata_tools.bench.tier_eval import PromptOutcome as Outcome
 
 
 def _record(i: int, risk: bool) -> SimpleNamespace:
@@ -52,7 +52,7 @@ def test_live_figures_cost_skips_their_encoding_and_leave_them_out_of_quality() 
 
 @pytest.mark.integration
 def _arm(name: str, share: float, saving: float, quality: float):
-    from strata.bench.tier_eval import ArmFigures
+    from strata_tools.bench.tier_eval import ArmFigures
 
     return ArmFigures(name, 100, 1.0, 1.0, 0.0, quality, share, None, None, saving, saving, quality)
 

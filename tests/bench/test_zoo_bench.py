@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from strata.cli.main import main
-from strata.zoo.build import ZooPaths
+from strata_tools.cli.main import main
+from strata_tools.zoo.build import ZooPaths
 from svc_reward.registry import describe
 
 

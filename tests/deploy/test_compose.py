@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from strata.deploy import CPU_OVERRIDE, GPU_OVERRIDE, interpolate, load, load_variant, read_env_file, validate
+from strata_tools.deploy import CPU_OVERRIDE, GPU_OVERRIDE, interpolate, load, load_variant, read_env_file, validate
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,10 @@ import uuid
 import pytest
 
 from strata.content_store import ContentStore
-from strata.diagnose.annotators import evaluate
-from strata.diagnose.verdict import Verdict
 from strata.rpc import ServiceBinding, start_server
 from strata.v1 import annotation_pb2, annotation_pb2_grpc
+from strata_tools.diagnose.annotators import evaluate
+from strata_tools.diagnose.verdict import Verdict
 from svc_annotation.core import Rules
 from svc_annotation.drift import Observation
 from svc_annotation.drift_book import DriftBook
@@ -37,7 +37,7 @@ def test_the_rule(rows: dict, verdict: Verdict, words: str) -> None:
 
 @pytest.mark.integration
 def test_the_command_reads_the_desk_and_exits_1_on_a_drifting_annotator(infra, redis_client, capsys) -> None:
-    from strata.cli.main import main
+    from strata_tools.cli.main import main
 
     prefix = f"test:diag:{uuid.uuid4().hex[:8]}"
     content = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from diagutil import TinyModels, generator_parts, service_settings, serving
 
-from strata.cli.main import main
 from strata.config import StrataSettings
 from strata.telemetry import start_metrics_server
+from strata_tools.cli.main import main
 from svc_generator.backends.hf import HfBackend
 from svc_generator.config import GeneratorSettings
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from diagutil import LeakyBackend, TinyModels, generator_parts, serving
 
-from strata.diagnose import runner
-from strata.diagnose.memory import MIB
-from strata.diagnose.settings import DiagnoseSettings
-from strata.diagnose.verdict import Verdict
 from strata.telemetry import start_metrics_server
+from strata_tools.diagnose import runner
+from strata_tools.diagnose.memory import MIB
+from strata_tools.diagnose.settings import DiagnoseSettings
+from strata_tools.diagnose.verdict import Verdict
 from svc_generator.backends.hf import HfBackend
 from svc_generator.config import GeneratorSettings
 

@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry
 from strata import ledger
 from strata.bus import Publisher
 from strata.config import StrataSettings
-from strata.deploy import load
-from strata.diagnose.exporter import StackCollector
 from strata.rpc_metrics import GRPC_REQUESTS, GRPC_SECONDS, GrpcMetricsInterceptor
+from strata_tools.deploy import load
+from strata_tools.diagnose.exporter import StackCollector
 
 REPO = Path(__file__).resolve().parents[2]
 _SUFFIX = re.compile(r"_(bucket|sum|count|total|created)$")
@@ -139,7 +139,7 @@ def test_exporter_scrape_survives_a_dead_kafka_and_redis() -> None:
 
 
 def test_exporter_and_report_show_the_skip_audit(infra: StrataSettings, redis_client) -> None:
-    from strata.cli.report_cmd import skip_lines
+    from strata_tools.cli.report_cmd import skip_lines
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.stats import RewardObservation
     from svc_scheduler.store import SchedulerStore

@@ -6,9 +6,9 @@ import pytest
 from diagutil import TinyModels, service_settings, serving
 
 from strata.config import StrataSettings
-from strata.diagnose import runner
-from strata.diagnose.settings import DiagnoseSettings
-from strata.diagnose.verdict import Verdict
+from strata_tools.diagnose import runner
+from strata_tools.diagnose.settings import DiagnoseSettings
+from strata_tools.diagnose.verdict import Verdict
 
 pytestmark = pytest.mark.integration
 

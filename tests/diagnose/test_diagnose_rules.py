@@ -8,10 +8,10 @@ import pytest
 import torch
 from diagutil import TinyModels
 
-from strata.diagnose import memory, repetition, rm_noise, rm_overfit, runner, shift
-from strata.diagnose.items import load_pairs, suite_pairs
-from strata.diagnose.verdict import CheckResult, Verdict, error_result
-from strata.rm.refresh import ranks
+from strata_tools.diagnose import memory, repetition, rm_noise, rm_overfit, runner, shift
+from strata_tools.diagnose.items import load_pairs, suite_pairs
+from strata_tools.diagnose.verdict import CheckResult, Verdict, error_result
+from strata_tools.rm.refresh import ranks
 
 
 def test_repeat_spread_is_the_mean_and_max_of_per_item_population_stds() -> None:
@@ -101,7 +101,7 @@ def test_batched_sequence_logprobs_match_one_at_a_time_sums(tiny_models: TinyMod
 
 
 def test_suite_pairs_are_fresh_prompts_with_oracle_scores_of_mixed_quality() -> None:
-    from strata.zoo.suite import load_suite
+    from strata_tools.zoo.suite import load_suite
 
     pairs = suite_pairs(50)
     fresh = {r.text for r in load_suite("fresh")}

@@ -13,11 +13,11 @@ from strata.bus import Publisher, topics
 from strata.bus.tail import TailReader
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
-from strata.diagnose import runner
-from strata.diagnose.settings import DiagnoseSettings
-from strata.diagnose.verdict import Verdict
 from strata.v1 import common_pb2, events_pb2
-from strata.zoo.suite import load_suite
+from strata_tools.diagnose import runner
+from strata_tools.diagnose.settings import DiagnoseSettings
+from strata_tools.diagnose.verdict import Verdict
+from strata_tools.zoo.suite import load_suite
 
 pytestmark = pytest.mark.integration
 

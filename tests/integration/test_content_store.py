@@ -8,7 +8,7 @@ import redis
 from strata.config import StrataSettings
 from strata.content_store import ContentNotFoundError, ContentStore, ContentTooLargeError, StoreUnavailableError
 from strata.hashing import InvalidTextError, content_hash
-from strata.infra.process import free_port
+from strata_tools.infra.process import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -17,11 +17,11 @@ from strata.bus import Delivery, Publisher, Topic, Worker
 from strata.bus.dlq import REPLAYED_FROM, ReplayMark
 from strata.bus.security import kafka_connection
 from strata.bus.topics import ALL_TOPICS
-from strata.cli import dlq_cmd
-from strata.cli.main import main
 from strata.config import StrataSettings
 from strata.hashing import content_hash
 from strata.v1 import common_pb2, events_pb2
+from strata_tools.cli import dlq_cmd
+from strata_tools.cli.main import main
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,12 @@ from strata.bus import Publisher
 from strata.bus.admin import ensure_topics
 from strata.bus.security import kafka_connection
 from strata.bus.topics import Topic
-from strata.cli.main import main as strata_main
 from strata.config import StrataSettings
 from strata.hashing import content_hash
-from strata.infra import InfraError, down, status, up
-from strata.infra.process import free_port
 from strata.v1 import events_pb2
+from strata_tools.cli.main import main as strata_main
+from strata_tools.infra import InfraError, down, status, up
+from strata_tools.infra.process import free_port
 
 pytestmark = pytest.mark.integration
 

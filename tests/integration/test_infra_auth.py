@@ -20,14 +20,14 @@ from strata.bus import Publisher
 from strata.bus.admin import ensure_topics
 from strata.bus.security import kafka_connection
 from strata.bus.topics import Topic
-from strata.cli.main import main as strata_main
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
-from strata.infra import down, redis_server, status, up
-from strata.infra.kafka_broker import KafkaPaths
-from strata.infra.process import InfraError, free_port, process_cmdline, wait_until
 from strata.v1 import events_pb2
+from strata_tools.cli.main import main as strata_main
+from strata_tools.infra import down, redis_server, status, up
+from strata_tools.infra.kafka_broker import KafkaPaths
+from strata_tools.infra.process import InfraError, free_port, process_cmdline, wait_until
 
 pytestmark = pytest.mark.integration
 

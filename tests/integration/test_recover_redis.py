@@ -20,29 +20,26 @@ import redis
 
 from strata.bus import Delivery, Publisher, Topic
 from strata.bus.admin import ensure_topics
-from strata.cli import recover_cmd
-from strata.cli.main import main
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.contract.identity import request_identity
+from strata.epoch import MARKER_KEY, Marker, ensure_marker, read_marker
 from strata.hashing import content_hash
-from strata.recovery import (
+from strata.v1 import common_pb2, events_pb2
+from strata_tools.cli import recover_cmd
+from strata_tools.cli.main import main
+from strata_tools.recover import (
     CAME_BACK_EMPTY,
     EXPIRED,
     INTACT,
     LOST,
-    MARKER_KEY,
     NO_HISTORY,
     PRESENT,
     RECOVERED,
-    Marker,
     RecoverTopics,
     assess,
-    ensure_marker,
-    read_marker,
     text_state,
 )
-from strata.v1 import common_pb2, events_pb2
 from svc_reward.registry import RmRegistry, describe
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.store import SchedulerStore

@@ -11,7 +11,7 @@ from transformers import DistilBertConfig, DistilBertModel, GPT2Config, GPT2ForS
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import ModelLoadError, load_causal_lm, load_reward_model, resolve_device, resolve_dtype
 from strata.models.reward import expected_reward, score_bins, score_responses, two_hot
-from strata.zoo.train import train_tokenizer
+from strata_tools.zoo.train import train_tokenizer
 
 TEXTS = [f"Q: question {i}\nA: answer number {i} is fine." for i in range(50)]
 

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from strata.rm.augment import (
+from strata_tools.rm.augment import (
     KINDS,
     SYNONYMS,
     augment_responses,

@@ -7,11 +7,11 @@ import torch
 from rmutil import N_BINS, TINY
 from transformers import PreTrainedTokenizerFast
 
-from strata.cli.main import CliError, main
 from strata.contract.checksums import version_id, weights_checksum
 from strata.models.loading import load_reward_model
 from strata.models.reward import expected_reward
-from strata.rm.distill import (
+from strata_tools.cli.main import CliError, main
+from strata_tools.rm.distill import (
     DistillConfig,
     collate,
     comparison_metrics,
@@ -23,11 +23,11 @@ from strata.rm.distill import (
     rank_metrics,
     train_light,
 )
-from strata.rm.lifecycle import DistillOptions, read_pairs
-from strata.rm.recipe import STUDENT_INIT_DIR, student_init_dir
-from strata.rm.train import new_reward_model
-from strata.rm.versions import RM_INFO_FILE
-from strata.zoo.build import ZooConfig
+from strata_tools.rm.lifecycle import DistillOptions, read_pairs
+from strata_tools.rm.recipe import STUDENT_INIT_DIR, student_init_dir
+from strata_tools.rm.train import new_reward_model
+from strata_tools.rm.versions import RM_INFO_FILE
+from strata_tools.zoo.build import ZooConfig
 from svc_reward.registry import describe
 
 

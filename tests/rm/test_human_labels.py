@@ -10,8 +10,8 @@ import pytest
 
 from strata.bus import Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
-from strata.rm.human import HumanLabel, human_labels, label_rows
 from strata.v1 import events_pb2
+from strata_tools.rm.human import HumanLabel, human_labels, label_rows
 
 
 def completed(prompt: str, response: str, annotator: str, score: float,
@@ -47,8 +47,8 @@ def test_rows_leave_out_labels_whose_texts_expired() -> None:
 
 @pytest.mark.integration
 def test_the_command_writes_what_train_strong_reads(infra, redis_client, tmp_path, monkeypatch) -> None:
-    from strata.cli.main import main
-    from strata.rm.lifecycle import read_pairs
+    from strata_tools.cli.main import main
+    from strata_tools.rm.lifecycle import read_pairs
 
     store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
     prompt, response = store.put(f"Why do onions sting? {uuid.uuid4()}"), store.put(f"Sulfur gas. {uuid.uuid4()}")

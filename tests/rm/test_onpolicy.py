@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from strata.rm.onpolicy import PolicyAnswer, detection_auc, onpolicy_figures
-from strata.rm.refresh import pairwise_accuracy
+from strata_tools.rm.onpolicy import PolicyAnswer, detection_auc, onpolicy_figures
+from strata_tools.rm.refresh import pairwise_accuracy
 
 
 def answer(prompt_id: str, tier: str, oracle: float) -> PolicyAnswer:

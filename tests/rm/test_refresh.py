@@ -1,4 +1,4 @@
-"""The rules of a refresh turn (strata.rm.refresh): the split, the replay, the figures and the verdict."""
+"""The rules of a refresh turn (strata_tools.rm.refresh): the split, the replay, the figures and the verdict."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 from scipy.stats import spearmanr
 
-from strata.rm.refresh import (
+from strata_tools.rm.refresh import (
     RefreshOptions,
     SliceFigures,
     fine_tune_steps,

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from strata.cli.main import main
-from strata.rm.loop import run_every
-from strata.rm.onpolicy import policy_answers
-from strata.rm.refresh import RefreshOptions
-from strata.zoo.build import ZooPaths, ZooSettings
+from strata_tools.cli.main import main
+from strata_tools.rm.loop import run_every
+from strata_tools.rm.onpolicy import policy_answers
+from strata_tools.rm.refresh import RefreshOptions
+from strata_tools.zoo.build import ZooPaths, ZooSettings
 from svc_reward.registry import RmRegistry, describe
 
 pytestmark = pytest.mark.integration

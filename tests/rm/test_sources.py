@@ -1,4 +1,4 @@
-"""What each kind of RM data adds (strata.rm.sources): the rules, and one small run on the ci zoo."""
+"""What each kind of RM data adds (strata_tools.rm.sources): the rules, and one small run on the ci zoo."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from strata.cli.main import main
-from strata.rm.onpolicy import PolicyAnswer
-from strata.rm.sources import (
+from strata_tools.cli.main import main
+from strata_tools.rm.onpolicy import PolicyAnswer
+from strata_tools.rm.sources import (
     EXTRA_ARMS,
     REPORT_DIR,
     SourcesOptions,
@@ -19,7 +19,7 @@ from strata.rm.sources import (
     level1_gain,
     newest_policy_checkpoint,
 )
-from strata.zoo.build import ZooPaths
+from strata_tools.zoo.build import ZooPaths
 
 
 def test_best_of_n_takes_the_draw_the_rm_rates_highest_per_prompt_and_the_first_of_equals() -> None:

@@ -2,7 +2,7 @@
 
 The children run ``supervised_child`` (beside this file), a gRPC health server that can be told
 to hang; the supervisor runs in a thread of the test process (its loop is the same as under
-``strata up``), except in the last test, which starts ``python -m strata.stack.supervisor`` the
+``strata up``), except in the last test, which starts ``python -m strata_tools.stack.supervisor`` the
 way ``strata up`` does.
 """
 
@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from strata.infra.process import free_port, start_detached, stop_pid
-from strata.stack.control import health
-from strata.stack.spec import ServiceSpec
-from strata.stack.supervisor import Supervisor, log_dir, state_file
+from strata_tools.infra.process import free_port, start_detached, stop_pid
+from strata_tools.stack.control import health
+from strata_tools.stack.spec import ServiceSpec
+from strata_tools.stack.supervisor import Supervisor, log_dir, state_file
 
 HERE = Path(__file__).parent
 DEADLINE_S = 30.0
@@ -131,7 +131,7 @@ def test_a_log_over_the_limit_is_rotated_and_the_child_keeps_writing(
 
 def test_the_supervisor_rotates_its_own_log_as_strata_up_starts_it(tmp_path: Path) -> None:
     own = log_dir(tmp_path) / "supervisor.log"
-    argv = [sys.executable, "-m", "strata.stack.supervisor", "--state-dir", str(tmp_path), "--only", "none",
+    argv = [sys.executable, "-m", "strata_tools.stack.supervisor", "--state-dir", str(tmp_path), "--only", "none",
             "--log-max-bytes", "100", "--log-check-interval-s", "0.1"]
     pid = start_detached(argv, own, tmp_path / "supervisor.pid")
     try:

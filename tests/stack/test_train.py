@@ -27,8 +27,8 @@ from strata.bus import topics
 from strata.bus.admin import start_group_at_end
 from strata.config import StrataSettings
 from strata.service import RunningService, ServiceParts, start_service, stop_service
-from strata.train import Addresses, TrainOptions, TrainSummary, train
 from strata.v1 import common_pb2
+from strata_tools.train import Addresses, TrainOptions, TrainSummary, train
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ UPDATES = 8
 # Held-out prompts scored before and after. With 64 the paired SE was ~0.105 and one run in six
 # (+0.154) fell under 2 SE although the gain is ~0.3: 192 prompts cut the SE by sqrt(3).
 EVAL_PROMPTS = 192
-# The learner's recipe for this short run (the demo's, see strata/cli/demo_cmd.py): the KL penalty
+# The learner's recipe for this short run (the demo's, see strata_tools/cli/demo_cmd.py): the KL penalty
 # on from the first update (the default warm-up spans 100 updates, longer than the whole run).
 LEARNER = {"learning_rate": 1e-4, "batch_size": 32, "minibatch_size": 8, "kl_coef": 0.2, "kl_warmup_updates": 0}
 # With learning rate 2e-4 and β 0.1 the oracle fell 2.15 -> 1.74 in one run: the ci zoo's light RM

@@ -6,11 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from strata.cli.main import COMMAND_MODULES, MODULE_OF_COMMAND, build_parser
+from strata_tools.cli.main import COMMAND_MODULES, MODULE_OF_COMMAND, build_parser
 
 
 def test_health_loads_no_model_library() -> None:
-    code = ("import sys; from strata.cli.main import main; rc = main(['health', '127.0.0.1:1', '--timeout', '0.2']); "
+    code = ("import sys; from strata_tools.cli.main import main; "
+            "rc = main(['health', '127.0.0.1:1', '--timeout', '0.2']); "
             "print(rc, sorted(m for m in ('torch', 'transformers', 'faiss') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     last = done.stdout.strip().splitlines()[-1]
@@ -28,7 +29,7 @@ def test_every_command_maps_to_the_module_that_registers_it() -> None:
 
 
 def test_progress_bars_written_to_a_pipe_draw_at_most_every_30_seconds() -> None:
-    code = ("import strata.cli, sys, time; from tqdm import tqdm\n"
+    code = ("import strata_tools.cli, sys, time; from tqdm import tqdm\n"
             "for _ in tqdm(range(50)): time.sleep(0.01)")
     piped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert len(piped.stderr.split("\r")) <= 3, piped.stderr  # the first draw, the last, and no tick between

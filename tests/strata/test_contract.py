@@ -10,8 +10,9 @@ import pytest
 from strata.contract.models import ModelNotConfiguredError, manifest_path, model_path, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
-# Tools run by people or by CI; the rest of strata is the library every service may use.
-TOOLING = ("strata/cli/", "strata/bench/", "strata/diagnose/", "strata/zoo/", "strata/rm/", "strata/train.py")
+# The two wings: the runtime library every service imports (strata/) and the tools people and CI run
+# (strata_tools/); the tools import the library, never the other way.
+LIBRARY, TOOLS = "strata", "strata_tools"
 
 
 def test_a_configured_path_wins_and_the_manifest_fills_in(tmp_path: Path) -> None:
@@ -53,18 +54,10 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def test_no_service_imports_the_zoo_or_another_service() -> None:
+def test_no_service_imports_another_service() -> None:
     services = sorted(p.name for p in ROOT.glob("svc_*") if p.is_dir())
-    offenders = []
-    for service in services:
-        for path in sorted((ROOT / service).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            for name in _imports(path):
-                other = name.split(".")[0]
-                if other.startswith("svc_") and other != service:
-                    offenders.append(f"{rel} imports {name}")
-                if name == "strata.zoo" or name.startswith("strata.zoo."):
-                    offenders.append(f"{rel} imports {name}")
+    offenders = [f"{rel} imports {name}" for service in services for rel, names in _modules(f"{service}/**/*.py")
+                 for name in names if _top(name).startswith("svc_") and _top(name) != service]
     assert not offenders, "\n".join(offenders)
 
 
@@ -100,35 +93,42 @@ def _modules(pattern: str) -> list[tuple[str, set[str]]]:
     return [(p.relative_to(ROOT).as_posix(), _imports(p)) for p in sorted(ROOT.glob(pattern))]
 
 
-def test_the_library_never_imports_tools_or_services() -> None:
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_the_library_imports_neither_tools_nor_services() -> None:
+    offenders = [f"{rel} imports {name}" for rel, names in _modules(f"{LIBRARY}/**/*.py")
+                 for name in names if _top(name) == TOOLS or _top(name).startswith("svc_")]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_services_import_the_library_only() -> None:
+    offenders = [f"{rel} imports {name}" for rel, names in _modules("svc_*/**/*.py")
+                 for name in names if _top(name) == TOOLS]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_within_the_tools_the_zoo_imports_no_service_and_only_the_cli_imports_the_cli() -> None:
     offenders = []
-    for rel, names in _modules("strata/**/*.py"):
-        if rel.startswith("strata/v1/"):
-            continue
-        tooling = rel.startswith(TOOLING)
+    for rel, names in _modules(f"{TOOLS}/**/*.py"):
         for name in names:
-            top = name.split(".")[0]
-            if top.startswith("svc_") and not tooling:
+            if _top(name).startswith("svc_") and rel.startswith(f"{TOOLS}/zoo/"):  # the zoo builds models
                 offenders.append(f"{rel} imports {name}")
-            if top.startswith("svc_") and rel.startswith("strata/zoo/"):  # the zoo builds models, no service
-                offenders.append(f"{rel} imports {name}")
-            if (name == "strata.cli" or name.startswith("strata.cli.")) and not rel.startswith("strata/cli/"):
-                offenders.append(f"{rel} imports {name}")
-            if not tooling and any(name == t or name.startswith(t + ".") for t in
-                                   ("strata.zoo", "strata.bench", "strata.diagnose", "strata.train")):
+            if name.startswith(f"{TOOLS}.cli") and not rel.startswith(f"{TOOLS}/cli/"):
                 offenders.append(f"{rel} imports {name}")
     assert not offenders, "\n".join(offenders)
 
 
-# How an RM is made (strata/rm/recipe.py and what it trains with): the zoo calls it, so it never calls
+# How an RM is made (strata_tools/rm/recipe.py and what it trains with): the zoo calls it, so it never calls
 # the zoo back, nor a service, nor the tools that run it (docs/architecture.md).
-RM_RECIPE = ("strata/rm/recipe.py", "strata/rm/train.py", "strata/rm/distill.py", "strata/rm/augment.py",
-             "strata/rm/refresh.py", "strata/models/training.py", "strata/models/growth.py")
+RM_RECIPE = (*(f"{TOOLS}/rm/{name}.py" for name in ("recipe", "train", "distill", "augment", "refresh")),
+             "strata/models/training.py", "strata/models/growth.py")
 
 
 def test_the_rm_recipe_imports_no_zoo_service_or_rm_run() -> None:
-    runs = ("strata.rm.lifecycle", "strata.rm.loop", "strata.rm.onpolicy", "strata.rm.versions", "strata.rm.human")
+    runs = tuple(f"{TOOLS}.rm.{name}" for name in ("lifecycle", "loop", "onpolicy", "versions", "human"))
     offenders = [f"{rel} imports {name}" for rel in RM_RECIPE for name in _imports(ROOT / rel)
-                 if name.split(".")[0].startswith("svc_") or name == "strata.zoo" or name.startswith("strata.zoo.")
+                 if _top(name).startswith("svc_") or name == f"{TOOLS}.zoo" or name.startswith(f"{TOOLS}.zoo.")
                  or name in runs]
     assert not offenders, "\n".join(offenders)

@@ -15,8 +15,8 @@ from strata import rpc
 from strata.config import StrataSettings
 from strata.rpc import RunningServer, ServiceBinding, start_server
 from strata.rpc_auth import TokenFileError, TokenTable, new_token, token_line
-from strata.tlsgen import DevPki, init_dev_pki
 from strata.v1 import learner_pb2, learner_pb2_grpc
+from strata_tools.tlsgen import DevPki, init_dev_pki
 
 LEARNER = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_token_file_errors_name_the_line() -> None:
 
 def test_strata_token_new_appends_a_digest_the_server_accepts(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from strata.cli.main import main
+    from strata_tools.cli.main import main
 
     path = tmp_path / "tokens"
     assert main(["token", "new", "carol", "--tokens-file", str(path)]) == 0

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from strata.train import Evaluation, TrainSummary, request_done, round_prompts
 from strata.v1 import common_pb2, events_pb2
-from strata.zoo.suite import PromptRecord
+from strata_tools.train import Evaluation, TrainSummary, request_done, round_prompts
+from strata_tools.zoo.suite import PromptRecord
 
 L1, L2 = common_pb2.TIER_LEVEL_1, common_pb2.TIER_LEVEL_2
 

@@ -22,10 +22,10 @@ from strata.bus import Publisher, topics
 from strata.bus.admin import start_group_at_end
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
-from strata.infra.process import free_port
 from strata.rpc_auth import token_line
 from strata.service import ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2, events_pb2
+from strata_tools.infra.process import free_port
 from svc_annotation.__main__ import build
 from svc_annotation.config import AnnotationSettings
 

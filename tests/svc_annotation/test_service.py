@@ -30,12 +30,12 @@ from strata.bus.producer import PublishError
 from strata.bus.tail import TailReader
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
-from strata.infra.process import free_port
 from strata.rpc import ServiceBinding, start_server
 from strata.rpc_auth import CallerIdentity, TokenTable, token_line, with_bearer
 from strata.service import ServiceParts, start_service, stop_service
-from strata.stack.control import health
 from strata.v1 import annotation_pb2, annotation_pb2_grpc, common_pb2, events_pb2
+from strata_tools.infra.process import free_port
+from strata_tools.stack.control import health
 from svc_annotation.__main__ import build
 from svc_annotation.config import AnnotationSettings
 from svc_annotation.core import GoldItem, Rules, is_double

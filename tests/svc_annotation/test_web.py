@@ -239,7 +239,7 @@ def test_the_lead_page_shows_drift_and_an_alarm(store: AnnotationStore, tokens: 
 
 def test_the_web_server_serves_https_with_the_grpc_certificate(store: AnnotationStore, tokens: TokenTable,
                                                                tmp_path: Path) -> None:
-    from strata.tlsgen import init_dev_pki
+    from strata_tools.tlsgen import init_dev_pki
 
     pki = init_dev_pki(tmp_path / "pki")
     server = WebServer(create_app(store, tokens, secure_cookies=True), "127.0.0.1", 0,

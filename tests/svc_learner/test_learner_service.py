@@ -31,10 +31,10 @@ from strata.bus.admin import ensure_topics
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.contract.template import format_prompt
-from strata.infra.process import free_port
 from strata.models.tiny import build_char_policy
 from strata.service import start_service, stop_service
 from strata.v1 import common_pb2, events_pb2, learner_pb2, learner_pb2_grpc
+from strata_tools.infra.process import free_port
 from svc_learner.checkpoint import list_checkpoints, verify_checkpoint
 from svc_learner.config import LearnerSettings
 from svc_learner.service import Learner, build_learner

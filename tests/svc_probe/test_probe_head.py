@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from strata.cli.main import main
 from strata.contract.directions import DIRECTION_NAMES
 from strata.models.loading import load_causal_lm
 from strata.models.prompts import PromptFormat
 from strata.models.tiny import build_tiny_model
-from strata.zoo.build import ZooPaths
+from strata_tools.cli.main import main
+from strata_tools.zoo.build import ZooPaths
 from svc_probe.__main__ import main as service_main
 from svc_probe.__main__ import make_probe_fn
 from svc_probe.config import ProbeSettings

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from strata.models.loading import load_causal_lm
-from strata.zoo.build import ZooPaths
+from strata_tools.zoo.build import ZooPaths
 from svc_probe.config import ProbeSettings
 from svc_probe.core import ProbeRules, probe
 

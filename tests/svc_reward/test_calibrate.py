@@ -59,7 +59,7 @@ def test_calibrate_unsafe_measures_the_detector_on_the_suite(capsys) -> None:
     import argparse
     import json
 
-    from strata.cli import calibrate_cmd
+    from strata_tools.cli import calibrate_cmd
 
     parser = argparse.ArgumentParser()
     calibrate_cmd.register(parser.add_subparsers())

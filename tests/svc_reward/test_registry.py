@@ -16,14 +16,14 @@ from rmutil import N_BINS, TINY
 from transformers import PreTrainedTokenizerFast
 
 from strata.bus import Publisher, Topic, decode, topics
-from strata.cli.main import main
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.contract.checksums import version_id, weights_checksum
 from strata.hashing import content_hash
-from strata.rm.lifecycle import PSEUDO_LABELS_FILE, SourceUnavailableError, historical_rollouts
-from strata.rm.train import new_reward_model
 from strata.v1 import events_pb2
+from strata_tools.cli.main import main
+from strata_tools.rm.lifecycle import PSEUDO_LABELS_FILE, SourceUnavailableError, historical_rollouts
+from strata_tools.rm.train import new_reward_model
 from svc_reward.registry import (
     ChecksumMismatchError,
     RegistryError,

@@ -19,16 +19,16 @@ from strata.bus import Publisher, topics
 from strata.bus.admin import start_group_at_end
 from strata.bus.serde import decode
 from strata.bus.tail import TailReader
-from strata.cli import submit_cmd
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
-from strata.infra import down as infra_down
-from strata.infra import kafka_broker
-from strata.infra import up as infra_up
-from strata.infra.process import free_port
 from strata.service import RunningService, ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
+from strata_tools.cli import submit_cmd
+from strata_tools.infra import down as infra_down
+from strata_tools.infra import kafka_broker
+from strata_tools.infra import up as infra_up
+from strata_tools.infra.process import free_port
 from svc_scheduler.__main__ import build_parts
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.encoder import Encoder

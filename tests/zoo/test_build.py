@@ -13,8 +13,8 @@ from strata.config import StrataSettings
 from strata.models.loading import load_causal_lm, load_reward_model
 from strata.models.reward import score_responses
 from strata.models.training import ModelShape, TrainConfig
-from strata.rm.recipe import STUDENT_INIT_DIR, groups_of, student_init_dir
-from strata.zoo.build import (
+from strata_tools.rm.recipe import STUDENT_INIT_DIR, groups_of, student_init_dir
+from strata_tools.zoo.build import (
     PRESETS,
     ROLES,
     ZooBuilder,
@@ -28,8 +28,8 @@ from strata.zoo.build import (
     with_overrides,
     zoo_paths,
 )
-from strata.zoo.oracle import oracle_score
-from strata.zoo.suite import load_suite
+from strata_tools.zoo.oracle import oracle_score
+from strata_tools.zoo.suite import load_suite
 from svc_reward.registry import describe
 
 MICRO_SHAPE = ModelShape(n_embd=16, n_layer=1, n_head=2)

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from strata.zoo.corpus import (
+from strata_tools.zoo.corpus import (
     DEGRADATIONS,
     degrade,
     lm_texts,
@@ -18,8 +18,8 @@ from strata.zoo.corpus import (
     rm_groups,
     rm_pairs,
 )
-from strata.zoo.oracle import oracle_score
-from strata.zoo.suite import load_suite
+from strata_tools.zoo.oracle import oracle_score
+from strata_tools.zoo.suite import load_suite
 
 
 def test_reference_responses_score_high() -> None:
@@ -95,7 +95,7 @@ def test_prompt_swaps_pair_a_reference_with_a_prompt_it_answers_worse() -> None:
 def test_pairwise_loss_prefers_the_better_answer_and_ignores_ties() -> None:
     import torch
 
-    from strata.rm.train import pairwise_loss
+    from strata_tools.rm.train import pairwise_loss
 
     scores = torch.tensor([4.8, 2.0, 2.1])  # 2.0 and 2.1 are within the margin: no pair between them
     right = pairwise_loss(torch.tensor([4.0, 1.0, 1.0]), scores, margin=0.25)

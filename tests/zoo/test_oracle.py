@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from strata.zoo.oracle import (
+from strata_tools.zoo.oracle import (
     PromptInfo,
     SimulatedAnnotator,
     answer_features,
@@ -15,7 +15,7 @@ from strata.zoo.oracle import (
     judge,
     oracle_score,
 )
-from strata.zoo.suite import load_suite
+from strata_tools.zoo.suite import load_suite
 
 BINARY_SEARCH = PromptInfo(
     text="Explain how binary search works.",

@@ -13,13 +13,13 @@ from transformers import PreTrainedTokenizerFast
 from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.template import format_rm_input
 from strata.models.training import ModelShape, TrainConfig
-from strata.rm.train import FeatureLabels, MatchPool, new_reward_model, train_reward_model
-from strata.zoo.build import match_pool, rm_features
-from strata.zoo.corpus import reference_response
-from strata.zoo.lexicon import TOPICS
-from strata.zoo.oracle import SUBJECT_NAMES, oracle_score
-from strata.zoo.suite import load_suite
-from strata.zoo.train import train_tokenizer
+from strata_tools.rm.train import FeatureLabels, MatchPool, new_reward_model, train_reward_model
+from strata_tools.zoo.build import match_pool, rm_features
+from strata_tools.zoo.corpus import reference_response
+from strata_tools.zoo.lexicon import TOPICS
+from strata_tools.zoo.oracle import SUBJECT_NAMES, oracle_score
+from strata_tools.zoo.suite import load_suite
+from strata_tools.zoo.train import train_tokenizer
 
 
 def test_rm_features_label_the_prompt_from_the_suite_and_the_answer_from_its_words() -> None:

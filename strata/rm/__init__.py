@@ -1,1 +1,0 @@
-"""The reward-model lifecycle as a library (``strata.rm.lifecycle``); ``strata rm`` is its command."""

@@ -1,0 +1,215 @@
+"""``strata bench rm``: the light RM against the strong RM (R6): rank agreement, prompt match, speed.
+
+In one run on this machine: the strong RM (the zoo's, or ``--strong``) and the light RM (the zoo's,
+distilled from the strong RM in the build and served by default; ``--light DIR|VERSION``; or
+``--distill``: distilled now with ``strata rm distill``'s defaults, cached under
+``<cache_dir>/rm/bench/`` by strong weights and options). Both score the synthetic pairs of the
+held-out eval and fresh splits (fresh: subjects no model saw in training); the bench reports
+Spearman and Pearson of the light RM against the strong RM and against the oracle, each RM's prompt
+match on eval prompt swaps (a reference answer scored under its own prompt and under another: an RM
+that judges the answer alone gets ~0.5), then the scoring latency of both on the same batch of eval
+pairs (median of ``--repeats`` forward passes, same threads, timed in turns so that both see the same
+machine load). ``--temperature`` scores the light RM (every member of an ensemble) as svc_reward
+does at that scoring temperature (R8).
+Brief: Spearman 0.91 and ~100x faster (200 s -> 1.8 s); targets here: Spearman >= 0.91 on fresh
+prompts, a latency ratio >= 10, light prompt match >= 0.8.
+
+Then both RMs on the policy's own answers (R24, ``strata_tools.rm.onpolicy``): one Level-1 and one Level-2
+answer to every prompt of the fresh split, guided by the probe's directions as live, judged by the
+oracle; Spearman against the oracle per tier, the bad-case AUC on Level-1 answers and the pairwise
+accuracy on (Level-1, Level-2) answers to one prompt. Targets (issue 37): light Level-1 Spearman
+>= 0.55, Level-2 >= 0.5, bad-case AUC >= 0.85, pairwise accuracy >= 0.75.
+Last line: ``rm spearman=<fresh> latency_ratio=<y> light_match=<z> onpolicy_l1= onpolicy_l2= bad_auc=
+pair_acc=``, the last four for the served light RM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from strata.contract.template import RM_MAX_LENGTH
+
+SPEARMAN_TARGET = 0.91
+LATENCY_RATIO_TARGET = 10.0
+MATCH_TARGET = 0.8
+ONPOLICY_L1_TARGET = 0.55
+ONPOLICY_L2_TARGET = 0.5
+BAD_AUC_TARGET = 0.85
+PAIR_ACCURACY_TARGET = 0.75
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strong", default=None, help="strong RM directory (default: the zoo's)")
+    parser.add_argument("--light", default=None,
+                        help="light RM directory, ensemble directory or registered light version "
+                             "(default: the zoo's, distilled from its strong RM)")
+    parser.add_argument("--distill", action="store_true",
+                        help="distil a light RM now with `strata rm distill`'s defaults (cached) instead")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="the light RM's scoring temperature, as svc_reward's (R8; the article's 0.3)")
+    parser.add_argument("--batch", type=int, default=64, help="eval pairs in the timed batch")
+    parser.add_argument("--repeats", type=int, default=7, help="timed forward passes per RM, in turns (median)")
+    parser.add_argument("--max-length", type=int, default=RM_MAX_LENGTH,
+                        help="tokens per (prompt, response); an RM never reads more than its model_max_length")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    parser.add_argument("--onpolicy-split", default="fresh", choices=("eval", "fresh"),
+                        help="held-out split whose prompts the policy answers for the on-policy figures")
+    parser.add_argument("--onpolicy-prompts", type=int, default=None,
+                        help="answer only the split's first N prompts (default: all; the fresh split has 280)")
+
+
+def _light_members(spec: str, settings: Any) -> list[Path]:
+    from strata.errors import CliError
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        members = sorted(p for p in path.glob("member-*") if p.is_dir())
+        return members or [path]
+    from strata_tools.rm.versions import open_registry
+    from svc_reward.registry import UnknownVersionError
+
+    try:
+        entry = open_registry(settings).get(spec)
+    except UnknownVersionError as exc:
+        raise CliError(f"--light {spec}: neither a directory nor a registered version") from exc
+    return [Path(p) for p in entry.paths]
+
+
+def _distilled_light(strong_path: Path, settings: Any) -> list[Path]:
+    """The default distillation of ``strong_path``, built once and cached."""
+    from strata.contract.checksums import weights_checksum
+    from strata_tools.rm.lifecycle import DistillOptions, distill_version
+    from strata_tools.rm.versions import RM_INFO_FILE
+
+    options = DistillOptions(strong=str(strong_path), rollout_log=False, device="cpu")
+    key = f"{weights_checksum([strong_path])[:12]}-{options.key()}"
+    cached = Path(settings.cache_dir).expanduser() / "rm" / "bench" / key
+    if (cached / RM_INFO_FILE).is_file():
+        print(f"light RM: cached distillation {cached}")
+        return [cached]
+    print("light RM: distilling now (once; cached for the next runs)")
+    entry = distill_version(options, settings, None, out=cached)
+    return [Path(p) for p in entry.paths]
+
+
+def _interleaved_medians(fns: list[Any], repeats: int) -> list[float]:
+    """Median wall time of each function, timed in turns (so both see the same machine load)."""
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, bucket in zip(fns, times, strict=True):
+            started = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - started)
+    return [statistics.median(bucket) for bucket in times]
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from strata.errors import CliError
+    from strata.models.loading import load_reward_model
+    from strata.models.reward import expected_reward, prompt_match, reward_logits
+    from strata_tools.rm.distill import comparison_metrics
+    from strata_tools.rm.lifecycle import eval_sets, eval_swaps, mean_rewards, score_logits
+    from strata_tools.rm.onpolicy import BAD_THRESHOLD, PAIR_MARGIN, onpolicy_figures, policy_answers
+    from strata_tools.zoo.build import ZooSettings, ensure_zoo
+
+    if args.light and args.distill:
+        raise CliError("--light and --distill both choose the light RM: pass one")
+    if not args.temperature > 0:
+        raise CliError(f"--temperature must be > 0, got {args.temperature:g}")
+    settings = ZooSettings()
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    zoo = ensure_zoo(settings)  # its probe and generators write the on-policy answers even with --strong/--light
+    strong_path = Path(args.strong) if args.strong else zoo.rm_strong
+    if args.light:
+        members = _light_members(args.light, settings)
+    elif args.distill:
+        members = _distilled_light(strong_path, settings)
+    else:
+        members = [zoo.rm_light]
+    strong = load_reward_model(strong_path, device="cpu")
+    lights = [load_reward_model(m, device="cpu") for m in members]
+    teacher = (lights[0].zoo_info or {}).get("teacher")
+    print(f"strong RM {strong_path}: {strong.n_params / 1e6:.2f}M params; light RM {members[0]}"
+          f"{f' (+{len(members) - 1} members)' if len(members) > 1 else ''}: {lights[0].n_params / 1e6:.2f}M params"
+          f"{f', distilled from {teacher}' if teacher else ''}"
+          f"{f'; light scoring temperature {args.temperature:g}' if args.temperature != 1.0 else ''}")
+
+    # Rank agreement on held-out prompts.
+    cache_dir = Path(settings.cache_dir).expanduser() / "rm" / "logits"
+    sets = eval_sets()
+    light_scores, strong_scores, oracle_scores = {}, {}, {}
+    for split, (prompts, responses, oracle) in sets.items():
+        strong_scores[split] = expected_reward(
+            score_logits(strong, prompts, responses, args.max_length, f"strong {split}", cache_dir)).tolist()
+        light_scores[split] = mean_rewards(lights, prompts, responses, args.max_length, f"light {split}",
+                                           args.temperature)
+        oracle_scores[split] = oracle
+    metrics = comparison_metrics(light_scores, strong_scores, oracle_scores)
+    for split in sets:
+        m = {k.replace(f"_{split}", ""): v for k, v in metrics.items() if k.endswith(f"_{split}")}
+        print(f"{split:5s} ({len(sets[split][0])} pairs): light vs strong spearman={m['spearman/strong']:.3f} "
+              f"pearson={m['pearson/strong']:.3f} | light vs oracle spearman={m['spearman/oracle']:.3f} | "
+              f"strong vs oracle spearman={m['strong/spearman/oracle']:.3f}")
+    swaps = eval_swaps()
+    light_match = prompt_match(lights, *swaps, args.max_length)
+    strong_match = prompt_match([strong], *swaps, args.max_length)
+    print(f"prompt match on {len(swaps[0])} eval prompt swaps: light {light_match:.3f}, strong {strong_match:.3f} "
+          "(oracle 1.000; an RM blind to the prompt ~0.5)")
+
+    # The policy's own answers, scored by both RMs (R24).
+    if args.onpolicy_prompts is not None and args.onpolicy_prompts < 10:
+        raise CliError("--onpolicy-prompts must be at least 10: the figures need both bad and good answers")
+    answers = policy_answers(zoo, args.onpolicy_split, cache_dir=Path(settings.cache_dir).expanduser() / "rm" /
+                             "onpolicy", limit=args.onpolicy_prompts)
+    answer_prompts, answer_texts = [a.prompt for a in answers], [a.response for a in answers]
+    onpolicy = {
+        "strong": onpolicy_figures(answers, expected_reward(score_logits(
+            strong, answer_prompts, answer_texts, args.max_length, "strong on-policy", cache_dir)).tolist()),
+        "light": onpolicy_figures(answers, mean_rewards(lights, answer_prompts, answer_texts, args.max_length,
+                                                        "light on-policy", args.temperature)),
+    }
+    light_figures = onpolicy["light"]
+    print(f"on the policy's answers ({args.onpolicy_split} split, {light_figures.n_level1} prompts; oracle < "
+          f"{BAD_THRESHOLD:g}: {light_figures.n_bad} bad Level-1 answers; {light_figures.n_pairs} (Level-1, Level-2) "
+          f"pairs {PAIR_MARGIN:g}+ apart):")
+    print(f"{'RM':8s} {'L1 spearman':>12s} {'L2 spearman':>12s} {'bad AUC':>8s} {'pair acc':>9s}")
+    for name, figures in onpolicy.items():
+        print(f"{name:8s} {figures.spearman_level1:12.3f} {figures.spearman_level2:12.3f} {figures.bad_auc:8.3f} "
+              f"{figures.pair_accuracy:9.3f}")
+
+    # Latency on the same batch: one forward pass of the whole batch per RM (all ensemble members).
+    prompts, responses, _ = sets["eval"]
+    batch = (prompts[: args.batch], responses[: args.batch])
+    with torch.no_grad():
+        strong_s, light_s = _interleaved_medians([
+            lambda: reward_logits(strong, *batch, len(batch[0]), args.max_length),
+            lambda: [reward_logits(rm, *batch, len(batch[0]), args.max_length) for rm in lights],
+        ], args.repeats)
+    ratio = strong_s / light_s
+    spearman = metrics["spearman/strong_fresh"]
+    print(f"latency on {len(batch[0])} eval pairs ({torch.get_num_threads()} threads): "
+          f"strong {1000 * strong_s:.1f} ms, light {1000 * light_s:.1f} ms "
+          f"({1000 * light_s / len(batch[0]):.2f} ms/pair)")
+
+    def verdict(value: float, target: float) -> str:
+        return f"{value:.3f} {'>=' if value >= target else '<'} {target:g}"
+
+    print(f"targets: fresh spearman {verdict(spearman, SPEARMAN_TARGET)}, latency ratio "
+          f"{verdict(ratio, LATENCY_RATIO_TARGET)}, light match {verdict(light_match, MATCH_TARGET)}")
+    print(f"on-policy targets (light): L1 spearman {verdict(light_figures.spearman_level1, ONPOLICY_L1_TARGET)}, "
+          f"L2 spearman {verdict(light_figures.spearman_level2, ONPOLICY_L2_TARGET)}, bad AUC "
+          f"{verdict(light_figures.bad_auc, BAD_AUC_TARGET)}, pair accuracy "
+          f"{verdict(light_figures.pair_accuracy, PAIR_ACCURACY_TARGET)}")
+    print(f"rm spearman={spearman:.3f} latency_ratio={ratio:.1f} light_match={light_match:.3f} "
+          f"onpolicy_l1={light_figures.spearman_level1:.3f} onpolicy_l2={light_figures.spearman_level2:.3f} "
+          f"bad_auc={light_figures.bad_auc:.3f} pair_acc={light_figures.pair_accuracy:.3f}")
+    return 0

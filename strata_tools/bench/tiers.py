@@ -1,0 +1,614 @@
+"""``strata bench tiers``: the article's headline, measured: cost, quality and bad cases caught, arm by arm.
+
+What runs. Kafka and Redis are the bench's own (free ports, a throw-away state dir, purged at the
+end) unless external ones are configured; the probe, both generators, the reward service (light and
+strong RM) and the scheduler are the real services with the zoo's models, each in its own process
+as deployed (no learner: the policy stays fixed, so every arm meets the same models). On a CPU the
+services share the cores, so device-seconds are each process's CPU seconds (``strata.devicetime``).
+The same held-out prompts (the suite's eval split, risk prompts included at their share) go through
+each live arm in turn:
+
+1. **all-Level-2**: every prompt published to ``strata.prompts.level2``: Level-2 generation, scored
+   by the strong RM (what one-model RLHF stacks do; the article's baseline);
+2. **tiered**: every prompt published to ``strata.prompts.level0``: probe -> Level-1 + light RM ->
+   escalation under ``escalation_threshold`` (cautious prompts straight to Level-2);
+3. **tiered + skip**: ``--history`` train-split prompts are submitted through the scheduler first
+   (that history's cost is not the arm's), then the eval prompts through ``SubmitBatch``: the
+   scheduler may skip a prompt and reuse a known reward (R10-R12).
+
+Each arm's cost is what every stage booked in the cost ledger (``strata.ledger``) between its
+start and end, per prompt from the ledger's (prompt, request) records: encoder, probe, generation
+per tier, each RM call, human review (seconds per annotation, apart from device time). Quality is
+the oracle judge's mean score of each prompt's final answer. A *bad case* is a Level-1 answer the
+oracle scores under ``--bad-threshold``; the catch rate is the share of them escalated.
+
+Replayed arms (as RouteLLM's evaluation replays cached answers): each prompt's Level-1 answer from
+the tiered arm and its Level-2 answer from the all-Level-2 arm, with their measured costs and RM
+scores: the *random router* at the tiered arm's Level-2 share (mean of 200 draws), the *oracle
+router* (escalate exactly the bad cases), *keep the better* of both answers by RM score, and a
+threshold sweep (the cost-quality curve; APGR, CPT(50%), CPT(80%)). Cautious prompts stay at
+Level-2 under every router, so the comparison isolates the escalation rule.
+
+The services run with one intra-op thread each (``OMP_NUM_THREADS=1``): a second OpenMP thread
+spins while it waits, and on a shared CPU its spinning would be booked as the service's CPU seconds.
+
+Writes ``tiers.json`` (every figure) and ``tiers.png`` (the curve) under ``--out``.
+Last line: ``tiers saving=<fraction> quality_ratio=<x> bad_case_catch=<fraction> level2_share=<fraction>``
+for the *tiered + skip* arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from strata import ledger, rpc
+from strata_tools.bench import tier_eval
+from strata_tools.bench.tier_eval import Answer, ArmFigures, PromptOutcome
+
+log = logging.getLogger(__name__)
+
+# The article's figures for its tiered rollout against everything on the large model (docs/tiers.md).
+ARTICLE = {"saving": 0.64, "quality_ratio": 1.053, "bad_case_catch": 0.92, "level2_share": 0.07}
+# Issue 18's acceptance: the quality ratio and Level-2 share the tiered rollout must reach.
+TARGET_QUALITY_RATIO = 0.95
+TARGET_LEVEL2_SHARE = 0.25
+HEADLINE_ARM = "tiered + skip"
+THRESHOLD_GRID = (1.0, 2.0, 2.2, 2.4, 2.6, 2.8, 3.0, 3.2, 3.4)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", type=int, default=96, help="eval-split prompts per arm (risk ones included)")
+    parser.add_argument("--history", type=int, default=96,
+                        help="train-split prompts submitted through the scheduler before the skip arm")
+    parser.add_argument("--bad-threshold", type=float, default=1.5,
+                        help="oracle score under which a Level-1 answer is a bad case")
+    parser.add_argument("--review-seconds", type=float, default=60.0, help="human seconds per annotation")
+    parser.add_argument("--seed", type=int, default=0, help="prompt sample and sampling seeds")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds an arm may take")
+    parser.add_argument("--out", type=Path, default=None, help="directory for tiers.json and tiers.png "
+                        "(default: <state dir>/reports)")
+
+
+# -- the live run -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    """One prompt's request in one arm, and the reward events it got."""
+
+    record: Any                       # strata_tools.zoo.suite.PromptRecord
+    request_id: str
+    prompt_hash: str = ""
+    decision: str = ""                # the scheduler's, for the skip arm
+    events: list = field(default_factory=list)
+
+
+@dataclass
+class ArmRun:
+    name: str
+    requests: list[Request]
+    stages: list[ledger.StageCost]    # what the arm booked, from the aggregates
+    wall_s: float
+
+
+def pick_prompts(records: Sequence[Any], n: int, seed: int) -> list[Any]:
+    """``n`` records, risk ones at their share of ``records`` (at least one if any exist)."""
+    rng = random.Random(seed)
+    risky = [r for r in records if r.risk]
+    safe = [r for r in records if not r.risk]
+    n = min(n, len(records))
+    n_risky = min(len(risky), max(1 if risky else 0, round(n * len(risky) / len(records))))
+    chosen = rng.sample(risky, n_risky) + rng.sample(safe, min(len(safe), n - n_risky))
+    rng.shuffle(chosen)
+    return chosen
+
+
+class LiveTiers:
+    """The services, each in its own process, and the means to push an arm through them."""
+
+    def __init__(self, settings: Any, zoo: Any, run_id: str, review_seconds: float, seed: int,
+                 scheduler_env: dict[str, str] | None = None) -> None:
+        self.settings, self.zoo, self.run_id, self.seed = settings, zoo, run_id, seed
+        self.review_seconds = review_seconds
+        self.scheduler_env = scheduler_env or {}
+        self.ports: dict[str, int] = {}
+
+    @contextmanager
+    def started(self) -> Iterator[LiveTiers]:
+        """Each service in its own process, as deployed: on a shared CPU, device-seconds are each
+        process's CPU seconds (``strata.devicetime``), which one process per service keeps apart."""
+        import subprocess
+        import sys
+
+        from strata.bus import topics
+        from strata.bus.admin import start_group_at_end
+        from strata_tools.infra.process import free_port
+        from strata_tools.stack.control import health
+
+        zoo, s = self.zoo, self.settings
+        # One intra-op thread per service: an idle OpenMP thread spins on a shared CPU, and its spinning
+        # would count as the service's CPU seconds (measured: Level-1 at 24.7 ms/token with 2 threads).
+        common = {"STRATA_KAFKA_BOOTSTRAP": s.kafka_address, "STRATA_REDIS_URL": s.redis_address,
+                  "STRATA_STATE_DIR": str(s.state_dir), "STRATA_DEVICE": "cpu", "STRATA_LOG_LEVEL": "WARNING",
+                  "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        # Consumer groups of this run only, started at the end of their topics: what an earlier run (or
+        # another bench on the same Kafka) left there is never rolled out or folded in again.
+        groups = {
+            "probe": (f"bench-{self.run_id}-probe", [topics.PROMPTS_LEVEL0]),
+            "generator-l1": (f"bench-{self.run_id}-l1", [topics.PROMPTS_LEVEL1]),
+            "generator-l2": (f"bench-{self.run_id}-l2", [topics.PROMPTS_LEVEL2]),
+            "reward": (f"bench-{self.run_id}-reward", [topics.ROLLOUTS_GENERATED]),
+            "scheduler": (f"bench-{self.run_id}-stats",
+                          [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED]),
+        }
+        for group, topic_list in groups.values():
+            start_group_at_end(s, group, topic_list)
+        specs = {
+            "probe": ("svc_probe", ["--model", str(zoo.probe)], {"STRATA_GROUP_ID": groups["probe"][0]}),
+            "generator-l1": ("svc_generator", ["--tier", "1", "--model", str(zoo.level1)],
+                             {"STRATA_GROUP_ID": groups["generator-l1"][0]}),
+            "generator-l2": ("svc_generator", ["--tier", "2", "--model", str(zoo.level2)],
+                             {"STRATA_GROUP_ID": groups["generator-l2"][0]}),
+            "reward": ("svc_reward", ["--light-rm", str(zoo.light_rm), "--strong-rm", str(zoo.strong_rm)],
+                       {"STRATA_RM_WATCH": "false", "STRATA_REVIEW_SECONDS_PER_ITEM": str(self.review_seconds),
+                        "STRATA_GROUP_ID": groups["reward"][0]}),
+            "scheduler": ("svc_scheduler", [], {
+                "STRATA_REDIS_PREFIX": f"strata:bench:{self.run_id}",
+                "STRATA_STATS_GROUP_ID": groups["scheduler"][0], "STRATA_WATCH_LOOKBACK_S": "0",
+                **self.scheduler_env}),
+        }
+        logs = s.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.ports = {}
+        processes: dict[str, subprocess.Popen] = {}
+        try:
+            for name, (module, argv, env) in specs.items():
+                port = self.ports[name] = free_port()
+                with open(logs / f"{name}.log", "wb") as out:
+                    processes[name] = subprocess.Popen(
+                        [sys.executable, "-m", module, "--grpc-port", str(port), *argv],
+                        env={**os.environ, **common, **env}, stdout=out, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + 300
+            pending = dict(self.ports)
+            while pending:
+                for name, port in list(pending.items()):
+                    if processes[name].poll() is not None:
+                        raise RuntimeError(f"{name} exited with {processes[name].returncode}; see {logs / name}.log")
+                    if health(port):
+                        del pending[name]
+                if pending and time.monotonic() > deadline:
+                    raise RuntimeError(f"not healthy after 300 s: {', '.join(pending)}; see the logs in {logs}")
+                time.sleep(0.5)
+            yield self
+        finally:
+            for process in processes.values():
+                process.terminate()
+            for process in processes.values():
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+    @property
+    def scheduler_address(self) -> str:
+        return f"127.0.0.1:{self.ports['scheduler']}"
+
+    def run_arm(self, name: str, records: Sequence[Any], route: str, timeout_s: float,
+                progress: Callable[[str], None], n_samples: int = 1, tag: str = "") -> ArmRun:
+        """Send ``records`` through one arm (route: level2 | level0 | scheduler) and wait for every final;
+        ``n_samples`` rollouts per prompt through the scheduler (the other routes roll out one)."""
+        import redis
+
+        from strata.bus import topics
+        from strata.bus.tail import TailReader
+        from strata.content_store import ContentStore
+
+        s = self.settings
+        client = redis.Redis.from_url(s.redis_address, socket_timeout=30)
+        store = ContentStore(client, s.content_ttl_s, s.content_max_bytes)
+        tail = TailReader(s, [topics.REWARDS_SCORED], client_id=f"bench-tiers-{self.run_id}")
+        tail.seek_to_end()
+        tag = tag or f"{self.run_id}-{name.replace(' ', '').replace('+', '-')}"
+        requests = [Request(r, f"{tag}-{i}") for i, r in enumerate(records)]
+        n = n_samples if route == "scheduler" else 1
+        before = ledger.read_stages(client)
+        started = time.monotonic()
+        try:
+            if route == "scheduler":
+                self._submit(requests, n)
+            else:
+                self._publish(requests, route, store)
+            refused = [r for r in requests if r.decision == "refused"]
+            if refused:
+                raise RuntimeError(f"{name}: the scheduler refused {len(refused)} prompts (see the log)")
+            by_id = {r.request_id: r for r in requests}
+            self._wait(tail, by_id, started + timeout_s, name, progress, n)
+        finally:
+            tail.close()
+        wall = time.monotonic() - started
+        # The aggregates move when a batch's transaction commits, which is after its events are acked.
+        stages = self._settled_stages(client, before, requests)
+        client.close()
+        return ArmRun(name, requests, stages, wall)
+
+    def _settled_stages(self, client: Any, before: list[ledger.StageCost], requests: Sequence[Request]
+                        ) -> list[ledger.StageCost]:
+        """The arm's stages once every scored sample's RM cost is booked (the reward worker books a
+        batch in the transaction that marks it done, just after its events are acknowledged)."""
+        from strata.v1 import common_pb2
+
+        scored = sum(1 for r in requests for e in r.events if e.scorer != common_pb2.SCORER_REUSED)
+        deadline = time.monotonic() + 60
+        while True:
+            booked = sum(s.items for r in requests
+                         for s in ledger.read_request(client, r.prompt_hash, r.request_id)
+                         if s.stage in ("rm_light", "rm_strong"))
+            if booked >= scored:
+                return ledger.subtract(ledger.read_stages(client), before)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{booked} of {scored} scored samples booked in the ledger after 60 s")
+            time.sleep(0.2)
+
+    def _publish(self, requests: Sequence[Request], route: str, store: Any) -> None:
+        from strata.bus import Publisher, topics
+        from strata.v1 import common_pb2, events_pb2
+
+        level2 = route == "level2"
+        publisher = Publisher(self.settings, client_id=f"bench-tiers-{self.run_id}")
+        try:
+            futures = []
+            for i, request in enumerate(requests):
+                request.prompt_hash = store.put(request.record.text)
+                routed = events_pb2.PromptRouted(
+                    prompt_hash=request.prompt_hash, n_samples=1, request_id=request.request_id,
+                    tier=common_pb2.TIER_LEVEL_2 if level2 else common_pb2.TIER_LEVEL_0,
+                    decision=common_pb2.DECISION_LEVEL_2 if level2 else common_pb2.DECISION_LEVEL_1,
+                    reason="bench tiers: all-Level-2 arm" if level2 else "bench tiers: tiered arm",
+                    sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + i),
+                )
+                routed.submitted_at.GetCurrentTime()
+                routed.routed_at.GetCurrentTime()
+                topic = topics.PROMPTS_LEVEL2 if level2 else topics.PROMPTS_LEVEL0
+                futures.append(publisher.publish(topic, routed))
+            publisher.wait(futures)
+        finally:
+            publisher.close()
+
+    def _submit(self, requests: Sequence[Request], n_samples: int = 1) -> None:
+
+        from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+        batch_size = 32  # under the scheduler's max_batch_size (64)
+        with rpc.channel(self.scheduler_address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            for start in range(0, len(requests), batch_size):
+                chunk = requests[start:start + batch_size]
+                reply = stub.SubmitBatch(scheduler_pb2.SubmitBatchRequest(requests=[
+                    scheduler_pb2.SubmitRequest(
+                        prompt=r.record.text, n_samples=n_samples, request_id=r.request_id,
+                        sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + start + j))
+                    for j, r in enumerate(chunk)
+                ]), timeout=300)
+                for request, result in zip(chunk, reply.results, strict=True):
+                    if result.WhichOneof("result") != "response":
+                        request.decision = "refused"
+                        log.warning("prompt refused by the scheduler: %s", result.error)
+                        continue
+                    request.prompt_hash = result.response.prompt_hash
+                    request.decision = common_pb2.Decision.Name(result.response.decision)
+
+    @staticmethod
+    def _wait(tail: Any, by_id: dict[str, Request], deadline: float, name: str,
+              progress: Callable[[str], None], n_samples: int = 1) -> None:
+        from strata_tools.train import request_done
+
+        last = 0.0
+        while True:
+            pending = [r for r in by_id.values() if not request_done(r.events, n_samples)]
+            if not pending:
+                return
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"{name}: {len(pending)} of {len(by_id)} prompts have no final reward "
+                                   f"after the arm's timeout (first: request {pending[0].request_id})")
+            if now - last > 15:
+                progress(f"      {name}: {len(by_id) - len(pending)}/{len(by_id)} prompts final")
+                last = now
+            for _topic, event in tail.poll(0.5):
+                request = by_id.get(event.request_id)
+                if request is not None:
+                    request.events.append(event)
+
+
+# -- from events to answers ---------------------------------------------------------------------------
+
+
+def _path_cost(stages: Sequence[ledger.StageCost], tiers: set[int]) -> tuple[float, float, float]:
+    chosen = [s for s in stages if s.tier in tiers]
+    return (sum(s.device_seconds for s in chosen), sum(s.param_tokens for s in chosen),
+            sum(s.human_seconds for s in chosen))
+
+
+@dataclass(frozen=True)
+class Answers:
+    """One request's answers, oracle-scored, with what each path cost."""
+
+    level1: Answer | None
+    level2: Answer | None
+    escalated: bool
+    human_seconds: float
+    encoder: tuple[float, float]      # device-seconds, params x tokens of the scheduler's encoding
+    skipped: bool = False
+
+
+def answers_of(request: Request, client: Any, store: Any) -> Answers:
+    from strata.v1 import common_pb2
+    from strata_tools.zoo.oracle import judge
+
+    stages = ledger.read_request(client, request.prompt_hash, request.request_id)
+    encoder = _path_cost([s for s in stages if s.stage == "encoder"], {0})
+    if any(e.scorer == common_pb2.SCORER_REUSED for e in request.events):
+        return Answers(None, None, False, 0.0, encoder[:2], skipped=True)
+    level1_cost = _path_cost([s for s in stages if s.stage != "encoder"], {0, 1})
+    level2_cost = _path_cost(stages, {2})
+
+    def answer(event: Any, cost: tuple[float, float, float]) -> Answer:
+        text = store.get_text(event.response_hash)
+        return Answer(judge(request.record, text).score, event.reward, cost[0], cost[1])
+
+    level1 = next((e for e in request.events if e.tier == common_pb2.TIER_LEVEL_1), None)
+    level2 = next((e for e in request.events if e.tier == common_pb2.TIER_LEVEL_2 and e.final), None)
+    return Answers(
+        answer(level1, level1_cost) if level1 is not None else None,
+        answer(level2, level2_cost) if level2 is not None else None,
+        escalated=bool(level1 is not None and level1.escalated),
+        human_seconds=level2_cost[2], encoder=encoder[:2],
+    )
+
+
+def live_figures(name: str, answers: Sequence[Answers], hashes: Sequence[str], baseline_level2: Sequence[Answer],
+                 bad_threshold: float, baseline: ArmFigures) -> ArmFigures:
+    """A live arm's figures: each prompt's own answers; skipped prompts cost their encoding only and
+    are left out of the quality mean (they produce no response)."""
+    outcomes, escalated, skipped = [], set(), []
+    for digest, a, fallback in zip(hashes, answers, baseline_level2, strict=True):
+        if a.skipped:
+            skipped.append(a)
+            continue
+        level1 = None if a.level1 is None else dataclasses.replace(
+            a.level1, device_seconds=a.level1.device_seconds + a.encoder[0],
+            param_tokens=a.level1.param_tokens + a.encoder[1])
+        level2 = a.level2 or fallback  # the fallback is never used: such a prompt stays at Level-1
+        if a.level1 is None and a.level2 is not None:
+            level2 = dataclasses.replace(a.level2, device_seconds=a.level2.device_seconds + a.encoder[0],
+                                         param_tokens=a.level2.param_tokens + a.encoder[1])
+        outcomes.append(PromptOutcome(digest, level1, level2, human_seconds=a.human_seconds))
+        if a.escalated:
+            escalated.add(digest)
+    figures = tier_eval.evaluate(name, outcomes, escalated, bad_threshold)
+    n = len(answers)
+    served = figures.prompts
+    figures = dataclasses.replace(
+        figures, prompts=n,
+        device_seconds=figures.device_seconds + sum(a.encoder[0] for a in skipped),
+        param_tokens=figures.param_tokens + sum(a.encoder[1] for a in skipped),
+        level2_share=figures.level2_share * served / n,
+    )
+    return tier_eval.compare(figures, baseline)
+
+
+# -- report -------------------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _num(value: float | None, fmt: str = ".3f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def arm_table(arms: Sequence[ArmFigures]) -> list[str]:
+    lines = [f"{'arm':<32} {'device s':>9} {'saving':>7} {'PxT sav.':>8} {'human h':>8} {'oracle':>7} "
+             f"{'quality':>8} {'L2 share':>8} {'catch':>6} {'false esc':>9}"]
+    for a in arms:
+        lines.append(f"{a.name:<32} {a.device_seconds:>9.1f} {_pct(a.saving):>7} {_pct(a.param_token_saving):>8} "
+                     f"{a.human_seconds / 3600:>8.2f} {a.mean_oracle:>7.3f} {_num(a.quality_ratio):>8} "
+                     f"{_pct(a.level2_share):>8} {_pct(a.bad_case_catch):>6} {_pct(a.false_escalation):>9}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from strata.config import StrataSettings
+    from strata.errors import CliError
+    from strata_tools.bench.infra import bench_infra
+
+    if args.prompts < 4 or args.history < 0:
+        raise CliError("--prompts must be >= 4 and --history >= 0")
+    run_id = uuid.uuid4().hex[:8]
+    settings = StrataSettings()
+    # The services' per-event INFO lines would bury the progress; warnings and errors still show.
+    logging.getLogger().setLevel(logging.WARNING)
+    out = args.out or settings.state_dir / "reports"
+    with bench_infra(settings, run_id, "tiers") as infra:
+        return _run(args, infra, run_id, out)
+
+
+def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int:
+    import redis
+
+    from strata.content_store import ContentStore
+    from strata_tools.zoo.build import ensure_zoo
+    from strata_tools.zoo.suite import load_suite
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    zoo = ensure_zoo(settings)
+    eval_records = pick_prompts(load_suite("eval"), args.prompts, args.seed)
+    history = pick_prompts(load_suite("train"), args.history, args.seed + 1) if args.history else []
+    progress(f"tiers bench: zoo {zoo.root.name}, {len(eval_records)} eval prompts "
+             f"({sum(r.risk for r in eval_records)} risk), {len(history)} history prompts; "
+             "each service in its own process")
+    live = LiveTiers(settings, zoo, run_id, args.review_seconds, args.seed)
+    runs: dict[str, ArmRun] = {}
+    with live.started():
+        for name, records, route in (("all-Level-2", eval_records, "level2"), ("tiered", eval_records, "level0"),
+                                     ("history", history, "scheduler"), (HEADLINE_ARM, eval_records, "scheduler")):
+            if not records:
+                continue
+            progress(f"[arm] {name}: {len(records)} prompts via {route}")
+            runs[name] = live.run_arm(name, records, route, args.timeout, progress)
+            progress(f"      done in {runs[name].wall_s:.0f} s")
+    client = redis.Redis.from_url(settings.redis_address, socket_timeout=30)
+    store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+    answers = {name: [answers_of(r, client, store) for r in run.requests] for name, run in runs.items()
+               if name != "history"}
+    client.close()
+    report = build_report(args, zoo.root.name, eval_records, runs, answers)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tiers.json").write_text(json.dumps(report["json"], indent=2))
+    tier_eval.plot_curve(out / "tiers.png", report["sweep"], report["marks"], report["ceiling"])
+    print("\n".join(report["lines"]))
+    print(f"figures: {out / 'tiers.json'}   curve: {out / 'tiers.png'}")
+    head = report["headline"]
+    print(f"tiers saving={head.saving:.3f} quality_ratio={head.quality_ratio:.3f} "
+          f"bad_case_catch={_num(head.bad_case_catch)} level2_share={head.level2_share:.3f}")
+    return 0
+
+
+def build_report(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any], runs: dict[str, ArmRun],
+                 answers: dict[str, list[Answers]]) -> dict[str, Any]:
+    from strata.errors import CliError
+
+    hashes = [r.prompt_hash for r in runs["all-Level-2"].requests]
+    level2 = [a.level2 for a in answers["all-Level-2"]]
+    if any(a is None for a in level2):
+        raise CliError("the all-Level-2 arm left a prompt without a Level-2 answer")
+    baseline_outcomes = [PromptOutcome(h, None, a, r.risk, human_seconds=x.human_seconds)
+                         for h, a, r, x in zip(hashes, level2, records, answers["all-Level-2"], strict=True)]
+    baseline = tier_eval.compare(tier_eval.all_level2(baseline_outcomes, args.bad_threshold),
+                                 tier_eval.all_level2(baseline_outcomes, args.bad_threshold))
+    tiered = live_figures("tiered (live)", answers["tiered"], hashes, level2, args.bad_threshold, baseline)
+    arms = [baseline, tiered]
+    headline = tiered
+    skip_answers = answers.get(HEADLINE_ARM)
+    if skip_answers is not None:
+        skip_hashes = [r.prompt_hash for r in runs[HEADLINE_ARM].requests]
+        headline = live_figures(f"{HEADLINE_ARM} (live)", skip_answers, skip_hashes, level2, args.bad_threshold,
+                                baseline)
+        arms.append(headline)
+    # Replay: Level-1 answers of the tiered arm, Level-2 answers of the all-Level-2 arm.
+    replay = [PromptOutcome(h, a.level1, l2, r.risk, human_seconds=b.human_seconds)
+              for h, a, l2, r, b in zip(hashes, answers["tiered"], level2, records, answers["all-Level-2"],
+                                        strict=True)]
+    threshold = _escalation_threshold()
+    replayed = tier_eval.compare(tier_eval.evaluate(f"tiered (replay, t={threshold})", replay,
+                                                    tier_eval.threshold_router(replay, threshold),
+                                                    args.bad_threshold), baseline)
+    keep = tier_eval.compare(tier_eval.evaluate("tiered + keep better (replay)", replay,
+                                                tier_eval.threshold_router(replay, threshold), args.bad_threshold,
+                                                keep_better=True), baseline)
+    random_arm = tier_eval.random_router_figures(replay, tiered.level2_share, args.bad_threshold, baseline)
+    oracle_arm = tier_eval.compare(tier_eval.evaluate("oracle router (replay)", replay,
+                                                      tier_eval.oracle_router(replay, args.bad_threshold),
+                                                      args.bad_threshold), baseline)
+    arms += [replayed, keep, random_arm, oracle_arm]
+    sweep = tier_eval.sweep(replay, args.bad_threshold, baseline)
+    points = [(a.level2_share, a.mean_oracle) for a in sweep]
+    weak, strong = sweep[0].mean_oracle, baseline.mean_oracle
+    route_llm: dict[str, float | None] = {"apgr": None, "cpt50": None, "cpt80": None}
+    if strong != weak and len({p[0] for p in points}) > 1:
+        route_llm = {"apgr": tier_eval.apgr(points, weak, strong), "cpt50": tier_eval.cpt(points, weak, strong, 0.5),
+                     "cpt80": tier_eval.cpt(points, weak, strong, 0.8)}
+    level1_oracle = [a.level1.oracle for a in answers["tiered"] if a.level1 is not None]
+    bad = sum(o < args.bad_threshold for o in level1_oracle)
+    lines = [f"zoo {zoo_hash}; {len(records)} eval prompts ({sum(r.risk for r in records)} risk); "
+             f"bad case: Level-1 oracle < {args.bad_threshold} ({bad} of {len(level1_oracle)} Level-1 answers, "
+             f"mean {statistics.fmean(level1_oracle):.3f}); human review {args.review_seconds:.0f} s per item",
+             *arm_table(arms), ""]
+    for name, run in runs.items():
+        lines.append(f"{name} ({len(run.requests)} prompts, {run.wall_s:.0f} s wall): where the cost went")
+        lines += ["  " + line for line in _stage_lines(run.stages)]
+    lines.append(f"escalation threshold (replay): {'threshold':>9} {'L2 share':>8} {'catch':>6} {'false esc':>9} "
+                 f"{'saving':>7} {'PxT sav.':>8} {'quality':>8}")
+    for t in THRESHOLD_GRID:
+        a = tier_eval.compare(tier_eval.evaluate(f"t={t}", replay, tier_eval.threshold_router(replay, t),
+                                                 args.bad_threshold), baseline)
+        lines.append(f"{'':<30} {t:>9.1f} {_pct(a.level2_share):>8} {_pct(a.bad_case_catch):>6} "
+                     f"{_pct(a.false_escalation):>9} {_pct(a.saving):>7} {_pct(a.param_token_saving):>8} "
+                     f"{_num(a.quality_ratio):>8}")
+    lines.append(f"RouteLLM figures of the threshold sweep (Level-1 light-RM score; weak {weak:.3f}, strong "
+                 f"{strong:.3f}): APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
+                 f"CPT(80%) {_pct(route_llm['cpt80'])}")
+    best = tier_eval.ceiling(replay, args.bad_threshold, baseline)
+    lines += ceiling_lines(best, oracle_arm)
+    if skip_answers is not None:
+        skipped = sum(a.skipped for a in skip_answers)
+        lines.append(f"{HEADLINE_ARM}: {skipped} of {len(skip_answers)} prompts skipped (reused reward); "
+                     "their encoding is in the cost, they are not in the quality mean")
+    lines.append(f"{'':<14}{'saving':>8} {'quality':>8} {'catch':>7} {'L2 share':>9}")
+    lines.append(f"{'article':<14}{ARTICLE['saving']:>8.1%} {ARTICLE['quality_ratio']:>8.3f} "
+                 f"{ARTICLE['bad_case_catch']:>7.1%} {ARTICLE['level2_share']:>9.1%}")
+    lines.append(f"{'Strata':<14}{_pct(headline.saving):>8} {_num(headline.quality_ratio):>8} "
+                 f"{_pct(headline.bad_case_catch):>7} {_pct(headline.level2_share):>9}   ({headline.name})")
+    marks = {"all-Level-2": baseline, "tiered": tiered, "random router": random_arm, "oracle router": oracle_arm}
+    if skip_answers is not None:
+        marks[HEADLINE_ARM] = headline
+    figures = {
+        "zoo": zoo_hash, "prompts": len(records), "risk_prompts": sum(r.risk for r in records),
+        "bad_threshold": args.bad_threshold, "escalation_threshold": threshold,
+        "review_seconds": args.review_seconds, "arms": [tier_eval.to_json(a) for a in arms],
+        "sweep": [tier_eval.to_json(a) for a in sweep], "ceiling": [tier_eval.to_json(a) for a in best],
+        "route_llm": route_llm, "article": ARTICLE,
+        "stages": {name: [dataclasses.asdict(s) for s in run.stages] for name, run in runs.items()},
+        "wall_s": {name: run.wall_s for name, run in runs.items()},
+    }
+    return {"lines": lines, "json": figures, "sweep": sweep, "ceiling": best, "marks": marks, "headline": headline}
+
+
+def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures) -> list[str]:
+    """What the best router possible on these answers reaches: at the lowest share, at the target, at the oracle's."""
+    floor = best[0]
+    lines = [f"ceiling (any router, escalating the prompts of largest oracle gain first; cautious prompts are "
+             f"Level-2, so the share starts at {_pct(floor.level2_share)}):",
+             f"  {'':<30} {'L2 share':>8} {'saving':>7} {'PxT sav.':>8} {'quality':>8}"]
+
+    def row(label: str, a: ArmFigures) -> str:
+        return (f"  {label:<30} {_pct(a.level2_share):>8} {_pct(a.saving):>7} {_pct(a.param_token_saving):>8} "
+                f"{_num(a.quality_ratio):>8}")
+
+    lines.append(row("lowest share", floor))
+    at_target = [a for a in best if a.level2_share <= TARGET_LEVEL2_SHARE + 1e-9]
+    lines.append(row(f"share <= {TARGET_LEVEL2_SHARE:.0%}", at_target[-1]) if at_target
+                 else f"  {'share <= ' + format(TARGET_LEVEL2_SHARE, '.0%'):<30} unreachable: cautious prompts alone "
+                      f"are {_pct(floor.level2_share)}")
+    same = min(best, key=lambda a: abs(a.level2_share - oracle_arm.level2_share))
+    lines.append(row("at the oracle router's share", same))
+    cheapest = tier_eval.cheapest_reaching(best, TARGET_QUALITY_RATIO)
+    lines.append(row(f"cheapest at quality >= {TARGET_QUALITY_RATIO}", cheapest) if cheapest
+                 else f"  quality >= {TARGET_QUALITY_RATIO}: unreachable by any router")
+    return lines
+
+
+def _escalation_threshold() -> float:
+    from svc_reward.config import RewardSettings
+
+    return RewardSettings().escalation_threshold
+
+
+def _stage_lines(stages: Sequence[ledger.StageCost]) -> list[str]:
+    return ledger.stage_table([s for s in stages if s.items or s.device_seconds])

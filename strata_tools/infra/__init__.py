@@ -1,0 +1,124 @@
+"""Local infrastructure: ``strata infra up | down | status``.
+
+Starts a single-node Kafka and a Redis for local work and tests, unless the settings point at
+existing clusters (``STRATA_KAFKA_BOOTSTRAP``, ``STRATA_REDIS_URL``), in which case nothing is
+started and only reachability is checked. ``up`` is idempotent, waits until both answer and creates
+the topics; ``down`` stops only what this state dir started and keeps the data. Every probe logs in
+as the settings say (docs/security.md); addresses are shown with passwords masked.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import redis
+
+from strata.bus.admin import ensure_topics
+from strata.config import StrataSettings
+from strata.epoch import ensure_marker
+from strata_tools.infra import kafka_broker, redis_server
+from strata_tools.infra.process import InfraError
+
+__all__ = ["ComponentStatus", "InfraError", "down", "status", "up"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    address: str        # passwords masked: this is printed
+    managed: bool       # started by Strata from this state dir (False: an external cluster)
+    pid: int | None
+    healthy: bool
+    auth: str = "none"  # how clients log in: "none", or e.g. "SASL_PLAINTEXT/PLAIN", "password"
+
+    @property
+    def state(self) -> str:
+        if self.healthy:
+            return "up"
+        if self.managed and self.pid is not None:
+            return "no answer"  # running, but refuses our login or is still starting
+        return "down" if self.managed else "unreachable"
+
+
+@contextmanager
+def _lock(settings: StrataSettings) -> Iterator[None]:
+    """Serialise up/down of one state dir (parallel test workers, two terminals)."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.state_dir / "infra.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def up(settings: StrataSettings, create_topics: bool = True) -> list[ComponentStatus]:
+    """Start what is managed and missing, wait until everything answers, create topics."""
+    with _lock(settings):
+        if settings.redis_managed:
+            redis_server.start(settings)
+        elif not redis_server.answers(settings.redis_address):
+            raise InfraError(f"Redis at {settings.redis_address_masked} (STRATA_REDIS_URL) does not answer")
+        if settings.kafka_managed:
+            kafka_broker.start(settings)
+        elif not kafka_broker.answers(settings):
+            raise InfraError(f"Kafka at {settings.kafka_address} (STRATA_KAFKA_BOOTSTRAP) does not answer")
+        if create_topics:
+            ensure_topics(settings, settings.topic_partitions)
+        _mark_epoch(settings)
+    return status(settings)
+
+
+def _mark_epoch(settings: StrataSettings) -> None:
+    """The epoch marker (``strata.epoch``), so that a Redis that comes back empty later is recognised."""
+    client = redis.Redis.from_url(settings.redis_address, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        marker, created = ensure_marker(client, "strata infra up")
+        if created:
+            log.info("Redis epoch marker %s written", marker.id)
+    except (redis.RedisError, ValueError) as exc:
+        log.warning("Redis epoch marker not written: %s", exc)
+    finally:
+        client.close()
+
+
+def down(settings: StrataSettings, purge: bool = False) -> list[str]:
+    """Stop what this state dir started; returns the names stopped. ``purge`` also deletes data."""
+    stopped: list[str] = []
+    with _lock(settings):
+        if settings.kafka_managed and kafka_broker.stop(settings):
+            stopped.append("kafka")
+        if settings.redis_managed and redis_server.stop(settings):
+            stopped.append("redis")
+        if purge:
+            for sub in ("kafka", "redis"):
+                shutil.rmtree(settings.state_dir / sub, ignore_errors=True)
+            log.info("purged Kafka and Redis data under %s", settings.state_dir)
+    return stopped
+
+
+def status(settings: StrataSettings) -> list[ComponentStatus]:
+    kafka_pid = kafka_broker.running_pid(settings) if settings.kafka_managed else None
+    redis_pid = redis_server.running_pid(settings) if settings.redis_managed else None
+    kafka_auth = settings.kafka_security_protocol
+    if kafka_auth.startswith("SASL_"):
+        kafka_auth += f"/{settings.kafka_sasl_mechanism}"
+    redis_auth = "password" if settings.redis_auth else "none"
+    if settings.redis_address.startswith("rediss://"):
+        redis_auth = "TLS" if redis_auth == "none" else "TLS+password"
+    return [
+        ComponentStatus("kafka", settings.kafka_address, settings.kafka_managed, kafka_pid,
+                        (kafka_pid is not None or not settings.kafka_managed) and kafka_broker.answers(settings),
+                        "none" if kafka_auth == "PLAINTEXT" else kafka_auth),
+        ComponentStatus("redis", settings.redis_address_masked, settings.redis_managed, redis_pid,
+                        (redis_pid is not None or not settings.redis_managed)
+                        and redis_server.answers(settings.redis_address),
+                        redis_auth),
+    ]

@@ -1,0 +1,640 @@
+"""The reward-model lifecycle as a library (R5-R8): evaluation sets, teacher logits, training the
+strong RM, distillation and the distillation loop. ``strata rm`` (argparse and printing),
+``strata bench rm`` and the zoo call it; versions, the registry and promotion are ``strata_tools.rm.versions``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from strata.contract.template import RM_MAX_LENGTH
+from strata.errors import CliError
+from strata.jsonl import read_jsonl
+from strata_tools.rm.versions import finalize_version, promote_version, serving_light
+
+log = logging.getLogger(__name__)
+
+PSEUDO_LABELS_FILE = "pseudo_labels.jsonl"
+EVAL_SEED = 7  # synthetic (prompt, response) pairs of the eval and fresh splits, one per prompt
+EVAL_SPLITS: tuple[str, ...] = ("eval", "fresh")
+
+
+def _zoo(settings: Any) -> Any:
+    from strata_tools.zoo.build import ensure_zoo
+
+    return ensure_zoo(settings)
+
+
+def read_pairs(path: Path, need_score: bool) -> list[dict[str, Any]]:
+    """Rows of a JSONL file of {prompt, response[, score]}, checked line by line."""
+    rows: list[dict[str, Any]] = []
+    for number, row in read_jsonl(path):
+        if not isinstance(row, dict):
+            raise CliError(f"{path}:{number}: expected an object with prompt and response")
+        for key in ("prompt", "response"):
+            if not isinstance(row.get(key), str) or not row[key].strip():
+                raise CliError(f"{path}:{number}: {key!r} must be a non-empty string")
+        if need_score:
+            score = row.get("score")
+            if not isinstance(score, int | float) or not 0.0 <= float(score) <= 5.0:
+                raise CliError(f"{path}:{number}: 'score' must be a number in [0, 5], got {score!r}")
+        rows.append(row)
+    if not rows:
+        raise CliError(f"{path} holds no pairs")
+    return rows
+
+
+def eval_sets(seed: int = EVAL_SEED) -> dict[str, tuple[list[str], list[str], list[float]]]:
+    """Per held-out split: prompts, synthetic responses of mixed quality, and their oracle scores."""
+    from strata_tools.zoo.corpus import rm_pairs
+    from strata_tools.zoo.oracle import oracle_score
+    from strata_tools.zoo.suite import load_suite
+
+    sets = {}
+    for split in EVAL_SPLITS:
+        pairs = rm_pairs(load_suite(split), 1, seed)
+        sets[split] = ([p.record.text for p in pairs], [p.response for p in pairs],
+                       [oracle_score(p.record, p.response) for p in pairs])
+    return sets
+
+
+def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_length: int, desc: str,
+                 cache_dir: Path | None = None, batch_size: int = 32) -> Any:
+    """RM logits (N, bins) for the pairs, in length order with a progress bar; cached on disk by
+    (weights checksum, max_length, texts) when ``cache_dir`` is given."""
+    import torch
+
+    from strata.contract.checksums import weights_checksum
+    from strata_tools.rm.recipe import score_in_length_order
+
+    cache_file = None
+    if cache_dir is not None:
+        digest = hashlib.sha256(f"{weights_checksum([rm.path])}:{max_length}".encode())
+        for prompt, response in zip(prompts, responses, strict=True):
+            digest.update(prompt.encode() + b"\0" + response.encode() + b"\1")
+        cache_file = Path(cache_dir) / f"{digest.hexdigest()[:24]}.pt"
+        if cache_file.is_file():
+            return torch.load(cache_file)
+    logits = score_in_length_order(rm, prompts, responses, max_length, desc, batch_size)
+    if cache_file is not None:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(logits, cache_file)
+    return logits
+
+
+def mean_rewards(rms: Sequence[Any], prompts: Sequence[str], responses: Sequence[str], max_length: int,
+                 desc: str, temperature: float = 1.0) -> list[float]:
+    """Rewards of the pairs under an RM or ensemble as svc_reward serves them (R8): the mean of the
+    members' expected scores at the scoring ``temperature``."""
+    import torch
+
+    from svc_reward.scoring import tempered_reward
+
+    return torch.stack([tempered_reward(score_logits(rm, prompts, responses, max_length, desc), temperature)
+                        for rm in rms]).mean(dim=0).tolist()
+
+
+class SourceUnavailableError(Exception):
+    """Kafka or Redis could not be read; historical rollouts are skipped."""
+
+
+def historical_rollouts(settings: Any, limit: int, timeout_s: float = 30.0) -> tuple[list[dict[str, Any]], int]:
+    """The newest ``limit`` distinct (prompt, response) pairs of the rollout log, with their texts from
+    the content store. Returns the rows and how many were logged but have expired from the store."""
+    from kafka.errors import KafkaError
+
+    from strata.bus import topics
+    from strata.bus.scan import TopicScan, newest_of
+    from strata.content_store import ContentNotFoundError, ContentStore, StoreUnavailableError
+    from strata.errors import CliError
+
+    logged: dict[tuple[str, str], float] = {}
+    if limit > 0:
+        try:
+            with TopicScan(settings, client_id="strata-rm", idle_timeout_s=timeout_s) as scan:
+                bounds = scan.bounds(topics.ROLLOUT_LOG.name, required=False)
+                newest = newest_of(bounds, max(1, limit // max(1, len(bounds))))
+                for delivery in scan.events(topics.ROLLOUT_LOG, bounds=newest):
+                    logged[(delivery.message.prompt_hash, delivery.message.response_hash)] = delivery.message.reward
+        except (CliError, KafkaError) as exc:
+            raise SourceUnavailableError(f"rollout log on {settings.kafka_address}: {exc}") from exc
+    store = ContentStore.from_url(settings.redis_address, settings.content_ttl_s, settings.content_max_bytes)
+    rows, expired = [], 0
+    try:
+        for (prompt_hash, response_hash), reward in list(logged.items())[-limit:]:
+            try:
+                prompt, response = store.get_text(prompt_hash), store.get_text(response_hash)
+            except ContentNotFoundError:
+                expired += 1
+                continue
+            rows.append({"prompt_hash": prompt_hash, "response_hash": response_hash, "prompt": prompt,
+                         "response": response, "logged_reward": reward})
+    except StoreUnavailableError as exc:
+        raise SourceUnavailableError(f"content store at {settings.redis_address_masked}: {exc}") from exc
+    return rows, expired
+
+
+def rollout_rows(settings: Any, limit: int) -> tuple[list[dict[str, Any]], str]:
+    """Historical rollouts, or none with a line saying why."""
+    try:
+        rows, expired = historical_rollouts(settings, limit)
+    except SourceUnavailableError as exc:
+        return [], f"rollout log skipped ({exc})"
+    return rows, f"rollout log: {len(rows)} pairs ({expired} expired from the content store)"
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    """One distillation run (what `strata rm distill` and `strata bench rm --distill` run).
+
+    ``init``: ``auto`` starts from the strong RM's student init (the zoo's strong RM keeps its trunk
+    before growth; so does a grown ``strata rm train-strong``) and else from a fresh model of
+    ``n_embd`` x ``n_layer``; ``fresh``; or a directory (e.g. the light RM in service, to re-distil).
+    ``steps`` and ``lr`` default to the zoo's light-RM recipe from an init, to a longer, faster
+    schedule from scratch. ``swaps``: prompt swaps of the suite's train prompts (0 without zoo pairs).
+    """
+
+    strong: str | None = None  # directory; None = the zoo's strong RM
+    data: tuple[str, ...] = ()  # extra JSONL files of {prompt, response}
+    zoo_pairs: bool = True
+    rollout_log: bool = True
+    max_rollouts: int = 5000
+    max_pairs: int = 3000
+    swaps: int | None = None  # None: the zoo's rm_light_distill_swaps with zoo pairs, else 0
+    augment: tuple[str, ...] = ("synonym", "reorder")
+    augment_fraction: float = 0.3
+    members: int = 1
+    init: str = "auto"
+    # Blocks of the init kept (its first N); None: with ``auto``, the strong RM's zoo recipe
+    # (``rm_light_layers``) when it has one, else all.
+    init_layers: int | None = None
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 2
+    steps: int | None = None
+    batch_size: int = 32
+    lr: float | None = None
+    temperature: float = 2.0
+    max_length: int = RM_MAX_LENGTH  # what the zoo's RMs read (ZooConfig.rm_max_length); the teacher sees no more
+    hold_out: float = 0.0  # share of the rollout log's prompts kept out of training, to compare versions on
+    seed: int = 0
+    device: str = "auto"
+
+    def validate(self) -> None:
+        """Raise a CliError naming the option that cannot work."""
+        from strata_tools.rm.augment import KINDS
+
+        if unknown := set(self.augment) - set(KINDS):
+            raise CliError(f"unknown augmentation(s) {sorted(unknown)}: use {', '.join(KINDS)} or none")
+        if self.members < 1:
+            raise CliError("--members must be at least 1")
+        if self.init_layers is not None and (self.init_layers < 1 or self.init == "fresh"):
+            raise CliError(f"--init-layers must be at least 1 and needs an init to take blocks from, got "
+                           f"{self.init_layers} with --init {self.init}")
+        if not 0.0 <= self.hold_out < 1.0:
+            raise CliError(f"--hold-out must be in [0, 1), got {self.hold_out}")
+        if self.init not in ("auto", "fresh") and not (Path(self.init) / "config.json").is_file():
+            raise CliError(f"--init {self.init}: not a model directory (no config.json); use auto, fresh or a "
+                           "sequence-classification RM directory")
+
+    def key(self) -> str:
+        """Hash of what determines the light RM (for caching a bench's distillation)."""
+        payload = {k: v for k, v in asdict(self).items() if k != "device"}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass
+class DistillResult:
+    staging: Path
+    members: list[Path]
+    metrics: dict[str, float]
+    info: dict[str, Any]
+    strong_path: Path
+    strong_version: str
+    # The rollout log's held-out pairs (``hold_out``) and the strong RM's rewards for them.
+    held_out: tuple[list[str], list[str], list[float]] = ([], [], [])
+
+
+def held_out_prompt(prompt: str, share: float) -> bool:
+    """Whether a rollout's prompt is in the held-out share (by its content hash: stable across runs)."""
+    from strata_tools.rm.refresh import is_held_out
+
+    return share > 0 and is_held_out(prompt, share)
+
+
+def eval_swaps(split: str = "eval", seed: int = EVAL_SEED) -> tuple[list[str], list[str], list[str]]:
+    """Prompt swaps of a held-out split: responses, their own prompts, other prompts (prompt match)."""
+    from strata_tools.zoo.corpus import prompt_swaps
+    from strata_tools.zoo.suite import load_suite
+
+    records = load_suite(split)
+    swaps = prompt_swaps(records, seed, records)
+    return [s.response for s in swaps], [s.record.text for s in swaps], [s.other.text for s in swaps]
+
+
+def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions, n_bins: int, seed: int) -> Any:
+    """The model a light RM starts from, and what it is: ``fresh`` or the directory it was loaded from."""
+    from transformers import AutoModelForSequenceClassification
+
+    from strata.models.prompts import model_positions
+    from strata.models.training import ModelShape
+    from strata_tools.rm.recipe import rm_init_overrides, student_init_dir
+    from strata_tools.rm.train import new_reward_model
+
+    layers = options.init_layers
+    if init == "auto":
+        found = student_init_dir(strong_path)
+        init = str(found) if found is not None else "fresh"
+        if layers is None and found is not None:  # the zoo's light RM is the first rm_light_layers blocks
+            layers = ((strong.zoo_info or {}).get("config") or {}).get("rm_light_layers") or None
+    if init == "fresh":
+        shape = ModelShape(options.n_embd, options.n_layer, options.n_head)
+        n_positions = max(256, options.max_length)  # svc_reward reads up to 256 tokens by default
+        return new_reward_model(strong.tokenizer, shape, n_positions, n_bins, seed), "fresh"
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(init, local_files_only=True,
+                                                                   **rm_init_overrides(layers or 0))
+    except (OSError, ValueError) as exc:
+        raise CliError(f"--init {init}: not a sequence-classification RM ({exc})") from exc
+    if model.config.num_labels != n_bins:
+        raise CliError(f"--init {init} has {model.config.num_labels} score bins, the strong RM {n_bins}")
+    positions = model_positions(model.config)
+    if positions is not None and positions < options.max_length:
+        raise CliError(f"--max-length {options.max_length} exceeds the {positions} positions of {init}")
+    return model, init
+
+
+def run_distill(options: DistillOptions, settings: Any, staging: Path) -> DistillResult:
+    """Pseudo-label pairs with the strong RM, fit light RM(s) to its bin distributions, evaluate."""
+    from tqdm import tqdm
+
+    from strata.models.loading import ModelLoadError, load_reward_model
+    from strata.models.prompts import PromptFormat
+    from strata.models.reward import expected_reward, prompt_match, save_rm_tokenizer
+    from strata_tools.rm.augment import augment_responses
+    from strata_tools.rm.distill import DistillConfig, comparison_metrics, rank_metrics, train_light
+    from svc_reward.registry import describe
+
+    zoo = _zoo(settings) if (options.strong is None or options.zoo_pairs) else None
+    strong_path = Path(options.strong) if options.strong else zoo.rm_strong
+    try:
+        strong = load_reward_model(strong_path, device=options.device)
+    except ModelLoadError as exc:
+        raise CliError(str(exc)) from exc
+    if strong.model.config.num_labels < 2:
+        raise CliError(f"{strong_path} is a regression RM (1 logit): distillation needs score-bin logits")
+    strong_version = describe("strong", [strong_path]).version
+    cache_dir = Path(settings.cache_dir).expanduser() / "rm" / "logits"
+
+    # 1. Pairs to pseudo-label: the zoo's RM pairs and prompt swaps, the user's files, historical rollouts.
+    pairs: list[tuple[str, str]] = []
+    sources: dict[str, Any] = {}
+    rng = random.Random(options.seed)
+    if options.zoo_pairs:
+        from strata_tools.zoo.build import distill_pairs
+        from strata_tools.zoo.suite import load_suite
+
+        swaps = zoo.config.rm_light_distill_swaps if options.swaps is None else options.swaps
+        zoo_rows = read_pairs(zoo.rm_data, need_score=False)
+        prompts, responses, counts = distill_pairs(zoo_rows, load_suite("train"), options.max_pairs, swaps,
+                                                   options.seed)
+        pairs += list(zip(prompts, responses, strict=True))
+        sources |= {"zoo_pairs": counts["rm_data"], "prompt_swaps": counts["prompt_swaps"]}
+    for path in options.data:
+        rows = read_pairs(Path(path), need_score=False)
+        pairs += [(r["prompt"], r["response"]) for r in rows]
+        sources[str(path)] = len(rows)
+    held_prompts: list[str] = []
+    held_responses: list[str] = []
+    if options.rollout_log:
+        rows, line = rollout_rows(settings, options.max_rollouts)
+        print(line)
+        for row in rows:
+            if held_out_prompt(row["prompt"], options.hold_out):
+                held_prompts.append(row["prompt"])
+                held_responses.append(row["response"])
+            else:
+                pairs.append((row["prompt"], row["response"]))
+        sources["rollout_log"] = len(rows) - len(held_prompts)
+        if options.hold_out:
+            sources["rollout_log_held_out"] = len(held_prompts)
+    pairs = list(dict.fromkeys(pairs))  # distinct, order kept
+    if not pairs:
+        raise CliError("no pairs to distil on: enable --zoo-pairs, pass --data, or fill the rollout log")
+    # 2. Adversarial augmentation: perturbed copies, re-scored by the strong RM like the rest.
+    augmented = 0
+    if options.augment and options.augment_fraction > 0:
+        chosen = rng.sample(range(len(pairs)), round(options.augment_fraction * len(pairs)))
+        copies = augment_responses([pairs[i][1] for i in chosen], options.augment, 1, options.seed)
+        pairs += [(pairs[chosen[c.index]][0], c.response) for c in copies]
+        augmented = len(copies)
+    prompts, responses = [p for p, _ in pairs], [r for _, r in pairs]
+    print(f"distilling {strong_path} ({strong.n_params / 1e6:.1f}M params) on {len(pairs)} pairs "
+          f"({augmented} augmented); sources {sources}")
+
+    # 3. The strong RM's bin distributions: the targets (cached by weights and texts).
+    teacher = score_logits(strong, prompts, responses, options.max_length, "strong RM pseudo-labels", cache_dir)
+    rm_format = PromptFormat.of(strong.tokenizer)  # the light RMs share the strong RM's tokenizer
+    texts = [rm_format.rm_text(p, r) for p, r in pairs]
+
+    # 4. Light RM(s): from the student init (or fresh), on the strong RM's tokenizer, fitted by KL.
+    from strata_tools.zoo.build import RM_LIGHT_TRAIN
+
+    zoo_recipe = zoo.config.rm_light_train if zoo is not None else RM_LIGHT_TRAIN  # the schedule from an init
+    members: list[Path] = []
+    losses: list[float] = []
+    started_from = ""
+    for member in range(options.members):
+        model, started_from = _student(options.init, strong, strong_path, options, teacher.shape[1],
+                                       options.seed + member)
+        warm = started_from != "fresh"
+        steps = options.steps or (zoo_recipe.steps if warm else 700)
+        lr = options.lr or (zoo_recipe.lr if warm else 3e-3)
+        cfg = DistillConfig(steps=steps, batch_size=options.batch_size, lr=lr, temperature=options.temperature,
+                            max_length=options.max_length, seed=options.seed + member)
+        model.config.pad_token_id = strong.tokenizer.pad_token_id
+        with tqdm(total=cfg.steps, desc=f"light RM {member + 1}/{options.members}", unit="step", leave=False) as bar:
+            def report(step: int, loss: float, bar: Any = bar) -> None:
+                bar.update(1)
+                if step % 20 == 0:
+                    bar.set_postfix(kl=f"{loss:.4f}", refresh=False)
+
+            losses.append(train_light(model, strong.tokenizer, texts, teacher, cfg, report))
+        out = staging if options.members == 1 else staging / f"member-{member}"
+        model.config.problem_type = "single_label_classification"
+        model.save_pretrained(out)
+        save_rm_tokenizer(strong.tokenizer, out, options.max_length)
+        members.append(out)
+
+    # 5. Evaluation on held-out prompts: light vs strong and vs the oracle, eval and fresh splits; the
+    # prompt match on eval prompt swaps; the rollout log's held-out pairs.
+    light_rms = [load_reward_model(m, device=options.device) for m in members]
+    light_scores, strong_scores, oracle_scores = {}, {}, {}
+    for split, (p, r, oracle) in eval_sets().items():
+        strong_scores[split] = expected_reward(score_logits(strong, p, r, options.max_length, f"strong {split}",
+                                                            cache_dir)).tolist()
+        light_scores[split] = mean_rewards(light_rms, p, r, options.max_length, f"light {split}")
+        oracle_scores[split] = oracle
+    metrics = comparison_metrics(light_scores, strong_scores, oracle_scores)
+    match_swaps = eval_swaps()
+    metrics["match/light_eval"] = prompt_match(light_rms, *match_swaps, options.max_length)
+    metrics["match/strong_eval"] = prompt_match([strong], *match_swaps, options.max_length)
+    held_strong: list[float] = []
+    if held_prompts:
+        held_strong = expected_reward(score_logits(strong, held_prompts, held_responses, options.max_length,
+                                                   "strong held-out", cache_dir)).tolist()
+        metrics |= {f"{name}/strong_log": value for name, value in rank_metrics(
+            mean_rewards(light_rms, held_prompts, held_responses, options.max_length, "light held-out"),
+            held_strong).items()}
+    info = {
+        "metrics": metrics, "parent": strong_version,
+        "config": {**asdict(options), "strong": str(strong_path), "final_kl": losses, "n_pairs": len(pairs),
+                   "n_augmented": augmented, "sources": sources, "light_params": light_rms[0].n_params,
+                   "strong_params": strong.n_params, "init": started_from,
+                   "loss": "T^2 * KL(strong || light) over score bins"},
+    }
+    return DistillResult(staging, members, metrics, info, strong_path, strong_version,
+                         (held_prompts, held_responses, held_strong))
+
+
+def better_than_current(current: tuple[str, list[Path]], entry: Any, result: DistillResult,
+                         options: DistillOptions) -> bool:
+    """Whether the new light RM ranks the held-out logged pairs closer to the strong RM than the one in
+    service does (Spearman), printing both."""
+    from strata.models.loading import load_reward_model
+    from strata_tools.rm.distill import rank_metrics
+
+    prompts, responses, strong = result.held_out
+    version, paths = current
+    serving = [load_reward_model(p, device=options.device) for p in paths]
+    before = rank_metrics(mean_rewards(serving, prompts, responses, options.max_length, "in service"),
+                          strong)["spearman"]
+    after = result.metrics["spearman/strong_log"]
+    better = after > before
+    print(f"held-out logged pairs ({len(prompts)}): Spearman vs the strong RM {before:.3f} ({version}, in service) "
+          f"-> {after:.3f} ({entry.version}): {'better' if better else 'not better, keeping ' + version}")
+    return better
+
+
+def resolve_strong(spec: str | None, registry: Any) -> str | None:
+    """A strong RM directory: ``spec`` itself, or the directory of the registered strong version it names."""
+    if not spec or Path(spec).expanduser().exists():
+        return spec
+    if registry is None:
+        raise CliError(f"no directory {spec}; to name a registered version, leave --register on")
+    from svc_reward.registry import UnknownVersionError
+
+    try:
+        entry = registry.get(spec)
+    except UnknownVersionError as exc:
+        raise CliError(f"{spec} is neither a directory nor a registered version (strata rm list)") from exc
+    if entry.kind != "strong":
+        raise CliError(f"{spec} is a {entry.kind} version; --strong needs a strong one")
+    return str(entry.path)
+
+
+def distill_version(options: DistillOptions, settings: Any, registry: Any, *, out: Path | None = None,
+                    from_log: bool = False, promote: bool = False, promote_if_better: bool = True) -> Any:
+    """Distil, write the version directory, register it (with a registry) and maybe promote it.
+
+    ``from_log``: one turn of the loop (R6): re-distil the light RM in service on newly logged
+    rollouts labelled by the strong RM, and promote the new version if it agrees better with the
+    strong RM on held-out logged prompts (unless ``promote_if_better`` is off).
+    """
+    options = replace(options, strong=resolve_strong(options.strong, registry))
+    options.validate()
+    current = None
+    if from_log:
+        if not options.rollout_log:
+            raise CliError("--from-log reads the rollout log: drop --no-rollout-log")
+        current = serving_light(registry, settings)
+        if options.members != 1 or len(current[1]) != 1:
+            raise CliError("--from-log re-distils a single light RM (the one in service is an ensemble, or "
+                           "--members was given): use --init with one member instead")
+        options = replace(options, init=str(current[1][0]) if options.init == "auto" else options.init,
+                          hold_out=options.hold_out or 0.2)
+        print(f"re-distilling {current[0]} (in service) from the rollout log; {options.hold_out:.0%} of its "
+              "prompts held out")
+    staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
+    started = time.perf_counter()
+    try:
+        result = run_distill(options, settings, staging)
+        if from_log and not result.held_out[0]:
+            raise CliError("the rollout log has no held-out prompts to compare the versions on: run more "
+                           "rollouts first (or raise --hold-out)")
+        result.info["config"]["distill_seconds"] = round(time.perf_counter() - started, 1)
+        entry = finalize_version(staging, result.members, "light", out, settings, result.info)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    where = Path(entry.path).parent if len(entry.paths) > 1 else entry.path
+    print(f"light RM {entry.version} ({len(entry.paths)} member(s)) at {where}, distilled from "
+          f"{result.strong_version} in {time.perf_counter() - started:.0f}s")
+    for key in sorted(result.metrics):
+        print(f"  {key:32s} {result.metrics[key]:.4f}")
+    if current is not None:
+        better = better_than_current(current, entry, result, options)
+        promote = better and promote_if_better
+        if better and not promote:
+            print("not promoting it (--no-promote-if-better)")
+    if registry is not None:
+        registry.register(entry)
+        print(f"registered {entry.version}; serve it with: strata rm promote {entry.version}")
+        if promote:
+            promote_version(registry, settings, entry.version, verify=True)
+    return entry
+
+
+@dataclass(frozen=True)
+class StrongOptions:
+    """One strong-RM training run (what ``strata rm train-strong`` runs). Unset numbers take the zoo's
+    recipe (``ZooConfig.rm_strong_*``); ``data`` unset: the zoo's oracle-labelled pairs."""
+
+    data: Path | None = None
+    init: str | None = None
+    n_bins: int = 11
+    steps: int | None = None
+    batch_size: int = 16
+    lr: float | None = None
+    groups_per_step: int | None = None
+    pairwise_weight: float = 1.0
+    match_pairs: int | None = None
+    max_length: int | None = None
+    widen: int | None = None
+    grow_layers: int | None = None
+    grow_steps: int | None = None
+    pseudo_label: bool = True
+    max_rollouts: int = 20000
+    out: Path | None = None
+    seed: int = 0
+    device: str = "auto"
+
+
+@dataclass
+class StrongResult:
+    entry: Any  # svc_reward.registry.RmVersion of the new version
+    loss: float
+    metrics: dict[str, float]
+    n_pseudo_labelled: int
+
+
+def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str], None] = print) -> StrongResult:
+    """Train, evaluate and finalize a strong RM version (R5); pseudo-label logged rollouts when asked."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
+    from strata.models.prompts import PromptFormat, model_positions
+    from strata.models.reward import expected_reward, save_rm_tokenizer
+    from strata.models.training import TrainConfig
+    from strata_tools.rm.distill import rank_metrics
+    from strata_tools.rm.recipe import STUDENT_INIT_DIR, StrongRecipe, fit_strong, groups_of, rm_init_overrides
+    from strata_tools.zoo.build import match_training, resolve_config, rm_init_dir
+    from strata_tools.zoo.suite import load_suite
+
+    zoo = None if (options.data and options.init) else _zoo(settings)
+    data_path = options.data or zoo.rm_data
+    rows = read_pairs(Path(data_path), need_score=True)
+    # The configured preset's recipe even when its zoo is not needed (--data with --init): a ci-preset
+    # run grows and trains on as the ci zoo does.
+    recipe = zoo.config if zoo is not None else resolve_config(settings)
+    defaults = {"steps": recipe.rm_strong_train.steps, "lr": recipe.rm_strong_train.lr,
+                "groups_per_step": recipe.rm_strong_train.batch_size, "max_length": recipe.rm_max_length,
+                "match_pairs": recipe.rm_strong_match_pairs if options.data is None else 0,
+                "widen": 1 if options.init else recipe.rm_strong_widen,
+                "grow_layers": 0 if options.init else recipe.rm_strong_grow_layers}
+    options = replace(options, **{k: v for k, v in defaults.items() if getattr(options, k) is None})
+    if options.match_pairs < 0:
+        raise CliError(f"--match-pairs must be at least 0 (0: no match steps), got {options.match_pairs}")
+    if options.widen < 1 or options.grow_layers < 0 or (options.grow_steps is not None and options.grow_steps < 1):
+        raise CliError(f"--widen must be at least 1, --grow-layers at least 0 and --grow-steps at least 1, got "
+                       f"{options.widen}, {options.grow_layers} and {options.grow_steps}")
+    init = options.init or str(rm_init_dir(zoo, recipe.rm_strong_init or "level1"))
+    # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
+    overrides = {} if options.init else rm_init_overrides(recipe.rm_strong_init_layers)
+    try:
+        init_dir = check_model_dir(init)
+        tokenizer = AutoTokenizer.from_pretrained(init_dir, local_files_only=True)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            init_dir, num_labels=options.n_bins, ignore_mismatched_sizes=True, local_files_only=True, **overrides)
+    except (ModelLoadError, OSError, ValueError) as exc:
+        raise CliError(f"cannot start the strong RM from {init}: {exc}") from exc
+    positions = model_positions(model.config)
+    if positions is not None and options.max_length > positions:
+        raise CliError(f"--max-length {options.max_length} exceeds the {positions} positions of {init_dir}")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    model.config.pad_token_id = tokenizer.pad_token_id
+    progress(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
+          f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {options.steps} steps")
+    rm_format = PromptFormat.of(tokenizer)
+    texts = [rm_format.rm_text(r["prompt"], r["response"]) for r in rows]
+    grouped = any("group" in r for r in rows)
+    batch_size = options.groups_per_step if grouped else options.batch_size
+    grow_train = recipe.rm_strong_grow_train
+    if options.grow_steps is not None:
+        grow_train = replace(grow_train, steps=options.grow_steps,
+                             warmup_steps=min(grow_train.warmup_steps, options.grow_steps))
+    strong_recipe = StrongRecipe(
+        train=TrainConfig(steps=options.steps, batch_size=batch_size, lr=options.lr,
+                          warmup_steps=min(10, options.steps)),
+        max_length=options.max_length, pairwise_weight=options.pairwise_weight,
+        # A fresh head on a given checkpoint learns at the schedule's rate; on the zoo's init, at the recipe's.
+        head_lr_scale=1.0 if options.init else recipe.rm_strong_head_lr_scale,
+        widen=options.widen, grow_layers=options.grow_layers, grow_train=replace(grow_train, batch_size=batch_size),
+        seed=options.seed)
+    if options.match_pairs:
+        progress(f"  + a match step of {options.match_pairs} prompt swaps (suite train prompts) after each step")
+
+    def aids(grown: bool, seed: int) -> dict[str, Any]:
+        if not options.match_pairs:
+            return {}
+        weight = recipe.rm_strong_grow_feature_weight if grown else recipe.rm_strong_feature_weight
+        return match_training(rows, load_suite("train"), options.match_pairs, weight, seed)
+
+    started = time.perf_counter()
+    scores = [float(r["score"]) for r in rows]
+    staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
+    if strong_recipe.grows:
+        progress(f"  then grown x{options.widen} wide, +{options.grow_layers} blocks, {grow_train.steps} more steps")
+    model, loss, growth = fit_strong(model, tokenizer, texts, scores, groups_of(rows) if grouped else None,
+                                     strong_recipe, staging / STUDENT_INIT_DIR, "strong RM", aids)
+    model.config.problem_type = "single_label_classification"
+    model.save_pretrained(staging)
+    save_rm_tokenizer(tokenizer, staging, options.max_length)
+    strong = load_reward_model(staging, device=options.device)
+    metrics: dict[str, float] = {}
+    for split, (prompts, responses, oracle) in eval_sets().items():
+        logits = score_logits(strong, prompts, responses, options.max_length, f"eval {split}")
+        rewards = expected_reward(logits).tolist()
+        for name, value in rank_metrics(rewards, oracle).items():
+            metrics[f"{name}/oracle_{split}"] = value
+    pseudo: list[dict[str, Any]] = []
+    if options.pseudo_label:
+        pseudo, line = rollout_rows(settings, options.max_rollouts)
+        progress(line)
+        if pseudo:
+            logits = score_logits(strong, [r["prompt"] for r in pseudo], [r["response"] for r in pseudo],
+                                  options.max_length, "pseudo-labelling")
+            for row, reward, row_logits in zip(pseudo, expected_reward(logits).tolist(), logits.tolist(), strict=True):
+                row["score"], row["logits"] = reward, row_logits
+            with (staging / PSEUDO_LABELS_FILE).open("w", encoding="utf-8") as fh:
+                for row in pseudo:
+                    fh.write(json.dumps(row) + "\n")
+    info = {"metrics": metrics, **growth,
+            "config": {**asdict(options), "final_loss": loss, "init": str(init_dir),
+                                           "data": str(data_path), "n_pairs": len(rows), "n_pseudo_labelled":
+                                           len(pseudo), "train_seconds": round(time.perf_counter() - started, 1),
+                                           "n_params": strong.n_params}}
+    del strong
+    entry = finalize_version(staging, [staging], "strong", options.out, settings, info)
+    return StrongResult(entry, loss, metrics, len(pseudo))

@@ -1,0 +1,129 @@
+"""``strata up | down | status | logs`` over the supervisor's state file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from strata import rpc
+from strata.config import StrataSettings
+from strata_tools.infra.process import InfraError, owned_pid, process_alive, start_detached, stop_pid
+from strata_tools.stack.spec import ServiceSpec, default_services
+from strata_tools.stack.supervisor import log_dir, state_file
+
+_SUPERVISOR_MODULE = "strata_tools.stack.supervisor"
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    pid: int | None
+    port: int
+    state: str            # supervisor's view: running | backoff | stopped | -
+    healthy: bool         # gRPC health check says SERVING
+    restarts: int
+    lag: int | None       # consumer lag summed over the service's groups (None: unknown)
+    hung_kills: int = 0   # restarts because it stopped answering its health checks
+
+
+def _pid_file(settings: StrataSettings) -> Path:
+    return settings.state_dir / "supervisor.pid"
+
+
+def supervisor_pid(settings: StrataSettings) -> int | None:
+    return owned_pid(_pid_file(settings), _SUPERVISOR_MODULE)
+
+
+def health(port: int, timeout_s: float = 1.0) -> bool:
+    try:
+        with rpc.channel(f"127.0.0.1:{port}") as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+def start(settings: StrataSettings, services: list[ServiceSpec], service_args: dict[str, list[str]],
+          timeout_s: float, progress: Callable[[str], object] = print) -> None:
+    """Start the supervisor (if not running) and wait until every service answers its health check."""
+    if supervisor_pid(settings) is None:
+        argv = [sys.executable, "-m", _SUPERVISOR_MODULE, "--state-dir", str(settings.state_dir.resolve()),
+                "--only", ",".join(s.name for s in services), "--service-args", json.dumps(service_args)]
+        log_dir(settings.state_dir).mkdir(parents=True, exist_ok=True)
+        pid = start_detached(argv, log_dir(settings.state_dir) / "supervisor.log", _pid_file(settings))
+        progress(f"supervisor started (pid {pid}); service logs in {log_dir(settings.state_dir)}/")
+    deadline = time.monotonic() + timeout_s
+    pending = {s.name: s.port for s in services}
+    while pending:
+        for name, port in list(pending.items()):
+            if health(port):
+                progress(f"  {name:<13} healthy on :{port}")
+                del pending[name]
+        if not pending:
+            break
+        pid = supervisor_pid(settings)
+        if pid is None or not process_alive(pid):
+            raise InfraError(f"the supervisor exited; see {log_dir(settings.state_dir) / 'supervisor.log'}")
+        if time.monotonic() > deadline:
+            raise InfraError(f"not healthy after {timeout_s:.0f} s: {', '.join(pending)}; "
+                             f"see the logs in {log_dir(settings.state_dir)}/ (strata logs <service>)")
+        time.sleep(1.0)
+
+
+def stop(settings: StrataSettings, timeout_s: float = 90.0) -> bool:
+    pid = supervisor_pid(settings)
+    if pid is None:
+        return False
+    stop_pid(pid, timeout_s)
+    _pid_file(settings).unlink(missing_ok=True)
+    return True
+
+
+def _lags(settings: StrataSettings, groups: set[str]) -> dict[str, int]:
+    """group -> events not yet committed, over all its topics; empty when Kafka does not answer."""
+    from strata.bus.admin import consumer_lags
+
+    try:
+        per_topic = consumer_lags(settings, sorted(groups), "strata-status", timeout_ms=5000)
+    except Exception:  # a status line without lags beats no status line
+        return {}
+    lags: dict[str, int] = {}
+    for (group, _topic), lag in per_topic.items():
+        lags[group] = lags.get(group, 0) + lag
+    return lags
+
+
+def status(settings: StrataSettings, services: list[ServiceSpec] | None = None) -> list[ServiceStatus]:
+    services = services or default_services()
+    try:
+        state = json.loads(state_file(settings.state_dir).read_text())["services"]
+    except (OSError, ValueError, KeyError):
+        state = {}
+    running = supervisor_pid(settings) is not None
+    lags = _lags(settings, {g for s in services for g in s.consumer_groups})
+    rows = []
+    for spec in services:
+        st = state.get(spec.name, {}) if running else {}
+        group_lags = [lags[g] for g in spec.consumer_groups if g in lags]
+        rows.append(ServiceStatus(spec.name, st.get("pid"), spec.port, st.get("state", "-"), health(spec.port),
+                                  int(st.get("restarts", 0)), sum(group_lags) if group_lags else None,
+                                  int(st.get("hung_kills", 0))))
+    return rows
+
+
+def logs(settings: StrataSettings, service: str | None, lines: int, follow: bool) -> int:
+    directory = log_dir(settings.state_dir)
+    files = [directory / f"{service}.log"] if service else sorted(directory.glob("*.log"))
+    missing = [f for f in files if not f.exists()]
+    if missing:
+        raise InfraError(f"no log at {missing[0]} (known: {', '.join(p.stem for p in directory.glob('*.log'))})")
+    argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), *map(str, files)]
+    return subprocess.call(argv)
