@@ -55,8 +55,8 @@ def test_every_metric_on_the_dashboard_is_exported_somewhere() -> None:
     dashboard = json.loads((REPO / "deploy" / "grafana" / "strata-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     used = {name for expr in exprs for name in re.findall(r"\b((?:strata|process)_[a-z0-9_]+)\b", expr)}
-    sources = [p for d in ("strata", "svc_probe", "svc_generator", "svc_reward", "svc_scheduler", "svc_learner")
-               for p in (REPO / d).rglob("*.py") if "/v1/" not in str(p)]
+    packages = ("strata", "strata_tools", "svc_probe", "svc_generator", "svc_reward", "svc_scheduler", "svc_learner")
+    sources = [p for d in packages for p in (REPO / d).rglob("*.py") if "/v1/" not in str(p)]
     defined = {base(n) for p in sources for n in re.findall(r"\"(strata_[a-z0-9_]+)\"", p.read_text())}
     missing = sorted(n for n in used if not n.startswith("process_") and base(n) not in defined)
     assert missing == []
