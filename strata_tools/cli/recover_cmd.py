@@ -3,7 +3,8 @@
 Reads the prompt, rollout and reward topics and the control topics as they are now (no consumer
 group, nothing committed), then:
 
-1. says whether this Redis is younger than Kafka's history (the epoch marker, ``strata.recovery``);
+1. says whether this Redis is younger than Kafka's history (the epoch marker, ``strata.epoch``, read
+   against the oldest event by ``strata_tools.recover.assess``);
 2. lists per prompt hash whether its text and its responses' texts are gone from the content store
    and whether a request was left in flight that the client must submit again (hashes only);
 3. rebuilds what Kafka holds, with the owners' own code: the scheduler's reward statistics (every
