@@ -25,7 +25,6 @@ COMMAND = "a command: argparse, then the steps it prints, in the order a user re
 REASONS: dict[str, str] = {
     "scripts/gpu_check.py:main": "the GPU check, run by hand on a lent machine: each step prints as it goes",
     "strata_tools/cli/rm_cmd.py:register": "the help text of the rm commands' ~40 options",
-    "svc_annotation/web.py:create_app": "the desk's routes, closures over one store and token table",
     "strata_tools/bench/scheduler.py:run_routing": BENCH,
     "strata_tools/rm/lifecycle.py:run_distill": "the distillation run: data, teacher labels, members, evaluation",
     "strata_tools/bench/learner.py:_run": BENCH,

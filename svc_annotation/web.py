@@ -29,11 +29,12 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import redis
-from flask import Flask, flash, redirect, render_template, request, session, url_for
+from flask import Flask, current_app, flash, redirect, render_template, request, session, url_for
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Response
 
@@ -83,6 +84,171 @@ def _share(value: float | None) -> str:
     return "–" if value is None else f"{value:.0%}"
 
 
+@dataclass(frozen=True)
+class _Desk:
+    """What the views read, set once per app (``create_app``)."""
+
+    store: AnnotationStore
+    tokens: TokenTable | None  # None: nobody can log in
+    leads: frozenset[str]
+    drift: DriftSource | None
+
+
+def _desk() -> _Desk:
+    return cast(_Desk, current_app.extensions["strata_annotation"])
+
+
+def _signed_in() -> str | None:
+    """The session's annotator while its token is still in the tokens file."""
+    tokens = _desk().tokens
+    who, key = session.get("who"), session.get("key")
+    if tokens is None or not isinstance(who, str) or not isinstance(key, str):
+        return None
+    try:
+        digest = bytes.fromhex(key)
+    except ValueError:
+        return None
+    return who if any(hmac.compare_digest(d, digest) and name == who for d, name in tokens.clients) else None
+
+
+def _page(name: str, status: int = 200, **values: Any) -> tuple[str, int]:
+    who = values.pop("who", None)
+    return render_template(name, who=who, is_lead=who in _desk().leads, **values), status
+
+
+def _annotator_page(view: Callable[..., Any]) -> Callable[..., Any]:
+    """The view gets the signed-in annotator; without a session, the login page. POSTs must carry
+    the session's CSRF token."""
+
+    @functools.wraps(view)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        who = _signed_in()
+        if who is None:
+            session.clear()
+            return redirect(url_for("login"), 303)
+        if request.method == "POST":
+            sent, expected = request.form.get("csrf", ""), session.get("csrf", "")
+            if not expected or not hmac.compare_digest(sent.encode(), str(expected).encode()):
+                return _page("plain.html", 400, who=who, title="Stale form",
+                             message="This form is stale or came from another site: nothing was recorded. "
+                                     "Press n for the current item and score it again.")
+        return view(who, *args, **kwargs)
+
+    return wrapped
+
+
+def _annotate_page(who: str, status: int = 200, message: str | None = None) -> tuple[str, int]:
+    """The caller's item (its open assignment, else the next one) or the empty state."""
+    try:
+        offer = _desk().store.next_item(who)
+    except ContentNotFoundError as exc:
+        log.warning("annotation web: an item's texts are gone from the content store: %s", exc)
+        return _page("plain.html", 409, who=who, title="Texts missing",
+                     message="This item's texts are gone from the content store; tell your lead. "
+                             "It returns to the queue when your assignment goes stale.")
+    until = None if offer is None else datetime.fromtimestamp(offer.assigned_until, timezone.utc).strftime("%H:%M")
+    return _page("annotate.html", status, who=who, offer=offer, until=until, scores=SCORES,
+                 refresh_s=EMPTY_REFRESH_S, message=message)
+
+
+def _headers(response: Response) -> Response:
+    response.headers["Content-Security-Policy"] = (
+        "default-src 'none'; script-src 'self'; style-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'")
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    if request.endpoint != "static":
+        response.headers["Cache-Control"] = "no-store"  # the texts stay off disk caches
+    return response
+
+
+def _unavailable(exc: Exception) -> tuple[str, int]:
+    log.warning("annotation web: Redis unavailable: %s", exc)
+    return _page("plain.html", 503, who=_signed_in(), title="Unavailable",
+                 message="The annotation desk's Redis is unavailable: nothing was recorded. Try again shortly.")
+
+
+def index() -> Response:
+    return redirect(url_for("annotate" if _signed_in() else "login"), 303)
+
+
+def login() -> Any:
+    tokens = _desk().tokens
+    if tokens is None:
+        return _page("login.html", 503, enabled=False)
+    if request.method == "GET":
+        return _page("login.html", enabled=True)
+    token = request.form.get("token", "").strip()
+    name = tokens.client_of(token) if token else None
+    if name is None:
+        log.info("annotation web: login refused (%s token) from %s", "unknown" if token else "no",
+                 request.remote_addr)
+        return _page("login.html", 401, enabled=True,
+                     message="Enter your token." if not token else "Unknown token: check it with your lead.")
+    try:
+        check_annotator(name)
+    except InvalidRequestError as exc:
+        return _page("login.html", 403, enabled=True,
+                     message=f"The token's client name cannot name an annotator ({exc.problem}).")
+    session.clear()
+    session.update(who=name, key=digest_of(token).hex(), csrf=secrets.token_urlsafe(24))
+    session.permanent = True
+    log.info("annotation web: %s logged in", name)
+    return redirect(url_for("annotate"), 303)
+
+
+@_annotator_page
+def logout(who: str) -> Response:
+    session.clear()
+    log.info("annotation web: %s logged out", who)
+    return redirect(url_for("login"), 303)
+
+
+@_annotator_page
+def annotate(who: str) -> tuple[str, int]:
+    return _annotate_page(who)
+
+
+@_annotator_page
+def score(who: str) -> Any:
+    item_id, raw = request.form.get("item_id", ""), request.form.get("score", "").strip()
+    try:
+        try:
+            value = float(raw)
+        except ValueError:
+            problem = f"must be a number from {SCORE_MIN:g} to {SCORE_MAX:g}, got {raw[:16]!r}"
+            raise InvalidRequestError("score", problem if raw else "missing: press 0-5") from None
+        count = _desk().store.submit_score(who, item_id, value, unsafe="unsafe" in request.form,
+                                           off_topic="off_topic" in request.form)
+    except DeskError as exc:
+        status = next(code for kind, code in STATUS_OF.items() if isinstance(exc, kind))
+        log.info("annotation web: score refused item=%r annotator=%s status=%d", item_id[:40], who, status)
+        return _annotate_page(who, status, f"Not recorded: {exc}")
+    log.info("annotation web: score item=%s annotator=%s", item_id, who)
+    flash(f"Scored {value:g}. {count} scored so far.", "ok")
+    return redirect(url_for("annotate"), 303)
+
+
+@_annotator_page
+def lead(who: str) -> tuple[str, int]:
+    desk = _desk()
+    if who not in desk.leads:
+        return _page("plain.html", 403, who=who, title="Lead only",
+                     message="The lead's page is for the annotators in lead_annotators; ask your lead.")
+    status = desk.store.status()
+    snapshots = {s.annotator: s for s in desk.drift.snapshots()} if desk.drift is not None else {}
+    rows = [{"name": name, "stats": status.annotators.get(name), "drift": snapshots.get(name)}
+            for name in sorted(set(status.annotators) | set(snapshots))]
+    total = sum(a.scored + a.gold_scored for a in status.annotators.values())
+    return _page("lead.html", who=who, desk=status, rows=rows, total_scores=total, drift=desk.drift)
+
+
+ROUTES: tuple[tuple[str, Callable[..., Any], tuple[str, ...]], ...] = (
+    ("/", index, ("GET",)), ("/login", login, ("GET", "POST")), ("/logout", logout, ("POST",)),
+    ("/annotate", annotate, ("GET",)), ("/score", score, ("POST",)), ("/lead", lead, ("GET",)),
+)
+
+
 def create_app(store: AnnotationStore, tokens: TokenTable | None, leads: frozenset[str] = frozenset(),
                secret_key: str | None = None, secure_cookies: bool = False,
                drift: DriftSource | None = None) -> Flask:
@@ -94,147 +260,12 @@ def create_app(store: AnnotationStore, tokens: TokenTable | None, leads: frozens
         SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Strict", SESSION_COOKIE_SECURE=secure_cookies,
         PERMANENT_SESSION_LIFETIME=SESSION_LIFETIME, MAX_CONTENT_LENGTH=64 * 1024,
     )
-
-    def signed_in() -> str | None:
-        """The session's annotator while its token is still in the tokens file."""
-        who, key = session.get("who"), session.get("key")
-        if tokens is None or not isinstance(who, str) or not isinstance(key, str):
-            return None
-        try:
-            digest = bytes.fromhex(key)
-        except ValueError:
-            return None
-        return who if any(hmac.compare_digest(d, digest) and name == who for d, name in tokens.clients) else None
-
-    def page(name: str, status: int = 200, **values: Any) -> tuple[str, int]:
-        who = values.pop("who", None)
-        return render_template(name, who=who, is_lead=who in leads, **values), status
-
-    def annotator_page(view: Callable[..., Any]) -> Callable[..., Any]:
-        """The view gets the signed-in annotator; without a session, the login page. POSTs must carry
-        the session's CSRF token."""
-
-        @functools.wraps(view)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            who = signed_in()
-            if who is None:
-                session.clear()
-                return redirect(url_for("login"), 303)
-            if request.method == "POST":
-                sent, expected = request.form.get("csrf", ""), session.get("csrf", "")
-                if not expected or not hmac.compare_digest(sent.encode(), str(expected).encode()):
-                    return page("plain.html", 400, who=who, title="Stale form",
-                                message="This form is stale or came from another site: nothing was recorded. "
-                                        "Press n for the current item and score it again.")
-            return view(who, *args, **kwargs)
-
-        return wrapped
-
-    def annotate_page(who: str, status: int = 200, message: str | None = None) -> tuple[str, int]:
-        """The caller's item (its open assignment, else the next one) or the empty state."""
-        try:
-            offer = store.next_item(who)
-        except ContentNotFoundError as exc:
-            log.warning("annotation web: an item's texts are gone from the content store: %s", exc)
-            return page("plain.html", 409, who=who, title="Texts missing",
-                        message="This item's texts are gone from the content store; tell your lead. "
-                                "It returns to the queue when your assignment goes stale.")
-        until = None if offer is None else datetime.fromtimestamp(offer.assigned_until, timezone.utc).strftime("%H:%M")
-        return page("annotate.html", status, who=who, offer=offer, until=until, scores=SCORES,
-                    refresh_s=EMPTY_REFRESH_S, message=message)
-
-    @app.after_request
-    def _headers(response: Response) -> Response:
-        response.headers["Content-Security-Policy"] = (
-            "default-src 'none'; script-src 'self'; style-src 'self'; form-action 'self'; "
-            "frame-ancestors 'none'; base-uri 'none'")
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        if request.endpoint != "static":
-            response.headers["Cache-Control"] = "no-store"  # the texts stay off disk caches
-        return response
-
-    @app.errorhandler(redis.ConnectionError)
-    @app.errorhandler(redis.TimeoutError)
-    @app.errorhandler(StoreUnavailableError)
-    def _unavailable(exc: Exception) -> tuple[str, int]:
-        log.warning("annotation web: Redis unavailable: %s", exc)
-        return page("plain.html", 503, who=signed_in(), title="Unavailable",
-                    message="The annotation desk's Redis is unavailable: nothing was recorded. Try again shortly.")
-
-    @app.get("/")
-    def index() -> Response:
-        return redirect(url_for("annotate" if signed_in() else "login"), 303)
-
-    @app.route("/login", methods=["GET", "POST"])
-    def login() -> Any:
-        if tokens is None:
-            return page("login.html", 503, enabled=False)
-        if request.method == "GET":
-            return page("login.html", enabled=True)
-        token = request.form.get("token", "").strip()
-        name = tokens.client_of(token) if token else None
-        if name is None:
-            log.info("annotation web: login refused (%s token) from %s", "unknown" if token else "no",
-                     request.remote_addr)
-            return page("login.html", 401, enabled=True,
-                        message="Enter your token." if not token else "Unknown token: check it with your lead.")
-        try:
-            check_annotator(name)
-        except InvalidRequestError as exc:
-            return page("login.html", 403, enabled=True,
-                        message=f"The token's client name cannot name an annotator ({exc.problem}).")
-        session.clear()
-        session.update(who=name, key=digest_of(token).hex(), csrf=secrets.token_urlsafe(24))
-        session.permanent = True
-        log.info("annotation web: %s logged in", name)
-        return redirect(url_for("annotate"), 303)
-
-    @app.post("/logout")
-    @annotator_page
-    def logout(who: str) -> Response:
-        session.clear()
-        log.info("annotation web: %s logged out", who)
-        return redirect(url_for("login"), 303)
-
-    @app.get("/annotate")
-    @annotator_page
-    def annotate(who: str) -> tuple[str, int]:
-        return annotate_page(who)
-
-    @app.post("/score")
-    @annotator_page
-    def score(who: str) -> Any:
-        item_id, raw = request.form.get("item_id", ""), request.form.get("score", "").strip()
-        try:
-            try:
-                value = float(raw)
-            except ValueError:
-                problem = f"must be a number from {SCORE_MIN:g} to {SCORE_MAX:g}, got {raw[:16]!r}"
-                raise InvalidRequestError("score", problem if raw else "missing: press 0-5") from None
-            count = store.submit_score(who, item_id, value, unsafe="unsafe" in request.form,
-                                       off_topic="off_topic" in request.form)
-        except DeskError as exc:
-            status = next(code for kind, code in STATUS_OF.items() if isinstance(exc, kind))
-            log.info("annotation web: score refused item=%r annotator=%s status=%d", item_id[:40], who, status)
-            return annotate_page(who, status, f"Not recorded: {exc}")
-        log.info("annotation web: score item=%s annotator=%s", item_id, who)
-        flash(f"Scored {value:g}. {count} scored so far.", "ok")
-        return redirect(url_for("annotate"), 303)
-
-    @app.get("/lead")
-    @annotator_page
-    def lead(who: str) -> tuple[str, int]:
-        if who not in leads:
-            return page("plain.html", 403, who=who, title="Lead only",
-                        message="The lead's page is for the annotators in lead_annotators; ask your lead.")
-        status = store.status()
-        snapshots = {s.annotator: s for s in drift.snapshots()} if drift is not None else {}
-        rows = [{"name": name, "stats": status.annotators.get(name), "drift": snapshots.get(name)}
-                for name in sorted(set(status.annotators) | set(snapshots))]
-        total = sum(a.scored + a.gold_scored for a in status.annotators.values())
-        return page("lead.html", who=who, desk=status, rows=rows, total_scores=total, drift=drift)
-
+    app.extensions["strata_annotation"] = _Desk(store, tokens, leads, drift)
+    app.after_request(_headers)
+    for unavailable in (redis.ConnectionError, redis.TimeoutError, StoreUnavailableError):
+        app.register_error_handler(unavailable, _unavailable)
+    for rule, view, methods in ROUTES:
+        app.add_url_rule(rule, view_func=view, methods=list(methods))
     return app
 
 
