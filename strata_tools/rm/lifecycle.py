@@ -15,12 +15,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strata.contract.template import RM_MAX_LENGTH
 from strata.errors import CliError
 from strata.jsonl import read_jsonl
 from strata_tools.rm.versions import finalize_version, promote_version, serving_light
+
+if TYPE_CHECKING:  # torch: imported by the runs that train, not by `strata rm --help`
+    from strata_tools.rm.recipe import StrongRecipe
+    from strata_tools.zoo.build import ZooConfig
 
 log = logging.getLogger(__name__)
 
@@ -274,32 +278,12 @@ def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions,
     return model, init
 
 
-def run_distill(options: DistillOptions, settings: Any, staging: Path) -> DistillResult:
-    """Pseudo-label pairs with the strong RM, fit light RM(s) to its bin distributions, evaluate."""
-    from tqdm import tqdm
-
-    from strata.models.loading import ModelLoadError, load_reward_model
-    from strata.models.prompts import PromptFormat
-    from strata.models.reward import expected_reward, prompt_match, save_rm_tokenizer
-    from strata_tools.rm.augment import augment_responses
-    from strata_tools.rm.distill import DistillConfig, comparison_metrics, rank_metrics, train_light
-    from svc_reward.registry import describe
-
-    zoo = _zoo(settings) if (options.strong is None or options.zoo_pairs) else None
-    strong_path = Path(options.strong) if options.strong else zoo.rm_strong
-    try:
-        strong = load_reward_model(strong_path, device=options.device)
-    except ModelLoadError as exc:
-        raise CliError(str(exc)) from exc
-    if strong.model.config.num_labels < 2:
-        raise CliError(f"{strong_path} is a regression RM (1 logit): distillation needs score-bin logits")
-    strong_version = describe("strong", [strong_path]).version
-    cache_dir = Path(settings.cache_dir).expanduser() / "rm" / "logits"
-
-    # 1. Pairs to pseudo-label: the zoo's RM pairs and prompt swaps, the user's files, historical rollouts.
+def _distill_sources(options: DistillOptions, zoo: Any, settings: Any
+                     ) -> tuple[list[tuple[str, str]], dict[str, Any], tuple[list[str], list[str]]]:
+    """The distinct (prompt, response) pairs to pseudo-label, how many came from each source, and the
+    rollout log's held-out pairs: the zoo's RM pairs and prompt swaps, the user's files, the rollout log."""
     pairs: list[tuple[str, str]] = []
     sources: dict[str, Any] = {}
-    rng = random.Random(options.seed)
     if options.zoo_pairs:
         from strata_tools.zoo.build import distill_pairs
         from strata_tools.zoo.suite import load_suite
@@ -331,23 +315,30 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     pairs = list(dict.fromkeys(pairs))  # distinct, order kept
     if not pairs:
         raise CliError("no pairs to distil on: enable --zoo-pairs, pass --data, or fill the rollout log")
-    # 2. Adversarial augmentation: perturbed copies, re-scored by the strong RM like the rest.
-    augmented = 0
-    if options.augment and options.augment_fraction > 0:
-        chosen = rng.sample(range(len(pairs)), round(options.augment_fraction * len(pairs)))
-        copies = augment_responses([pairs[i][1] for i in chosen], options.augment, 1, options.seed)
-        pairs += [(pairs[chosen[c.index]][0], c.response) for c in copies]
-        augmented = len(copies)
-    prompts, responses = [p for p, _ in pairs], [r for _, r in pairs]
-    print(f"distilling {strong_path} ({strong.n_params / 1e6:.1f}M params) on {len(pairs)} pairs "
-          f"({augmented} augmented); sources {sources}")
+    return pairs, sources, (held_prompts, held_responses)
 
-    # 3. The strong RM's bin distributions: the targets (cached by weights and texts).
-    teacher = score_logits(strong, prompts, responses, options.max_length, "strong RM pseudo-labels", cache_dir)
-    rm_format = PromptFormat.of(strong.tokenizer)  # the light RMs share the strong RM's tokenizer
-    texts = [rm_format.rm_text(p, r) for p, r in pairs]
 
-    # 4. Light RM(s): from the student init (or fresh), on the strong RM's tokenizer, fitted by KL.
+def _augment_pairs(pairs: list[tuple[str, str]], options: DistillOptions) -> int:
+    """Perturbed copies of a share of ``pairs``, appended to it (R8's adversarial augmentation); how many."""
+    from strata_tools.rm.augment import augment_responses
+
+    if not options.augment or options.augment_fraction <= 0:
+        return 0
+    rng = random.Random(options.seed)
+    chosen = rng.sample(range(len(pairs)), round(options.augment_fraction * len(pairs)))
+    copies = augment_responses([pairs[i][1] for i in chosen], options.augment, 1, options.seed)
+    pairs += [(pairs[chosen[c.index]][0], c.response) for c in copies]
+    return len(copies)
+
+
+def _fit_light_members(options: DistillOptions, zoo: Any, strong: Any, strong_path: Path, texts: list[str],
+                       teacher: Any, staging: Path) -> tuple[list[Path], list[float], str]:
+    """Each light RM member fitted by KL to the teacher's bin distributions and saved under ``staging``;
+    their directories, final losses and what the last one started from."""
+    from tqdm import tqdm
+
+    from strata.models.reward import save_rm_tokenizer
+    from strata_tools.rm.distill import DistillConfig, train_light
     from strata_tools.zoo.build import RM_LIGHT_TRAIN
 
     zoo_recipe = zoo.config.rm_light_train if zoo is not None else RM_LIGHT_TRAIN  # the schedule from an init
@@ -375,27 +366,73 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
         model.save_pretrained(out)
         save_rm_tokenizer(strong.tokenizer, out, options.max_length)
         members.append(out)
+    return members, losses, started_from
 
-    # 5. Evaluation on held-out prompts: light vs strong and vs the oracle, eval and fresh splits; the
-    # prompt match on eval prompt swaps; the rollout log's held-out pairs.
-    light_rms = [load_reward_model(m, device=options.device) for m in members]
+
+def _distill_metrics(light_rms: list[Any], strong: Any, held: tuple[list[str], list[str]], max_length: int,
+                     cache_dir: Path) -> tuple[dict[str, float], list[float]]:
+    """Light vs strong and vs the oracle on the eval and fresh splits, the prompt match on eval prompt
+    swaps, and light vs strong on the rollout log's held-out pairs; with the strong RM's scores of those."""
+    from strata.models.reward import expected_reward, prompt_match
+    from strata_tools.rm.distill import comparison_metrics, rank_metrics
+
     light_scores, strong_scores, oracle_scores = {}, {}, {}
     for split, (p, r, oracle) in eval_sets().items():
-        strong_scores[split] = expected_reward(score_logits(strong, p, r, options.max_length, f"strong {split}",
+        strong_scores[split] = expected_reward(score_logits(strong, p, r, max_length, f"strong {split}",
                                                             cache_dir)).tolist()
-        light_scores[split] = mean_rewards(light_rms, p, r, options.max_length, f"light {split}")
+        light_scores[split] = mean_rewards(light_rms, p, r, max_length, f"light {split}")
         oracle_scores[split] = oracle
     metrics = comparison_metrics(light_scores, strong_scores, oracle_scores)
     match_swaps = eval_swaps()
-    metrics["match/light_eval"] = prompt_match(light_rms, *match_swaps, options.max_length)
-    metrics["match/strong_eval"] = prompt_match([strong], *match_swaps, options.max_length)
+    metrics["match/light_eval"] = prompt_match(light_rms, *match_swaps, max_length)
+    metrics["match/strong_eval"] = prompt_match([strong], *match_swaps, max_length)
+    held_prompts, held_responses = held
     held_strong: list[float] = []
     if held_prompts:
-        held_strong = expected_reward(score_logits(strong, held_prompts, held_responses, options.max_length,
+        held_strong = expected_reward(score_logits(strong, held_prompts, held_responses, max_length,
                                                    "strong held-out", cache_dir)).tolist()
         metrics |= {f"{name}/strong_log": value for name, value in rank_metrics(
-            mean_rewards(light_rms, held_prompts, held_responses, options.max_length, "light held-out"),
+            mean_rewards(light_rms, held_prompts, held_responses, max_length, "light held-out"),
             held_strong).items()}
+    return metrics, held_strong
+
+
+def run_distill(options: DistillOptions, settings: Any, staging: Path) -> DistillResult:
+    """Pseudo-label pairs with the strong RM, fit light RM(s) to its bin distributions, evaluate."""
+    from strata.models.loading import ModelLoadError, load_reward_model
+    from strata.models.prompts import PromptFormat
+    from svc_reward.registry import describe
+
+    zoo = _zoo(settings) if (options.strong is None or options.zoo_pairs) else None
+    strong_path = Path(options.strong) if options.strong else zoo.rm_strong
+    try:
+        strong = load_reward_model(strong_path, device=options.device)
+    except ModelLoadError as exc:
+        raise CliError(str(exc)) from exc
+    if strong.model.config.num_labels < 2:
+        raise CliError(f"{strong_path} is a regression RM (1 logit): distillation needs score-bin logits")
+    strong_version = describe("strong", [strong_path]).version
+    cache_dir = Path(settings.cache_dir).expanduser() / "rm" / "logits"
+
+    # 1. Pairs to pseudo-label; 2. adversarial augmentation: perturbed copies, re-scored like the rest.
+    pairs, sources, (held_prompts, held_responses) = _distill_sources(options, zoo, settings)
+    augmented = _augment_pairs(pairs, options)
+    prompts, responses = [p for p, _ in pairs], [r for _, r in pairs]
+    print(f"distilling {strong_path} ({strong.n_params / 1e6:.1f}M params) on {len(pairs)} pairs "
+          f"({augmented} augmented); sources {sources}")
+
+    # 3. The strong RM's bin distributions: the targets (cached by weights and texts).
+    teacher = score_logits(strong, prompts, responses, options.max_length, "strong RM pseudo-labels", cache_dir)
+    rm_format = PromptFormat.of(strong.tokenizer)  # the light RMs share the strong RM's tokenizer
+    texts = [rm_format.rm_text(p, r) for p, r in pairs]
+
+    # 4. Light RM(s): from the student init (or fresh), on the strong RM's tokenizer, fitted by KL.
+    members, losses, started_from = _fit_light_members(options, zoo, strong, strong_path, texts, teacher, staging)
+
+    # 5. Evaluation on held-out prompts.
+    light_rms = [load_reward_model(m, device=options.device) for m in members]
+    metrics, held_strong = _distill_metrics(light_rms, strong, (held_prompts, held_responses), options.max_length,
+                                            cache_dir)
     info = {
         "metrics": metrics, "parent": strong_version,
         "config": {**asdict(options), "strong": str(strong_path), "final_kl": losses, "n_pairs": len(pairs),
@@ -527,25 +564,8 @@ class StrongResult:
     n_pseudo_labelled: int
 
 
-def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str], None] = print) -> StrongResult:
-    """Train, evaluate and finalize a strong RM version (R5); pseudo-label logged rollouts when asked."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from strata.models.loading import ModelLoadError, check_model_dir, load_reward_model
-    from strata.models.prompts import PromptFormat, model_positions
-    from strata.models.reward import expected_reward, save_rm_tokenizer
-    from strata.models.training import TrainConfig
-    from strata_tools.rm.distill import rank_metrics
-    from strata_tools.rm.recipe import STUDENT_INIT_DIR, StrongRecipe, fit_strong, groups_of, rm_init_overrides
-    from strata_tools.zoo.build import match_training, resolve_config, rm_init_dir
-    from strata_tools.zoo.suite import load_suite
-
-    zoo = None if (options.data and options.init) else _zoo(settings)
-    data_path = options.data or zoo.rm_data
-    rows = read_pairs(Path(data_path), need_score=True)
-    # The configured preset's recipe even when its zoo is not needed (--data with --init): a ci-preset
-    # run grows and trains on as the ci zoo does.
-    recipe = zoo.config if zoo is not None else resolve_config(settings)
+def _with_recipe_defaults(options: StrongOptions, recipe: ZooConfig) -> StrongOptions:
+    """The options a user left unset taken from the zoo recipe (the ``ZooConfig``), then checked."""
     defaults = {"steps": recipe.rm_strong_train.steps, "lr": recipe.rm_strong_train.lr,
                 "groups_per_step": recipe.rm_strong_train.batch_size, "max_length": recipe.rm_max_length,
                 "match_pairs": recipe.rm_strong_match_pairs if options.data is None else 0,
@@ -557,9 +577,16 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
     if options.widen < 1 or options.grow_layers < 0 or (options.grow_steps is not None and options.grow_steps < 1):
         raise CliError(f"--widen must be at least 1, --grow-layers at least 0 and --grow-steps at least 1, got "
                        f"{options.widen}, {options.grow_layers} and {options.grow_steps}")
-    init = options.init or str(rm_init_dir(zoo, recipe.rm_strong_init or "level1"))
-    # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
-    overrides = {} if options.init else rm_init_overrides(recipe.rm_strong_init_layers)
+    return options
+
+
+def _strong_init(init: str, options: StrongOptions, overrides: dict[str, Any]) -> tuple[Any, Any, Path]:
+    """The strong RM's start: ``init`` with a fresh head of ``n_bins`` logits, its tokenizer padding right."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from strata.models.loading import ModelLoadError, check_model_dir
+    from strata.models.prompts import model_positions
+
     try:
         init_dir = check_model_dir(init)
         tokenizer = AutoTokenizer.from_pretrained(init_dir, local_files_only=True)
@@ -574,17 +601,47 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
     model.config.pad_token_id = tokenizer.pad_token_id
-    progress(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
-          f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {options.steps} steps")
-    rm_format = PromptFormat.of(tokenizer)
-    texts = [rm_format.rm_text(r["prompt"], r["response"]) for r in rows]
-    grouped = any("group" in r for r in rows)
-    batch_size = options.groups_per_step if grouped else options.batch_size
+    return model, tokenizer, Path(init_dir)
+
+
+def _oracle_metrics(rm: Any, max_length: int) -> dict[str, float]:
+    """The RM's rank metrics against the oracle on each evaluation split, as ``<metric>/oracle_<split>``."""
+    from strata.models.reward import expected_reward
+    from strata_tools.rm.distill import rank_metrics
+
+    metrics: dict[str, float] = {}
+    for split, (prompts, responses, oracle) in eval_sets().items():
+        rewards = expected_reward(score_logits(rm, prompts, responses, max_length, f"eval {split}")).tolist()
+        for name, value in rank_metrics(rewards, oracle).items():
+            metrics[f"{name}/oracle_{split}"] = value
+    return metrics
+
+
+def _pseudo_label(rm: Any, rows: list[dict[str, Any]], max_length: int, path: Path) -> None:
+    """Each logged rollout's score and logits under ``rm``, set on the row and written to ``path``."""
+    from strata.models.reward import expected_reward
+
+    if not rows:
+        return
+    logits = score_logits(rm, [r["prompt"] for r in rows], [r["response"] for r in rows], max_length,
+                          "pseudo-labelling")
+    for row, reward, row_logits in zip(rows, expected_reward(logits).tolist(), logits.tolist(), strict=True):
+        row["score"], row["logits"] = reward, row_logits
+    with path.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+
+
+def _strong_recipe(options: StrongOptions, recipe: ZooConfig, batch_size: int) -> StrongRecipe:
+    """The ``StrongRecipe`` for these options: the zoo recipe's growth schedule, the user's steps and rate."""
+    from strata.models.training import TrainConfig
+    from strata_tools.rm.recipe import StrongRecipe
+
     grow_train = recipe.rm_strong_grow_train
     if options.grow_steps is not None:
         grow_train = replace(grow_train, steps=options.grow_steps,
                              warmup_steps=min(grow_train.warmup_steps, options.grow_steps))
-    strong_recipe = StrongRecipe(
+    return StrongRecipe(
         train=TrainConfig(steps=options.steps, batch_size=batch_size, lr=options.lr,
                           warmup_steps=min(10, options.steps)),
         max_length=options.max_length, pairwise_weight=options.pairwise_weight,
@@ -592,6 +649,34 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
         head_lr_scale=1.0 if options.init else recipe.rm_strong_head_lr_scale,
         widen=options.widen, grow_layers=options.grow_layers, grow_train=replace(grow_train, batch_size=batch_size),
         seed=options.seed)
+
+
+def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str], None] = print) -> StrongResult:
+    """Train, evaluate and finalize a strong RM version (R5); pseudo-label logged rollouts when asked."""
+    from strata.models.loading import load_reward_model
+    from strata.models.prompts import PromptFormat
+    from strata.models.reward import save_rm_tokenizer
+    from strata_tools.rm.recipe import STUDENT_INIT_DIR, fit_strong, groups_of, rm_init_overrides
+    from strata_tools.zoo.build import match_training, resolve_config, rm_init_dir
+    from strata_tools.zoo.suite import load_suite
+
+    zoo = None if (options.data and options.init) else _zoo(settings)
+    data_path = options.data or zoo.rm_data
+    rows = read_pairs(Path(data_path), need_score=True)
+    # The configured preset's recipe even when its zoo is not needed (--data with --init): a ci-preset
+    # run grows and trains on as the ci zoo does.
+    recipe = zoo.config if zoo is not None else resolve_config(settings)
+    options = _with_recipe_defaults(options, recipe)
+    init = options.init or str(rm_init_dir(zoo, recipe.rm_strong_init or "level1"))
+    # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
+    overrides = {} if options.init else rm_init_overrides(recipe.rm_strong_init_layers)
+    model, tokenizer, init_dir = _strong_init(init, options, overrides)
+    progress(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
+          f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {options.steps} steps")
+    rm_format = PromptFormat.of(tokenizer)
+    texts = [rm_format.rm_text(r["prompt"], r["response"]) for r in rows]
+    grouped = any("group" in r for r in rows)
+    strong_recipe = _strong_recipe(options, recipe, options.groups_per_step if grouped else options.batch_size)
     if options.match_pairs:
         progress(f"  + a match step of {options.match_pairs} prompt swaps (suite train prompts) after each step")
 
@@ -605,36 +690,24 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
     scores = [float(r["score"]) for r in rows]
     staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
     if strong_recipe.grows:
-        progress(f"  then grown x{options.widen} wide, +{options.grow_layers} blocks, {grow_train.steps} more steps")
+        progress(f"  then grown x{options.widen} wide, +{options.grow_layers} blocks, "
+                 f"{strong_recipe.grow_train.steps} more steps")
     model, loss, growth = fit_strong(model, tokenizer, texts, scores, groups_of(rows) if grouped else None,
                                      strong_recipe, staging / STUDENT_INIT_DIR, "strong RM", aids)
     model.config.problem_type = "single_label_classification"
     model.save_pretrained(staging)
     save_rm_tokenizer(tokenizer, staging, options.max_length)
     strong = load_reward_model(staging, device=options.device)
-    metrics: dict[str, float] = {}
-    for split, (prompts, responses, oracle) in eval_sets().items():
-        logits = score_logits(strong, prompts, responses, options.max_length, f"eval {split}")
-        rewards = expected_reward(logits).tolist()
-        for name, value in rank_metrics(rewards, oracle).items():
-            metrics[f"{name}/oracle_{split}"] = value
+    metrics = _oracle_metrics(strong, options.max_length)
     pseudo: list[dict[str, Any]] = []
     if options.pseudo_label:
         pseudo, line = rollout_rows(settings, options.max_rollouts)
         progress(line)
-        if pseudo:
-            logits = score_logits(strong, [r["prompt"] for r in pseudo], [r["response"] for r in pseudo],
-                                  options.max_length, "pseudo-labelling")
-            for row, reward, row_logits in zip(pseudo, expected_reward(logits).tolist(), logits.tolist(), strict=True):
-                row["score"], row["logits"] = reward, row_logits
-            with (staging / PSEUDO_LABELS_FILE).open("w", encoding="utf-8") as fh:
-                for row in pseudo:
-                    fh.write(json.dumps(row) + "\n")
-    info = {"metrics": metrics, **growth,
-            "config": {**asdict(options), "final_loss": loss, "init": str(init_dir),
-                                           "data": str(data_path), "n_pairs": len(rows), "n_pseudo_labelled":
-                                           len(pseudo), "train_seconds": round(time.perf_counter() - started, 1),
-                                           "n_params": strong.n_params}}
+        _pseudo_label(strong, pseudo, options.max_length, staging / PSEUDO_LABELS_FILE)
+    info = {"metrics": metrics, **growth, "config": {
+        **asdict(options), "final_loss": loss, "init": str(init_dir), "data": str(data_path), "n_pairs": len(rows),
+        "n_pseudo_labelled": len(pseudo), "train_seconds": round(time.perf_counter() - started, 1),
+        "n_params": strong.n_params}}
     del strong
     entry = finalize_version(staging, [staging], "strong", options.out, settings, info)
     return StrongResult(entry, loss, metrics, len(pseudo))
