@@ -412,13 +412,13 @@ class Injector:
         return f"published ({tag})"
 
 
+def _say(line: str) -> None:
+    """Print ``line`` at once: the fault log is read while the run goes on."""
+    print(line, flush=True)
+
+
 def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
     from strata.bus.admin import consumer_lags
-    from strata_tools.zoo.suite import load_suite
-    from svc_learner.checkpoint import latest_checkpoint, verify_checkpoint
-
-    def say(line: str) -> None:
-        print(line, flush=True)
 
     # The clients of this process see every restart of Kafka; the fault log says what happened.
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
@@ -429,52 +429,74 @@ def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
     specs = _specs(infra, args.zoo, checkpoints, args.learner_batch)
     faults = schedule(args.seed, args.lead_in, args.spacing)
     stream_s = faults[-1].at_s + args.spacing
-    records = load_suite("eval")
-    rng = random.Random(args.seed)
-    prompts = [r.text for r in rng.sample(records, min(len(records), int(stream_s / args.pace) + 1))]
-    say(f"chaos bench: {args.zoo} zoo ({zoo.config.config_hash()}), seed {args.seed}, {len(faults)} faults of "
-        f"{len({f.kind for f in faults})} kinds every {args.spacing:g} s, a prompt every {args.pace:g} s "
-        f"for {stream_s:.0f} s")
-    say("starting the six services under the supervisor ...")
+    prompts = _prompts(args.seed, int(stream_s / args.pace) + 1)
+    _say(f"chaos bench: {args.zoo} zoo ({zoo.config.config_hash()}), seed {args.seed}, {len(faults)} faults of "
+         f"{len({f.kind for f in faults})} kinds every {args.spacing:g} s, a prompt every {args.pace:g} s "
+         f"for {stream_s:.0f} s")
+    _say("starting the six services under the supervisor ...")
     started_at = time.monotonic()
     with _supervised(specs, state_dir, args.health_grace):
-        say(f"  healthy in {time.monotonic() - started_at:.0f} s; the fault log:")
+        _say(f"  healthy in {time.monotonic() - started_at:.0f} s; the fault log:")
         outcomes = Outcomes(infra, int(time.time() * 1000))
         injector = Injector(infra, specs, state_dir, checkpoints, args.pause_ms, run_id)
         stream, stop = Stream(), threading.Event()
         scheduler_address = f"127.0.0.1:{next(s.port for s in specs if s.name == 'scheduler')}"
         submitter = threading.Thread(target=_submit_stream, name="stream", daemon=True, args=(
             scheduler_address, prompts, run_id, args.pace, args.accept_timeout, stream, stop))
-        fault_log: list[FaultRecord] = []
         stream_started = time.monotonic()
         submitter.start()
         try:
-            for fault in faults:
-                wait = stream_started + fault.at_s - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                record = FaultRecord(fault, started_s=time.monotonic() - stream_started)
-                injector.inject(record, say)
-                fault_log.append(record)
+            fault_log = _inject_all(faults, injector, stream_started)
             submitter.join(timeout=max(0.0, stream_started + stream_s + args.accept_timeout - time.monotonic()))
             stop.set()
             submitter.join(timeout=30)
-            say(f"stream done: {len(stream.accepted)} accepted, {len(stream.not_accepted)} not accepted, "
-                f"retries {dict(stream.retries) or 'none'}; settling ...")
+            _say(f"stream done: {len(stream.accepted)} accepted, {len(stream.not_accepted)} not accepted, "
+                 f"retries {dict(stream.retries) or 'none'}; settling ...")
             settle_started = time.monotonic()
             outcomes.settle(stream.accepted, args.settle_timeout)
-            say(f"  settled in {time.monotonic() - settle_started:.0f} s")
+            _say(f"  settled in {time.monotonic() - settle_started:.0f} s")
             lags = consumer_lags(infra, WORK_GROUPS)
         finally:
             stop.set()
             injector.close()
-        latest = latest_checkpoint(checkpoints)
-        batch_ids = list(verify_checkpoint(latest).applied.batch_ids) if latest is not None else []
-        learner_version = verify_checkpoint(latest).version if latest is not None else 0
+        batch_ids, learner_version = _learner_batches(checkpoints)
     behind = {f"{g}/{t}": lag for (g, t), lag in lags.items() if lag > 0}
     result = tally(stream.accepted, outcomes.finals, outcomes.dead, work_queued=bool(behind))
     twice = doubled_batches(batch_ids)
     return report(args, fault_log, stream, result, outcomes, behind, batch_ids, twice, learner_version)
+
+
+def _prompts(seed: int, n: int) -> list[str]:
+    """``n`` eval prompts (all of them if fewer), drawn by ``seed``."""
+    from strata_tools.zoo.suite import load_suite
+
+    records = load_suite("eval")
+    rng = random.Random(seed)
+    return [r.text for r in rng.sample(records, min(len(records), n))]
+
+
+def _inject_all(faults: Sequence[Fault], injector: Injector, stream_started: float) -> list[FaultRecord]:
+    """Each fault at its time after the stream started, logged as it happens; returns the fault log."""
+    fault_log: list[FaultRecord] = []
+    for fault in faults:
+        wait = stream_started + fault.at_s - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        record = FaultRecord(fault, started_s=time.monotonic() - stream_started)
+        injector.inject(record, _say)
+        fault_log.append(record)
+    return fault_log
+
+
+def _learner_batches(checkpoints: Path) -> tuple[list[str], int]:
+    """(the batch ids applied, the policy version) of the learner's newest checkpoint; ([], 0) without one."""
+    from svc_learner.checkpoint import latest_checkpoint, verify_checkpoint
+
+    latest = latest_checkpoint(checkpoints)
+    if latest is None:
+        return [], 0
+    info = verify_checkpoint(latest)
+    return list(info.applied.batch_ids), info.version
 
 
 def report(args: argparse.Namespace, fault_log: Sequence[FaultRecord], stream: Stream, result: Tally,

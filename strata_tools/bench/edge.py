@@ -221,35 +221,18 @@ def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
 
     from strata import rpc
     from strata.config import StrataSettings
-    from strata.rpc_auth import new_token, token_line
     from strata_tools.bench.tiers import LiveTiers
-    from strata_tools.zoo.suite import load_suite
 
-    names = ["measure", "flood", *(f"watch{w}" for w in range(WATCHERS))]
-    tokens = {name: new_token() for name in names}
     tokens_file = Path(infra.state_dir) / "edge-tokens"
-    tokens_file.parent.mkdir(parents=True, exist_ok=True)
-    tokens_file.write_text("".join(token_line(n, t) + "\n" for n, t in tokens.items()))
-    scheduler_env = {
-        "STRATA_GRPC_TOKENS_FILE": str(tokens_file),
-        "STRATA_MAX_WATCH_STREAMS": str(WATCHERS * STREAMS_PER_WATCHER),
-        "STRATA_MAX_WATCH_STREAMS_PER_CLIENT": str(STREAMS_PER_WATCHER),
-        "STRATA_SUBMIT_RATE_PER_CLIENT": str(args.flood_rate),
-        "STRATA_SUBMIT_BURST_PER_CLIENT": str(args.flood_burst),
-        "STRATA_AUDIT_SHARE": "0",
-    }
-    records = load_suite("eval")
-    texts = [r.text for r in records]
-    warmup_prompts = texts[: args.warmup]
-    idle_prompts = texts[args.warmup: args.warmup + args.prompts]
-    load_prompts = texts[args.warmup + args.prompts: args.warmup + 2 * args.prompts]
-    flood_prompts = texts[args.warmup + 2 * args.prompts:]
+    tokens = _write_tokens(tokens_file)
+    prompts = _split_prompts(args.warmup, args.prompts)
     print(f"edge bench: {args.zoo} zoo, tokens on, Submit limit {args.flood_rate:g}/s burst {args.flood_burst} per "
           f"client, {WATCHERS * STREAMS_PER_WATCHER} Watch streams under load", flush=True)
     accepted: list[str] = []
     flood = Flood()
     phases = [Phase("idle"), Phase("load")]
-    live = LiveTiers(infra, zoo, run_id, review_seconds=0.0, seed=args.seed, scheduler_env=scheduler_env)
+    live = LiveTiers(infra, zoo, run_id, review_seconds=0.0, seed=args.seed,
+                     scheduler_env=_scheduler_env(args, tokens_file))
     with live.started():
         outcomes = Outcomes(infra)
         channels = {n: rpc.channel(live.scheduler_address, StrataSettings(grpc_token=t)) for n, t in tokens.items()}
@@ -259,38 +242,91 @@ def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
             stubs = {n: scheduler_pb2_grpc.SchedulerStub(c) for n, c in channels.items()}
             health = health_pb2_grpc.HealthStub(channels["measure"])
             warm: list[str] = []
-            _measure(Phase("warmup"), stubs["measure"], health, warmup_prompts, warm, args.health_timeout, args.pace)
+            _measure(Phase("warmup"), stubs["measure"], health, prompts.warmup, warm, args.health_timeout, args.pace)
             outcomes.settle(warm, args.serve_timeout)  # first calls (connections, the encoder) are not measured
-            _measure(phases[0], stubs["measure"], health, idle_prompts, accepted, args.health_timeout, args.pace)
+            _measure(phases[0], stubs["measure"], health, prompts.idle, accepted, args.health_timeout, args.pace)
             print(f"  idle: submit p99 {percentile(phases[0].submit_ms, 99):.1f} ms", flush=True)
-            watches = Watches([stubs[f"watch{w}"] for w in range(WATCHERS)])
-            stop = threading.Event()
-            flooders = [threading.Thread(target=_flood, args=(stubs["flood"], flood_prompts, flood, stop, t),
-                                         daemon=True, name=f"flood-{t}") for t in range(args.flood_threads)]
-            for flooder in flooders:
-                flooder.start()
-            try:
-                _measure(phases[1], stubs["measure"], health, load_prompts, accepted, args.health_timeout,
-                         args.pace)
-            finally:
-                stop.set()
-                for flooder in flooders:
-                    flooder.join(timeout=60)
-                watch_errors = list(watches.errors)
-                watches.close()
+            watch_errors = _under_load(args, stubs, health, phases[1], prompts, accepted, flood)
             print(f"  load: submit p99 {percentile(phases[1].submit_ms, 99):.1f} ms; flood {flood.calls} calls, "
                   f"{len(flood.accepted)} accepted, refused {flood.refused}; Watch errors {watch_errors or 'none'}",
                   flush=True)
-            everyone = accepted + flood.accepted
-            print(f"  following {len(everyone)} accepted prompts to their final rewards ...", flush=True)
-            started = time.monotonic()
-            dead, unsettled = outcomes.settle(everyone, args.serve_timeout)
-            print(f"  settled in {time.monotonic() - started:.0f} s", flush=True)
+            dead, unsettled = _follow(outcomes, accepted + flood.accepted, args.serve_timeout)
         finally:
             outcomes.close()
             for channel in channels.values():
                 channel.close()
     return report(phases, flood, dead, unsettled)
+
+
+def _write_tokens(tokens_file: Path) -> dict[str, str]:
+    """A fresh bearer token per client (the measurer, the flooder, each watcher), written to ``tokens_file``."""
+    from strata.rpc_auth import new_token, token_line
+
+    names = ["measure", "flood", *(f"watch{w}" for w in range(WATCHERS))]
+    tokens = {name: new_token() for name in names}
+    tokens_file.parent.mkdir(parents=True, exist_ok=True)
+    tokens_file.write_text("".join(token_line(n, t) + "\n" for n, t in tokens.items()))
+    return tokens
+
+
+def _scheduler_env(args: argparse.Namespace, tokens_file: Path) -> dict[str, str]:
+    """The scheduler's environment: tokens on, the Watch caps, the Submit limits under test, no audits."""
+    return {
+        "STRATA_GRPC_TOKENS_FILE": str(tokens_file),
+        "STRATA_MAX_WATCH_STREAMS": str(WATCHERS * STREAMS_PER_WATCHER),
+        "STRATA_MAX_WATCH_STREAMS_PER_CLIENT": str(STREAMS_PER_WATCHER),
+        "STRATA_SUBMIT_RATE_PER_CLIENT": str(args.flood_rate),
+        "STRATA_SUBMIT_BURST_PER_CLIENT": str(args.flood_burst),
+        "STRATA_AUDIT_SHARE": "0",
+    }
+
+
+@dataclass(frozen=True)
+class _Prompts:
+    """The eval suite's texts, cut into disjoint slices: no phase resubmits another's prompt."""
+
+    warmup: list[str]
+    idle: list[str]
+    load: list[str]
+    flood: list[str]
+
+
+def _split_prompts(warmup: int, per_phase: int) -> _Prompts:
+    """``warmup`` prompts, ``per_phase`` for idle and for load, the rest for the flooder."""
+    from strata_tools.zoo.suite import load_suite
+
+    texts = [r.text for r in load_suite("eval")]
+    return _Prompts(warmup=texts[:warmup], idle=texts[warmup: warmup + per_phase],
+                    load=texts[warmup + per_phase: warmup + 2 * per_phase], flood=texts[warmup + 2 * per_phase:])
+
+
+def _under_load(args: argparse.Namespace, stubs: dict[str, Any], health: Any, phase: Phase, prompts: _Prompts,
+                accepted: list[str], flood: Flood) -> list[str]:
+    """Measure ``phase`` with the Watch streams open and the flooder running; returns the Watch errors."""
+    watches = Watches([stubs[f"watch{w}"] for w in range(WATCHERS)])
+    stop = threading.Event()
+    flooders = [threading.Thread(target=_flood, args=(stubs["flood"], prompts.flood, flood, stop, t),
+                                 daemon=True, name=f"flood-{t}") for t in range(args.flood_threads)]
+    for flooder in flooders:
+        flooder.start()
+    try:
+        _measure(phase, stubs["measure"], health, prompts.load, accepted, args.health_timeout, args.pace)
+    finally:
+        stop.set()
+        for flooder in flooders:
+            flooder.join(timeout=60)
+        watch_errors = list(watches.errors)
+        watches.close()
+    return watch_errors
+
+
+def _follow(outcomes: Outcomes, everyone: Sequence[str], timeout_s: float) -> tuple[list[str], list[str]]:
+    """Follow every accepted prompt to its final rewards: (dead-lettered, neither in time)."""
+    print(f"  following {len(everyone)} accepted prompts to their final rewards ...", flush=True)
+    started = time.monotonic()
+    dead, unsettled = outcomes.settle(everyone, timeout_s)
+    print(f"  settled in {time.monotonic() - started:.0f} s", flush=True)
+    return dead, unsettled
 
 
 def report(phases: Sequence[Phase], flood: Flood, dead: Sequence[str], unsettled: Sequence[str]) -> int:

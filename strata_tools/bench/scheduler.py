@@ -85,14 +85,18 @@ from strata_tools.bench.reuse_ceiling import CeilingResult, ReuseHistory
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
 
 if TYPE_CHECKING:
+    import grpc
     import redis
 
-    from strata.bus import Topic
+    from strata.bus import Publisher, Topic
     from strata.bus.admin import GroupLag
-    from strata.service import RunningService
+    from strata.service import RunningService, ServiceParts
+    from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
+    from strata_tools.bench.simulated_tier import SimulatedPolicy, SimulatedRolloutTier
     from strata_tools.zoo.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.encoder import Encoder
+    from svc_scheduler.engine import SchedulerEngine
     from svc_scheduler.index import PromptIndex
     from svc_scheduler.stats import RewardStats
 
@@ -276,20 +280,33 @@ def make_stream(records: Sequence[PromptRecord], passes: int, seed: int) -> list
     return stream
 
 
-def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: CachedEncoder, run_id: str,
-                records: Sequence[PromptRecord], stream: Sequence[PromptRecord], quiet: bool = False,
-                ) -> tuple[RuleResult, RuleResult, RuleResult, CeilingResult]:
-    import grpc
+@dataclass
+class _RoutingRig:
+    """The stack one routing run streams through: the scheduler in process, the simulated tier beside it."""
 
+    policy: SimulatedPolicy
+    tier_group: str
+    publisher: Publisher
+    tier: SimulatedRolloutTier
+    lag: GroupLag
+    parts: ServiceParts
+    engine: SchedulerEngine
+    running: RunningService
+    channel: grpc.Channel
+    stub: scheduler_pb2_grpc.SchedulerStub
+    stop_tier: threading.Event
+    tier_thread: threading.Thread
+
+
+def _start_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: CachedEncoder, run_id: str,
+                   records: Sequence[PromptRecord]) -> _RoutingRig:
+    """The scheduler service, its statistics group and the simulated tier, started on fresh consumer groups."""
     from strata.bus import Publisher, topics
-    from strata.bus.admin import GroupLag, delete_groups, start_group_at_end
-    from strata.errors import CliError
-    from strata.service import start_service, stop_service
-    from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
+    from strata.bus.admin import GroupLag, start_group_at_end
+    from strata.service import start_service
+    from strata.v1 import scheduler_pb2_grpc
     from strata_tools.bench.simulated_tier import SimulatedPolicy, SimulatedRolloutTier
     from svc_scheduler.__main__ import build_parts
-    from svc_scheduler.routing import detect_risk
-    from svc_scheduler.stats import RewardObservation, apply_reward
 
     policy = SimulatedPolicy(records, args.seed, args.truth_samples)
     by_hash = {content_hash(r.text): r for r in records}  # the scheduler's prompt hash
@@ -310,106 +327,201 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     stop_tier = threading.Event()
     tier_thread = threading.Thread(target=tier.run, args=(stop_tier,), name="bench-rollout-tier")
     tier_thread.start()
+    return _RoutingRig(policy, tier_group, publisher, tier, lag, parts, engine, running, channel, stub, stop_tier,
+                       tier_thread)
 
-    knn = RuleResult("knn (Strata)", reuse_errors=[])
-    greso = RuleResult("GRESO same-prompt", reuse_errors=[])
-    everything = RuleResult("no skipping")
-    own: dict[str, RewardStats] = {}  # GRESO: each prompt's own statistics
-    history = ReuseHistory(settings.max_policy_lag)  # the ceiling's: every submission rolled out
-    ceiling = CeilingResult()
-    version = 1
+
+def _stop_routing(settings: SchedulerSettings, rig: _RoutingRig) -> None:
+    """Stop the tier and the service, then delete the run's consumer groups."""
+    from strata.bus.admin import delete_groups
+    from strata.service import stop_service
+
+    rig.stop_tier.set()
+    rig.tier_thread.join()
+    rig.channel.close()
+    stop_service(rig.parts, rig.running, grace_s=1.0)
+    rig.lag.close()
+    rig.publisher.close()
+    delete_groups(settings, [rig.tier_group, settings.stats_group_id], "bench-scheduler-cleanup")
+
+
+@dataclass
+class _Tally:
+    """What a routing run accumulates: the three rules' results and what the baselines and ceiling remember."""
+
+    knn: RuleResult
+    greso: RuleResult
+    everything: RuleResult
+    own: dict[str, RewardStats]  # GRESO: each prompt's own statistics
+    history: ReuseHistory  # the ceiling's: every submission rolled out
+    ceiling: CeilingResult
+    version: int = 1  # the simulated policy's
+
+    @classmethod
+    def fresh(cls, settings: SchedulerSettings) -> _Tally:
+        """Empty results for the three rules, the policy at version 1."""
+        return cls(RuleResult("knn (Strata)", reuse_errors=[]), RuleResult("GRESO same-prompt", reuse_errors=[]),
+                   RuleResult("no skipping"), {}, ReuseHistory(settings.max_policy_lag), CeilingResult())
+
+
+@dataclass(frozen=True)
+class _Streamed:
+    """What the routing summary reads from the stack before it stops."""
+
+    elapsed_s: float
+    index_size: int
+    marks: int
+
+
+def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: CachedEncoder, run_id: str,
+                records: Sequence[PromptRecord], stream: Sequence[PromptRecord], quiet: bool = False,
+                ) -> tuple[RuleResult, RuleResult, RuleResult, CeilingResult]:
+    """``stream`` through the scheduler and the simulated tier: (no skipping, GRESO, knn, the ceiling)."""
+    rig = _start_routing(args, settings, encoder, run_id, records)
+    tally = _Tally.fresh(settings)
+    try:
+        streamed = _stream_batches(rig, tally, args, settings, run_id, stream, quiet)
+    finally:
+        _stop_routing(settings, rig)
+    if not quiet:
+        _print_routing(args, settings, records, len(stream), streamed, rig.tier, tally.version)
+    return tally.everything, tally.greso, tally.knn, tally.ceiling
+
+
+def _stream_batches(rig: _RoutingRig, tally: _Tally, args: argparse.Namespace, settings: SchedulerSettings,
+                    run_id: str, stream: Sequence[PromptRecord], quiet: bool) -> _Streamed:
+    """Submit ``stream`` batch by batch, each batch's rollouts and statistics folded in before the next."""
+    knn = tally.knn
     n_batches = (len(stream) + args.batch - 1) // args.batch
     started = time.perf_counter()
+    for b in range(n_batches):
+        if args.policy_step_every and b and b % args.policy_step_every == 0:
+            tally.version += 1  # between batches, as a generator loads new weights between batches
+            rig.tier.version = tally.version
+        chunk = stream[b * args.batch : (b + 1) * args.batch]
+        request_ids = [f"bench-{run_id}-{b * args.batch + i}" for i in range(len(chunk))]
+        results = _submit_batch(rig.stub, chunk, request_ids, args.n_samples)
+        routed = [rid for record, rid, result in zip(chunk, request_ids, results, strict=True)
+                  if _record_submission(tally, settings, rig.policy, record, rid, result, args.n_samples)]
+        rig.tier.wait_for(routed, SYNC_TIMEOUT_S)
+        wait_for_stats(rig.lag, SYNC_TIMEOUT_S, rig.running)
+        if not quiet and ((b + 1) % PROGRESS_EVERY == 0 or b + 1 == n_batches):
+            print(f"  batch {b + 1}/{n_batches}: {knn.submitted} submitted, {knn.submitted - knn.rollouts} "
+                  f"skipped, {knn.level2} Level-2, policy v{tally.version}, {time.perf_counter() - started:.0f} s",
+                  flush=True)
+    elapsed = time.perf_counter() - started
+    marks = rig.engine.store.summary().counters.get("high_uncertainty_marks", 0)
+    return _Streamed(elapsed, len(rig.engine.index), marks)
+
+
+def _submit_batch(stub: scheduler_pb2_grpc.SchedulerStub, chunk: Sequence[PromptRecord], request_ids: Sequence[str],
+                  n_samples: int) -> Sequence[scheduler_pb2.SubmitBatchResult]:
+    """The scheduler's results for one ``SubmitBatch`` call, or a CliError."""
+    import grpc
+
+    from strata.errors import CliError
+    from strata.v1 import scheduler_pb2
+
+    request = scheduler_pb2.SubmitBatchRequest(requests=[
+        scheduler_pb2.SubmitRequest(prompt=r.text, n_samples=n_samples, request_id=rid)
+        for r, rid in zip(chunk, request_ids, strict=True)
+    ])
     try:
-        for b in range(n_batches):
-            if args.policy_step_every and b and b % args.policy_step_every == 0:
-                version += 1  # between batches, as a generator loads new weights between batches
-                tier.version = version
-            chunk = stream[b * args.batch : (b + 1) * args.batch]
-            request_ids = [f"bench-{run_id}-{b * args.batch + i}" for i in range(len(chunk))]
-            request = scheduler_pb2.SubmitBatchRequest(requests=[
-                scheduler_pb2.SubmitRequest(prompt=r.text, n_samples=args.n_samples, request_id=rid)
-                for r, rid in zip(chunk, request_ids, strict=True)
-            ])
-            try:
-                results = stub.SubmitBatch(request, timeout=SYNC_TIMEOUT_S).results
-            except grpc.RpcError as exc:
-                raise CliError(f"SubmitBatch failed: {exc.code().name} {exc.details()}") from exc
-            routed = []
-            for record, rid, result in zip(chunk, request_ids, results, strict=True):
-                if result.WhichOneof("result") == "error":
-                    raise CliError(f"the scheduler refused a suite prompt: {result.error}")
-                decision = result.response.decision
-                # Strata: a skip reuses a reward, a rollout goes through the tier and the statistics worker.
-                knn.submitted += 1
-                knn.reasons[rule_of(result.response.reason)] += 1
-                if decision == common_pb2.DECISION_SKIP:
-                    knn.reuse_errors.append(abs(result.response.reused_reward - policy.truth(record, version)))
-                else:
-                    knn.rollouts += 1
-                    knn.level2 += decision == common_pb2.DECISION_LEVEL_2
-                    routed.append(rid)
-                everything.submitted += 1
-                everything.rollouts += 1
-                # GRESO-style: the prompt's own history only (same rewards as the tier's); the same risk rule.
-                greso.submitted += 1
-                mine = own.get(record.text)
-                risky = detect_risk(record.text, {}, settings) is not None
-                # The ceiling: what any rule could reuse here, from the history of every earlier submission.
-                ceiling.submitted += 1
-                if not risky:
-                    truth = policy.truth(record, version)
-                    for of_family in (False, True):
-                        key = record.family if of_family else record.text
-                        if (known := history.mean(key, version, of_family)) is not None:
-                            ceiling.add(of_family, abs(known - truth), policy.variance(record, version))
-                # The tier and both baselines see the same rollouts: a pure function of (request, version).
-                rewards = policy.rewards(record, rid, version, args.n_samples)
-                history.add(record.text, record.family, rewards, version)
-                if not risky:  # what R11 is for: the rollouts that would have been bad at Level-1
-                    bad = sum(value < BAD_THRESHOLD for value in rewards)
-                    knn.nonrisk += 1
-                    knn.bad_samples += bad
-                    if decision == common_pb2.DECISION_LEVEL_2:
-                        knn.nonrisk_level2 += 1
-                        knn.bad_level2 += bad
-                if not risky and greso_usable(mine, version, settings):
-                    greso.reuse_errors.append(abs(mine.mean - policy.truth(record, version)))
-                else:
-                    greso.rollouts += 1
-                    greso.level2 += risky
-                    now = time.time()
-                    for value in rewards:
-                        mine = apply_reward(mine, RewardObservation(value, version, "oracle", now),
-                                            settings.stats_ttl_s, settings.max_policy_lag)
-                    own[record.text] = mine
-            tier.wait_for(routed, SYNC_TIMEOUT_S)
-            wait_for_stats(lag, SYNC_TIMEOUT_S, running)
-            if not quiet and ((b + 1) % PROGRESS_EVERY == 0 or b + 1 == n_batches):
-                print(f"  batch {b + 1}/{n_batches}: {knn.submitted} submitted, {knn.submitted - knn.rollouts} "
-                      f"skipped, {knn.level2} Level-2, policy v{version}, {time.perf_counter() - started:.0f} s",
-                      flush=True)
-        elapsed = time.perf_counter() - started
-        marks = engine.store.summary().counters.get("high_uncertainty_marks", 0)
-        index_size = len(engine.index)
-    finally:
-        stop_tier.set()
-        tier_thread.join()
-        channel.close()
-        stop_service(parts, running, grace_s=1.0)
-        lag.close()
-        publisher.close()
-        delete_groups(settings, [tier_group, settings.stats_group_id], "bench-scheduler-cleanup")
-    if quiet:
-        return everything, greso, knn, ceiling
+        return stub.SubmitBatch(request, timeout=SYNC_TIMEOUT_S).results
+    except grpc.RpcError as exc:
+        raise CliError(f"SubmitBatch failed: {exc.code().name} {exc.details()}") from exc
+
+
+def _record_submission(tally: _Tally, settings: SchedulerSettings, policy: SimulatedPolicy, record: PromptRecord,
+                       rid: str, result: scheduler_pb2.SubmitBatchResult, n_samples: int) -> bool:
+    """Count one submission under every rule; True when the scheduler routed it to the tier."""
+    from strata.errors import CliError
+    from svc_scheduler.routing import detect_risk
+
+    if result.WhichOneof("result") == "error":
+        raise CliError(f"the scheduler refused a suite prompt: {result.error}")
+    decision = result.response.decision
+    routed = _record_knn(tally.knn, policy, record, result.response, tally.version)
+    tally.everything.submitted += 1
+    tally.everything.rollouts += 1
+    tally.greso.submitted += 1
+    risky = detect_risk(record.text, {}, settings) is not None
+    _record_ceiling(tally, policy, record, risky)
+    # The tier and both baselines see the same rollouts: a pure function of (request, version).
+    rewards = policy.rewards(record, rid, tally.version, n_samples)
+    tally.history.add(record.text, record.family, rewards, tally.version)
+    if not risky:  # what R11 is for: the rollouts that would have been bad at Level-1
+        _record_r11(tally.knn, rewards, decision)
+    _record_greso(tally, settings, policy, record, risky, rewards)
+    return routed
+
+
+def _record_knn(knn: RuleResult, policy: SimulatedPolicy, record: PromptRecord, response: scheduler_pb2.SubmitResponse,
+                version: int) -> bool:
+    """Strata: a skip reuses a reward, a rollout goes through the tier; True for a rollout."""
+    knn.submitted += 1
+    knn.reasons[rule_of(response.reason)] += 1
+    if response.decision == common_pb2.DECISION_SKIP:
+        knn.reuse_errors.append(abs(response.reused_reward - policy.truth(record, version)))
+        return False
+    knn.rollouts += 1
+    knn.level2 += response.decision == common_pb2.DECISION_LEVEL_2
+    return True
+
+
+def _record_ceiling(tally: _Tally, policy: SimulatedPolicy, record: PromptRecord, risky: bool) -> None:
+    """The ceiling: what any rule could reuse here, from the history of every earlier submission."""
+    tally.ceiling.submitted += 1
+    if risky:
+        return
+    truth = policy.truth(record, tally.version)
+    for of_family in (False, True):
+        key = record.family if of_family else record.text
+        if (known := tally.history.mean(key, tally.version, of_family)) is not None:
+            tally.ceiling.add(of_family, abs(known - truth), policy.variance(record, tally.version))
+
+
+def _record_r11(knn: RuleResult, rewards: Sequence[float], decision: int) -> None:
+    """Count a non-risk submission's bad rollouts, and those of them sent to Level-2."""
+    bad = sum(value < BAD_THRESHOLD for value in rewards)
+    knn.nonrisk += 1
+    knn.bad_samples += bad
+    if decision == common_pb2.DECISION_LEVEL_2:
+        knn.nonrisk_level2 += 1
+        knn.bad_level2 += bad
+
+
+def _record_greso(tally: _Tally, settings: SchedulerSettings, policy: SimulatedPolicy, record: PromptRecord,
+                  risky: bool, rewards: Sequence[float]) -> None:
+    """GRESO-style: the prompt's own history only (same rewards as the tier's); the same risk rule."""
+    from svc_scheduler.stats import RewardObservation, apply_reward
+
+    greso, version = tally.greso, tally.version
+    mine = tally.own.get(record.text)
+    if not risky and greso_usable(mine, version, settings):
+        greso.reuse_errors.append(abs(mine.mean - policy.truth(record, version)))
+        return
+    greso.rollouts += 1
+    greso.level2 += risky
+    now = time.time()
+    for value in rewards:
+        mine = apply_reward(mine, RewardObservation(value, version, "oracle", now),
+                            settings.stats_ttl_s, settings.max_policy_lag)
+    tally.own[record.text] = mine
+
+
+def _print_routing(args: argparse.Namespace, settings: SchedulerSettings, records: Sequence[PromptRecord],
+                   submissions: int, streamed: _Streamed, tier: SimulatedRolloutTier, version: int) -> None:
+    """The routing run's two summary lines: the stream, the risk keywords, the simulated tier."""
+    from svc_scheduler.routing import detect_risk
+
     risk_recall = np.mean([detect_risk(r.text, {}, settings) is not None for r in records if r.risk])
     risk_false = np.mean([detect_risk(r.text, {}, settings) is not None for r in records if not r.risk])
-    print(f"routing: {len(stream)} submissions ({len(records)} prompts x {args.passes} passes, batches of "
-          f"{args.batch}) through gRPC + Kafka in {elapsed:.1f} s; index {index_size} prompts; risk keywords: "
-          f"recall {risk_recall:.3f}, false positives {risk_false:.3f}; marks {marks}")
+    print(f"routing: {submissions} submissions ({len(records)} prompts x {args.passes} passes, batches of "
+          f"{args.batch}) through gRPC + Kafka in {streamed.elapsed_s:.1f} s; index {streamed.index_size} prompts; "
+          f"risk keywords: recall {risk_recall:.3f}, false positives {risk_false:.3f}; marks {streamed.marks}")
     print(f"simulated rollout tier: {len(tier.handled)} routed prompts, {tier.rollouts} oracle-scored rollouts; "
           f"policy v1 -> v{version}", flush=True)
-    return everything, greso, knn, ceiling
 
 
 # -- part 8: the same kind of stream through the real tiers ---------------------------------------------
@@ -549,9 +661,8 @@ def _rss_mb() -> float:
 
 def run_latency(args: argparse.Namespace, settings: SchedulerSettings, encoder: Encoder,
                 client: redis.Redis) -> list[LatencyRow]:
+    """One row per ``--latency-sizes`` size, each printed as it is measured."""
     from strata_tools.zoo.suite import load_suite
-    from svc_scheduler.engine import SchedulerEngine
-    from svc_scheduler.store import SchedulerStore
 
     rng = np.random.default_rng(args.seed)
     centres = rng.normal(size=(max(100, 2000), encoder.dim)).astype(np.float32)
@@ -559,63 +670,96 @@ def run_latency(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     prompts = [r.text for r in random.Random(args.seed).sample(load_suite(), args.latency_queries)]
     rows = []
     for size in [int(s) for s in args.latency_sizes.split(",") if s.strip()]:
-        prefix = f"{settings.redis_prefix}:lat{size}"
-        sized = settings.model_copy(update={"redis_prefix": prefix})
-        engine = SchedulerEngine(sized, encoder, SchedulerStore(client, sized),
-                                 ContentStore(client, 3600, sized.content_max_bytes), RecordingPublisher())
-        engine.ensure_ready()
-        rss_before = _rss_mb()
-        built = time.perf_counter()
-        for start in range(0, size, 20_000):
-            n = min(20_000, size - start)
-            vectors = synthetic(n, encoder.dim, rng, centres)
-            engine.index.add([f"synthetic-{size}-{start + i}" for i in range(n)], vectors)
-        build_s = time.perf_counter() - built
-        rss_mb = _rss_mb() - rss_before
-        engine.route(prompts[:5])  # warm-up
-        times, encoder_ms, search_ms, redis_ms, limit_ms = [], [], [], [], []
-        for prompt in prompts:  # each stage alone, then the whole decision, on the same prompt
-            t0 = time.perf_counter()
-            vector, _ = encoder.encode_counted([prompt])
-            t1 = time.perf_counter()
-            engine.index.search(vector, sized.k)
-            t2 = time.perf_counter()
-            client.ping()
-            t3 = time.perf_counter()
-            engine.route([prompt])
-            t4 = time.perf_counter()
-            encoder_ms.append(1000 * (t1 - t0))
-            search_ms.append(1000 * (t2 - t1))
-            redis_ms.append(1000 * (t3 - t2))
-            limit_ms.append(1000 * (t3 - t0))
-            times.append(1000 * (t4 - t3))
-        # The same prompts again once they are indexed (RLHF submits its prompts every epoch): decided
-        # on their stored vectors, with no encoder.
-        routed = engine.route(prompts)
-        engine.store.index_prompts([r.prompt_hash for r in routed], np.stack([r.vector for r in routed]))
-        engine.index.add([r.prompt_hash for r in routed], np.stack([r.vector for r in routed]))
-        repeat_ms = []
-        for prompt in prompts:
-            started = time.perf_counter()
-            engine.route([prompt])
-            repeat_ms.append(1000 * (time.perf_counter() - started))
-        recall = recall_at_10(engine.index, synthetic(300, encoder.dim, rng, centres)) if engine.index.kind != "exact" \
-            else 1.0
-        memory = getattr(engine.index, "memory_bytes", lambda: 0)() / 2**20
-        p50, p99, enc99, search99, redis99, limit99 = (
-            float(np.percentile(values, q)) for values, q in ((times, 50), (times, 99), (encoder_ms, 99),
-                                                                (search_ms, 99), (redis_ms, 99), (limit_ms, 99)))
-        row = LatencyRow(size, engine.index.kind, build_s, memory, rss_mb, p50, p99, enc99, search99, redis99, limit99,
-                         recall, float(np.percentile(repeat_ms, 99)))
-        rows.append(row)
-        print(f"latency: {size} indexed ({row.kind}, built in {build_s:.1f} s, index {memory:.0f} MB, process "
-              f"+{rss_mb:.0f} MB): decision p50 {p50:.1f} ms, p99 {p99:.1f} ms; alone p99: encoder {enc99:.1f} ms, "
-              f"search {search99:.2f} ms, Redis round trip {redis99:.2f} ms; recall@10 {recall:.3f}; the same "
-              f"prompts once indexed: decision p99 {row.repeat_p99:.1f} ms", flush=True)
-        for key in client.scan_iter(f"{prefix}:*", count=1000):
-            client.delete(key)
-        del engine  # one index in memory at a time
+        # The engine lives in _latency_at alone: one index in memory at a time.
+        rows.append(_latency_at(size, settings, encoder, client, prompts, rng, centres))
     return rows
+
+
+def _latency_at(size: int, settings: SchedulerSettings, encoder: Encoder, client: redis.Redis,
+                prompts: Sequence[str], rng: np.random.Generator, centres: np.ndarray) -> LatencyRow:
+    """The latency row of an index of ``size`` synthetic prompts (printed; its Redis keys deleted after)."""
+    from svc_scheduler.engine import SchedulerEngine
+    from svc_scheduler.store import SchedulerStore
+
+    prefix = f"{settings.redis_prefix}:lat{size}"
+    sized = settings.model_copy(update={"redis_prefix": prefix})
+    engine = SchedulerEngine(sized, encoder, SchedulerStore(client, sized),
+                             ContentStore(client, 3600, sized.content_max_bytes), RecordingPublisher())
+    engine.ensure_ready()
+    rss_before = _rss_mb()
+    built = time.perf_counter()
+    for start in range(0, size, 20_000):
+        n = min(20_000, size - start)
+        vectors = synthetic(n, encoder.dim, rng, centres)
+        engine.index.add([f"synthetic-{size}-{start + i}" for i in range(n)], vectors)
+    build_s = time.perf_counter() - built
+    rss_mb = _rss_mb() - rss_before
+    engine.route(prompts[:5])  # warm-up
+    stages = _time_stages(engine, encoder, client, sized.k, prompts)
+    repeat_ms = _time_repeats(engine, prompts)
+    recall = recall_at_10(engine.index, synthetic(300, encoder.dim, rng, centres)) if engine.index.kind != "exact" \
+        else 1.0
+    memory = getattr(engine.index, "memory_bytes", lambda: 0)() / 2**20
+    p50, p99, enc99, search99, redis99, limit99 = (
+        float(np.percentile(values, q)) for values, q in ((stages.decision, 50), (stages.decision, 99),
+                                                            (stages.encoder, 99), (stages.search, 99),
+                                                            (stages.round_trip, 99), (stages.limit, 99)))
+    row = LatencyRow(size, engine.index.kind, build_s, memory, rss_mb, p50, p99, enc99, search99, redis99, limit99,
+                     recall, float(np.percentile(repeat_ms, 99)))
+    print(f"latency: {size} indexed ({row.kind}, built in {build_s:.1f} s, index {memory:.0f} MB, process "
+          f"+{rss_mb:.0f} MB): decision p50 {p50:.1f} ms, p99 {p99:.1f} ms; alone p99: encoder {enc99:.1f} ms, "
+          f"search {search99:.2f} ms, Redis round trip {redis99:.2f} ms; recall@10 {recall:.3f}; the same "
+          f"prompts once indexed: decision p99 {row.repeat_p99:.1f} ms", flush=True)
+    for key in client.scan_iter(f"{prefix}:*", count=1000):
+        client.delete(key)
+    return row
+
+
+@dataclass
+class _StageTimes:
+    """Per prompt, in ms: the whole decision and, timed alone just before it, each stage it cannot avoid."""
+
+    decision: list[float] = field(default_factory=list)
+    encoder: list[float] = field(default_factory=list)
+    search: list[float] = field(default_factory=list)
+    round_trip: list[float] = field(default_factory=list)  # one Redis round trip (PING)
+    limit: list[float] = field(default_factory=list)  # encoder + search + round trip
+
+
+def _time_stages(engine: SchedulerEngine, encoder: Encoder, client: redis.Redis, k: int,
+                 prompts: Sequence[str]) -> _StageTimes:
+    """Each stage alone, then the whole decision, on the same prompt, prompt by prompt."""
+    times = _StageTimes()
+    for prompt in prompts:
+        t0 = time.perf_counter()
+        vector, _ = encoder.encode_counted([prompt])
+        t1 = time.perf_counter()
+        engine.index.search(vector, k)
+        t2 = time.perf_counter()
+        client.ping()
+        t3 = time.perf_counter()
+        engine.route([prompt])
+        t4 = time.perf_counter()
+        times.encoder.append(1000 * (t1 - t0))
+        times.search.append(1000 * (t2 - t1))
+        times.round_trip.append(1000 * (t3 - t2))
+        times.limit.append(1000 * (t3 - t0))
+        times.decision.append(1000 * (t4 - t3))
+    return times
+
+
+def _time_repeats(engine: SchedulerEngine, prompts: Sequence[str]) -> list[float]:
+    """The decision times (ms) of ``prompts`` once they are indexed."""
+    # RLHF submits its prompts every epoch: decided on their stored vectors, with no encoder.
+    routed = engine.route(prompts)
+    engine.store.index_prompts([r.prompt_hash for r in routed], np.stack([r.vector for r in routed]))
+    engine.index.add([r.prompt_hash for r in routed], np.stack([r.vector for r in routed]))
+    repeat_ms = []
+    for prompt in prompts:
+        started = time.perf_counter()
+        engine.route([prompt])
+        repeat_ms.append(1000 * (time.perf_counter() - started))
+    return repeat_ms
 
 
 def suite_recall(settings: SchedulerSettings, encoder: CachedEncoder) -> float:
@@ -669,51 +813,97 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
     from svc_scheduler.encoder import Encoder
 
     client = checked_redis(settings)
-    step = f"every {args.policy_step_every} batches" if args.policy_step_every else "never (fixed policy)"
-    print(f"scheduler bench: Kafka {settings.kafka_address}, Redis {settings.redis_address_masked} (keys under "
-          f"{settings.redis_prefix}:*), k={settings.k}, skip if >= {settings.min_low_variance_neighbours} neighbours "
-          f"with variance < {settings.low_variance_threshold}, cosine floor {settings.min_similarity}; policy "
-          f"update {step}", flush=True)
+    _print_header(args, settings)
     encoder = Encoder.from_settings(settings)
-    cached = CachedEncoder(encoder)
     suite = load_suite()
     records = random.Random(args.seed).sample(suite, args.limit) if args.limit else suite
     subset = live_families(suite, args.live_families, args.seed) if args.live else []  # whole families
-    subset_stream = make_stream(subset, args.passes, args.seed)
-    live: LiveResult | None = None
-    sim_subset: RuleResult | None = None
     try:
-        if args.live:  # first, on a quiet Kafka: the simulated run's thousands of events come after
-            live = run_live(args, settings, run_id, subset_stream)
-        with _quiet("svc_scheduler.engine"):
-            everything, greso, knn, ceiling = run_routing(args, settings, cached, run_id, records,
-                                                 make_stream(records, args.passes, args.seed))
-            if args.live:
-                sub_settings = side_run(settings, "sub")
-                _, _, sim_subset, _ = run_routing(args, sub_settings, cached, f"{run_id}-sub", subset, subset_stream,
-                                               quiet=True)
-            flipped: RuleResult | None = None
-            if args.compare_cluster_marking:
-                flip_settings = side_run(settings, "flip", cluster_marking=not settings.cluster_marking)
-                _, _, flipped, _ = run_routing(args, flip_settings, cached, f"{run_id}-flip", records,
-                                               make_stream(records, args.passes, args.seed), quiet=True)
-            latency = run_latency(args, settings, encoder, client)
-        recall_suite = suite_recall(settings, cached)
+        measured = _measure(args, settings, run_id, encoder, client, records, subset)
     finally:
         for prefix in (settings.redis_prefix, *(side_run(settings, side).redis_prefix for side in SIDE_RUNS)):
             for key in client.scan_iter(f"{prefix}:*", count=1000):
                 client.delete(key)
         client.close()
 
+    _print_rules(measured)
+    _print_ceiling(args, settings, measured.ceiling)
+    _print_r11(settings, measured)
+    if measured.live is not None and measured.sim_subset is not None:
+        _print_live(args, measured.live, measured.sim_subset)
+    print()
+    print_latency(measured.latency)
+    print(f"HNSW recall@10 on the suite's own embeddings: {measured.recall_suite:.3f}")
+    _print_last_line(args, settings, measured)
+    return 0
+
+
+def _print_header(args: argparse.Namespace, settings: SchedulerSettings) -> None:
+    """The run's first line: where Kafka and Redis are, the skip rule's thresholds, the policy steps."""
+    step = f"every {args.policy_step_every} batches" if args.policy_step_every else "never (fixed policy)"
+    print(f"scheduler bench: Kafka {settings.kafka_address}, Redis {settings.redis_address_masked} (keys under "
+          f"{settings.redis_prefix}:*), k={settings.k}, skip if >= {settings.min_low_variance_neighbours} neighbours "
+          f"with variance < {settings.low_variance_threshold}, cosine floor {settings.min_similarity}; policy "
+          f"update {step}", flush=True)
+
+
+@dataclass
+class _Measured:
+    """Everything a full run's tables and last line quote."""
+
+    everything: RuleResult
+    greso: RuleResult
+    knn: RuleResult
+    ceiling: CeilingResult
+    latency: list[LatencyRow]
+    recall_suite: float
+    live: LiveResult | None  # --live: the real tiers
+    sim_subset: RuleResult | None  # --live: the simulated tier on the live stream
+    flipped: RuleResult | None  # --compare-cluster-marking
+
+
+def _measure(args: argparse.Namespace, settings: SchedulerSettings, run_id: str, encoder: Encoder,
+             client: redis.Redis, records: Sequence[PromptRecord], subset: Sequence[PromptRecord]) -> _Measured:
+    """The live run, the routing runs, the latency sizes and the suite's recall, in that order."""
+    cached = CachedEncoder(encoder)
+    subset_stream = make_stream(subset, args.passes, args.seed)
+    live: LiveResult | None = None
+    sim_subset: RuleResult | None = None
+    if args.live:  # first, on a quiet Kafka: the simulated run's thousands of events come after
+        live = run_live(args, settings, run_id, subset_stream)
+    with _quiet("svc_scheduler.engine"):
+        everything, greso, knn, ceiling = run_routing(args, settings, cached, run_id, records,
+                                                      make_stream(records, args.passes, args.seed))
+        if args.live:
+            sub_settings = side_run(settings, "sub")
+            _, _, sim_subset, _ = run_routing(args, sub_settings, cached, f"{run_id}-sub", subset, subset_stream,
+                                              quiet=True)
+        flipped: RuleResult | None = None
+        if args.compare_cluster_marking:
+            flip_settings = side_run(settings, "flip", cluster_marking=not settings.cluster_marking)
+            _, _, flipped, _ = run_routing(args, flip_settings, cached, f"{run_id}-flip", records,
+                                           make_stream(records, args.passes, args.seed), quiet=True)
+        latency = run_latency(args, settings, encoder, client)
+    recall_suite = suite_recall(settings, cached)
+    return _Measured(everything, greso, knn, ceiling, latency, recall_suite, live, sim_subset, flipped)
+
+
+def _print_rules(measured: _Measured) -> None:
+    """The three rules' table and the knn decisions by the rule that made them."""
+    knn = measured.knn
     print()
     print(f"{'rule':<34} {'submitted':>9} {'rollouts':>9} {'trigger':>8} {'level-2':>8} {'skipped':>8} "
           f"{'reuse MAE':>10}")
-    for rule in (everything, greso, knn):
+    for rule in (measured.everything, measured.greso, knn):
         skipped = rule.submitted - rule.rollouts
         print(f"{rule.name:<34} {rule.submitted:>9} {rule.rollouts:>9} {rule.trigger_rate:>8.3f} "
               f"{rule.level2:>8} {skipped:>8} {rule.mae:>10.3f}")
     print("knn decisions by rule: " + ", ".join(f"{name} {count} ({count / knn.submitted:.1%})"
                                                for name, count in knn.reasons.most_common()))
+
+
+def _print_ceiling(args: argparse.Namespace, settings: SchedulerSettings, ceiling: CeilingResult) -> None:
+    """The trigger reduction any rule could reach at the reuse budget, by history and variance bound."""
     print(f"ceiling at reuse MAE <= {args.reuse_budget:g} (any rule: the history of every earlier submission, "
           "a perfect choice of what to skip; docs/scheduler.md):")
     audit_kept = 1 - settings.audit_share
@@ -724,6 +914,11 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
             name = label if bound is None else f"  prompts varying < {bound:g} ({which})"
             print(f"  {name:<34} trigger reduction {most:.3f} at reuse MAE {mae:.3f} "
                   f"({most * audit_kept:.3f} after auditing {settings.audit_share:.0%})")
+
+
+def _print_r11(settings: SchedulerSettings, measured: _Measured) -> None:
+    """R11's aim with cluster marking as configured (and flipped), then the audited skips."""
+    knn, flipped, everything = measured.knn, measured.flipped, measured.everything
     arms = [(settings.cluster_marking, knn)] + ([] if flipped is None else [(not settings.cluster_marking, flipped)])
     for marking, rule in sorted(arms, key=lambda arm: not arm[0]):
         print(f"R11 with cluster marking {'on' if marking else 'off'}: {rule.nonrisk_level2} of {rule.nonrisk} "
@@ -732,34 +927,41 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
               f"{1 - rule.trigger_rate / everything.trigger_rate:.3f}, reuse MAE {rule.mae:.3f}")
     print(f"knn rollouts include {knn.reasons[AUDITED]} audited skips (audit_share {settings.audit_share:g}: "
           "rolled out anyway to measure the reused reward, docs/scheduler.md)")
-    if live is not None and sim_subset is not None:
-        print(f"live stream: {args.live_families} families x 7 paraphrases x {args.passes} passes; the simulated "
-              f"tier's reuse MAE is against the oracle truth, the live one is the audit's (fresh light/strong-RM "
-              f"rewards of {live.audits_scored} of {live.audits} audited skips)")
-        sim_skipped = sim_subset.submitted - sim_subset.rollouts
-        print(f"{'knn, simulated tier (same stream)':<34} {sim_subset.submitted:>9} {sim_subset.rollouts:>9} "
-              f"{sim_subset.trigger_rate:>8.3f} {sim_subset.level2:>8} {sim_skipped:>8} {sim_subset.mae:>10.3f}")
-        mae = "-" if live.audit_mae is None else f"{live.audit_mae:.3f}"
-        print(f"{'knn, real tiers (zoo ' + live.zoo + ')':<34} {live.submitted:>9} {live.rollouts:>9} "
-              f"{live.trigger_rate:>8.3f} {live.level2:>8} {live.skipped:>8} {mae:>10}")
-        precision = "-" if live.audit_precision is None else f"{live.audit_precision:.1%}"
-        print(f"live: skip rate {live.skip_rate:.1%}, audit precision {precision}, high-uncertainty marks "
-              f"{live.marks}, {live.wall_s:.0f} s")
-    print()
-    print_latency(latency)
-    print(f"HNSW recall@10 on the suite's own embeddings: {recall_suite:.3f}")
+
+
+def _print_live(args: argparse.Namespace, live: LiveResult, sim_subset: RuleResult) -> None:
+    """The live stream through the simulated tier and the real tiers, side by side."""
+    print(f"live stream: {args.live_families} families x 7 paraphrases x {args.passes} passes; the simulated "
+          f"tier's reuse MAE is against the oracle truth, the live one is the audit's (fresh light/strong-RM "
+          f"rewards of {live.audits_scored} of {live.audits} audited skips)")
+    sim_skipped = sim_subset.submitted - sim_subset.rollouts
+    print(f"{'knn, simulated tier (same stream)':<34} {sim_subset.submitted:>9} {sim_subset.rollouts:>9} "
+          f"{sim_subset.trigger_rate:>8.3f} {sim_subset.level2:>8} {sim_skipped:>8} {sim_subset.mae:>10.3f}")
+    mae = "-" if live.audit_mae is None else f"{live.audit_mae:.3f}"
+    print(f"{'knn, real tiers (zoo ' + live.zoo + ')':<34} {live.submitted:>9} {live.rollouts:>9} "
+          f"{live.trigger_rate:>8.3f} {live.level2:>8} {live.skipped:>8} {mae:>10}")
+    precision = "-" if live.audit_precision is None else f"{live.audit_precision:.1%}"
+    print(f"live: skip rate {live.skip_rate:.1%}, audit precision {precision}, high-uncertainty marks "
+          f"{live.marks}, {live.wall_s:.0f} s")
+
+
+def _print_last_line(args: argparse.Namespace, settings: SchedulerSettings, measured: _Measured) -> None:
+    """The ``scheduler trigger_reduction=...`` line the docs quote."""
+    everything, greso, knn, flipped, live = (measured.everything, measured.greso, measured.knn, measured.flipped,
+                                              measured.live)
+    audit_kept = 1 - settings.audit_share
     greso_reduction = 1 - greso.trigger_rate / everything.trigger_rate
     reduction = 1 - knn.trigger_rate / everything.trigger_rate
     live_rate = "nan" if live is None else f"{live.skip_rate:.3f}"
-    r10_ceiling, _ = ceiling.reduction(True, args.reuse_budget, settings.low_variance_threshold)
-    r11_ceiling, _ = ceiling.reduction(True, args.reuse_budget, settings.high_variance_threshold)
+    r10_ceiling, _ = measured.ceiling.reduction(True, args.reuse_budget, settings.low_variance_threshold)
+    r11_ceiling, _ = measured.ceiling.reduction(True, args.reuse_budget, settings.high_variance_threshold)
     print(f"scheduler trigger_reduction={reduction:.3f} reuse_mae={knn.mae:.3f} "
           f"greso_trigger_reduction={greso_reduction:.3f} live_skip_rate={live_rate} "
           f"r10_ceiling={r10_ceiling * audit_kept:.3f} r11_ceiling={r11_ceiling * audit_kept:.3f} "
-          f"{latency_fields(latency)} level2_share={knn.level2_share:.3f} bad_caught={knn.bad_caught:.3f}"
+          f"{latency_fields(measured.latency)} level2_share={knn.level2_share:.3f} "
+          f"bad_caught={knn.bad_caught:.3f}"
           + ("" if flipped is None else f" flipped_level2_share={flipped.level2_share:.3f} "
                                         f"flipped_bad_caught={flipped.bad_caught:.3f}"))
-    return 0
 
 
 def print_latency(latency: Sequence[LatencyRow]) -> None:
