@@ -21,8 +21,18 @@ import argparse
 import dataclasses
 import json
 import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from strata.errors import CliError
+
+if TYPE_CHECKING:  # torch and the services' settings: imported by the run, not by `strata calibrate --help`
+    from strata_tools.zoo.build import ZooPaths
+    from strata_tools.zoo.suite import PromptRecord
+    from svc_probe.config import ProbeSettings
+    from svc_probe.core import ProbeResult
+    from svc_reward.calibrate import OperatingPoint
+    from svc_reward.config import RewardSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -89,27 +99,26 @@ def run_unsafe(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_escalation(args: argparse.Namespace) -> int:
-    from strata.config import StrataSettings
-    from strata.models.generation import SamplingConfig, generate
-    from strata.models.loading import load_causal_lm
-    from strata_tools.zoo.build import ensure_zoo
-    from strata_tools.zoo.oracle import judge
-    from strata_tools.zoo.suite import load_suite
-    from svc_generator.config import GeneratorSettings
-    from svc_probe.config import ProbeSettings
-    from svc_probe.core import ProbeRules, probe
-    from svc_reward.calibrate import operating_points, threshold_for_catch
-    from svc_reward.config import RewardSettings
-    from svc_reward.models import RewardModels, ScoringOptions
+@dataclass(frozen=True)
+class _Escalation:
+    """What ``calibrate escalation`` measured, and the threshold it chose."""
 
-    if args.prompts < 10 or not 0 < args.target_catch <= 1:
-        raise CliError("--prompts must be >= 10 and --target-catch in (0, 1]")
-    settings = StrataSettings()
-    zoo = ensure_zoo(settings)
-    records = load_suite(args.split)
-    records = random.Random(args.seed).sample(records, min(args.prompts, len(records)))
-    probe_settings, reward_settings = ProbeSettings(), RewardSettings()
+    zoo: str                     # the zoo directory's name
+    prompts: int                 # prompts sampled from the split
+    level1: int                  # of them, those the probe leaves to Level-1
+    scores: list[float]          # the light RM's reward of each Level-1 answer
+    bad: list[bool]              # whether the oracle scores that answer under --bad-threshold
+    chosen: float
+    current: float               # the reward service's threshold now
+    points: list[OperatingPoint]
+
+
+def _level1_records(records: list[PromptRecord], probe_settings: ProbeSettings,
+                    zoo: ZooPaths) -> list[tuple[PromptRecord, ProbeResult]]:
+    """The prompts the zoo's probe leaves to Level-1 (not cautious), each with its probe result."""
+    from strata.models.loading import load_causal_lm
+    from svc_probe.core import ProbeRules, probe
+
     rules = ProbeRules(probe_settings.top_k, probe_settings.min_confidence, probe_settings.risk_threshold,
                        probe_settings.keywords())
     probe_lm = load_causal_lm(zoo.probe, device="cpu")
@@ -117,6 +126,18 @@ def run_escalation(args: argparse.Namespace) -> int:
     level1_records = [(r, res) for r, res in zip(records, results, strict=True) if not res.caution]
     if not level1_records:
         raise CliError("the probe sends every prompt to Level-2; nothing to calibrate")
+    return level1_records
+
+
+def _score_level1(args: argparse.Namespace, zoo: ZooPaths, level1_records: list[tuple[PromptRecord, ProbeResult]],
+                  reward_settings: RewardSettings) -> tuple[list[float], list[bool]]:
+    """Level-1's answers with the generator's default sampling: the light RM's scores, and which are bad cases."""
+    from strata.models.generation import SamplingConfig, generate
+    from strata.models.loading import load_causal_lm
+    from strata_tools.zoo.oracle import judge
+    from svc_generator.config import GeneratorSettings
+    from svc_reward.models import RewardModels, ScoringOptions
+
     defaults = GeneratorSettings().sampling_defaults()
     sampling = SamplingConfig(defaults.temperature, defaults.top_p, defaults.max_new_tokens, args.seed)
     level1 = load_causal_lm(zoo.level1, device="cpu")
@@ -127,30 +148,57 @@ def run_escalation(args: argparse.Namespace) -> int:
     scores = rms.score([r.text for r, _ in level1_records], [a.text for a in answers]).rewards
     oracle = [judge(r, a.text).score for (r, _), a in zip(level1_records, answers, strict=True)]
     bad = [o < args.bad_threshold for o in oracle]
-    try:
-        chosen = threshold_for_catch(scores, bad, args.target_catch)
-    except ValueError as exc:
-        raise CliError(str(exc)) from exc
-    grid = sorted({round(2.0 + 0.2 * i, 1) for i in range(11)} | {reward_settings.escalation_threshold, chosen})
-    points = operating_points(scores, bad, grid)
-    if args.json:
-        print(json.dumps({
-            "zoo": zoo.root.name, "split": args.split, "answers": len(scores), "bad_cases": sum(bad),
-            "cautious_left_out": len(records) - len(level1_records), "target_catch": args.target_catch,
-            "threshold": chosen, "current_threshold": reward_settings.escalation_threshold,
-            "points": [p.__dict__ for p in points],
-        }, indent=2))
-        return 0
-    print(f"zoo {zoo.root.name}; {args.split} split: {len(records)} prompts, {len(records) - len(level1_records)} "
-          f"cautious (Level-2 whatever the threshold), {len(scores)} Level-1 answers, {sum(bad)} bad "
+    return scores, bad
+
+
+def _print_escalation(args: argparse.Namespace, measured: _Escalation) -> None:
+    """The trade-off table, the current and chosen thresholds marked, and how to serve the chosen one."""
+    chosen = measured.chosen
+    print(f"zoo {measured.zoo}; {args.split} split: {measured.prompts} prompts, {measured.prompts - measured.level1} "
+          f"cautious (Level-2 whatever the threshold), {len(measured.scores)} Level-1 answers, {sum(measured.bad)} bad "
           f"(oracle < {args.bad_threshold})")
     print(f"{'threshold':>10} {'catch':>7} {'false esc':>10} {'escalated':>10}")
-    for p in points:
-        mark = "  <- current" if p.threshold == reward_settings.escalation_threshold else ""
+    for p in measured.points:
+        mark = "  <- current" if p.threshold == measured.current else ""
         mark += "  <- chosen" if p.threshold == chosen else ""
         catch = "-" if p.catch is None else f"{p.catch:.1%}"
         false = "-" if p.false_escalation is None else f"{p.false_escalation:.1%}"
         print(f"{p.threshold:>10.3f} {catch:>7} {false:>10} {p.escalated_share:>10.1%}{mark}")
     print(f"lowest threshold catching {args.target_catch:.0%} of bad cases: {chosen:.3f}; serve it with "
           f"STRATA_ESCALATION_THRESHOLD={chosen:.3f} (svc_reward --escalation-threshold)")
+
+
+def run_escalation(args: argparse.Namespace) -> int:
+    from strata.config import StrataSettings
+    from strata_tools.zoo.build import ensure_zoo
+    from strata_tools.zoo.suite import load_suite
+    from svc_probe.config import ProbeSettings
+    from svc_reward.calibrate import operating_points, threshold_for_catch
+    from svc_reward.config import RewardSettings
+
+    if args.prompts < 10 or not 0 < args.target_catch <= 1:
+        raise CliError("--prompts must be >= 10 and --target-catch in (0, 1]")
+    settings = StrataSettings()
+    zoo = ensure_zoo(settings)
+    records = load_suite(args.split)
+    records = random.Random(args.seed).sample(records, min(args.prompts, len(records)))
+    probe_settings, reward_settings = ProbeSettings(), RewardSettings()
+    level1_records = _level1_records(records, probe_settings, zoo)
+    scores, bad = _score_level1(args, zoo, level1_records, reward_settings)
+    try:
+        chosen = threshold_for_catch(scores, bad, args.target_catch)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    grid = sorted({round(2.0 + 0.2 * i, 1) for i in range(11)} | {reward_settings.escalation_threshold, chosen})
+    measured = _Escalation(zoo.root.name, len(records), len(level1_records), scores, bad, chosen,
+                           reward_settings.escalation_threshold, operating_points(scores, bad, grid))
+    if args.json:
+        print(json.dumps({
+            "zoo": measured.zoo, "split": args.split, "answers": len(measured.scores), "bad_cases": sum(measured.bad),
+            "cautious_left_out": measured.prompts - measured.level1, "target_catch": args.target_catch,
+            "threshold": measured.chosen, "current_threshold": measured.current,
+            "points": [p.__dict__ for p in measured.points],
+        }, indent=2))
+        return 0
+    _print_escalation(args, measured)
     return 0

@@ -13,6 +13,7 @@ running stack and the data.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import time
@@ -31,7 +32,7 @@ from strata_tools.infra import up as infra_up
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
 from strata_tools.stack import control
 from strata_tools.stack.spec import default_services
-from strata_tools.train import Addresses, RoundStats, TrainOptions, train
+from strata_tools.train import Addresses, RoundStats, TrainOptions, TrainSummary, train
 from strata_tools.zoo.desk import SimulatedDesk, demo_pool
 
 # The tiny CPU models learn at rates real models would not survive (see docs/learner.md).
@@ -100,13 +101,8 @@ def refresh_turn(settings: StrataSettings) -> None:
                                                                                                         flush=True))
 
 
-def run(args: argparse.Namespace) -> int:
-    if not (args.repeat_share >= 0 and args.paraphrase_share >= 0 and args.repeat_share + args.paraphrase_share <= 1):
-        raise CliError("--repeat-share and --paraphrase-share must be >= 0 and sum to at most 1")
-    # The demo uses the zoo's small preset unless told otherwise (the default preset takes ~15 min).
-    os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
-    settings = StrataSettings()
-    started = time.monotonic()
+def _start_stack(settings: StrataSettings, timeout: float) -> None:
+    """[1/6]-[3/6]: Kafka and Redis, the model zoo (built once), every service as its own process."""
     try:
         print("[1/6] Kafka and Redis", flush=True)
         for row in infra_up(settings):
@@ -120,21 +116,26 @@ def run(args: argparse.Namespace) -> int:
         # The desk's packaged gold set (svc_annotation/data/gold.jsonl), at 3x its default share so that a
         # short demo shows drift figures.
         service_args = {**DEMO_SERVICE_ARGS, "annotation": ["--gold-share", "0.3"]}
-        control.start(settings, default_services(), service_args, args.timeout,
+        control.start(settings, default_services(), service_args, timeout,
                       progress=lambda line: print("     ", line, flush=True))
     except InfraError as exc:
         raise CliError(str(exc)) from exc
 
+
+def _show_round(bar: tqdm, updates: int, stats: RoundStats, advanced: int) -> None:
+    """The progress bar after a round: the updates done, the round's mean reward and finals."""
+    bar.n = min(advanced, updates)
+    reward = "-" if stats.mean_reward is None else f"{stats.mean_reward:.2f}"
+    bar.set_postfix_str(f"round {stats.round} reward {reward} finals {stats.finals}", refresh=False)
+    bar.refresh()
+
+
+def _train_with_desk(settings: StrataSettings, args: argparse.Namespace) -> tuple[TrainSummary, SimulatedDesk]:
+    """[4/6]: the suite's prompts through the stack in rounds while the learner runs PPO and simulated
+    annotators score at the desk; the run's summary and the (stopped) desk."""
     print(f"[4/6] training: suite prompts -> scheduler -> tiers -> rewards -> PPO ({args.updates} updates)",
           flush=True)
     bar = tqdm(total=args.updates, desc="      policy updates", unit="update")
-
-    def progress(stats: RoundStats, advanced: int) -> None:
-        bar.n = min(advanced, args.updates)
-        reward = "-" if stats.mean_reward is None else f"{stats.mean_reward:.2f}"
-        bar.set_postfix_str(f"round {stats.round} reward {reward} finals {stats.finals}", refresh=False)
-        bar.refresh()
-
     desk = SimulatedDesk(Addresses().annotation, demo_pool()).start()
     print(f"      simulated annotators at the desk: {', '.join(a.name for a in demo_pool())} (sim-drift drifts)",
           flush=True)
@@ -143,14 +144,18 @@ def run(args: argparse.Namespace) -> int:
                            report_dir=settings.state_dir / "reports", repeat_share=args.repeat_share,
                            paraphrase_share=args.paraphrase_share)
     try:
-        summary = train(settings, options, Addresses(), progress)
+        summary = train(settings, options, Addresses(), functools.partial(_show_round, bar, args.updates))
     except grpc.RpcError as exc:
         raise CliError(f"a service stopped answering ({exc.code().name}: {exc.details()}); "
                        "see `strata status` and `strata logs`") from exc
     finally:
         bar.close()
         desk.stop()
+    return summary, desk
 
+
+def _print_report(settings: StrataSettings, summary: TrainSummary, desk: SimulatedDesk) -> None:
+    """[5/6]: tier decisions, skips, costs, the held-out change, the rollout log, the desk's figures, the curves."""
     print("[5/6] report", flush=True)
     with rpc.channel(Addresses().scheduler) as channel:
         stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=10)
@@ -178,6 +183,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"      rollout log: {rollout_log_size(settings)} records (prompt hash, response hash, reward)")
     print("\n".join("      " + line for line in annotation_lines(Addresses().annotation, desk)))
     print(f"      curves: {summary.png}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not (args.repeat_share >= 0 and args.paraphrase_share >= 0 and args.repeat_share + args.paraphrase_share <= 1):
+        raise CliError("--repeat-share and --paraphrase-share must be >= 0 and sum to at most 1")
+    # The demo uses the zoo's small preset unless told otherwise (the default preset takes ~15 min).
+    os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
+    settings = StrataSettings()
+    started = time.monotonic()
+    _start_stack(settings, args.timeout)
+    summary, desk = _train_with_desk(settings, args)
+    _print_report(settings, summary, desk)
     if args.refresh:
         refresh_turn(settings)
     print(f"done in {time.monotonic() - started:.0f} s. The stack keeps running: `strata status`, "

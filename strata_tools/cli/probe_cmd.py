@@ -13,6 +13,7 @@ Data rows are ``{"prompt": str, "direction": str, "risk": bool}`` (risk optional
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -255,7 +256,19 @@ def _fmt(value: float | None) -> str:
 
 # --- train ---------------------------------------------------------------------------------------
 
-def run_train(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class _TrainInputs:
+    """What ``probe train`` checked before loading the model: the model, the directions, the split data."""
+
+    model_dir: Path
+    directions: dict[str, str]
+    examples: list[Example]
+    train_idx: list[int]
+    held_idx: list[int]
+
+
+def _check_train_flags(args: argparse.Namespace) -> None:
+    """The numeric flags' ranges, checked before any file is read."""
     if not 0 <= args.holdout < 1:
         raise CliError(f"--holdout must be in [0, 1), got {args.holdout}")
     for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
@@ -266,6 +279,10 @@ def run_train(args: argparse.Namespace) -> int:
         raise CliError(f"--lr must be > 0, got {args.lr}")
     if args.weight_decay is not None and args.weight_decay < 0:
         raise CliError(f"--weight-decay must be >= 0, got {args.weight_decay}")
+
+
+def _train_inputs(args: argparse.Namespace) -> _TrainInputs:
+    """The model directory, --out, the directions and the data, each checked, and the train/held-out split."""
     from strata.models.loading import ModelLoadError, check_model_dir
 
     try:
@@ -280,19 +297,77 @@ def run_train(args: argparse.Namespace) -> int:
     if args.holdout > 0 and not held_idx:
         raise CliError(f"--holdout {args.holdout} holds out no example of {len(examples)} (each direction's share "
                        "rounds to 0); give more examples, a larger --holdout, or --holdout 0")
+    return _TrainInputs(model_dir, directions, examples, train_idx, held_idx)
+
+
+def _held_out_metrics(features: Any, labels: Any, risk: Any, held_idx: list[int],
+                      weights: tuple[Any, Any, Any, Any]) -> dict[str, Any] | None:
+    """The fitted head's figures on the held-out examples, printed; None when none is held out."""
+    import torch
+
+    from svc_probe.head import evaluate
+
+    if not held_idx:
+        return None
+    w_d, b_d, w_r, b_r = weights
+    held = torch.tensor(held_idx)
+    direction_logits = features[held] @ w_d.T + b_d
+    risk_logits = (features[held] @ w_r.T + b_r).squeeze(-1)
+    metrics = evaluate(torch.softmax(direction_logits, dim=-1), torch.sigmoid(risk_logits), labels[held],
+                       risk[held])
+    print(f"held-out ({len(held_idx)}): top1={metrics['top1']:.3f} top3={metrics['top3']:.3f} "
+          f"risk_acc={metrics['risk_acc']:.3f} risk_auc={_fmt(metrics['risk_auc'])}")
+    return metrics
+
+
+def _head_info(args: argparse.Namespace, inputs: _TrainInputs, lm: Any, prompt_format: str, used: list[str],
+               cfg: Any, metrics: dict[str, Any] | None) -> dict[str, Any]:
+    """The head's ``info``: the base model, the data's digest and counts, the training recipe, the figures."""
+    examples = inputs.examples
+    return {
+        "base_model": str(inputs.model_dir.resolve()),
+        "model_type": lm.model.config.model_type,
+        "prompt_format": prompt_format,
+        "max_prompt_tokens": args.max_prompt_tokens,
+        "data": {"path": str(args.data), "sha256": _sha256(args.data), "examples": len(examples),
+                 "train": len(inputs.train_idx), "held_out": len(inputs.held_idx),
+                 "per_direction": {name: sum(e.direction == name for e in examples) for name in used},
+                 "risk": sum(e.risk for e in examples)},
+        "training": {"method": "logistic regression, full-batch AdamW; directions class-balanced",
+                     "holdout": args.holdout, "epochs": cfg.epochs, "lr": cfg.lr,
+                     "weight_decay": cfg.weight_decay, "seed": cfg.seed},
+        "metrics": {"held_out": metrics},
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _fill_probe_dir(model_dir: Path, head: Any, out: Path, staging: Path) -> None:
+    """The probe directory's contents, written into ``staging``: the model's files, then the head."""
+    from svc_probe.head import save_head
+
+    copied = _copy_model_files(model_dir, staging)
+    save_head(head, staging)
+    print(f"wrote {out}: the model's files ({copied / 1e6:.1f} MB) and the head "
+          f"(probe_head.safetensors, probe_head.json)")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    _check_train_flags(args)
+    inputs = _train_inputs(args)
+    examples, train_idx, held_idx = inputs.examples, inputs.train_idx, inputs.held_idx
     _set_threads(args.threads)
 
     import torch
 
     from strata.models.prompts import PromptFormat
-    from svc_probe.head import DirectionsHead, FitConfig, evaluate, fit_head, model_hidden_size, save_head
+    from svc_probe.head import DirectionsHead, FitConfig, fit_head, model_hidden_size
 
-    used = [name for name in directions if any(e.direction == name for e in examples)]
-    unused = [name for name in directions if name not in used]
-    lm = _load_lm(model_dir, args.device, args.dtype)
+    used = [name for name in inputs.directions if any(e.direction == name for e in examples)]
+    unused = [name for name in inputs.directions if name not in used]
+    lm = _load_lm(inputs.model_dir, args.device, args.dtype)
     fmt = PromptFormat.of(lm.tokenizer)
     hidden = model_hidden_size(lm.model)
-    print(f"probe-train model={model_dir} ({lm.model.config.model_type}, {fmt.kind} format, hidden {hidden}) "
+    print(f"probe-train model={inputs.model_dir} ({lm.model.config.model_type}, {fmt.kind} format, hidden {hidden}) "
           f"data={args.data} examples={len(examples)} train={len(train_idx)} held-out={len(held_idx)}")
     print(f"directions ({len(used)}): {', '.join(used)}")
     if unused:
@@ -306,41 +381,12 @@ def run_train(args: argparse.Namespace) -> int:
     train = torch.tensor(train_idx)
     w_d, b_d, w_r, b_r = fit_head(features[train], labels[train], risk[train], len(used), cfg)
     print(f"fit: {cfg.epochs} AdamW steps on {len(train_idx)} examples in {time.perf_counter() - started:.1f} s")
-    metrics: dict[str, Any] | None = None
-    if held_idx:
-        held = torch.tensor(held_idx)
-        direction_logits = features[held] @ w_d.T + b_d
-        risk_logits = (features[held] @ w_r.T + b_r).squeeze(-1)
-        metrics = evaluate(torch.softmax(direction_logits, dim=-1), torch.sigmoid(risk_logits), labels[held],
-                           risk[held])
-        print(f"held-out ({len(held_idx)}): top1={metrics['top1']:.3f} top3={metrics['top3']:.3f} "
-              f"risk_acc={metrics['risk_acc']:.3f} risk_auc={_fmt(metrics['risk_auc'])}")
+    metrics = _held_out_metrics(features, labels, risk, held_idx, (w_d, b_d, w_r, b_r))
     if not any(e.risk for e in examples):
         print("no example has risk=true: the head's risk stays low (the keyword safety net still applies)")
-    info = {
-        "base_model": str(model_dir.resolve()),
-        "model_type": lm.model.config.model_type,
-        "prompt_format": fmt.kind,
-        "max_prompt_tokens": args.max_prompt_tokens,
-        "data": {"path": str(args.data), "sha256": _sha256(args.data), "examples": len(examples),
-                 "train": len(train_idx), "held_out": len(held_idx),
-                 "per_direction": {name: sum(e.direction == name for e in examples) for name in used},
-                 "risk": sum(e.risk for e in examples)},
-        "training": {"method": "logistic regression, full-batch AdamW; directions class-balanced",
-                     "holdout": args.holdout, "epochs": cfg.epochs, "lr": cfg.lr,
-                     "weight_decay": cfg.weight_decay, "seed": cfg.seed},
-        "metrics": {"held_out": metrics},
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    head = DirectionsHead(tuple((name, directions[name]) for name in used), w_d, b_d, w_r, b_r, info)
-
-    def fill(staging: Path) -> None:
-        copied = _copy_model_files(model_dir, staging)
-        save_head(head, staging)
-        print(f"wrote {args.out}: the model's files ({copied / 1e6:.1f} MB) and the head "
-              f"(probe_head.safetensors, probe_head.json)")
-
-    _write_out(args.out, args.force, fill)
+    info = _head_info(args, inputs, lm, fmt.kind, used, cfg, metrics)
+    head = DirectionsHead(tuple((name, inputs.directions[name]) for name in used), w_d, b_d, w_r, b_r, info)
+    _write_out(args.out, args.force, functools.partial(_fill_probe_dir, inputs.model_dir, head, args.out))
     m = metrics or {}
     print(f"probe-train directions={len(used)} examples={len(examples)} top1={_fmt(m.get('top1'))} "
           f"top3={_fmt(m.get('top3'))} risk_acc={_fmt(m.get('risk_acc'))}")
@@ -349,14 +395,13 @@ def run_train(args: argparse.Namespace) -> int:
 
 # --- compare -------------------------------------------------------------------------------------
 
-def run_compare(args: argparse.Namespace) -> int:
-    if args.batch_size < 1 or args.max_prompt_tokens < 1:
-        raise CliError("--batch-size and --max-prompt-tokens must be >= 1")
+def _checked_probe_dir(probe: Path) -> Path:
+    """The --probe directory, which must hold a head; a note when it is not the zoo's probe."""
     from strata.models.loading import ZOO_INFO_FILE, ModelLoadError, check_model_dir
     from svc_probe.head import has_head
 
     try:
-        probe_dir = check_model_dir(args.probe)
+        probe_dir = check_model_dir(probe)
     except ModelLoadError as exc:
         raise CliError(str(exc)) from exc
     if not has_head(probe_dir):
@@ -364,13 +409,64 @@ def run_compare(args: argparse.Namespace) -> int:
                        f"`strata probe train --model {probe_dir} --data PROMPTS.jsonl --out DIR`")
     if not (probe_dir / ZOO_INFO_FILE).is_file():
         print(f"note: {probe_dir} is not from the zoo's probe: the likelihood method's figures mean little here")
+    return probe_dir
+
+
+def _timed_probes(lm: Any, batches: list[list[Example]], methods: dict[str, Any], rules: Any, max_tokens: int,
+                  fmt: Any) -> tuple[dict[str, list[Any]], dict[str, float]]:
+    """Each method's results and seconds over the batches (head: a head, None: likelihood), after a warm-up."""
+    from svc_probe.core import probe
+
+    seconds = dict.fromkeys(methods, 0.0)
+    results: dict[str, list[Any]] = {m: [] for m in methods}
+    for warm_head in methods.values():  # warm-up, untimed
+        probe(lm, [e.prompt for e in batches[0]], rules, max_tokens, head=warm_head, fmt=fmt)
+    for b, batch in enumerate(batches):
+        prompts = [e.prompt for e in batch]
+        order = list(methods) if b % 2 == 0 else list(methods)[::-1]  # alternate: drift hits both alike
+        for m in order:
+            started = time.perf_counter()
+            results[m] += probe(lm, prompts, rules, max_tokens, head=methods[m], fmt=fmt)
+            seconds[m] += time.perf_counter() - started
+    return results, seconds
+
+
+def _print_comparison(examples: list[Example], results: dict[str, list[Any]], seconds: dict[str, float],
+                      n_batches: int) -> dict[str, tuple[float, float]]:
+    """One table row per method; each method's (top1, ms per prompt)."""
+    from svc_probe.head import roc_auc
+
+    n = len(examples)
+    labels = [e.risk for e in examples]
+    print(f"  {'method':11s} {'top1':>6s} {'top3':>6s} {'risk_acc':>9s} {'risk_auc':>9s} {'flagged':>8s} "
+          f"{'ms/prompt':>10s} {'ms/batch':>9s}")
+    summary = {}
+    for m in results:
+        pairs = list(zip(results[m], examples, strict=True))
+        top1 = sum(r.directions[0][0] == e.direction for r, e in pairs) / n
+        top3 = sum(e.direction in [d for d, _ in r.directions] for r, e in pairs) / n
+        risk_acc = sum((r.risk > 0.5) == e.risk for r, e in pairs) / n
+        risk_auc = roc_auc([r.risk for r in results[m]], labels)
+        flagged = sum(r.risk > 0.5 for r in results[m]) / n
+        ms_prompt, ms_batch = 1000 * seconds[m] / n, 1000 * seconds[m] / n_batches
+        print(f"  {m:11s} {top1:6.3f} {top3:6.3f} {risk_acc:9.3f} {_fmt(risk_auc):>9s} {flagged:8.3f} "
+              f"{ms_prompt:10.2f} {ms_batch:9.1f}")
+        summary[m] = (top1, ms_prompt)
+    return summary
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    if args.batch_size < 1 or args.max_prompt_tokens < 1:
+        raise CliError("--batch-size and --max-prompt-tokens must be >= 1")
+    probe_dir = _checked_probe_dir(args.probe)
     _set_threads(args.threads)
 
     import torch
 
+    from strata.models.loading import ModelLoadError
     from strata.models.prompts import PromptFormat
-    from svc_probe.core import ProbeRules, probe
-    from svc_probe.head import load_head, model_hidden_size, roc_auc
+    from svc_probe.core import ProbeRules
+    from svc_probe.head import load_head, model_hidden_size
 
     lm = _load_lm(probe_dir, args.device, args.dtype)
     try:
@@ -384,34 +480,11 @@ def run_compare(args: argparse.Namespace) -> int:
     print(f"probe-compare probe={probe_dir} zoo={zoo} prompts={len(examples)} batch={args.batch_size} "
           f"threads={torch.get_num_threads()} device={lm.device}")
     methods = {"head": head, "likelihood": None}
-    seconds = dict.fromkeys(methods, 0.0)
-    results: dict[str, list[Any]] = {m: [] for m in methods}
     batches = [examples[i: i + args.batch_size] for i in range(0, len(examples), args.batch_size)]
-    for warm_head in methods.values():  # warm-up, untimed
-        probe(lm, [e.prompt for e in batches[0]], rules, args.max_prompt_tokens, head=warm_head, fmt=fmt)
-    for b, batch in enumerate(batches):
-        prompts = [e.prompt for e in batch]
-        order = list(methods) if b % 2 == 0 else list(methods)[::-1]  # alternate: drift hits both alike
-        for m in order:
-            started = time.perf_counter()
-            results[m] += probe(lm, prompts, rules, args.max_prompt_tokens, head=methods[m], fmt=fmt)
-            seconds[m] += time.perf_counter() - started
+    results, seconds = _timed_probes(lm, batches, methods, rules, args.max_prompt_tokens, fmt)
+    summary = _print_comparison(examples, results, seconds, len(batches))
     n = len(examples)
     labels = [e.risk for e in examples]
-    print(f"  {'method':11s} {'top1':>6s} {'top3':>6s} {'risk_acc':>9s} {'risk_auc':>9s} {'flagged':>8s} "
-          f"{'ms/prompt':>10s} {'ms/batch':>9s}")
-    summary = {}
-    for m in methods:
-        pairs = list(zip(results[m], examples, strict=True))
-        top1 = sum(r.directions[0][0] == e.direction for r, e in pairs) / n
-        top3 = sum(e.direction in [d for d, _ in r.directions] for r, e in pairs) / n
-        risk_acc = sum((r.risk > 0.5) == e.risk for r, e in pairs) / n
-        risk_auc = roc_auc([r.risk for r in results[m]], labels)
-        flagged = sum(r.risk > 0.5 for r in results[m]) / n
-        ms_prompt, ms_batch = 1000 * seconds[m] / n, 1000 * seconds[m] / len(batches)
-        print(f"  {m:11s} {top1:6.3f} {top3:6.3f} {risk_acc:9.3f} {_fmt(risk_auc):>9s} {flagged:8.3f} "
-              f"{ms_prompt:10.2f} {ms_batch:9.1f}")
-        summary[m] = (top1, ms_prompt)
     print(f"risk: {sum(labels)} of {n} prompts are risk topics; flagged = share with P(risk) > 0.5")
     print(f"probe-compare head_top1={summary['head'][0]:.3f} likelihood_top1={summary['likelihood'][0]:.3f} "
           f"head_ms_per_prompt={summary['head'][1]:.2f} likelihood_ms_per_prompt={summary['likelihood'][1]:.2f}")

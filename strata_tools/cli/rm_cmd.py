@@ -44,7 +44,17 @@ log = logging.getLogger(__name__)
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("rm", help="reward models: train the strong RM, distil, promote (R5-R8)")
     sub = parser.add_subparsers(dest="rm_command", metavar="SUBCOMMAND", required=True)
+    _register_train_strong(sub)
+    _register_distill(sub)
+    _register_promote(sub)
+    _register_refresh(sub)
+    _register_sources(sub)
+    _register_human_labels(sub)
+    _register_list(sub)
 
+
+def _register_train_strong(sub: Any) -> None:
+    """``rm train-strong``: the strong RM's data, init, recipe and growth options (R5)."""
     strong = sub.add_parser("train-strong", help="train the strong RM on (prompt, response, score) data (R5)")
     strong.add_argument("--data", type=Path, default=None,
                         help="JSONL of {prompt, response, score} with scores on 0-5 (default: the zoo's "
@@ -86,6 +96,9 @@ def register(subparsers: Any) -> None:
     _add_common(strong)
     strong.set_defaults(func=_train_strong)
 
+
+def _register_distill(sub: Any) -> None:
+    """``rm distill``: the light RM's data, init and recipe, and the loop's ``--from-log`` turn (R6, R8)."""
     distill = sub.add_parser("distill", help="distil the strong RM into a light RM or ensemble (R6, R8)")
     distill.add_argument("--strong", default=None,
                          help="strong RM directory or registered strong version (default: the zoo's strong RM)")
@@ -138,12 +151,18 @@ def register(subparsers: Any) -> None:
     _add_common(distill)
     distill.set_defaults(func=_distill)
 
+
+def _register_promote(sub: Any) -> None:
+    """``rm promote``: publish a light version to every svc_reward (R7)."""
     promote = sub.add_parser("promote", help="publish a light version; every svc_reward swaps to it (R7)")
     promote.add_argument("version", help="a light version from `strata rm list`")
     promote.add_argument("--no-verify", dest="verify", action="store_false",
                          help="skip the checksum check here (the replicas still check it)")
     promote.set_defaults(func=_promote)
 
+
+def _register_refresh(sub: Any) -> None:
+    """``rm refresh``: one turn (or one every ``--every`` seconds) of the RM loop on fresh human labels."""
     refresh = sub.add_parser(
         "refresh", help="one turn of the RM loop on fresh human labels: fine-tune the strong RM, re-distil the light "
                         "RM, promote it only if it ranks held-out labels better (or every --every seconds)")
@@ -173,6 +192,9 @@ def register(subparsers: Any) -> None:
     _add_run_flags(refresh)
     refresh.set_defaults(func=_refresh)
 
+
+def _register_sources(sub: Any) -> None:
+    """``rm sources``: one fine-tune per kind of RM data, judged on the policy's fresh answers."""
     sources = sub.add_parser(
         "sources", help="what each kind of RM data adds: one fine-tune per source (more samples, best-of-n under the "
                         "light RM, perturbed answers, a PPO checkpoint's answers) judged on the policy's fresh answers")
@@ -192,11 +214,17 @@ def register(subparsers: Any) -> None:
     _add_run_flags(sources)
     sources.set_defaults(func=_sources)
 
+
+def _register_human_labels(sub: Any) -> None:
+    """``rm human-labels``: the annotators' scores as JSONL for ``--data``."""
     human = sub.add_parser("human-labels", help="annotators' scores as {prompt, response, score} JSONL for "
                                                 "train-strong --data and distill --data (R3, R5)")
     human.add_argument("--out", type=Path, required=True, help="JSONL file to write")
     human.set_defaults(func=_human_labels)
 
+
+def _register_list(sub: Any) -> None:
+    """``rm list``: the registered RM versions."""
     listing = sub.add_parser("list", help="registered RM versions, newest first")
     listing.add_argument("--kind", choices=("strong", "light"), default=None)
     listing.add_argument("--json", action="store_true", help="machine-readable output")
