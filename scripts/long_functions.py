@@ -19,36 +19,16 @@ LIMIT = 60
 DOC = ROOT / "docs" / "architecture.md"
 BEGIN, END = "<!-- long-functions:begin -->", "<!-- long-functions:end -->"
 
-BENCH = "a bench is a script: set up, stream, wait on conditions, print the table in the order the docs quote it"
-COMMAND = "a command: argparse, then the steps it prints, in the order a user reads them"
 # "path:function" -> why it stays long. Keep the reasons short; the history goes in commit bodies.
 REASONS: dict[str, str] = {
-    "scripts/gpu_check.py:main": "the GPU check, run by hand on a lent machine: each step prints as it goes",
-    "strata_tools/cli/rm_cmd.py:register": "the help text of the rm commands' ~40 options",
-    "strata_tools/bench/scheduler.py:run_routing": BENCH,
-    "strata_tools/bench/learner.py:_run": BENCH,
     "svc_learner/ppo.py:ppo_update": "CleanRL's shape on purpose: one readable pass of the PPO math, top to bottom",
     "strata_tools/rm/train.py:train_reward_model": "one training loop with its optional match steps and feature heads",
-    "strata_tools/bench/rm.py:run": BENCH,
-    "strata_tools/bench/scheduler.py:_run": BENCH,
     "strata_tools/rm/loop.py:run_turn": "one turn of the RM loop, its steps printed in order",
-    "strata_tools/cli/probe_cmd.py:run_train": COMMAND,
-    "strata_tools/bench/tiers.py:build_report": BENCH,
-    "strata_tools/bench/index_scale.py:main": BENCH,
-    "strata_tools/bench/zoo.py:run": BENCH,
-    "strata_tools/cli/demo_cmd.py:run": COMMAND,
     "strata_tools/train.py:train": "the demo's round loop: submit, wait for finals, update, report",
     "svc_scheduler/routing.py:decide": "the rules R10-R12 in their order, which is the policy; split, it would hide",
-    "strata_tools/bench/edge.py:_run": BENCH,
-    "strata_tools/bench/tiers.py:started": BENCH,
     "strata/models/growth.py:widen": "one weight-surgery pass over every GPT-2 tensor, read once top to bottom",
     "svc_reward/worker.py:handle_batch": "one batch: dedupe, score per tier, publish, claim, book in one transaction",
-    "strata_tools/bench/scheduler.py:run_latency": BENCH,
-    "strata_tools/cli/probe_cmd.py:run_compare": COMMAND,
-    "strata_tools/bench/generator.py:measure": BENCH,
-    "strata_tools/cli/calibrate_cmd.py:run_escalation": COMMAND,
     "svc_generator/worker.py:handle_batch": "one batch: claim, generate, store, publish, book",
-    "strata_tools/bench/chaos.py:_run": BENCH,
 }
 
 

@@ -17,11 +17,16 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strata import rpc
-from strata.rpc import ServiceBinding, start_server
+from strata.rpc import RunningServer, ServiceBinding, start_server
 from strata.v1 import common_pb2, generator_pb2, generator_pb2_grpc
+
+if TYPE_CHECKING:  # torch: imported by a run, not by `strata bench --help`
+    from strata.sampling import Sampling
+    from svc_generator.backends.hf import HfBackend
+    from svc_generator.batcher import DynamicBatcher
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,13 +83,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass
+class _Tally:
+    """Tokens generated and wall seconds spent by each side over the rounds, and the service's batches."""
+
+    sequential_tokens: int = 0
+    sequential_s: float = 0.0
+    service_tokens: int = 0
+    service_s: float = 0.0
+    plain_tokens: int = 0
+    plain_s: float = 0.0
+    batches: int = 0
+
+
 def measure(label: str, path: str, settings: Any, prompts: list[str], args: argparse.Namespace) -> Speedup:
     """(a) sequential in-process generate and (b) the service with concurrent clients, on ``path``."""
     from strata.sampling import Sampling
-    from svc_generator.backends.base import GenerationRequest
     from svc_generator.backends.hf import HfBackend
     from svc_generator.batcher import DynamicBatcher
-    from svc_generator.servicer import GeneratorServicer
 
     backend = HfBackend(path, device=args.device)
     print(f"{label}: {backend.n_params / 1e6:.2f}M params, {backend.prompt_format.kind} prompt format, "
@@ -98,52 +114,73 @@ def measure(label: str, path: str, settings: Any, prompts: list[str], args: argp
     stop = threading.Event()
     loop = threading.Thread(target=batcher.run, args=(stop,), daemon=True)
     loop.start()
-    servicer = GeneratorServicer(settings, batcher, None, backend.tokenizer_id)
-    server = start_server([ServiceBinding(generator_pb2_grpc.add_GeneratorServicer_to_server, servicer,
-                                          generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name)],
-                          port=0, settings=settings.model_copy(update={"grpc_max_workers": args.clients + 4}),
-                          host="127.0.0.1")
-    sequential_tokens = service_tokens = plain_tokens = batches = 0
-    sequential_s = service_s = plain_s = 0.0
+    server = _start_server(settings, batcher, backend.tokenizer_id, args.clients)
     try:
-        with rpc.channel(f"127.0.0.1:{server.port}") as channel, \
-                ThreadPoolExecutor(max_workers=args.clients) as pool:
-            stub = generator_pb2_grpc.GeneratorStub(channel)
-            params = common_pb2.SamplingParams(max_new_tokens=args.max_new_tokens)
-
-            def call(prompt: str) -> int:
-                reply = stub.Generate(generator_pb2.GenerateRequest(prompt=prompt, sampling=params), timeout=600)
-                return sum(g.response_tokens for g in reply.generations)
-
-            backend.generate([GenerationRequest(prompts[0], (), sampling)])  # warm-up, both paths
-            call(prompts[0])
-            for start in range(0, len(prompts), args.clients):
-                chunk = prompts[start : start + args.clients]
-                started = time.perf_counter()
-                sequential_tokens += sum(len(backend.generate([GenerationRequest(p, (), sampling)])[0].token_ids)
-                                         for p in chunk)
-                sequential_s += time.perf_counter() - started
-                batches_before = batcher.batches
-                started = time.perf_counter()
-                service_tokens += sum(pool.map(call, chunk))
-                service_s += time.perf_counter() - started
-                batches += batcher.batches - batches_before
-                started = time.perf_counter()
-                plain_tokens += plain_batched_generate(backend, chunk, sampling)
-                plain_s += time.perf_counter() - started
+        tally = _run_rounds(server.port, backend, batcher, prompts, sampling, args)
     finally:
         server.stop(0)
         stop.set()
         loop.join()
-    sequential_tps = sequential_tokens / sequential_s
-    print(f"  sequential: {len(prompts)} prompts, {sequential_tokens} tokens in {sequential_s:.1f} s "
+    return _report(label, tally, len(prompts), args.clients)
+
+
+def _start_server(settings: Any, batcher: DynamicBatcher, tokenizer_id: str, clients: int) -> RunningServer:
+    """The generator's gRPC servicer over ``batcher``, serving on a free local port."""
+    from svc_generator.servicer import GeneratorServicer
+
+    servicer = GeneratorServicer(settings, batcher, None, tokenizer_id)
+    return start_server([ServiceBinding(generator_pb2_grpc.add_GeneratorServicer_to_server, servicer,
+                                        generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name)],
+                        port=0, settings=settings.model_copy(update={"grpc_max_workers": clients + 4}),
+                        host="127.0.0.1")
+
+
+def _run_rounds(port: int, backend: HfBackend, batcher: DynamicBatcher, prompts: list[str], sampling: Sampling,
+                args: argparse.Namespace) -> _Tally:
+    """Each round of ``--clients`` prompts through (a) sequential generate, (b) the service, (c) plain batched
+    generate, timed in turns; what each side produced and took."""
+    from svc_generator.backends.base import GenerationRequest
+
+    tally = _Tally()
+    with rpc.channel(f"127.0.0.1:{port}") as channel, ThreadPoolExecutor(max_workers=args.clients) as pool:
+        stub = generator_pb2_grpc.GeneratorStub(channel)
+        params = common_pb2.SamplingParams(max_new_tokens=args.max_new_tokens)
+
+        def call(prompt: str) -> int:
+            reply = stub.Generate(generator_pb2.GenerateRequest(prompt=prompt, sampling=params), timeout=600)
+            return sum(g.response_tokens for g in reply.generations)
+
+        backend.generate([GenerationRequest(prompts[0], (), sampling)])  # warm-up, both paths
+        call(prompts[0])
+        for start in range(0, len(prompts), args.clients):
+            chunk = prompts[start : start + args.clients]
+            started = time.perf_counter()
+            tally.sequential_tokens += sum(len(backend.generate([GenerationRequest(p, (), sampling)])[0].token_ids)
+                                           for p in chunk)
+            tally.sequential_s += time.perf_counter() - started
+            batches_before = batcher.batches
+            started = time.perf_counter()
+            tally.service_tokens += sum(pool.map(call, chunk))
+            tally.service_s += time.perf_counter() - started
+            tally.batches += batcher.batches - batches_before
+            started = time.perf_counter()
+            tally.plain_tokens += plain_batched_generate(backend, chunk, sampling)
+            tally.plain_s += time.perf_counter() - started
+    return tally
+
+
+def _report(label: str, tally: _Tally, n_prompts: int, clients: int) -> Speedup:
+    """Each side's tokens/s, printed; the model's ``Speedup``."""
+    sequential_tps = tally.sequential_tokens / tally.sequential_s
+    print(f"  sequential: {n_prompts} prompts, {tally.sequential_tokens} tokens in {tally.sequential_s:.1f} s "
           f"= {sequential_tps:.0f} tokens/s")
-    service_tps = service_tokens / service_s
-    print(f"  service ({args.clients} concurrent clients): {service_tokens} tokens in {service_s:.1f} s "
-          f"= {service_tps:.0f} tokens/s, {batches} batches (mean {len(prompts) / max(batches, 1):.1f} per batch)")
-    plain_tps = plain_tokens / plain_s
-    print(f"  plain batched generate (the limit: {args.clients} prompts per model.generate): {plain_tokens} tokens "
-          f"in {plain_s:.1f} s = {plain_tps:.0f} tokens/s")
+    service_tps = tally.service_tokens / tally.service_s
+    print(f"  service ({clients} concurrent clients): {tally.service_tokens} tokens in {tally.service_s:.1f} s "
+          f"= {service_tps:.0f} tokens/s, {tally.batches} batches "
+          f"(mean {n_prompts / max(tally.batches, 1):.1f} per batch)")
+    plain_tps = tally.plain_tokens / tally.plain_s
+    print(f"  plain batched generate (the limit: {clients} prompts per model.generate): {tally.plain_tokens} tokens "
+          f"in {tally.plain_s:.1f} s = {plain_tps:.0f} tokens/s")
     return Speedup(label, sequential_tps, service_tps, plain_tps)
 
 

@@ -24,9 +24,15 @@ import argparse
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import faiss
 import numpy as np
+
+if TYPE_CHECKING:
+    from svc_scheduler.config import SchedulerSettings
+    from svc_scheduler.index import PromptIndex
 
 ALL = "ivf-fp16,ivf-flat,ivf-sq8,ivf-pq,ivf-pq-refine,hnsw,prompt-index"
 CHUNK = 20_000  # rows per add, as strata_tools.bench.scheduler grows the engine's index
@@ -87,10 +93,71 @@ def faiss_candidate(name: str, args: argparse.Namespace, data: np.ndarray) -> tu
     return index, params
 
 
+# One search over a candidate: queries (Q, D) -> the row ids of each query's 10 nearest.
+_Search = Callable[[np.ndarray], list[list[int]]]
+
+
+@dataclass
+class _Dataset:
+    """The indexed vectors, the recall and latency queries, and the recall queries' true top 10."""
+
+    data: np.ndarray       # (N, D) unit vectors
+    queries: np.ndarray    # (Q, D), for recall@10
+    timed: np.ndarray      # (L, D), for latency
+    truth: np.ndarray      # (Q, 10) row ids, float32 brute force
+
+
+@dataclass
+class _Built:
+    """One candidate built over the data: its search, parameters in words, build time and size."""
+
+    search: _Search
+    params: str
+    build_s: float
+    nbytes: int
+
+
+@dataclass
+class _Row:
+    """One candidate's figures, as the final table prints them."""
+
+    kind: str
+    params: str
+    build_s: float
+    mb: float                      # serialized size
+    grown: float                   # resident-memory growth, MB
+    one: tuple[float, float]       # p50, p99 ms on 1 thread
+    two: tuple[float, float]       # p50, p99 ms on 2 threads
+    recall: float
+
+
 def main() -> int:
     from svc_scheduler.config import SchedulerSettings
 
     defaults = SchedulerSettings()
+    parser = _parser(defaults)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")  # PromptIndex's rebuilds
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if unknown := set(kinds) - set(ALL.split(",")):
+        parser.error(f"unknown --kinds {sorted(unknown)}")
+
+    dataset = _make_dataset(args)
+    print(f"index_scale: {args.size} x {args.dim}-d vectors, {args.centres} centres at cosine "
+          f"{args.centre_cosine}; recall@10 on {args.queries} queries, latency on {args.latency_queries}", flush=True)
+    rows = [_measure(kind, args, defaults, dataset) for kind in kinds]
+
+    print()
+    print("| index | parameters | build s | index MB | RSS +MB | 1 thread p50/p99 ms | 2 threads p50/p99 ms "
+          "| recall@10 |\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.kind} | {r.params} | {r.build_s:.1f} | {r.mb:.0f} | {r.grown:.0f} | {r.one[0]:.2f} / "
+              f"{r.one[1]:.2f} | {r.two[0]:.2f} / {r.two[1]:.2f} | {r.recall:.3f} |")
+    return 0
+
+
+def _parser(defaults: SchedulerSettings) -> argparse.ArgumentParser:
+    """The command line, its index defaults the scheduler's settings."""
     parser = argparse.ArgumentParser(prog="python -m strata_tools.bench.index_scale",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1_000_000, help="vectors indexed")
@@ -109,12 +176,11 @@ def main() -> int:
     parser.add_argument("--hnsw-ef-construction", type=int, default=defaults.hnsw_ef_construction)
     parser.add_argument("--hnsw-ef-search", type=int, default=defaults.hnsw_ef_search)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")  # PromptIndex's rebuilds
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    if unknown := set(kinds) - set(ALL.split(",")):
-        parser.error(f"unknown --kinds {sorted(unknown)}")
+    return parser
 
+
+def _make_dataset(args: argparse.Namespace) -> _Dataset:
+    """The clustered vectors and queries of ``--seed``, with the queries' exact top 10."""
     rng = np.random.default_rng(args.seed)
     centres = rng.normal(size=(args.centres, args.dim)).astype(np.float32)
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
@@ -125,56 +191,70 @@ def main() -> int:
     faiss.omp_set_num_threads(2)
     flat = faiss.IndexFlatIP(args.dim)
     flat.add(data)
-    _, truth = flat.search(queries, 10)  # (Q, 10) row ids, float32 brute force
-    del flat
-    print(f"index_scale: {args.size} x {args.dim}-d vectors, {args.centres} centres at cosine "
-          f"{args.centre_cosine}; recall@10 on {args.queries} queries, latency on {args.latency_queries}", flush=True)
+    _, truth = flat.search(queries, 10)
+    return _Dataset(data, queries, timed, truth)
 
-    rows = []
-    for kind in kinds:
-        faiss.omp_set_num_threads(2)
-        before, started = rss_mb(), time.perf_counter()
-        if kind == "prompt-index":
-            from svc_scheduler.index import PromptIndex
 
-            index = PromptIndex(
-                args.dim, defaults.exact_index_max_size, args.hnsw_m, args.hnsw_ef_construction, args.hnsw_ef_search,
-                ivf_min_size=defaults.ivf_min_size, ivf_nlist=args.nlist, ivf_nprobe=args.nprobe,
-                ivf_train_size=args.train_size,
-            )
-            for start in range(0, len(data), CHUNK):
-                index.add([str(i) for i in range(start, min(start + CHUNK, len(data)))], data[start:start + CHUNK])
-            build_s = time.perf_counter() - started
-            params = f"{index.kind} stage (exact to {defaults.exact_index_max_size}, IVF above {defaults.ivf_min_size})"
-            nbytes = index.memory_bytes()
+def _measure(kind: str, args: argparse.Namespace, defaults: SchedulerSettings, dataset: _Dataset) -> _Row:
+    """One candidate built, its memory, recall@10 and latency measured; its line printed."""
+    faiss.omp_set_num_threads(2)
+    before = rss_mb()
+    built = _build(kind, args, defaults, dataset.data)
+    grown = rss_mb() - before
+    faiss.omp_set_num_threads(2)
+    found = built.search(dataset.queries)
+    recall = float(np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, dataset.truth.tolist(), strict=True)]))
+    one, two = latency_ms(built.search, dataset.timed, 1), latency_ms(built.search, dataset.timed, 2)
+    row = _Row(kind, built.params, built.build_s, built.nbytes / 2**20, grown, one, two, recall)
+    print(f"{kind}: {row.params}; built in {row.build_s:.1f} s, {row.mb:.0f} MB (RSS +{grown:.0f} MB); "
+          f"1 thread p50 {one[0]:.2f} p99 {one[1]:.2f} ms, 2 threads p50 {two[0]:.2f} p99 {two[1]:.2f} ms; "
+          f"recall@10 {recall:.3f}", flush=True)
+    return row
 
-            def search(q: np.ndarray, index: PromptIndex = index) -> list[list[int]]:
-                return [[int(h) for h, _ in hits] for hits in index.search(q, 10)]
-        else:
-            index, params = faiss_candidate(kind, args, data)
-            build_s = time.perf_counter() - started
-            nbytes = faiss.serialize_index(index).nbytes
 
-            def search(q: np.ndarray, index: faiss.Index = index) -> list[list[int]]:
-                return index.search(q, 10)[1].tolist()
-        grown = rss_mb() - before
-        faiss.omp_set_num_threads(2)
-        found = search(queries)
-        recall = float(np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth.tolist(), strict=True)]))
-        one, two = latency_ms(search, timed, 1), latency_ms(search, timed, 2)
-        rows.append((kind, params, build_s, nbytes / 2**20, grown, one, two, recall))
-        print(f"{kind}: {params}; built in {build_s:.1f} s, {nbytes / 2**20:.0f} MB (RSS +{grown:.0f} MB); "
-              f"1 thread p50 {one[0]:.2f} p99 {one[1]:.2f} ms, 2 threads p50 {two[0]:.2f} p99 {two[1]:.2f} ms; "
-              f"recall@10 {recall:.3f}", flush=True)
-        del index, search
+def _build(kind: str, args: argparse.Namespace, defaults: SchedulerSettings, data: np.ndarray) -> _Built:
+    """Candidate ``kind`` built over ``data`` and timed (training included)."""
+    started = time.perf_counter()
+    if kind == "prompt-index":
+        index = _prompt_index(args, defaults, data)
+        build_s = time.perf_counter() - started
+        params = f"{index.kind} stage (exact to {defaults.exact_index_max_size}, IVF above {defaults.ivf_min_size})"
+        return _Built(_prompt_index_search(index), params, build_s, index.memory_bytes())
+    raw, params = faiss_candidate(kind, args, data)
+    build_s = time.perf_counter() - started
+    return _Built(_faiss_search(raw), params, build_s, faiss.serialize_index(raw).nbytes)
 
-    print()
-    print("| index | parameters | build s | index MB | RSS +MB | 1 thread p50/p99 ms | 2 threads p50/p99 ms "
-          "| recall@10 |\n|---|---|---|---|---|---|---|---|")
-    for kind, params, build_s, mb, grown, one, two, recall in rows:
-        print(f"| {kind} | {params} | {build_s:.1f} | {mb:.0f} | {grown:.0f} | {one[0]:.2f} / {one[1]:.2f} "
-              f"| {two[0]:.2f} / {two[1]:.2f} | {recall:.3f} |")
-    return 0
+
+def _prompt_index(args: argparse.Namespace, defaults: SchedulerSettings, data: np.ndarray) -> PromptIndex:
+    """The scheduler's own index with the settings' stage limits, grown in ``CHUNK`` batches as the engine does."""
+    from svc_scheduler.index import PromptIndex
+
+    index = PromptIndex(
+        args.dim, defaults.exact_index_max_size, args.hnsw_m, args.hnsw_ef_construction, args.hnsw_ef_search,
+        ivf_min_size=defaults.ivf_min_size, ivf_nlist=args.nlist, ivf_nprobe=args.nprobe,
+        ivf_train_size=args.train_size,
+    )
+    for start in range(0, len(data), CHUNK):
+        index.add([str(i) for i in range(start, min(start + CHUNK, len(data)))], data[start:start + CHUNK])
+    return index
+
+
+def _prompt_index_search(index: PromptIndex) -> _Search:
+    """A search over the scheduler's index, its string ids read back as row ids."""
+
+    def search(q: np.ndarray) -> list[list[int]]:
+        return [[int(h) for h, _ in hits] for hits in index.search(q, 10)]
+
+    return search
+
+
+def _faiss_search(index: faiss.Index) -> _Search:
+    """A search over a raw FAISS index."""
+
+    def search(q: np.ndarray) -> list[list[int]]:
+        return index.search(q, 10)[1].tolist()
+
+    return search
 
 
 if __name__ == "__main__":

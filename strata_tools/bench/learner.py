@@ -36,8 +36,21 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch and the services: imported by a run, not by `strata bench --help`
+    import redis
+
+    from strata.bus import Publisher
+    from strata.content_store import ContentStore
+    from strata.sampling import Sampling
+    from strata.service import RunningService, ServiceParts
+    from svc_generator.backends.hf import HfBackend
+    from svc_generator.batcher import DynamicBatcher, SampleResult
+    from svc_learner.service import Learner
+    from svc_learner.worker import LearnerTopics
 
 VOWELS = frozenset("aeiou")
 WORDS = ("river", "stone", "cloud", "garden", "engine", "letter", "market", "signal", "window", "forest",
@@ -106,31 +119,84 @@ def _wait(condition: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.02)
 
 
+@dataclass
+class _Rig:
+    """The learner service and the generator engine one run drives, and the means to publish to them."""
+
+    run_id: str
+    model_dir: Path
+    topics: LearnerTopics
+    learner: Learner
+    parts: ServiceParts
+    running: RunningService
+    backend: HfBackend
+    batcher: DynamicBatcher
+    stop: threading.Event
+    threads: list[threading.Thread]
+    client: redis.Redis
+    store: ContentStore
+    publisher: Publisher
+    sampling: Sampling
+
+
+@dataclass
+class _Outcome:
+    """The held-out mean toy reward before the first update and after the last, and each update's tokens/s."""
+
+    before: float
+    after: float
+    throughput: list[float]
+
+
 def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
+    rig = _start(args, infra, workdir)
+    eval_prompts = toy_prompts(args.eval_samples, offset=1_000_000)
+    try:
+        outcome = _train(rig, args, eval_prompts)
+    finally:
+        _stop(rig)
+    _print_summary(rig, outcome)
+    return 0
+
+
+def _start(args: argparse.Namespace, infra: Any, workdir: Path) -> _Rig:
+    """The learner service started on fresh topics, and a generator engine following its policy topic."""
     import redis
     import torch
     from transformers.utils import logging as hf_logging
 
-    from strata.bus import Publisher, Topic
-    from strata.bus.admin import ensure_topics
+    from strata.bus import Publisher
     from strata.content_store import ContentStore
-    from strata.contract.directions import DIRECTION_NAMES
     from strata.models.tiny import build_char_policy
     from strata.sampling import Sampling
-    from strata.service import start_service, stop_service
-    from strata.v1 import common_pb2, events_pb2
-    from svc_generator.backends.base import GenerationRequest
-    from svc_generator.backends.hf import HfBackend
-    from svc_generator.batcher import DynamicBatcher
-    from svc_generator.policy_watch import PolicyWatcher
-    from svc_learner.config import LearnerSettings
-    from svc_learner.service import build_learner
-    from svc_learner.worker import LearnerTopics
+    from strata.service import start_service
 
     hf_logging.disable_progress_bar()  # weights load and save at every version
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
     model_dir = Path(args.model) if args.model else build_char_policy(workdir / "policy")
     run_id = uuid.uuid4().hex[:8]
+    topics = _learner_topics(infra, run_id)
+    learner = _build_learner(args, infra, workdir, model_dir, run_id, topics)
+    parts = learner.parts()
+    running = start_service(parts)
+    backend, batcher, stop, threads = _start_generator(args, infra, model_dir, learner, topics)
+    client = redis.Redis.from_url(infra.redis_address)
+    return _Rig(
+        run_id=run_id, model_dir=model_dir, topics=topics, learner=learner, parts=parts, running=running,
+        backend=backend, batcher=batcher, stop=stop, threads=threads, client=client,
+        store=ContentStore(client, infra.content_ttl_s, infra.content_max_bytes),
+        publisher=Publisher(infra, client_id=f"bench-learner-{run_id}"),
+        sampling=Sampling(temperature=1.0, top_p=0.94, max_new_tokens=args.max_new_tokens),
+    )  # fmt: skip
+
+
+def _learner_topics(infra: Any, run_id: str) -> LearnerTopics:
+    """The run's own rewards, policy and rollouts topics, created."""
+    from strata.bus import Topic
+    from strata.bus.admin import ensure_topics
+    from strata.v1 import events_pb2
+    from svc_learner.worker import LearnerTopics
+
     topics = LearnerTopics(
         rewards=Topic(f"bench.learner.{run_id}.rewards", events_pb2.RewardScored),
         policy=Topic(f"bench.learner.{run_id}.policy", events_pb2.PolicyUpdated, key_field="policy_version"),
@@ -138,6 +204,15 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
     )
     ensure_topics(infra, infra.topic_partitions, topics=[topics.rewards, topics.rollouts])
     ensure_topics(infra, 1, topics=[topics.policy])  # ordered, like strata.policy.updated
+    return topics
+
+
+def _build_learner(
+    args: argparse.Namespace, infra: Any, workdir: Path, model_dir: Path, run_id: str, topics: LearnerTopics
+) -> Learner:
+    """The learner service as ``python -m svc_learner`` wires it, on the bench's settings (not started)."""
+    from svc_learner.config import LearnerSettings
+    from svc_learner.service import build_learner
 
     settings = LearnerSettings(
         kafka_bootstrap=infra.kafka_address, redis_url=infra.redis_address, policy_model_path=model_dir,
@@ -145,9 +220,16 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
         minibatch_size=min(args.minibatch_size, args.batch_size), update_epochs=args.epochs,
         learning_rate=args.learning_rate, group_id=f"bench-learner-{run_id}", grpc_port=0, log_level="WARNING",
     )  # fmt: skip
-    learner = build_learner(settings, topics)
-    parts = learner.parts()
-    running = start_service(parts)
+    return build_learner(settings, topics)
+
+
+def _start_generator(
+    args: argparse.Namespace, infra: Any, model_dir: Path, learner: Learner, topics: LearnerTopics
+) -> tuple[HfBackend, DynamicBatcher, threading.Event, list[threading.Thread]]:
+    """The generator's backend, its batcher and policy watcher running, their stop event and threads."""
+    from svc_generator.backends.hf import HfBackend
+    from svc_generator.batcher import DynamicBatcher
+    from svc_generator.policy_watch import PolicyWatcher
 
     backend = HfBackend(str(model_dir), device=args.device)
     if backend.tokenizer_id != learner.tokenizer_id:
@@ -159,82 +241,119 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
     threads = [threading.Thread(target=target, args=(stop,), daemon=True) for target in (batcher.run, watcher.run)]
     for thread in threads:
         thread.start()
-    client = redis.Redis.from_url(infra.redis_address)
-    store = ContentStore(client, infra.content_ttl_s, infra.content_max_bytes)
-    publisher = Publisher(infra, client_id=f"bench-learner-{run_id}")
-    sampling = Sampling(temperature=1.0, top_p=0.94, max_new_tokens=args.max_new_tokens)
+    return backend, batcher, stop, threads
 
-    def evaluate(prompts: list[str]) -> float:
-        futures = batcher.submit([GenerationRequest(p, (), sampling) for p in prompts])
-        return statistics.fmean(toy_reward(f.result().output.text) for f in futures)
 
-    def play_round(index: int) -> tuple[float, int]:
-        """Generate a batch, store and publish it as the generator worker would, score it."""
-        prompts = toy_prompts(args.batch_size, offset=index * args.batch_size)
-        directions = [(DIRECTION_NAMES[i % len(DIRECTION_NAMES)],) for i in range(len(prompts))]
-        futures = batcher.submit([GenerationRequest(p, d, sampling) for p, d in zip(prompts, directions, strict=True)])
-        sent, rewards, versions = [], [], set()
-        for prompt, chosen, future in zip(prompts, directions, futures, strict=True):
-            result = future.result()
-            prompt_hash = store.put(prompt)
-            response_hash = store.put(result.output.text, result.output.token_ids, backend.tokenizer_id)
-            request_id = f"bench-{run_id}-{index}-{prompt_hash[:8]}"
-            rollout = events_pb2.RolloutGenerated(
-                prompt_hash=prompt_hash, response_hash=response_hash, tier=common_pb2.TIER_LEVEL_1,
-                policy_version=result.policy_version, model_id=result.model_id, sample_index=0,
-                response_tokens=len(result.output.token_ids), request_id=request_id,
-                directions=[common_pb2.Direction(name=chosen[0], score=1.0)],
-            )  # fmt: skip
-            rollout.generated_at.GetCurrentTime()
-            sent.append(publisher.publish(topics.rollouts, rollout))
-            reward = toy_reward(result.output.text)
-            scored = events_pb2.RewardScored(
-                prompt_hash=prompt_hash, response_hash=response_hash, tier=common_pb2.TIER_LEVEL_1,
-                policy_version=result.policy_version, rm_version="toy-vowels", reward=reward,
-                scorer=common_pb2.SCORER_LIGHT, final=True, sample_index=0,
-                response_tokens=len(result.output.token_ids), request_id=request_id,
-                directions=rollout.directions,
-            )  # fmt: skip
-            sent.append(publisher.publish(topics.rewards, scored))
-            rewards.append(reward)
-            versions.add(result.policy_version)
-        publisher.wait(sent)
-        return statistics.fmean(rewards), max(versions)
+def _stop(rig: _Rig) -> None:
+    """Stop the generator's threads and the learner service; close the publisher and Redis."""
+    from strata.service import stop_service
 
-    eval_prompts = toy_prompts(args.eval_samples, offset=1_000_000)
+    rig.stop.set()
+    for thread in rig.threads:
+        thread.join(timeout=10)
+    stop_service(rig.parts, rig.running)
+    rig.publisher.close()
+    rig.client.close()
+
+
+def _evaluate(rig: _Rig, prompts: list[str]) -> float:
+    """The mean toy reward of one rollout per prompt on the generator's current weights."""
+    from svc_generator.backends.base import GenerationRequest
+
+    futures = rig.batcher.submit([GenerationRequest(p, (), rig.sampling) for p in prompts])
+    return statistics.fmean(toy_reward(f.result().output.text) for f in futures)
+
+
+def _train(rig: _Rig, args: argparse.Namespace, eval_prompts: list[str]) -> _Outcome:
+    """The reward before, ``--updates`` rounds each waited on up to the generator's reload, the reward after."""
+    before = _evaluate(rig, eval_prompts)
+    print(f"model {rig.model_dir} ({sum(p.numel() for p in rig.backend.lm.model.parameters()) / 1e6:.2f}M params), "
+          f"batch {args.batch_size}, {args.epochs} epochs, lr {args.learning_rate}")  # fmt: skip
+    print(f"before: mean toy reward {before:.3f} on {len(eval_prompts)} held-out rollouts")
     throughput: list[float] = []
-    try:
-        before = evaluate(eval_prompts)
-        print(f"model {model_dir} ({sum(p.numel() for p in backend.lm.model.parameters()) / 1e6:.2f}M params), "
-              f"batch {args.batch_size}, {args.epochs} epochs, lr {args.learning_rate}")  # fmt: skip
-        print(f"before: mean toy reward {before:.3f} on {len(eval_prompts)} held-out rollouts")
-        for index in range(args.updates):
-            mean_reward, generated_on = play_round(index)
-            _wait(lambda i=index: learner.engine.version > i, 600, f"update {index + 1}")
-            status = learner.engine.status()
-            version = status.policy_version
-            _wait(lambda v=version: batcher.policy_version >= v, 120, f"the generator on v{version}")
-            throughput.append(status.metrics["perf/tokens_per_second"])
-            print(f"update {index + 1:3d}: batch reward {mean_reward:.3f} (generated on v{generated_on}), "
-                  f"kl {status.metrics['charts/kl']:.4f}, eps {status.metrics['charts/clip_epsilon']:.3f}, "
-                  f"{status.metrics['perf/update_seconds']:.2f} s, {throughput[-1]:.0f} tokens/s")  # fmt: skip
-        after = evaluate(eval_prompts)
-        # Versions 1..N-1 are timed by the next round's rollouts (the last one has no next round).
-        _wait(lambda: len(learner.engine.sync.history) >= args.updates - 1, 60, "the weight-sync measurements")
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=10)
-        stop_service(parts, running)
-        publisher.close()
-        client.close()
-    syncs = [seconds for _, seconds in learner.engine.sync.history]
-    status = learner.engine.status()
+    for index in range(args.updates):
+        mean_reward, generated_on = _play_round(rig, args, index)
+        status = _await_version(rig, index)
+        throughput.append(status.metrics["perf/tokens_per_second"])
+        print(f"update {index + 1:3d}: batch reward {mean_reward:.3f} (generated on v{generated_on}), "
+              f"kl {status.metrics['charts/kl']:.4f}, eps {status.metrics['charts/clip_epsilon']:.3f}, "
+              f"{status.metrics['perf/update_seconds']:.2f} s, {throughput[-1]:.0f} tokens/s")  # fmt: skip
+    after = _evaluate(rig, eval_prompts)
+    # Versions 1..N-1 are timed by the next round's rollouts (the last one has no next round).
+    _wait(lambda: len(rig.learner.engine.sync.history) >= args.updates - 1, 60, "the weight-sync measurements")
+    return _Outcome(before, after, throughput)
+
+
+def _await_version(rig: _Rig, index: int) -> Any:
+    """The learner's status once update ``index + 1`` is done and the generator runs its version."""
+    _wait(lambda: rig.learner.engine.version > index, 600, f"update {index + 1}")
+    status = rig.learner.engine.status()
+    version = status.policy_version
+    _wait(lambda: rig.batcher.policy_version >= version, 120, f"the generator on v{version}")
+    return status
+
+
+def _play_round(rig: _Rig, args: argparse.Namespace, index: int) -> tuple[float, int]:
+    """Generate a batch, store and publish it as the generator worker would, score it; the mean reward and
+    the newest policy version it was generated on."""
+    from strata.contract.directions import DIRECTION_NAMES
+    from svc_generator.backends.base import GenerationRequest
+
+    prompts = toy_prompts(args.batch_size, offset=index * args.batch_size)
+    directions = [(DIRECTION_NAMES[i % len(DIRECTION_NAMES)],) for i in range(len(prompts))]
+    futures = rig.batcher.submit(
+        [GenerationRequest(p, d, rig.sampling) for p, d in zip(prompts, directions, strict=True)]
+    )
+    sent, rewards, versions = [], [], set()
+    for prompt, chosen, future in zip(prompts, directions, futures, strict=True):
+        result = future.result()
+        reward = toy_reward(result.output.text)
+        sent += _publish_sample(rig, index, prompt, chosen[0], result, reward)
+        rewards.append(reward)
+        versions.add(result.policy_version)
+    rig.publisher.wait(sent)
+    return statistics.fmean(rewards), max(versions)
+
+
+def _publish_sample(
+    rig: _Rig, index: int, prompt: str, direction: str, result: SampleResult, reward: float
+) -> list[Any]:
+    """Store one sample, publish its rollout and its final Level-1 reward; the two publish futures."""
+    from strata.v1 import common_pb2, events_pb2
+
+    prompt_hash = rig.store.put(prompt)
+    response_hash = rig.store.put(result.output.text, result.output.token_ids, rig.backend.tokenizer_id)
+    request_id = f"bench-{rig.run_id}-{index}-{prompt_hash[:8]}"
+    rollout = events_pb2.RolloutGenerated(
+        prompt_hash=prompt_hash, response_hash=response_hash, tier=common_pb2.TIER_LEVEL_1,
+        policy_version=result.policy_version, model_id=result.model_id, sample_index=0,
+        response_tokens=len(result.output.token_ids), request_id=request_id,
+        directions=[common_pb2.Direction(name=direction, score=1.0)],
+    )  # fmt: skip
+    rollout.generated_at.GetCurrentTime()
+    sent = [rig.publisher.publish(rig.topics.rollouts, rollout)]
+    scored = events_pb2.RewardScored(
+        prompt_hash=prompt_hash, response_hash=response_hash, tier=common_pb2.TIER_LEVEL_1,
+        policy_version=result.policy_version, rm_version="toy-vowels", reward=reward,
+        scorer=common_pb2.SCORER_LIGHT, final=True, sample_index=0,
+        response_tokens=len(result.output.token_ids), request_id=request_id,
+        directions=rollout.directions,
+    )  # fmt: skip
+    sent.append(rig.publisher.publish(rig.topics.rewards, scored))
+    return sent
+
+
+def _print_summary(rig: _Rig, outcome: _Outcome) -> None:
+    """The reward after, the median update throughput and weight-sync time, the sample counts, the last line."""
+    syncs = [seconds for _, seconds in rig.learner.engine.sync.history]
+    status = rig.learner.engine.status()
+    before, after = outcome.before, outcome.after
     gain = (after - before) / before if before > 0 else after
     print(f"after:  mean toy reward {after:.3f} on the same held-out prompts (policy v{status.policy_version})")
-    print(f"PPO update: median {statistics.median(throughput):.0f} tokens/s (batch tokens x epochs / update time)")
+    print(
+        f"PPO update: median {statistics.median(outcome.throughput):.0f} tokens/s (batch tokens x epochs / update time)"
+    )
     print(f"weight sync (publish -> first rollout on the new version): median {statistics.median(syncs):.2f} s, "
           f"max {max(syncs):.2f} s over {len(syncs)} versions")  # fmt: skip
     print(f"samples: {dict((k, v) for k, v in status.counts.items() if v)}")
     print(f"learner reward_gain={gain:.3f} sync_s={statistics.median(syncs):.2f}")
-    return 0

@@ -29,10 +29,15 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strata.contract.template import RM_MAX_LENGTH
+
+if TYPE_CHECKING:  # torch: imported by a run, not by `strata bench --help`
+    from strata.models.loading import LoadedModel
+    from strata_tools.rm.onpolicy import OnPolicyFigures
 
 SPEARMAN_TARGET = 0.91
 LATENCY_RATIO_TARGET = 10.0
@@ -110,15 +115,20 @@ def _interleaved_medians(fns: list[Any], repeats: int) -> list[float]:
     return [statistics.median(bucket) for bucket in times]
 
 
+@dataclass
+class _RewardModels:
+    """The strong RM and the light RM's members, loaded, with where they came from."""
+
+    strong_path: Path
+    members: list[Path]
+    strong: LoadedModel
+    lights: list[LoadedModel]
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from strata.errors import CliError
-    from strata.models.loading import load_reward_model
-    from strata.models.reward import expected_reward, prompt_match, reward_logits
-    from strata_tools.rm.distill import comparison_metrics
-    from strata_tools.rm.lifecycle import eval_sets, eval_swaps, mean_rewards, score_logits
-    from strata_tools.rm.onpolicy import BAD_THRESHOLD, PAIR_MARGIN, onpolicy_figures, policy_answers
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     if args.light and args.distill:
@@ -128,6 +138,29 @@ def run(args: argparse.Namespace) -> int:
     settings = ZooSettings()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     zoo = ensure_zoo(settings)  # its probe and generators write the on-policy answers even with --strong/--light
+    rms = _load_rms(args, settings, zoo)
+    cache_dir = Path(settings.cache_dir).expanduser() / "rm" / "logits"
+    sets, metrics = _rank_agreement(args, rms, cache_dir)
+    light_match = _prompt_match(args, rms)
+    light_figures = _onpolicy(args, zoo, settings, rms, cache_dir)
+    ratio = _latency(args, rms, sets["eval"])
+    spearman = metrics["spearman/strong_fresh"]
+    print(f"targets: fresh spearman {_verdict(spearman, SPEARMAN_TARGET)}, latency ratio "
+          f"{_verdict(ratio, LATENCY_RATIO_TARGET)}, light match {_verdict(light_match, MATCH_TARGET)}")
+    print(f"on-policy targets (light): L1 spearman {_verdict(light_figures.spearman_level1, ONPOLICY_L1_TARGET)}, "
+          f"L2 spearman {_verdict(light_figures.spearman_level2, ONPOLICY_L2_TARGET)}, bad AUC "
+          f"{_verdict(light_figures.bad_auc, BAD_AUC_TARGET)}, pair accuracy "
+          f"{_verdict(light_figures.pair_accuracy, PAIR_ACCURACY_TARGET)}")
+    print(f"rm spearman={spearman:.3f} latency_ratio={ratio:.1f} light_match={light_match:.3f} "
+          f"onpolicy_l1={light_figures.spearman_level1:.3f} onpolicy_l2={light_figures.spearman_level2:.3f} "
+          f"bad_auc={light_figures.bad_auc:.3f} pair_acc={light_figures.pair_accuracy:.3f}")
+    return 0
+
+
+def _load_rms(args: argparse.Namespace, settings: Any, zoo: Any) -> _RewardModels:
+    """The strong RM and the light RM chosen by ``--strong``, ``--light`` and ``--distill``, loaded and printed."""
+    from strata.models.loading import load_reward_model
+
     strong_path = Path(args.strong) if args.strong else zoo.rm_strong
     if args.light:
         members = _light_members(args.light, settings)
@@ -142,15 +175,22 @@ def run(args: argparse.Namespace) -> int:
           f"{f' (+{len(members) - 1} members)' if len(members) > 1 else ''}: {lights[0].n_params / 1e6:.2f}M params"
           f"{f', distilled from {teacher}' if teacher else ''}"
           f"{f'; light scoring temperature {args.temperature:g}' if args.temperature != 1.0 else ''}")
+    return _RewardModels(strong_path, members, strong, lights)
 
-    # Rank agreement on held-out prompts.
-    cache_dir = Path(settings.cache_dir).expanduser() / "rm" / "logits"
+
+def _rank_agreement(args: argparse.Namespace, rms: _RewardModels, cache_dir: Path
+                    ) -> tuple[dict[str, tuple[list[str], list[str], list[float]]], dict[str, float]]:
+    """The held-out sets and the light RM's Spearman and Pearson against the strong RM and the oracle, printed."""
+    from strata.models.reward import expected_reward
+    from strata_tools.rm.distill import comparison_metrics
+    from strata_tools.rm.lifecycle import eval_sets, mean_rewards, score_logits
+
     sets = eval_sets()
     light_scores, strong_scores, oracle_scores = {}, {}, {}
     for split, (prompts, responses, oracle) in sets.items():
         strong_scores[split] = expected_reward(
-            score_logits(strong, prompts, responses, args.max_length, f"strong {split}", cache_dir)).tolist()
-        light_scores[split] = mean_rewards(lights, prompts, responses, args.max_length, f"light {split}",
+            score_logits(rms.strong, prompts, responses, args.max_length, f"strong {split}", cache_dir)).tolist()
+        light_scores[split] = mean_rewards(rms.lights, prompts, responses, args.max_length, f"light {split}",
                                            args.temperature)
         oracle_scores[split] = oracle
     metrics = comparison_metrics(light_scores, strong_scores, oracle_scores)
@@ -159,13 +199,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"{split:5s} ({len(sets[split][0])} pairs): light vs strong spearman={m['spearman/strong']:.3f} "
               f"pearson={m['pearson/strong']:.3f} | light vs oracle spearman={m['spearman/oracle']:.3f} | "
               f"strong vs oracle spearman={m['strong/spearman/oracle']:.3f}")
+    return sets, metrics
+
+
+def _prompt_match(args: argparse.Namespace, rms: _RewardModels) -> float:
+    """The light RM's prompt match on the eval prompt swaps (the strong RM's printed beside it)."""
+    from strata.models.reward import prompt_match
+    from strata_tools.rm.lifecycle import eval_swaps
+
     swaps = eval_swaps()
-    light_match = prompt_match(lights, *swaps, args.max_length)
-    strong_match = prompt_match([strong], *swaps, args.max_length)
+    light_match = prompt_match(rms.lights, *swaps, args.max_length)
+    strong_match = prompt_match([rms.strong], *swaps, args.max_length)
     print(f"prompt match on {len(swaps[0])} eval prompt swaps: light {light_match:.3f}, strong {strong_match:.3f} "
           "(oracle 1.000; an RM blind to the prompt ~0.5)")
+    return light_match
 
-    # The policy's own answers, scored by both RMs (R24).
+
+def _onpolicy(args: argparse.Namespace, zoo: Any, settings: Any, rms: _RewardModels, cache_dir: Path
+              ) -> OnPolicyFigures:
+    """Both RMs on the policy's own answers (R24), printed as a table; the light RM's figures."""
+    from strata.errors import CliError
+    from strata.models.reward import expected_reward
+    from strata_tools.rm.lifecycle import mean_rewards, score_logits
+    from strata_tools.rm.onpolicy import BAD_THRESHOLD, PAIR_MARGIN, onpolicy_figures, policy_answers
+
     if args.onpolicy_prompts is not None and args.onpolicy_prompts < 10:
         raise CliError("--onpolicy-prompts must be at least 10: the figures need both bad and good answers")
     answers = policy_answers(zoo, args.onpolicy_split, cache_dir=Path(settings.cache_dir).expanduser() / "rm" /
@@ -173,8 +230,8 @@ def run(args: argparse.Namespace) -> int:
     answer_prompts, answer_texts = [a.prompt for a in answers], [a.response for a in answers]
     onpolicy = {
         "strong": onpolicy_figures(answers, expected_reward(score_logits(
-            strong, answer_prompts, answer_texts, args.max_length, "strong on-policy", cache_dir)).tolist()),
-        "light": onpolicy_figures(answers, mean_rewards(lights, answer_prompts, answer_texts, args.max_length,
+            rms.strong, answer_prompts, answer_texts, args.max_length, "strong on-policy", cache_dir)).tolist()),
+        "light": onpolicy_figures(answers, mean_rewards(rms.lights, answer_prompts, answer_texts, args.max_length,
                                                         "light on-policy", args.temperature)),
     }
     light_figures = onpolicy["light"]
@@ -185,31 +242,30 @@ def run(args: argparse.Namespace) -> int:
     for name, figures in onpolicy.items():
         print(f"{name:8s} {figures.spearman_level1:12.3f} {figures.spearman_level2:12.3f} {figures.bad_auc:8.3f} "
               f"{figures.pair_accuracy:9.3f}")
+    return light_figures
 
-    # Latency on the same batch: one forward pass of the whole batch per RM (all ensemble members).
-    prompts, responses, _ = sets["eval"]
+
+def _latency(args: argparse.Namespace, rms: _RewardModels, eval_set: tuple[list[str], list[str], list[float]]
+             ) -> float:
+    """The strong RM's latency over the light RM's on one batch of eval pairs (each printed)."""
+    import torch
+
+    from strata.models.reward import reward_logits
+
+    # One forward pass of the whole batch per RM (all ensemble members).
+    prompts, responses, _ = eval_set
     batch = (prompts[: args.batch], responses[: args.batch])
     with torch.no_grad():
         strong_s, light_s = _interleaved_medians([
-            lambda: reward_logits(strong, *batch, len(batch[0]), args.max_length),
-            lambda: [reward_logits(rm, *batch, len(batch[0]), args.max_length) for rm in lights],
+            lambda: reward_logits(rms.strong, *batch, len(batch[0]), args.max_length),
+            lambda: [reward_logits(rm, *batch, len(batch[0]), args.max_length) for rm in rms.lights],
         ], args.repeats)
-    ratio = strong_s / light_s
-    spearman = metrics["spearman/strong_fresh"]
     print(f"latency on {len(batch[0])} eval pairs ({torch.get_num_threads()} threads): "
           f"strong {1000 * strong_s:.1f} ms, light {1000 * light_s:.1f} ms "
           f"({1000 * light_s / len(batch[0]):.2f} ms/pair)")
+    return strong_s / light_s
 
-    def verdict(value: float, target: float) -> str:
-        return f"{value:.3f} {'>=' if value >= target else '<'} {target:g}"
 
-    print(f"targets: fresh spearman {verdict(spearman, SPEARMAN_TARGET)}, latency ratio "
-          f"{verdict(ratio, LATENCY_RATIO_TARGET)}, light match {verdict(light_match, MATCH_TARGET)}")
-    print(f"on-policy targets (light): L1 spearman {verdict(light_figures.spearman_level1, ONPOLICY_L1_TARGET)}, "
-          f"L2 spearman {verdict(light_figures.spearman_level2, ONPOLICY_L2_TARGET)}, bad AUC "
-          f"{verdict(light_figures.bad_auc, BAD_AUC_TARGET)}, pair accuracy "
-          f"{verdict(light_figures.pair_accuracy, PAIR_ACCURACY_TARGET)}")
-    print(f"rm spearman={spearman:.3f} latency_ratio={ratio:.1f} light_match={light_match:.3f} "
-          f"onpolicy_l1={light_figures.spearman_level1:.3f} onpolicy_l2={light_figures.spearman_level2:.3f} "
-          f"bad_auc={light_figures.bad_auc:.3f} pair_acc={light_figures.pair_accuracy:.3f}")
-    return 0
+def _verdict(value: float, target: float) -> str:
+    """``value`` against ``target``, e.g. ``0.930 >= 0.91``."""
+    return f"{value:.3f} {'>=' if value >= target else '<'} {target:g}"

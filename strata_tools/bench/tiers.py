@@ -46,6 +46,8 @@ import logging
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -116,6 +118,10 @@ def pick_prompts(records: Sequence[Any], n: int, seed: int) -> list[Any]:
     return chosen
 
 
+# A service's module (``python -m``), its arguments and the environment of its own.
+_ServiceSpec = tuple[str, list[str], dict[str, str]]
+
+
 class LiveTiers:
     """The services, each in its own process, and the means to push an arm through them."""
 
@@ -130,20 +136,32 @@ class LiveTiers:
     def started(self) -> Iterator[LiveTiers]:
         """Each service in its own process, as deployed: on a shared CPU, device-seconds are each
         process's CPU seconds (``strata.devicetime``), which one process per service keeps apart."""
-        import subprocess
-        import sys
+        specs = self._service_specs(self._consumer_groups())
+        logs = self.settings.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.ports = {}
+        processes: dict[str, subprocess.Popen] = {}
+        try:
+            self._spawn(specs, logs, processes)
+            self._await_healthy(processes, self.ports, logs)
+            yield self
+        finally:
+            self._stop_processes(processes)
 
-        from strata.bus import topics
-        from strata.bus.admin import start_group_at_end
-        from strata_tools.infra.process import free_port
-        from strata_tools.stack.control import health
-
-        zoo, s = self.zoo, self.settings
+    def _common_env(self) -> dict[str, str]:
+        """The environment every service gets: this run's Kafka, Redis and state dir, on the CPU."""
+        s = self.settings
         # One intra-op thread per service: an idle OpenMP thread spins on a shared CPU, and its spinning
         # would count as the service's CPU seconds (measured: Level-1 at 24.7 ms/token with 2 threads).
-        common = {"STRATA_KAFKA_BOOTSTRAP": s.kafka_address, "STRATA_REDIS_URL": s.redis_address,
-                  "STRATA_STATE_DIR": str(s.state_dir), "STRATA_DEVICE": "cpu", "STRATA_LOG_LEVEL": "WARNING",
-                  "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        return {"STRATA_KAFKA_BOOTSTRAP": s.kafka_address, "STRATA_REDIS_URL": s.redis_address,
+                "STRATA_STATE_DIR": str(s.state_dir), "STRATA_DEVICE": "cpu", "STRATA_LOG_LEVEL": "WARNING",
+                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+    def _consumer_groups(self) -> dict[str, tuple[str, list[str]]]:
+        """Each service's consumer group and the topics it reads, every group started at the topics' end."""
+        from strata.bus import topics
+        from strata.bus.admin import start_group_at_end
+
         # Consumer groups of this run only, started at the end of their topics: what an earlier run (or
         # another bench on the same Kafka) left there is never rolled out or folded in again.
         groups = {
@@ -155,8 +173,13 @@ class LiveTiers:
                           [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED]),
         }
         for group, topic_list in groups.values():
-            start_group_at_end(s, group, topic_list)
-        specs = {
+            start_group_at_end(self.settings, group, topic_list)
+        return groups
+
+    def _service_specs(self, groups: dict[str, tuple[str, list[str]]]) -> dict[str, _ServiceSpec]:
+        """Each service's module, arguments and environment of its own, by name."""
+        zoo = self.zoo
+        return {
             "probe": ("svc_probe", ["--model", str(zoo.probe)], {"STRATA_GROUP_ID": groups["probe"][0]}),
             "generator-l1": ("svc_generator", ["--tier", "1", "--model", str(zoo.level1)],
                              {"STRATA_GROUP_ID": groups["generator-l1"][0]}),
@@ -170,37 +193,48 @@ class LiveTiers:
                 "STRATA_STATS_GROUP_ID": groups["scheduler"][0], "STRATA_WATCH_LOOKBACK_S": "0",
                 **self.scheduler_env}),
         }
-        logs = s.state_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        self.ports = {}
-        processes: dict[str, subprocess.Popen] = {}
-        try:
-            for name, (module, argv, env) in specs.items():
-                port = self.ports[name] = free_port()
-                with open(logs / f"{name}.log", "wb") as out:
-                    processes[name] = subprocess.Popen(
-                        [sys.executable, "-m", module, "--grpc-port", str(port), *argv],
-                        env={**os.environ, **common, **env}, stdout=out, stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + 300
-            pending = dict(self.ports)
-            while pending:
-                for name, port in list(pending.items()):
-                    if processes[name].poll() is not None:
-                        raise RuntimeError(f"{name} exited with {processes[name].returncode}; see {logs / name}.log")
-                    if health(port):
-                        del pending[name]
-                if pending and time.monotonic() > deadline:
-                    raise RuntimeError(f"not healthy after 300 s: {', '.join(pending)}; see the logs in {logs}")
-                time.sleep(0.5)
-            yield self
-        finally:
-            for process in processes.values():
-                process.terminate()
-            for process in processes.values():
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+
+    def _spawn(self, specs: dict[str, _ServiceSpec], logs: Path,
+               processes: dict[str, subprocess.Popen]) -> None:
+        """Start each service on a free gRPC port, logging to ``logs``. Each goes into ``processes`` as it
+        starts, so that the caller's ``finally`` stops those running when a later one fails to start."""
+        from strata_tools.infra.process import free_port
+
+        common = self._common_env()
+        for name, (module, argv, env) in specs.items():
+            port = self.ports[name] = free_port()
+            with open(logs / f"{name}.log", "wb") as out:
+                processes[name] = subprocess.Popen(
+                    [sys.executable, "-m", module, "--grpc-port", str(port), *argv],
+                    env={**os.environ, **common, **env}, stdout=out, stderr=subprocess.STDOUT)
+
+    @staticmethod
+    def _await_healthy(processes: dict[str, subprocess.Popen], ports: dict[str, int], logs: Path) -> None:
+        """Return once every service answers its health check; raise if one exits or 300 s pass."""
+        from strata_tools.stack.control import health
+
+        deadline = time.monotonic() + 300
+        pending = dict(ports)
+        while pending:
+            for name, port in list(pending.items()):
+                if processes[name].poll() is not None:
+                    raise RuntimeError(f"{name} exited with {processes[name].returncode}; see {logs / name}.log")
+                if health(port):
+                    del pending[name]
+            if pending and time.monotonic() > deadline:
+                raise RuntimeError(f"not healthy after 300 s: {', '.join(pending)}; see the logs in {logs}")
+            time.sleep(0.5)
+
+    @staticmethod
+    def _stop_processes(processes: dict[str, subprocess.Popen]) -> None:
+        """Terminate every process, then kill those still running after 30 s."""
+        for process in processes.values():
+            process.terminate()
+        for process in processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
     @property
     def scheduler_address(self) -> str:
@@ -490,8 +524,57 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     return 0
 
 
+@dataclass
+class _ReportArms:
+    """The arms a report compares, live and replayed, and the replayed outcomes they were computed on."""
+
+    baseline: ArmFigures              # all-Level-2, live
+    tiered: ArmFigures                # tiered, live
+    headline: ArmFigures              # the skip arm when it ran, else the tiered arm
+    random_router: ArmFigures
+    oracle_router: ArmFigures
+    table: list[ArmFigures]           # every arm, in the table's order
+    replay: list[PromptOutcome]       # Level-1 answers of the tiered arm, Level-2 of the all-Level-2 arm
+    threshold: float                  # the reward service's escalation threshold
+
+
+@dataclass
+class _SweepFigures:
+    """The replayed threshold sweep, the RouteLLM figures of its curve, and the ceiling of any router."""
+
+    arms: list[ArmFigures]
+    weak: float
+    strong: float
+    route_llm: dict[str, float | None]
+    ceiling: list[ArmFigures]
+
+
 def build_report(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any], runs: dict[str, ArmRun],
                  answers: dict[str, list[Answers]]) -> dict[str, Any]:
+    """The printed lines, the JSON figures, and the sweep, ceiling, marks and headline arm of the curve."""
+    arms = _report_arms(args.bad_threshold, records, runs, answers)
+    sweep = _sweep_figures(arms, args.bad_threshold)
+    lines = _report_lines(args, zoo_hash, records, runs, answers, arms, sweep)
+    marks = {"all-Level-2": arms.baseline, "tiered": arms.tiered, "random router": arms.random_router,
+             "oracle router": arms.oracle_router}
+    if answers.get(HEADLINE_ARM) is not None:
+        marks[HEADLINE_ARM] = arms.headline
+    figures = {
+        "zoo": zoo_hash, "prompts": len(records), "risk_prompts": sum(r.risk for r in records),
+        "bad_threshold": args.bad_threshold, "escalation_threshold": arms.threshold,
+        "review_seconds": args.review_seconds, "arms": [tier_eval.to_json(a) for a in arms.table],
+        "sweep": [tier_eval.to_json(a) for a in sweep.arms], "ceiling": [tier_eval.to_json(a) for a in sweep.ceiling],
+        "route_llm": sweep.route_llm, "article": ARTICLE,
+        "stages": {name: [dataclasses.asdict(s) for s in run.stages] for name, run in runs.items()},
+        "wall_s": {name: run.wall_s for name, run in runs.items()},
+    }
+    return {"lines": lines, "json": figures, "sweep": sweep.arms, "ceiling": sweep.ceiling, "marks": marks,
+            "headline": arms.headline}
+
+
+def _report_arms(bad_threshold: float, records: Sequence[Any], runs: dict[str, ArmRun],
+                 answers: dict[str, list[Answers]]) -> _ReportArms:
+    """The all-Level-2 baseline, the live arms and the replayed routers, each compared to the baseline."""
     from strata.errors import CliError
 
     hashes = [r.prompt_hash for r in runs["all-Level-2"].requests]
@@ -500,84 +583,100 @@ def build_report(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any]
         raise CliError("the all-Level-2 arm left a prompt without a Level-2 answer")
     baseline_outcomes = [PromptOutcome(h, None, a, r.risk, human_seconds=x.human_seconds)
                          for h, a, r, x in zip(hashes, level2, records, answers["all-Level-2"], strict=True)]
-    baseline = tier_eval.compare(tier_eval.all_level2(baseline_outcomes, args.bad_threshold),
-                                 tier_eval.all_level2(baseline_outcomes, args.bad_threshold))
-    tiered = live_figures("tiered (live)", answers["tiered"], hashes, level2, args.bad_threshold, baseline)
-    arms = [baseline, tiered]
+    baseline = tier_eval.compare(tier_eval.all_level2(baseline_outcomes, bad_threshold),
+                                 tier_eval.all_level2(baseline_outcomes, bad_threshold))
+    tiered = live_figures("tiered (live)", answers["tiered"], hashes, level2, bad_threshold, baseline)
+    table = [baseline, tiered]
     headline = tiered
     skip_answers = answers.get(HEADLINE_ARM)
     if skip_answers is not None:
         skip_hashes = [r.prompt_hash for r in runs[HEADLINE_ARM].requests]
-        headline = live_figures(f"{HEADLINE_ARM} (live)", skip_answers, skip_hashes, level2, args.bad_threshold,
+        headline = live_figures(f"{HEADLINE_ARM} (live)", skip_answers, skip_hashes, level2, bad_threshold,
                                 baseline)
-        arms.append(headline)
+        table.append(headline)
     # Replay: Level-1 answers of the tiered arm, Level-2 answers of the all-Level-2 arm.
     replay = [PromptOutcome(h, a.level1, l2, r.risk, human_seconds=b.human_seconds)
               for h, a, l2, r, b in zip(hashes, answers["tiered"], level2, records, answers["all-Level-2"],
                                         strict=True)]
     threshold = _escalation_threshold()
+    replayed, keep, random_arm, oracle_arm = _replayed_arms(replay, threshold, tiered.level2_share, bad_threshold,
+                                                            baseline)
+    table += [replayed, keep, random_arm, oracle_arm]
+    return _ReportArms(baseline, tiered, headline, random_arm, oracle_arm, table, replay, threshold)
+
+
+def _replayed_arms(replay: list[PromptOutcome], threshold: float, tiered_share: float, bad_threshold: float,
+                   baseline: ArmFigures) -> list[ArmFigures]:
+    """The replayed arms, in the table's order: the threshold router, keep the better, random and oracle routers."""
     replayed = tier_eval.compare(tier_eval.evaluate(f"tiered (replay, t={threshold})", replay,
                                                     tier_eval.threshold_router(replay, threshold),
-                                                    args.bad_threshold), baseline)
+                                                    bad_threshold), baseline)
     keep = tier_eval.compare(tier_eval.evaluate("tiered + keep better (replay)", replay,
-                                                tier_eval.threshold_router(replay, threshold), args.bad_threshold,
+                                                tier_eval.threshold_router(replay, threshold), bad_threshold,
                                                 keep_better=True), baseline)
-    random_arm = tier_eval.random_router_figures(replay, tiered.level2_share, args.bad_threshold, baseline)
+    random_arm = tier_eval.random_router_figures(replay, tiered_share, bad_threshold, baseline)
     oracle_arm = tier_eval.compare(tier_eval.evaluate("oracle router (replay)", replay,
-                                                      tier_eval.oracle_router(replay, args.bad_threshold),
-                                                      args.bad_threshold), baseline)
-    arms += [replayed, keep, random_arm, oracle_arm]
-    sweep = tier_eval.sweep(replay, args.bad_threshold, baseline)
+                                                      tier_eval.oracle_router(replay, bad_threshold),
+                                                      bad_threshold), baseline)
+    return [replayed, keep, random_arm, oracle_arm]
+
+
+def _sweep_figures(arms: _ReportArms, bad_threshold: float) -> _SweepFigures:
+    """The threshold sweep over the replay, its RouteLLM figures (None when the curve is flat) and the ceiling."""
+    sweep = tier_eval.sweep(arms.replay, bad_threshold, arms.baseline)
     points = [(a.level2_share, a.mean_oracle) for a in sweep]
-    weak, strong = sweep[0].mean_oracle, baseline.mean_oracle
+    weak, strong = sweep[0].mean_oracle, arms.baseline.mean_oracle
     route_llm: dict[str, float | None] = {"apgr": None, "cpt50": None, "cpt80": None}
     if strong != weak and len({p[0] for p in points}) > 1:
         route_llm = {"apgr": tier_eval.apgr(points, weak, strong), "cpt50": tier_eval.cpt(points, weak, strong, 0.5),
                      "cpt80": tier_eval.cpt(points, weak, strong, 0.8)}
+    return _SweepFigures(sweep, weak, strong, route_llm, tier_eval.ceiling(arms.replay, bad_threshold, arms.baseline))
+
+
+def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any], runs: dict[str, ArmRun],
+                  answers: dict[str, list[Answers]], arms: _ReportArms, sweep: _SweepFigures) -> list[str]:
+    """The report as printed: the arms' table, where each arm's cost went, the threshold sweep, the ceiling,
+    and the headline arm against the article."""
     level1_oracle = [a.level1.oracle for a in answers["tiered"] if a.level1 is not None]
     bad = sum(o < args.bad_threshold for o in level1_oracle)
     lines = [f"zoo {zoo_hash}; {len(records)} eval prompts ({sum(r.risk for r in records)} risk); "
              f"bad case: Level-1 oracle < {args.bad_threshold} ({bad} of {len(level1_oracle)} Level-1 answers, "
              f"mean {statistics.fmean(level1_oracle):.3f}); human review {args.review_seconds:.0f} s per item",
-             *arm_table(arms), ""]
+             *arm_table(arms.table), ""]
     for name, run in runs.items():
         lines.append(f"{name} ({len(run.requests)} prompts, {run.wall_s:.0f} s wall): where the cost went")
         lines += ["  " + line for line in _stage_lines(run.stages)]
-    lines.append(f"escalation threshold (replay): {'threshold':>9} {'L2 share':>8} {'catch':>6} {'false esc':>9} "
-                 f"{'saving':>7} {'PxT sav.':>8} {'quality':>8}")
-    for t in THRESHOLD_GRID:
-        a = tier_eval.compare(tier_eval.evaluate(f"t={t}", replay, tier_eval.threshold_router(replay, t),
-                                                 args.bad_threshold), baseline)
-        lines.append(f"{'':<30} {t:>9.1f} {_pct(a.level2_share):>8} {_pct(a.bad_case_catch):>6} "
-                     f"{_pct(a.false_escalation):>9} {_pct(a.saving):>7} {_pct(a.param_token_saving):>8} "
-                     f"{_num(a.quality_ratio):>8}")
-    lines.append(f"RouteLLM figures of the threshold sweep (Level-1 light-RM score; weak {weak:.3f}, strong "
-                 f"{strong:.3f}): APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
+    lines += _threshold_lines(arms.replay, args.bad_threshold, arms.baseline)
+    route_llm = sweep.route_llm
+    lines.append(f"RouteLLM figures of the threshold sweep (Level-1 light-RM score; weak {sweep.weak:.3f}, strong "
+                 f"{sweep.strong:.3f}): APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
                  f"CPT(80%) {_pct(route_llm['cpt80'])}")
-    best = tier_eval.ceiling(replay, args.bad_threshold, baseline)
-    lines += ceiling_lines(best, oracle_arm)
+    lines += ceiling_lines(sweep.ceiling, arms.oracle_router)
+    skip_answers = answers.get(HEADLINE_ARM)
     if skip_answers is not None:
         skipped = sum(a.skipped for a in skip_answers)
         lines.append(f"{HEADLINE_ARM}: {skipped} of {len(skip_answers)} prompts skipped (reused reward); "
                      "their encoding is in the cost, they are not in the quality mean")
+    headline = arms.headline
     lines.append(f"{'':<14}{'saving':>8} {'quality':>8} {'catch':>7} {'L2 share':>9}")
     lines.append(f"{'article':<14}{ARTICLE['saving']:>8.1%} {ARTICLE['quality_ratio']:>8.3f} "
                  f"{ARTICLE['bad_case_catch']:>7.1%} {ARTICLE['level2_share']:>9.1%}")
     lines.append(f"{'Strata':<14}{_pct(headline.saving):>8} {_num(headline.quality_ratio):>8} "
                  f"{_pct(headline.bad_case_catch):>7} {_pct(headline.level2_share):>9}   ({headline.name})")
-    marks = {"all-Level-2": baseline, "tiered": tiered, "random router": random_arm, "oracle router": oracle_arm}
-    if skip_answers is not None:
-        marks[HEADLINE_ARM] = headline
-    figures = {
-        "zoo": zoo_hash, "prompts": len(records), "risk_prompts": sum(r.risk for r in records),
-        "bad_threshold": args.bad_threshold, "escalation_threshold": threshold,
-        "review_seconds": args.review_seconds, "arms": [tier_eval.to_json(a) for a in arms],
-        "sweep": [tier_eval.to_json(a) for a in sweep], "ceiling": [tier_eval.to_json(a) for a in best],
-        "route_llm": route_llm, "article": ARTICLE,
-        "stages": {name: [dataclasses.asdict(s) for s in run.stages] for name, run in runs.items()},
-        "wall_s": {name: run.wall_s for name, run in runs.items()},
-    }
-    return {"lines": lines, "json": figures, "sweep": sweep, "ceiling": best, "marks": marks, "headline": headline}
+    return lines
+
+
+def _threshold_lines(replay: list[PromptOutcome], bad_threshold: float, baseline: ArmFigures) -> list[str]:
+    """The replayed threshold router at each threshold of ``THRESHOLD_GRID``, one row each under a header."""
+    lines = [f"escalation threshold (replay): {'threshold':>9} {'L2 share':>8} {'catch':>6} {'false esc':>9} "
+             f"{'saving':>7} {'PxT sav.':>8} {'quality':>8}"]
+    for t in THRESHOLD_GRID:
+        a = tier_eval.compare(tier_eval.evaluate(f"t={t}", replay, tier_eval.threshold_router(replay, t),
+                                                 bad_threshold), baseline)
+        lines.append(f"{'':<30} {t:>9.1f} {_pct(a.level2_share):>8} {_pct(a.bad_case_catch):>6} "
+                     f"{_pct(a.false_escalation):>9} {_pct(a.saving):>7} {_pct(a.param_token_saving):>8} "
+                     f"{_num(a.quality_ratio):>8}")
+    return lines
 
 
 def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures) -> list[str]:
