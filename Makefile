@@ -20,9 +20,9 @@ $(VENV)/.installed: pyproject.toml
 test: setup
 	$(PY) -m pytest -q
 
-# The tests that need no Kafka or Redis (the `integration` marker deselected): the quick check while editing.
+# The tests that need no Kafka or Redis and build no zoo (`integration` and `slow` deselected): the check while editing.
 test-fast: setup
-	$(PY) -m pytest -q -m 'not integration'
+	$(PY) -m pytest -q -m 'not integration and not slow'
 
 # The bus, the content store, `strata infra` and the tier services end to end, with authentication
 # on: the session's Kafka takes SASL/PLAIN logins only and its Redis one ACL user (docs/security.md).

@@ -37,6 +37,14 @@ TEST_TUNING: dict[str, Any] = {
 }
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that reaches the session's Kafka and Redis as ``integration``, so that
+    `make test-fast` (``-m 'not integration and not slow'``) never starts them, whatever the file says."""
+    for item in items:
+        if "infra" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
+
+
 def _testcontainers_settings(stack: list) -> StrataSettings:
     """Kafka (one KRaft node) and Redis in containers, from the images compose.yaml runs
     (``STRATA_TEST_KAFKA_IMAGE``, ``STRATA_TEST_REDIS_IMAGE``): the official ones, or the stand-ins

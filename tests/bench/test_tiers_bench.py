@@ -50,7 +50,6 @@ def test_live_figures_cost_skips_their_encoding_and_leave_them_out_of_quality() 
     assert figures.human_seconds == 60.0
 
 
-@pytest.mark.integration
 def _arm(name: str, share: float, saving: float, quality: float):
     from strata_tools.bench.tier_eval import ArmFigures
 

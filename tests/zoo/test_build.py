@@ -95,6 +95,7 @@ def test_bad_configs_fail_before_building() -> None:
     assert grown.rm_strong_init_layers == 16  # all of the grown LM
 
 
+@pytest.mark.slow
 def test_micro_build_loads_through_the_user_loaders_and_is_reused(tmp_path: Path) -> None:
     config = micro_config()
     paths = ZooPaths.under(tmp_path / config.config_hash(), config)
