@@ -225,7 +225,7 @@ def check_learner_update(run: CheckRun) -> tuple[str, Any]:
     """One PPO update of the learner on the device from a full batch, with finite metrics and a checkpoint."""
     from strata.models.prompts import PromptFormat
     from svc_learner.config import LearnerSettings
-    from svc_learner.engine import LearnerEngine, Outcome, Sample, Source
+    from svc_learner.core import LearnerEngine, Outcome, Sample, Source
 
     policy = run.models.llama()
     settings = LearnerSettings(policy_model_path=policy, checkpoint_dir=run.root / "ckpt", device=run.device,

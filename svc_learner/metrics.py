@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from svc_learner.engine import LearnerStatus
+from svc_learner.core import LearnerStatus
 
 UPDATE_SECONDS = Histogram(
     "strata_learner_update_seconds", "Wall time of one PPO update (all epochs)",

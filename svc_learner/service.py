@@ -31,7 +31,7 @@ from strata.service import ServiceParts
 from strata.v1 import learner_pb2, learner_pb2_grpc
 from svc_learner import metrics
 from svc_learner.config import LearnerSettings
-from svc_learner.engine import LearnerEngine
+from svc_learner.core import LearnerEngine
 from svc_learner.servicer import LearnerServicer
 from svc_learner.worker import (
     AppliedMarks,

@@ -9,7 +9,7 @@ import grpc
 from strata.bus import PublishError
 from strata.rpc import abort_unavailable
 from strata.v1 import events_pb2, learner_pb2, learner_pb2_grpc
-from svc_learner.engine import LearnerStatus
+from svc_learner.core import LearnerStatus
 
 
 def status_to_proto(status: LearnerStatus) -> learner_pb2.LearnerStatus:

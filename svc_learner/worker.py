@@ -1,6 +1,6 @@
 """Kafka side of the learner: final rewards in, policy-updated events out, rollouts tailed for sync.
 
-Three pieces, each thin around :class:`~svc_learner.engine.LearnerEngine`:
+Three pieces, each thin around :class:`~svc_learner.core.LearnerEngine`:
 
 * :class:`RewardIntake` — batch handler of ``strata.rewards.scored`` (consumer group ``svc-learner``):
   keeps final rewards of generated rollouts of the trained tiers, fetches the prompt text and the
@@ -44,7 +44,7 @@ from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
 from svc_learner import metrics
 from svc_learner.config import LearnerSettings
-from svc_learner.engine import LEVEL2, LearnerEngine, NewCheckpoint, Outcome, Sample, Source, UpdateResult
+from svc_learner.core import LEVEL2, LearnerEngine, NewCheckpoint, Outcome, Sample, Source, UpdateResult
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from svc_scheduler.engine import SchedulerEngine
 from svc_scheduler.servicer import SERVICE_NAME, SchedulerServicer, add_to_server
 from svc_scheduler.store import SchedulerStore, connect
 from svc_scheduler.watch import WatchFeed, WatchHub
-from svc_scheduler.workers import IndexSync, StatsUpdater
+from svc_scheduler.worker import IndexSync, StatsUpdater
 
 log = logging.getLogger(__name__)
 

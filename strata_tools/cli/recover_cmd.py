@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from svc_reward.registry import RmRegistry
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.store import SchedulerStore
-    from svc_scheduler.workers import StatsUpdater
+    from svc_scheduler.worker import StatsUpdater
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def run_redis(args: argparse.Namespace) -> int:
     from strata_tools.train import request_done
     from svc_reward.registry import RmRegistry
     from svc_scheduler.store import SchedulerStore
-    from svc_scheduler.workers import StatsUpdater
+    from svc_scheduler.worker import StatsUpdater
 
     settings = _settings()
     topics = recover_topics()
@@ -375,7 +375,7 @@ def run_redis(args: argparse.Namespace) -> int:
         writing = not args.dry_run and (verdict.lost or args.force)
         store = SchedulerStore(client, settings)
         rebuilder = Rebuilder(store, StatsUpdater(store, settings), RmRegistry(client), writing)
-        with _quiet("svc_scheduler.workers", args.verbose):
+        with _quiet("svc_scheduler.worker", args.verbose):
             read(topics.rewards, lambda d: (history.add_reward(d.message, d.timestamp_ms), rebuilder.reward(d)))
             read(topics.policy, rebuilder.policy, scan.refused(topics.policy))
             read(topics.rm, rebuilder.rm, scan.refused(topics.rm))

@@ -43,7 +43,7 @@ from strata_tools.recover import (
 from svc_reward.registry import RmRegistry, describe
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.store import SchedulerStore
-from svc_scheduler.workers import StatsUpdater
+from svc_scheduler.worker import StatsUpdater
 
 pytestmark = pytest.mark.integration
 

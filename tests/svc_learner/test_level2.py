@@ -22,7 +22,7 @@ from strata.models.tiny import build_char_policy
 from strata.models.tokens import tokenizer_id
 from strata.v1 import common_pb2, events_pb2
 from svc_learner.config import LearnerSettings
-from svc_learner.engine import LEVEL2, LearnerEngine, Outcome, Sample, Source
+from svc_learner.core import LEVEL2, LearnerEngine, Outcome, Sample, Source
 from svc_learner.service import level2_behaviour_path
 from svc_learner.worker import RewardIntake, sample_key, skip_reason
 
@@ -139,7 +139,7 @@ def test_with_train_tiers_1_level2_samples_are_skipped_tier(policy_dir: Path, le
 def test_a_level2_model_with_another_vocabulary_switches_level2_training_off(
     policy_dir: Path, other_vocab_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="svc_learner.engine"):
+    with caplog.at_level(logging.WARNING, logger="svc_learner.core"):
         engine = engine_for(policy_dir, tmp_path, other_vocab_dir)
     assert "another vocabulary than the policy" in caplog.text and "switched off" in caplog.text
     assert engine.trained_tiers == {1} and engine.level2_model_path is None and engine.level2_tokenizer is None

@@ -147,7 +147,7 @@ def test_a_reward_that_is_not_a_number_is_poison_not_folded() -> None:
     from strata.bus import PoisonMessageError
     from strata.v1 import events_pb2
     from svc_scheduler.config import SchedulerSettings
-    from svc_scheduler.workers import StatsUpdater
+    from svc_scheduler.worker import StatsUpdater
 
     updater = StatsUpdater(None, SchedulerSettings())  # type: ignore[arg-type]  # refused before any store call
     for value in (float("nan"), float("inf")):
@@ -162,7 +162,7 @@ def test_a_policy_update_ages_statistics_only_once_its_checkpoint_is_checked(tmp
     from strata.contract.checksums import POLICY_META_FILE, POLICY_WEIGHTS_FILE, policy_checksum
     from strata.v1 import events_pb2
     from svc_scheduler.config import SchedulerSettings
-    from svc_scheduler.workers import StatsUpdater
+    from svc_scheduler.worker import StatsUpdater
 
     class Versions:
         def __init__(self) -> None:
@@ -196,7 +196,7 @@ def test_a_policy_update_ages_statistics_only_once_its_checkpoint_is_checked(tmp
 def test_a_reward_awaiting_annotation_is_not_folded() -> None:
     from strata.v1 import events_pb2
     from svc_scheduler.config import SchedulerSettings
-    from svc_scheduler.workers import StatsUpdater
+    from svc_scheduler.worker import StatsUpdater
 
     updater = StatsUpdater(None, SchedulerSettings())  # type: ignore[arg-type]  # returns before any store call
     provisional = events_pb2.RewardScored(prompt_hash="a" * 64, response_hash="b" * 64, reward=4.0,

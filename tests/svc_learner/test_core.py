@@ -10,7 +10,7 @@ import pytest
 from strata.models.tiny import build_char_policy
 from svc_learner.checkpoint import verify_checkpoint
 from svc_learner.config import LearnerSettings
-from svc_learner.engine import LearnerEngine, Outcome, Sample, Source, WeightSync
+from svc_learner.core import LearnerEngine, Outcome, Sample, Source, WeightSync
 
 TOPIC = "rewards"
 
@@ -97,7 +97,7 @@ def test_weight_sync_is_publish_to_first_rollout_on_the_version() -> None:
 
 def test_escalated_level1_samples_train_unless_turned_off() -> None:
     from strata.v1 import common_pb2, events_pb2
-    from svc_learner.engine import Outcome
+    from svc_learner.core import Outcome
     from svc_learner.worker import skip_reason
 
     tiers = frozenset({1})
@@ -112,7 +112,7 @@ def test_escalated_level1_samples_train_unless_turned_off() -> None:
 @pytest.mark.parametrize("reward", [float("nan"), float("inf"), float("-inf")])
 def test_a_reward_that_is_not_a_number_never_reaches_a_batch(reward: float) -> None:
     from strata.v1 import common_pb2, events_pb2
-    from svc_learner.engine import Outcome
+    from svc_learner.core import Outcome
     from svc_learner.worker import skip_reason
 
     event = events_pb2.RewardScored(response_hash="r", tier=common_pb2.TIER_LEVEL_1, final=True, reward=reward,
