@@ -27,6 +27,7 @@ from strata.bus.scan import TopicScan
 from strata.config import StrataSettings
 from strata.errors import CliError
 from strata.v1 import annotation_pb2, annotation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from strata_tools.cli.progress import redraw
 from strata_tools.infra import InfraError
 from strata_tools.infra import up as infra_up
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
@@ -127,7 +128,7 @@ def _show_round(bar: tqdm, updates: int, stats: RoundStats, advanced: int) -> No
     bar.n = min(advanced, updates)
     reward = "-" if stats.mean_reward is None else f"{stats.mean_reward:.2f}"
     bar.set_postfix_str(f"round {stats.round} reward {reward} finals {stats.finals}", refresh=False)
-    bar.refresh()
+    redraw(bar)
 
 
 def _train_with_desk(settings: StrataSettings, args: argparse.Namespace) -> tuple[TrainSummary, SimulatedDesk]:

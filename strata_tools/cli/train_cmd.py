@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from strata.config import StrataSettings
 from strata.errors import CliError
+from strata_tools.cli.progress import redraw
 from strata_tools.train import Addresses, RoundStats, TrainOptions, train
 
 
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         reward = "-" if stats.mean_reward is None else f"{stats.mean_reward:.2f}"
         bar.set_postfix_str(f"round {stats.round} v{stats.policy_version} reward {reward} "
                             f"finals {stats.finals}", refresh=False)
-        bar.refresh()
+        redraw(bar)
 
     try:
         summary = train(settings, options, addresses, progress)

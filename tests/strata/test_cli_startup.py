@@ -3,8 +3,11 @@ health`) must answer within its timeout, without the seconds torch and transform
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
+
+from tqdm import tqdm
 
 from strata_tools.cli.main import COMMAND_MODULES, MODULE_OF_COMMAND, build_parser
 
@@ -34,3 +37,18 @@ def test_progress_bars_written_to_a_pipe_draw_at_most_every_30_seconds() -> None
     piped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert len(piped.stderr.split("\r")) <= 3, piped.stderr  # the first draw, the last, and no tick between
     assert "50/50" in piped.stderr
+
+
+def test_a_round_redraw_keeps_the_bars_pace() -> None:
+    from strata_tools.cli.progress import redraw
+
+    log = io.StringIO()
+    bar = tqdm(total=8, file=log, mininterval=30)  # as on a pipe
+    for round_ in range(20):  # the demo's rounds: the count rarely moves, the figures do
+        bar.n = round_ // 5
+        bar.set_postfix_str(f"round {round_}", refresh=False)
+        redraw(bar)
+    assert len(log.getvalue().split("\r")) <= 2, log.getvalue()  # the first draw only
+    bar.mininterval = 0  # as on a terminal: every round shows
+    redraw(bar)
+    assert log.getvalue().endswith("round 19]")
