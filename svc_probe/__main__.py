@@ -16,13 +16,13 @@ from strata.content_store import ContentStore
 from strata.contract.models import model_path
 from strata.devicetime import device_clock
 from strata.models.loading import ZOO_INFO_FILE, LoadedModel, ModelLoadError, check_model_dir, load_causal_lm
+from strata.models.probe_head import has_head, load_head, model_hidden_size
 from strata.models.prompts import PromptFormat
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, service_main
 from strata.v1 import probe_pb2, probe_pb2_grpc
 from svc_probe.config import ProbeSettings
 from svc_probe.core import ProbeResult, ProbeRules, ProbeSetupError, choose_method, probe
-from svc_probe.head import has_head, load_head, model_hidden_size
 from svc_probe.servicer import ProbeServicer
 from svc_probe.worker import ProbeFn, ProbeWorker
 

@@ -4,7 +4,7 @@ Two methods, one set of rules:
 
 - **head** (a probe directory with ``probe_head.json``, ``strata probe train``): the LM reads each
   prompt as it would be asked it (``PromptFormat.query_text``) and a linear head on its last hidden
-  state gives D direction logits and one risk logit (``svc_probe.head``). One forward over the batch of
+  state gives D direction logits and one risk logit (``strata.models.probe_head``). One forward over the batch of
   prompts; the directions are the head's own set (a user's may differ from the canonical one).
 - **likelihood** (the zoo's probe, trained on ``format_probe_query(prompt)`` ``"Q: ...\\nDirections:"``):
   how likely each canonical direction name is as the continuation; a softmax over the directions'
@@ -29,9 +29,9 @@ import torch
 from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.template import RISK_PREFIX, format_probe_query
 from strata.models.loading import LoadedModel
+from strata.models.probe_head import DirectionsHead, encode_queries, last_token_features, prompt_features
 from strata.models.prompts import PromptFormat
 from strata.risk import match_keywords
-from svc_probe.head import DirectionsHead, encode_queries, last_token_features, prompt_features
 from svc_probe.prefix import PrefixLogits, prefix_shared_logits, unsupported
 
 ProbeMethod = Literal["auto", "head", "likelihood"]

@@ -35,13 +35,13 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from strata.models.probe_head import has_head, load_head, model_hidden_size
     from strata.models.prompts import PromptFormat
     from strata_tools.zoo.build import ensure_zoo
     from strata_tools.zoo.suite import load_suite
     from svc_probe.__main__ import make_probe_fn, set_torch_threads
     from svc_probe.config import ProbeSettings
     from svc_probe.core import forward_alone
-    from svc_probe.head import has_head, load_head, model_hidden_size
     from svc_probe.servicer import ProbeServicer
 
     settings = ProbeSettings(model=args.model, device="cpu")

@@ -1,7 +1,7 @@
 """``strata probe``: the Level-0 probe for a user's model (issue 25, docs/probe.md).
 
 - ``strata probe train --model DIR --data prompts.jsonl --out OUT``: fit the probe's directions head
-  (``svc_probe.head``) on the model's last hidden state; OUT becomes a probe directory the service
+  (``strata.models.probe_head``) on the model's last hidden state; OUT becomes a probe directory the service
   serves (``python -m svc_probe --model OUT``): the model's files and ``probe_head.*``.
 - ``strata probe compare --probe OUT --data prompts.jsonl``: on a probe directory that has a head and
   is the zoo's probe, held-out accuracy and CPU latency of the head against the likelihood method.
@@ -191,8 +191,8 @@ def _features(lm: Any, prompts: Sequence[str], max_tokens: int, batch_size: int)
     """(N, H) features on the CPU, computed in batches with progress lines."""
     import torch
 
+    from strata.models.probe_head import prompt_features
     from strata.models.prompts import PromptFormat
-    from svc_probe.head import prompt_features
 
     fmt = PromptFormat.of(lm.tokenizer)
     started = time.perf_counter()
@@ -210,7 +210,7 @@ def _features(lm: Any, prompts: Sequence[str], max_tokens: int, batch_size: int)
 
 def _copy_model_files(model: Path, staging: Path) -> int:
     """Copy the model directory's top-level files (links followed) but any old head; bytes copied."""
-    from svc_probe.head import HEAD_INFO, HEAD_WEIGHTS
+    from strata.models.probe_head import HEAD_INFO, HEAD_WEIGHTS
 
     copied = 0
     skipped = []
@@ -305,7 +305,7 @@ def _held_out_metrics(features: Any, labels: Any, risk: Any, held_idx: list[int]
     """The fitted head's figures on the held-out examples, printed; None when none is held out."""
     import torch
 
-    from svc_probe.head import evaluate
+    from strata.models.probe_head import evaluate
 
     if not held_idx:
         return None
@@ -343,7 +343,7 @@ def _head_info(args: argparse.Namespace, inputs: _TrainInputs, lm: Any, prompt_f
 
 def _fill_probe_dir(model_dir: Path, head: Any, out: Path, staging: Path) -> None:
     """The probe directory's contents, written into ``staging``: the model's files, then the head."""
-    from svc_probe.head import save_head
+    from strata.models.probe_head import save_head
 
     copied = _copy_model_files(model_dir, staging)
     save_head(head, staging)
@@ -359,8 +359,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     import torch
 
+    from strata.models.probe_head import DirectionsHead, FitConfig, fit_head, model_hidden_size
     from strata.models.prompts import PromptFormat
-    from svc_probe.head import DirectionsHead, FitConfig, fit_head, model_hidden_size
 
     used = [name for name in inputs.directions if any(e.direction == name for e in examples)]
     unused = [name for name in inputs.directions if name not in used]
@@ -398,7 +398,7 @@ def run_train(args: argparse.Namespace) -> int:
 def _checked_probe_dir(probe: Path) -> Path:
     """The --probe directory, which must hold a head; a note when it is not the zoo's probe."""
     from strata.models.loading import ZOO_INFO_FILE, ModelLoadError, check_model_dir
-    from svc_probe.head import has_head
+    from strata.models.probe_head import has_head
 
     try:
         probe_dir = check_model_dir(probe)
@@ -434,7 +434,7 @@ def _timed_probes(lm: Any, batches: list[list[Example]], methods: dict[str, Any]
 def _print_comparison(examples: list[Example], results: dict[str, list[Any]], seconds: dict[str, float],
                       n_batches: int) -> dict[str, tuple[float, float]]:
     """One table row per method; each method's (top1, ms per prompt)."""
-    from svc_probe.head import roc_auc
+    from strata.models.probe_head import roc_auc
 
     n = len(examples)
     labels = [e.risk for e in examples]
@@ -464,9 +464,9 @@ def run_compare(args: argparse.Namespace) -> int:
     import torch
 
     from strata.models.loading import ModelLoadError
+    from strata.models.probe_head import load_head, model_hidden_size
     from strata.models.prompts import PromptFormat
     from svc_probe.core import ProbeRules
-    from svc_probe.head import load_head, model_hidden_size
 
     lm = _load_lm(probe_dir, args.device, args.dtype)
     try:

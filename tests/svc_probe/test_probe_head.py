@@ -12,15 +12,7 @@ import torch
 
 from strata.contract.directions import DIRECTION_NAMES
 from strata.models.loading import load_causal_lm
-from strata.models.prompts import PromptFormat
-from strata.models.tiny import build_tiny_model
-from strata_tools.cli.main import main
-from strata_tools.zoo.build import ZooPaths
-from svc_probe.__main__ import main as service_main
-from svc_probe.__main__ import make_probe_fn
-from svc_probe.config import ProbeSettings
-from svc_probe.core import ProbeRules, ProbeSetupError, choose_method, probe
-from svc_probe.head import (
+from strata.models.probe_head import (
     HEAD_INFO,
     HEAD_WEIGHTS,
     DirectionsHead,
@@ -30,6 +22,14 @@ from svc_probe.head import (
     roc_auc,
     save_head,
 )
+from strata.models.prompts import PromptFormat
+from strata.models.tiny import build_tiny_model
+from strata_tools.cli.main import main
+from strata_tools.zoo.build import ZooPaths
+from svc_probe.__main__ import main as service_main
+from svc_probe.__main__ import make_probe_fn
+from svc_probe.config import ProbeSettings
+from svc_probe.core import ProbeRules, ProbeSetupError, choose_method, probe
 
 SUBJECTS = ("a linked list", "binary search", "my garden", "the budget", "a web server", "taxes", "sorting",
             "holiday photos", "a birthday cake", "the old car", "my dog", "an essay")
@@ -294,7 +294,7 @@ def test_a_failure_while_writing_leaves_no_half_written_out(
         (Path(directory) / HEAD_WEIGHTS).write_bytes(b"half")
         raise OSError("No space left on device")
 
-    monkeypatch.setattr("svc_probe.head.save_head", disk_full)
+    monkeypatch.setattr("strata.models.probe_head.save_head", disk_full)
     data = write_rows(tmp_path / "data.jsonl")
     with pytest.raises(OSError, match="No space left"):
         train(models["qwen2"], data, tmp_path / "probe", "--epochs", "5")

@@ -1,4 +1,4 @@
-"""The probe's directions head (issue 25): a linear classifier on the probe LM's last hidden state.
+"""The Level-0 probe's directions head (issue 25): a linear classifier on the probe LM's last hidden state.
 
 The zoo's probe scores each direction by the likelihood of its name after the zoo's text template
 (``svc_probe.core``); a user's own LM has never seen that template, so its likelihoods mean nothing.
