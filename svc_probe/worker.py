@@ -19,12 +19,13 @@ log = logging.getLogger(__name__)
 ProbeFn = Callable[[Sequence[str]], list[ProbeResult]]
 
 
-def forward(routed: events_pb2.PromptRouted, result: ProbeResult) -> events_pb2.PromptRouted:
-    """The event the probe sends on: same request, now with directions and the next tier. Pure."""
+def forward(routed: events_pb2.PromptRouted, result: ProbeResult, n_directions: int = 1) -> events_pb2.PromptRouted:
+    """The event the probe sends on: same request, now with its best ``n_directions`` directions (the
+    generator's ``Directions:`` line) and the next tier. Pure."""
     out = events_pb2.PromptRouted()
     out.CopyFrom(routed)
     del out.directions[:]
-    out.directions.extend(common_pb2.Direction(name=n, score=s) for n, s in result.directions)
+    out.directions.extend(common_pb2.Direction(name=n, score=s) for n, s in result.directions[:n_directions])
     if result.caution:
         out.tier = common_pb2.TIER_LEVEL_2
         out.decision = common_pb2.DECISION_LEVEL_2
@@ -40,8 +41,9 @@ def forward(routed: events_pb2.PromptRouted, result: ProbeResult) -> events_pb2.
 class ProbeWorker:
     def __init__(self, probe_fn: ProbeFn, store: ContentStore, publisher: Publisher,
                  client: redis.Redis | None = None, n_params: int = 0, ledger_ttl_s: int = 7 * 24 * 3600,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, forward_directions: int = 1) -> None:
         self._clock = clock  # device-seconds (strata.devicetime)
+        self._forward_directions = forward_directions
         self._probe = probe_fn
         self._store = store
         self._publisher = publisher
@@ -61,10 +63,10 @@ class ProbeWorker:
         seconds = ledger.split_by_tokens(self._clock() - started, [r.tokens for r in results])
         futures = []
         for delivery, result in zip(deliveries, results, strict=True):
-            out = forward(delivery.message, result)
+            out = forward(delivery.message, result, self._forward_directions)
             futures.append(self._publisher.publish(topics.prompts_topic(out.tier), out))
             log.info("probe prompt=%s -> tier=%s directions=%s caution=%s", out.prompt_hash[:12],
-                     common_pb2.Tier.Name(out.tier), ",".join(n for n, _ in result.directions), result.caution)
+                     common_pb2.Tier.Name(out.tier), ",".join(d.name for d in out.directions), result.caution)
         self._publisher.wait(futures)
         if self._redis is not None:
             with self._redis.pipeline(transaction=True) as pipe:

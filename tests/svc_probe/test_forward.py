@@ -1,4 +1,5 @@
 from strata.v1 import common_pb2, events_pb2
+from svc_probe.config import ProbeSettings
 from svc_probe.core import ProbeResult
 from svc_probe.worker import forward
 
@@ -10,12 +11,15 @@ def routed() -> events_pb2.PromptRouted:
     return event
 
 
-def test_confident_prompt_goes_to_level1_with_directions() -> None:
+def test_confident_prompt_goes_to_level1_with_its_best_direction() -> None:
     result = ProbeResult((("give_code", 0.7), ("give_steps", 0.2), ("give_example", 0.05)), 0.7, 0.1, False, "")
-    out = forward(routed(), result)
+    out = forward(routed(), result, ProbeSettings().forward_directions)
     assert out.tier == common_pb2.TIER_LEVEL_1
-    assert [(d.name, round(d.score, 2)) for d in out.directions] == [
+    assert [(d.name, round(d.score, 2)) for d in out.directions] == [("give_code", 0.7)]  # the default: one
+    three = forward(routed(), result, 3)
+    assert [(d.name, round(d.score, 2)) for d in three.directions] == [
         ("give_code", 0.7), ("give_steps", 0.2), ("give_example", 0.05)]
+    assert not forward(routed(), result, 0).directions  # a bare prompt
     assert not out.caution
     assert (out.n_samples, out.request_id, out.sampling.temperature) == (2, "r1", routed().sampling.temperature)
 
