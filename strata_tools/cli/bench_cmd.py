@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 BENCHES: dict[str, str] = {
     "zoo": "strata_tools.bench.zoo",
     "probe": "strata_tools.bench.probe",
+    "level0": "strata_tools.bench.level0",
     "generator": "strata_tools.bench.generator",
     "scheduler": "strata_tools.bench.scheduler",
     "learner": "strata_tools.bench.learner",
