@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from strata.errors import CliError
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
+from strata_tools.train import paired_change
 
 if TYPE_CHECKING:
     import torch
@@ -112,11 +113,13 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     models = _load(args)
     rng = random.Random(args.seed)
-    fresh = rng.sample(load_suite("fresh"), min(args.prompts, len(load_suite("fresh"))))
-    train = rng.sample(load_suite("train"), min(args.train_prompts, len(load_suite("train"))))
+    fresh_split, train_split = load_suite("fresh"), load_suite("train")
+    fresh = rng.sample(fresh_split, min(args.prompts, len(fresh_split)))
+    train = rng.sample(train_split, min(args.train_prompts, len(train_split)))
     print(f"level0 bench: zoo {models.zoo}; {len(fresh)} fresh prompts ({sum(r.risk for r in fresh)} risk) x "
           f"{args.seeds} seeds per arm; {len(train)} train prompts label the learned caution", flush=True)
-    head = _fit_directions_head(models, load_suite("train"), args.seed)
+    # Fitted on every train prompt: its intent and its topic's risk flag (as `strata probe train`).
+    head = _fit_head(models, train_split, [r.risk for r in train_split], args.seed, "intent and topic risk")
     probed = {"likelihood": _probe(models, fresh, None), "head": _probe(models, fresh, head)}
     arms = [_run_arm(models, name, fresh, _lines(name, fresh, probed), args.seeds) for name in ARMS]
     _print_arms(arms, len(fresh), args.seeds)
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     failed = _failures(models, train, [_served_line(p)[: models.forward_directions] for p in served_train])
     print(f"caution labels: {sum(failed)} of {len(train)} train prompts get a bad Level-1 answer "
           f"({sum(failed) / len(train):.1%})", flush=True)
-    failure_head = _fit_failure_head(models, train, failed, args.seed)
+    failure_head = _fit_head(models, train, failed, args.seed, "intent and Level-1 failures")
     served = next(a for a in arms if a.name == _served_arm(models.forward_directions))
     detectors = _detectors(models, fresh, probed, head, failure_head, served, args.seeds)
     _print_detectors(detectors, served)
@@ -132,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
     none = by_name["none"].scores
     keyword, learned = detectors[0], next(d for d in detectors if d.name == "learned failure")
     print(f"done in {time.perf_counter() - started:.0f} s")
-    print(f"level0 served_vs_none={_change(none, served.scores)[0]:+.3f} "
-          f"head_vs_none={_change(none, by_name['head top-3'].scores)[0]:+.3f} "
-          f"intent_vs_none={_change(none, by_name['true intent'].scores)[0]:+.3f} "
+    print(f"level0 served_vs_none={paired_change(none, served.scores).mean:+.3f} "
+          f"head_vs_none={paired_change(none, by_name['head top-3'].scores).mean:+.3f} "
+          f"intent_vs_none={paired_change(none, by_name['true intent'].scores).mean:+.3f} "
           f"keyword_auc={_fmt(keyword.auc)} learned_auc={_fmt(learned.auc)}")
     return 0
 
@@ -172,41 +175,19 @@ def _features(models: _Models, records: Sequence[PromptRecord], batch: int = 64)
     return torch.cat(parts).cpu()
 
 
-def _head(names: Sequence[str], weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-          what: str) -> DirectionsHead:
-    from strata.contract.directions import DIRECTIONS
-    from strata.models.probe_head import DirectionsHead
-
-    return DirectionsHead(tuple((n, DIRECTIONS[n]) for n in names), *weights, info={"fitted": what})
-
-
-def _fit_directions_head(models: _Models, train: Sequence[PromptRecord], seed: int) -> DirectionsHead:
-    """A head fitted on every train prompt: its intent, and its topic's risk flag (as `strata probe train`)."""
+def _fit_head(models: _Models, records: Sequence[PromptRecord], risk: Sequence[bool], seed: int,
+              what: str) -> DirectionsHead:
+    """A head fitted on ``records``: directions from their intents, its risk output from ``risk``."""
     import torch
 
-    from strata.contract.directions import DIRECTION_NAMES
-    from strata.models.probe_head import FitConfig, fit_head
+    from strata.contract.directions import DIRECTION_NAMES, DIRECTIONS
+    from strata.models.probe_head import DirectionsHead, FitConfig, fit_head
 
     names = list(DIRECTION_NAMES)
-    directions = torch.tensor([names.index(r.intent) for r in train])
-    risk = torch.tensor([r.risk for r in train])
-    weights = fit_head(_features(models, train), directions, risk, len(names), FitConfig(seed=seed))
-    return _head(names, weights, "intent and topic risk")
-
-
-def _fit_failure_head(models: _Models, train: Sequence[PromptRecord], failed: Sequence[bool],
-                      seed: int) -> DirectionsHead:
-    """A head whose risk output is "Level-1's answer to this prompt is bad" (its directions: the intents)."""
-    import torch
-
-    from strata.contract.directions import DIRECTION_NAMES
-    from strata.models.probe_head import FitConfig, fit_head
-
-    names = list(DIRECTION_NAMES)
-    directions = torch.tensor([names.index(r.intent) for r in train])
-    weights = fit_head(_features(models, train), directions, torch.tensor(list(failed)), len(names),
+    directions = torch.tensor([names.index(r.intent) for r in records])
+    weights = fit_head(_features(models, records), directions, torch.tensor(list(risk)), len(names),
                        FitConfig(seed=seed))
-    return _head(names, weights, "intent and Level-1 failures")
+    return DirectionsHead(tuple((n, DIRECTIONS[n]) for n in names), *weights, info={"fitted": what})
 
 
 def _probe(models: _Models, records: Sequence[PromptRecord], head: DirectionsHead | None) -> list[ProbeResult]:
@@ -271,18 +252,13 @@ def _failures(models: _Models, records: Sequence[PromptRecord], lines: Sequence[
     return [score < BAD_THRESHOLD for score, _ in _answer(models, records, lines, seed=0)]
 
 
-def _change(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
-    """Mean paired difference after - before and its standard error."""
-    diffs = [a - b for b, a in zip(before, after, strict=True)]
-    return statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
-
-
 def _print_arms(arms: Sequence[_Arm], prompts: int, seeds: int) -> None:
     none = arms[0].scores
     print(f"directions for Level-1 ({prompts} fresh prompts x {seeds} seeds, oracle 0-5):")
     print(f"  {'arm':<17} {'oracle':>7} {'vs none':>16} {'bad':>6} {'on intent':>10} {'1st = intent':>13}")
     for arm in arms:
-        delta = "-" if arm is arms[0] else "{:+.3f} ± {:.3f}".format(*_change(none, arm.scores))
+        change = paired_change(none, arm.scores)
+        delta = "-" if arm is arms[0] else f"{change.mean:+.3f} ± {change.stderr:.3f}"
         print(f"  {arm.name:<17} {statistics.fmean(arm.scores):>7.3f} {delta:>16} {arm.bad_share:>6.1%} "
               f"{statistics.fmean(arm.on_intent):>10.3f} {arm.first_is_intent:>13.1%}")
 
