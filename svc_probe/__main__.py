@@ -51,7 +51,7 @@ def make_probe_fn(settings: ProbeSettings) -> tuple[ProbeFn, LoadedModel]:
     else:
         log.info("probe method: likelihood of the canonical direction names%s",
                  "" if is_zoo_probe else " (asked for on a model that is not the zoo's probe)")
-    rules = ProbeRules(settings.top_k, settings.min_confidence, settings.risk_threshold, settings.keywords())
+    rules = ProbeRules.of(settings)
     lock = threading.Lock()  # one forward at a time: gRPC threads and the worker share the model
 
     def probe_fn(prompts: Sequence[str]) -> list[ProbeResult]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -33,6 +33,9 @@ from strata.models.probe_head import DirectionsHead, encode_queries, last_token_
 from strata.models.prompts import PromptFormat
 from strata.risk import match_keywords
 from svc_probe.prefix import PrefixLogits, prefix_shared_logits, unsupported
+
+if TYPE_CHECKING:
+    from svc_probe.config import ProbeSettings
 
 ProbeMethod = Literal["auto", "head", "likelihood"]
 
@@ -57,6 +60,11 @@ class ProbeRules:
     min_confidence: float = 0.3
     risk_threshold: float = 0.5
     risk_keywords: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, settings: ProbeSettings) -> ProbeRules:
+        """The rules the service applies under ``settings``."""
+        return cls(settings.top_k, settings.min_confidence, settings.risk_threshold, settings.keywords())
 
 
 def choose_method(requested: ProbeMethod, has_head: bool, is_zoo_probe: bool, where: str) -> str:

@@ -154,8 +154,7 @@ def _load(args: argparse.Namespace) -> _Models:
 
     zoo = ensure_zoo(StrataSettings())
     probe_settings = ProbeSettings()
-    rules = ProbeRules(probe_settings.top_k, probe_settings.min_confidence, probe_settings.risk_threshold,
-                       probe_settings.keywords())
+    rules = ProbeRules.of(probe_settings)
     defaults = GeneratorSettings().sampling_defaults()
     sampling = SamplingConfig(defaults.temperature, defaults.top_p, args.max_new_tokens or defaults.max_new_tokens)
     _served_arm(probe_settings.forward_directions)  # one the bench measures, before any model loads

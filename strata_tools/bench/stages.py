@@ -118,8 +118,7 @@ def profile_probe(args: argparse.Namespace, settings: Any) -> Stages:
     probe_settings = ProbeSettings(**settings.model_dump(exclude={"grpc_port"}), device="cpu")
     set_torch_threads(probe_settings)
     probe_fn, lm = make_probe_fn(probe_settings)
-    rules = ProbeRules(probe_settings.top_k, probe_settings.min_confidence, probe_settings.risk_threshold,
-                       probe_settings.keywords())
+    rules = ProbeRules.of(probe_settings)
     server = start_server([ServiceBinding(probe_pb2_grpc.add_ProbeServicer_to_server,
                                           ProbeServicer(probe_fn, probe_settings.max_prompt_chars, 3),
                                           probe_pb2.DESCRIPTOR.services_by_name["Probe"].full_name)],

@@ -119,8 +119,7 @@ def _level1_records(records: list[PromptRecord], probe_settings: ProbeSettings,
     from strata.models.loading import load_causal_lm
     from svc_probe.core import ProbeRules, probe
 
-    rules = ProbeRules(probe_settings.top_k, probe_settings.min_confidence, probe_settings.risk_threshold,
-                       probe_settings.keywords())
+    rules = ProbeRules.of(probe_settings)
     probe_lm = load_causal_lm(zoo.probe, device="cpu")
     results = probe(probe_lm, [r.text for r in records], rules, probe_settings.max_prompt_tokens)
     level1_records = [(r, res) for r, res in zip(records, results, strict=True) if not res.caution]

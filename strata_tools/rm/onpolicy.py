@@ -131,8 +131,7 @@ def sample_policy_answers(probe_dir: Path, generator_dirs: Mapping[str, Path], r
     from svc_probe.core import ProbeRules, probe
 
     probe_settings = ProbeSettings()
-    rules = ProbeRules(probe_settings.top_k, probe_settings.min_confidence, probe_settings.risk_threshold,
-                       probe_settings.keywords())
+    rules = ProbeRules.of(probe_settings)
     texts = [record.text for record in records]
     results = probe(load_causal_lm(probe_dir, device="cpu"), texts, rules, probe_settings.max_prompt_tokens)
     directions = [tuple(name for name, _ in result.directions) for result in results]
