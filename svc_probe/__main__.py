@@ -68,8 +68,8 @@ def build(settings: ProbeSettings) -> ServiceParts:
     client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings, client_id="svc-probe")
-    handler = ProbeWorker(probe_fn, store, publisher, client, lm.n_params, settings.content_ttl_s,
-                          device_clock(lm.device), settings.forward_directions)
+    handler = ProbeWorker(probe_fn, store, publisher, settings.forward_directions, client, lm.n_params,
+                          settings.content_ttl_s, device_clock(lm.device))
     worker = Worker(settings, settings.group_id, publisher=publisher,
                     batch_handlers={topics.PROMPTS_LEVEL0: handler.handle_batch})
     servicer = ProbeServicer(probe_fn, settings.max_prompt_chars, settings.top_k)

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 ProbeFn = Callable[[Sequence[str]], list[ProbeResult]]
 
 
-def forward(routed: events_pb2.PromptRouted, result: ProbeResult, n_directions: int = 1) -> events_pb2.PromptRouted:
+def forward(routed: events_pb2.PromptRouted, result: ProbeResult, n_directions: int) -> events_pb2.PromptRouted:
     """The event the probe sends on: same request, now with its best ``n_directions`` directions (the
     generator's ``Directions:`` line) and the next tier. Pure."""
     out = events_pb2.PromptRouted()
@@ -39,9 +39,9 @@ def forward(routed: events_pb2.PromptRouted, result: ProbeResult, n_directions: 
 
 
 class ProbeWorker:
-    def __init__(self, probe_fn: ProbeFn, store: ContentStore, publisher: Publisher,
+    def __init__(self, probe_fn: ProbeFn, store: ContentStore, publisher: Publisher, forward_directions: int,
                  client: redis.Redis | None = None, n_params: int = 0, ledger_ttl_s: int = 7 * 24 * 3600,
-                 clock: Callable[[], float] = time.perf_counter, forward_directions: int = 1) -> None:
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock  # device-seconds (strata.devicetime)
         self._forward_directions = forward_directions
         self._probe = probe_fn

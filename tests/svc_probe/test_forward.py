@@ -26,7 +26,7 @@ def test_confident_prompt_goes_to_level1_with_its_best_direction() -> None:
 
 def test_cautious_prompt_goes_to_level2_marked_as_escalated() -> None:
     result = ProbeResult((("explain_principle", 0.5),), 0.5, 0.9, True, "risk topic (p=0.90)")
-    out = forward(routed(), result)
+    out = forward(routed(), result, 1)
     assert out.tier == common_pb2.TIER_LEVEL_2
     assert out.decision == common_pb2.DECISION_LEVEL_2
     assert out.escalated_from == common_pb2.TIER_LEVEL_0
