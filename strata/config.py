@@ -66,8 +66,18 @@ class StrataSettings(BaseSettings):
     kafka_ssl_keyfile: Path | None = Field(None, description="PEM private key of kafka_ssl_certfile")
     # Redis credentials: for the managed Redis only (`strata infra up` creates the user, and
     # redis_address carries them). An external Redis takes its user, password and TLS in redis_url.
-    redis_username: str | None = Field(None, description="local Redis: ACL user (unset: requirepass only)")
-    redis_password: SecretStr | None = Field(None, description="local Redis: password; set, Redis needs it")
+    redis_username: str | None = Field(
+        None, description="local or Sentinel-found Redis: ACL user (unset: requirepass only)"
+    )
+    redis_password: SecretStr | None = Field(
+        None, description="local or Sentinel-found Redis: password; set, Redis needs it"
+    )
+    # Redis Sentinel (docs/deploy.md, "Beyond one host"): clients ask these Sentinels for the current
+    # primary and follow it through a failover. redis_username / redis_password log in to the data nodes.
+    redis_sentinels: str | None = Field(
+        None, description="host:port[,host:port] of the Sentinels of an existing Redis (instead of redis_url)"
+    )
+    redis_sentinel_primary: str = Field("strata", description="the name the Sentinels monitor the primary under")
 
     # Local infrastructure (used only when the addresses above are unset).
     state_dir: Path = Field(Path(".strata"), description="runtime state: Kafka log dir, Redis data, pids, logs")
@@ -80,11 +90,26 @@ class StrataSettings(BaseSettings):
     kafka_port: int = Field(19092, ge=1, le=65535)
     kafka_controller_port: int = Field(19093, ge=1, le=65535)
     kafka_heap: str = Field("512m", description="-Xmx of the local broker")
+    kafka_brokers: int = Field(
+        1, ge=1, le=9, description="local Kafka: brokers (KRaft, each also a controller); broker i listens on "
+        "kafka_port + 2i and kafka_controller_port + 2i"
+    )
     redis_port: int = Field(16379, ge=1, le=65535)
+    redis_replicas: int = Field(
+        0, ge=0, le=4, description="local Redis: replicas of the primary, watched by three Sentinels that fail over "
+        "(ports redis_port + 1 ...: replicas, then the Sentinels); 0: one Redis, no Sentinel"
+    )
     infra_start_timeout_s: float = Field(90.0, gt=0)
 
     # Topics.
     topic_partitions: int = Field(6, ge=1, description="partitions per topic: the most replicas of one stage")
+    topic_replication_factor: int | None = Field(
+        None, ge=1, description="copies of each topic's partitions; unset: 3 on a local cluster of 3+ brokers, else 1"
+    )
+    topic_min_insync_replicas: int | None = Field(
+        None, ge=1, description="copies that must have an event before acks=all returns; unset: 2 when "
+        "replicated 3+ times, else 1"
+    )
 
     # Consumers. kafka-python's defaults (45 s session, 300 s poll interval) let a dead member hold
     # its partitions for minutes; these are tighter so a crashed worker's partitions move quickly.
@@ -167,6 +192,18 @@ class StrataSettings(BaseSettings):
                              "kafka_sasl_mechanism PLAIN, or kafka_bootstrap to a cluster with SCRAM users")
         if self.redis_username is not None and self.redis_password is None:
             raise ValueError("redis_username needs redis_password")
+        if self.redis_sentinels is not None and self.redis_url is not None:
+            raise ValueError("redis_sentinels and redis_url both name a Redis: set one")
+        if self.redis_replicas and not self.redis_managed:
+            raise ValueError("redis_replicas is for the local Redis: an external one has its own replicas")
+        if self.kafka_brokers > 1 and not self.kafka_managed:
+            raise ValueError("kafka_brokers is for the local Kafka: kafka_bootstrap names an existing cluster")
+        if self.kafka_managed and self.replication_factor > self.kafka_brokers:
+            raise ValueError(f"topic_replication_factor {self.replication_factor} needs as many brokers; the local "
+                             f"Kafka has kafka_brokers={self.kafka_brokers}")
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(f"topic_min_insync_replicas {self.min_insync_replicas} is more than the "
+                             f"{self.replication_factor} copies (topic_replication_factor)")
         return self
 
     @model_validator(mode="after")
@@ -186,11 +223,38 @@ class StrataSettings(BaseSettings):
 
     @property
     def redis_managed(self) -> bool:
-        return self.redis_url is None
+        return self.redis_url is None and self.redis_sentinels is None
+
+    @property
+    def replication_factor(self) -> int:
+        """Copies of every Strata topic (``topic_replication_factor``, else by the local broker count)."""
+        if self.topic_replication_factor is not None:
+            return self.topic_replication_factor
+        return min(3, self.kafka_brokers) if self.kafka_managed and self.kafka_brokers >= 3 else 1
+
+    @property
+    def min_insync_replicas(self) -> int:
+        if self.topic_min_insync_replicas is not None:
+            return self.topic_min_insync_replicas
+        return 2 if self.replication_factor >= 3 else 1
+
+    def kafka_node_ports(self) -> list[tuple[int, int]]:
+        """(client port, controller port) of each local broker, node 1 first."""
+        return [(self.kafka_port + 2 * i, self.kafka_controller_port + 2 * i) for i in range(self.kafka_brokers)]
+
+    def redis_replica_ports(self) -> list[int]:
+        return [self.redis_port + 1 + i for i in range(self.redis_replicas)]
+
+    def redis_sentinel_ports(self) -> list[int]:
+        """The local Sentinels' ports (three when the local Redis has replicas, else none)."""
+        first = self.redis_port + 1 + self.redis_replicas
+        return [first + i for i in range(3)] if self.redis_replicas else []
 
     @property
     def kafka_address(self) -> str:
-        return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
+        if self.kafka_bootstrap:
+            return self.kafka_bootstrap
+        return ",".join(f"127.0.0.1:{port}" for port, _ in self.kafka_node_ports())
 
     @property
     def redis_auth(self) -> bool:
@@ -206,6 +270,12 @@ class StrataSettings(BaseSettings):
         ``redis_address_masked`` is for messages."""
         if self.redis_url is not None:
             return self.redis_url
+        if self.redis_sentinels is not None or self.redis_replicas:
+            from strata.redis_client import sentinel_url
+
+            sentinels = self.redis_sentinels or ",".join(f"127.0.0.1:{p}" for p in self.redis_sentinel_ports())
+            password = self.redis_password.get_secret_value() if self.redis_password is not None else None
+            return sentinel_url(sentinels, self.redis_sentinel_primary, self.redis_username, password)
         credentials = ""
         if self.redis_password is not None:
             # Quoted: a password may hold ":", "@" or "/"; redis-py's from_url unquotes both parts.

@@ -19,6 +19,7 @@ from typing import cast
 
 import redis
 
+from strata import redis_client
 from strata.hashing import content_hash, encode_utf8
 
 _TEXT_PREFIX = "strata:content:text:"
@@ -69,7 +70,7 @@ class ContentStore:
 
     @classmethod
     def from_url(cls, url: str, ttl_s: int, max_bytes: int) -> ContentStore:
-        return cls(redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5), ttl_s, max_bytes)
+        return cls(redis_client.connect(url, socket_timeout=5, socket_connect_timeout=5), ttl_s, max_bytes)
 
     def _check_size(self, what: str, size: int) -> None:
         if size > self._max_bytes:

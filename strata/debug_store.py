@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import redis
 
+from strata import redis_client
 from strata.hashing import content_hash
 
 PREFIX = "strata:debug:"
@@ -57,7 +58,7 @@ class DebugStore:
 
     @classmethod
     def from_url(cls, url: str, ttl_s: int = 24 * 3600, max_samples: int = 10_000) -> DebugStore:
-        return cls(redis.Redis.from_url(url, socket_timeout=10), ttl_s, max_samples)
+        return cls(redis_client.connect(url, socket_timeout=10), ttl_s, max_samples)
 
     def record(self, sample: DebugSample) -> str:
         """Keep ``sample`` (overwrites the same prompt/response pair); returns its key."""

@@ -17,10 +17,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from strata import redis_client
 from strata.bus import Publisher, Worker, topics
 from strata.content_store import ContentStore
 from strata.rpc import ServiceBinding, token_table
@@ -70,7 +70,7 @@ def build(settings: AnnotationSettings, clock: Callable[[], float] = time.time) 
     """Everything the desk runs; ``clock`` (epoch seconds) is injectable so tests move time."""
     gold = gold_set(settings)
     # Short timeouts and one immediate retry (a stale pooled connection after a Redis restart).
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=settings.redis_timeout_s,
+    client = redis_client.connect(settings.redis_address, socket_timeout=settings.redis_timeout_s,
                                   socket_connect_timeout=settings.redis_timeout_s, retry=Retry(NoBackoff(), 1))
     content = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     store = AnnotationStore(client, content, settings.redis_prefix, settings.rules(), settings.item_retention_s, clock)

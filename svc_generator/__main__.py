@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-import redis
-
+from strata import redis_client
 from strata.bus import Publisher, Worker
 from strata.content_store import ContentStore
 from strata.contract.models import model_path
@@ -40,7 +39,7 @@ def build(settings: GeneratorSettings) -> ServiceParts:
         settings = settings.model_copy(update={"rollout_dropout_enabled": False})
     batcher = DynamicBatcher(backend, settings.max_batch_size, settings.max_wait_ms / 1000, settings.policy_version,
                              clock=device_clock(backend.device))
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    client = redis_client.connect(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings, client_id=f"svc-generator-l{settings.tier}")
     handler = GeneratorWorker(settings, batcher, store, client, publisher, backend.tokenizer_id,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import redis
 
+from strata import redis_client
 from strata.bus import Publisher, Worker
 from strata.bus.admin import resume_offsets
 from strata.bus.follow import newest_event
@@ -125,7 +126,7 @@ def build_learner(settings: LearnerSettings, learner_topics: LearnerTopics | Non
     level2_tokenizer_id = None
     if engine.level2_tokenizer is not None:  # derived as the Level-2 generator's HF backend derives it
         level2_tokenizer_id = settings.level2_tokenizer_id or shared_tokenizer_id(engine.level2_tokenizer)
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    client = redis_client.connect(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings, client_id="svc-learner")
     lineage = lineage_of(settings)

@@ -7,10 +7,10 @@ import sys
 import threading
 from collections.abc import Sequence
 
-import redis
 import torch
 from prometheus_client import Counter, Histogram
 
+from strata import redis_client
 from strata.bus import Publisher, Worker, topics
 from strata.content_store import ContentStore
 from strata.contract.models import model_path
@@ -65,7 +65,7 @@ def make_probe_fn(settings: ProbeSettings) -> tuple[ProbeFn, LoadedModel]:
 
 def build(settings: ProbeSettings) -> ServiceParts:
     probe_fn, lm = make_probe_fn(settings)
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    client = redis_client.connect(settings.redis_address, socket_timeout=10)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings, client_id="svc-probe")
     handler = ProbeWorker(probe_fn, store, publisher, settings.forward_directions, client, lm.n_params,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import redis
 
+from strata import redis_client
 from strata.bus import Publisher, Worker, topics
 from strata.content_store import ContentStore
 from strata.contract.models import model_path
@@ -41,7 +42,7 @@ def load_models(settings: RewardSettings, light: list[str], strong: str) -> Rewa
 def build(settings: RewardSettings) -> ServiceParts:
     light, strong = model_paths(settings)
     models = load_models(settings, light, strong)
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    client = redis_client.connect(settings.redis_address, socket_timeout=10)
     try:
         register_served(RmRegistry(client), light, strong)
     except (redis.RedisError, OSError) as exc:  # the registry is for people; serving does not need it

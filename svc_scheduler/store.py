@@ -38,6 +38,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from strata import redis_client
 from strata.content_store import StoreUnavailableError
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.routing import VersionState
@@ -126,7 +127,7 @@ def connect(settings: SchedulerSettings) -> redis.Redis:
     """A client with short timeouts and one immediate retry (a stale pooled connection after a
     Redis restart fails once and is replaced); no long backoff: callers must fail fast."""
     timeout = settings.redis_timeout_s
-    return redis.Redis.from_url(
+    return redis_client.connect(
         settings.redis_address, socket_timeout=timeout, socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 1), health_check_interval=30,
     )

@@ -24,11 +24,15 @@ def ensure_topics(
     topics: Iterable[Topic] = ALL_TOPICS,
     replication_factor: int = 1,
     timeout_s: float = 30.0,
+    min_insync_replicas: int | None = None,
 ) -> list[str]:
     """Create missing topics (and their ``.dlq`` twins); return the names created.
 
     Compacted topics get ``cleanup.policy=compact``, also when they exist already with Kafka's
     default (deletion after 7 days), so an upgraded cluster stops losing its control events.
+    ``min_insync_replicas`` (with producers' ``acks=all``): how many copies an event must have before
+    its publisher hears it is written; unset, the broker's default. Existing topics keep theirs:
+    changing a live topic's replication is an operator's reassignment, not a start-up step.
     """
     topic_list = list(topics)
     wanted: dict[str, int] = {}
@@ -36,13 +40,14 @@ def ensure_topics(
         wanted[topic.name] = 1 if topic.name in SINGLE_PARTITION_TOPICS else partitions
         wanted[topic.dlq] = 1
     compacted = {topic.name for topic in topic_list if topic.compacted}
+    isr = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas is not None else {}
     admin = KafkaAdminClient(**kafka_connection(cluster), client_id="strata-admin",
                              request_timeout_ms=int(timeout_s * 1000))
     try:
         existing = set(admin.list_topics())
         missing = [
             NewTopic(name=name, num_partitions=count, replication_factor=replication_factor,
-                     topic_configs=COMPACT if name in compacted else {})
+                     topic_configs={**(COMPACT if name in compacted else {}), **isr})
             for name, count in wanted.items()
             if name not in existing
         ]

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata import redis_client
+
 SERVICES = ("scheduler", "probe", "generator-l1", "generator-l2", "reward", "learner")
 POISONS = ("undecodable-prompt", "nan-reward", "forged-policy", "missing-content")
 # Consumer groups whose work ends in a final reward: one behind at the end means work still queued.
@@ -362,9 +364,8 @@ class Injector:
             redis_server.start(self.infra)
             record.recovered_s = time.monotonic() - started
         elif fault.kind == "redis-pause":
-            import redis
 
-            client = redis.Redis.from_url(self.infra.redis_address, socket_timeout=10)
+            client = redis_client.connect(self.infra.redis_address, socket_timeout=10)
             try:
                 client.execute_command("CLIENT", "PAUSE", self.pause_ms, "ALL")
             finally:

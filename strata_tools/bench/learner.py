@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from strata import redis_client
+
 if TYPE_CHECKING:  # torch and the services: imported by a run, not by `strata bench --help`
     import redis
 
@@ -161,7 +163,6 @@ def _run(args: argparse.Namespace, infra: Any, workdir: Path) -> int:
 
 def _start(args: argparse.Namespace, infra: Any, workdir: Path) -> _Rig:
     """The learner service started on fresh topics, and a generator engine following its policy topic."""
-    import redis
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -180,7 +181,7 @@ def _start(args: argparse.Namespace, infra: Any, workdir: Path) -> _Rig:
     parts = learner.parts()
     running = start_service(parts)
     backend, batcher, stop, threads = _start_generator(args, infra, model_dir, learner, topics)
-    client = redis.Redis.from_url(infra.redis_address)
+    client = redis_client.connect(infra.redis_address)
     return _Rig(
         run_id=run_id, model_dir=model_dir, topics=topics, learner=learner, parts=parts, running=running,
         backend=backend, batcher=batcher, stop=stop, threads=threads, client=client,

@@ -28,7 +28,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-import redis
+
+from strata import redis_client
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -235,7 +236,7 @@ def profile_generator(args: argparse.Namespace, settings: Any, model_dir: str) -
 
     backend = HfBackend(model_dir, device="cpu")
     lm, fmt = backend.lm, backend.prompt_format
-    client = redis.Redis.from_url(settings.redis_address)
+    client = redis_client.connect(settings.redis_address)
     content = ContentStore(client, 3600, settings.content_max_bytes)
     publisher = Publisher(settings, client_id="bench-stages")
     stages = Stages()
@@ -279,7 +280,7 @@ def profile_reward(args: argparse.Namespace, settings: Any, rm_dir: str) -> Stag
 
     rm = load_reward_model(rm_dir, device="cpu")
     fmt = PromptFormat.of(rm.tokenizer)
-    client = redis.Redis.from_url(settings.redis_address)
+    client = redis_client.connect(settings.redis_address)
     content = ContentStore(client, 3600, settings.content_max_bytes)
     publisher = Publisher(settings, client_id="bench-stages")
     stages = Stages()

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strata import ledger, rpc
+from strata import ledger, redis_client, rpc
 from strata_tools.bench import tier_eval
 from strata_tools.bench.tier_eval import Answer, ArmFigures, PromptOutcome
 
@@ -244,14 +244,13 @@ class LiveTiers:
                 progress: Callable[[str], None], n_samples: int = 1, tag: str = "") -> ArmRun:
         """Send ``records`` through one arm (route: level2 | level0 | scheduler) and wait for every final;
         ``n_samples`` rollouts per prompt through the scheduler (the other routes roll out one)."""
-        import redis
 
         from strata.bus import topics
         from strata.bus.tail import TailReader
         from strata.content_store import ContentStore
 
         s = self.settings
-        client = redis.Redis.from_url(s.redis_address, socket_timeout=30)
+        client = redis_client.connect(s.redis_address, socket_timeout=30)
         store = ContentStore(client, s.content_ttl_s, s.content_max_bytes)
         tail = TailReader(s, [topics.REWARDS_SCORED], client_id=f"bench-tiers-{self.run_id}")
         tail.seek_to_end()
@@ -482,7 +481,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int:
-    import redis
 
     from strata.content_store import ContentStore
     from strata_tools.zoo.build import ensure_zoo
@@ -507,7 +505,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
             progress(f"[arm] {name}: {len(records)} prompts via {route}")
             runs[name] = live.run_arm(name, records, route, args.timeout, progress)
             progress(f"      done in {runs[name].wall_s:.0f} s")
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=30)
+    client = redis_client.connect(settings.redis_address, socket_timeout=30)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     answers = {name: [answers_of(r, client, store) for r in run.requests] for name, run in runs.items()
                if name != "history"}

@@ -21,7 +21,7 @@ import time
 import grpc
 from tqdm import tqdm
 
-from strata import ledger, rpc
+from strata import ledger, redis_client, rpc
 from strata.bus import topics
 from strata.bus.scan import TopicScan
 from strata.config import StrataSettings
@@ -160,11 +160,10 @@ def _print_report(settings: StrataSettings, summary: TrainSummary, desk: Simulat
     print("[5/6] report", flush=True)
     with rpc.channel(Addresses().scheduler) as channel:
         stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=10)
-    import redis
 
     from strata_tools.cli.report_cmd import skip_lines, summary_lines
 
-    client = redis.Redis.from_url(settings.redis_address)
+    client = redis_client.connect(settings.redis_address)
     cost = ledger.read(client)
     skipping = skip_lines(client)
     client.close()

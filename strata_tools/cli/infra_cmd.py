@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from strata.config import StrataSettings
+from pydantic import ValidationError
+
+from strata.config import StrataSettings, describe_settings_errors
 from strata.errors import CliError
 from strata_tools.infra import ComponentStatus, InfraError, down, status, up
 
@@ -19,6 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="infra_action", metavar="ACTION", required=True)
     up_parser = actions.add_parser("up", help="start what is missing and wait until it answers")
     up_parser.add_argument("--no-topics", action="store_true", help="do not create Strata's topics")
+    up_parser.add_argument("--brokers", type=int, default=None, metavar="N",
+                           help="local Kafka brokers (STRATA_KAFKA_BROKERS; 3: topics replicated 3 times, "
+                           "min.insync.replicas 2)")
+    up_parser.add_argument("--redis-replicas", type=int, default=None, metavar="N",
+                           help="local Redis replicas with three Sentinels (STRATA_REDIS_REPLICAS)")
     up_parser.set_defaults(func=_up)
     down_parser = actions.add_parser("down", help="stop what `up` started (data is kept)")
     down_parser.add_argument("--purge", action="store_true", help="also delete Kafka and Redis data")
@@ -28,14 +35,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _print_table(rows: list[ComponentStatus]) -> None:
     # Addresses come masked (no passwords); auth names the mechanism only.
-    print(f"{'service':<8} {'state':<12} {'managed':<8} {'pid':<8} {'auth':<20} address")
+    print(f"{'service':<16} {'state':<12} {'managed':<8} {'pid':<8} {'auth':<20} address")
     for row in rows:
         managed = "local" if row.managed else "external"
-        print(f"{row.name:<8} {row.state:<12} {managed:<8} {row.pid or '-'!s:<8} {row.auth:<20} {row.address}")
+        print(f"{row.name:<16} {row.state:<12} {managed:<8} {row.pid or '-'!s:<8} {row.auth:<20} {row.address}")
 
 
 def _up(args: argparse.Namespace) -> int:
-    settings = StrataSettings()
+    shape = {key: value for key, value in (("kafka_brokers", args.brokers), ("redis_replicas", args.redis_replicas))
+             if value is not None}
+    try:
+        settings = StrataSettings(**shape)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise CliError(describe_settings_errors(exc)) from exc
     started = time.monotonic()
     try:
         rows = up(settings, create_topics=not args.no_topics)
@@ -43,6 +55,10 @@ def _up(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from exc
     _print_table(rows)
     print(f"ready in {time.monotonic() - started:.1f} s")
+    if shape:
+        # Every other command and service reads the shape from the environment, as it reads the ports.
+        exports = " ".join(f"STRATA_{key.upper()}={value}" for key, value in shape.items())
+        print(f"clients of this cluster (services, `strata infra down|status`) need: export {exports}")
     return 0
 
 

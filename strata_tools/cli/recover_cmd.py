@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from strata import redis_client
 from strata.errors import CliError
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ def _connections(settings: SchedulerSettings, verbose: bool) -> Iterator[tuple[r
     if not verbose:
         kafka_log.setLevel(logging.CRITICAL)
     where = settings.redis_address_masked
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=5, socket_connect_timeout=3)
+    client = redis_client.connect(settings.redis_address, socket_timeout=5, socket_connect_timeout=3)
     try:
         try:
             client.ping()

@@ -13,7 +13,7 @@ import json
 
 import redis
 
-from strata import ledger
+from strata import ledger, redis_client
 from strata.config import StrataSettings
 from strata.errors import CliError
 from strata.ledger import stage_table
@@ -66,7 +66,7 @@ def skip_lines(client: redis.Redis) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     settings = StrataSettings()
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=5)
+    client = redis_client.connect(settings.redis_address, socket_timeout=5)
     try:
         if args.prompt:
             requests = ledger.read_prompt(client, args.prompt)

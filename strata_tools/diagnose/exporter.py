@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from strata import redis_client
 from strata.bus.admin import consumer_lags
 from strata.config import StrataSettings
 
@@ -64,11 +65,10 @@ class StackCollector(Collector):
         yield up
 
     def _ledger(self) -> Iterator[Metric]:
-        import redis
 
         from strata import ledger
 
-        client = redis.Redis.from_url(self._settings.redis_address, socket_timeout=5)
+        client = redis_client.connect(self._settings.redis_address, socket_timeout=5)
         try:
             summary = ledger.read(client)
         finally:
@@ -103,12 +103,11 @@ class StackCollector(Collector):
 
 
     def _skipping(self) -> Iterator[Metric]:
-        import redis
 
         from svc_scheduler.config import SchedulerSettings
         from svc_scheduler.store import SchedulerStore
 
-        client = redis.Redis.from_url(self._settings.redis_address, socket_timeout=5)
+        client = redis_client.connect(self._settings.redis_address, socket_timeout=5)
         try:
             store = SchedulerStore(client, SchedulerSettings())
             summary = store.summary()

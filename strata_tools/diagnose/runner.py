@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from strata import redis_client
 from strata.errors import CliError
 from strata_tools.diagnose import annotators, memory, repetition, rm_noise, rm_overfit, shift, sources
 from strata_tools.diagnose.items import Pair, load_pairs, suite_pairs
@@ -49,7 +50,6 @@ def run_rm_noise(settings: DiagnoseSettings) -> CheckResult:
 
 
 def run_shift(settings: DiagnoseSettings, since_ms: int | None = None) -> CheckResult:
-    import redis
 
     from strata.content_store import ContentStore
     from strata.models.loading import load_causal_lm
@@ -68,7 +68,7 @@ def run_shift(settings: DiagnoseSettings, since_ms: int | None = None) -> CheckR
         raise LookupError(f"no tier-{settings.shift_tier or 'any'} rollouts on strata.rollouts.generated in the "
                           f"last {settings.shift_window_s:g} s")
     policy = load_causal_lm(path, device=settings.shift_device, dtype="float32")
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    client = redis_client.connect(settings.redis_address, socket_timeout=10)
     try:
         store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
         rollouts, missing = sources.rollouts_from_store(events, store, policy.tokenizer, tokenizer_id(policy.tokenizer))

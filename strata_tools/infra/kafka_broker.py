@@ -1,10 +1,16 @@
-"""A local single-node Kafka (KRaft, combined broker + controller) from Maven Central jars.
+"""A local Kafka (KRaft, each node a combined broker + controller) from Maven Central jars.
 
 The broker's runtime jars are fetched once with ``mvn dependency:copy-dependencies`` from the pom
 shipped in ``strata_tools/infra/data/pom.xml`` into ``<cache_dir>/kafka/<version>/libs`` (outside the
 checkout, shared by every clone), storage is formatted once with ``kafka.tools.StorageTool``, and
 the broker runs as ``kafka.Kafka`` with a generated ``server.properties``. Data lives under
 ``<state_dir>/kafka/data`` and survives ``down``/``up``.
+
+With ``kafka_brokers`` > 1 there are that many nodes, one process each, all voters of one KRaft
+quorum: node 1 keeps the single broker's paths, node *n* lives under ``<state_dir>/kafka/node-<n>``,
+and node *i* (from 0) listens on ``kafka_port + 2i`` and ``kafka_controller_port + 2i``. Internal
+topics are replicated ``min(3, brokers)`` times; Strata's own topics as ``topic_replication_factor``
+says (``strata.bus.admin.ensure_topics``).
 
 With ``kafka_security_protocol`` SASL_PLAINTEXT the client listener wants SASL/PLAIN and knows one
 user, the settings' ``kafka_sasl_username``; the broker's own inter-broker connections log in as
@@ -23,6 +29,7 @@ import subprocess
 import tempfile
 import uuid
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -32,6 +39,7 @@ from strata.config import StrataSettings
 from strata_tools.infra.process import (
     InfraError,
     ensure_tool,
+    kill_pid,
     owned_pid,
     port_open,
     start_detached,
@@ -72,13 +80,20 @@ class KafkaPaths:
     cluster_id_file: Path
 
     @classmethod
-    def of(cls, settings: StrataSettings) -> KafkaPaths:
-        home = settings.state_dir.resolve() / "kafka"
+    def of(cls, settings: StrataSettings, node: int = 1) -> KafkaPaths:
+        root = settings.state_dir.resolve() / "kafka"
+        home = root if node == 1 else root / f"node-{node}"
         return cls(
             libs=settings.cache_dir.expanduser().resolve() / "kafka" / kafka_version() / "libs",
             home=home, data=home / "data", logs=home / "logs", properties=home / "server.properties",
-            pid_file=home / "kafka.pid", stdout=home / "kafka.out", cluster_id_file=home / "cluster.id",
+            # One cluster id for every node: they format their storage as members of one cluster.
+            pid_file=home / "kafka.pid", stdout=home / "kafka.out", cluster_id_file=root / "cluster.id",
         )
+
+
+def nodes(settings: StrataSettings) -> list[int]:
+    """The local brokers' node ids, 1 first."""
+    return list(range(1, settings.kafka_brokers + 1))
 
 
 def fetch_jars(paths: KafkaPaths) -> None:
@@ -144,14 +159,18 @@ def _sasl_lines(settings: StrataSettings) -> dict[str, str]:
     }
 
 
-def write_properties(settings: StrataSettings, paths: KafkaPaths) -> None:
-    port, controller = settings.kafka_port, settings.kafka_controller_port
+def write_properties(settings: StrataSettings, paths: KafkaPaths, node: int = 1) -> None:
+    ports = settings.kafka_node_ports()
+    port, controller = ports[node - 1]
+    voters = ",".join(f"{n}@127.0.0.1:{c}" for n, (_, c) in enumerate(ports, start=1))
+    internal_copies = str(min(3, settings.kafka_brokers))
+    internal_min_isr = str(min(settings.min_insync_replicas, min(3, settings.kafka_brokers)))
     # The settings validator leaves the managed broker PLAINTEXT or SASL_PLAINTEXT.
     listener = settings.kafka_security_protocol
     lines = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller}",
+        "node.id": str(node),
+        "controller.quorum.voters": voters,
         "listeners": f"{listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
         "advertised.listeners": f"{listener}://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -160,12 +179,14 @@ def write_properties(settings: StrataSettings, paths: KafkaPaths) -> None:
         **(_sasl_lines(settings) if listener == "SASL_PLAINTEXT" else {}),
         "log.dirs": str(paths.data),
         "num.partitions": str(settings.topic_partitions),
-        "offsets.topic.replication.factor": "1",
+        "default.replication.factor": str(settings.replication_factor),
+        "min.insync.replicas": str(settings.min_insync_replicas),
+        "offsets.topic.replication.factor": internal_copies,
         "offsets.topic.num.partitions": "10",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "transaction.state.log.replication.factor": internal_copies,
+        "transaction.state.log.min.isr": internal_min_isr,
+        "share.coordinator.state.topic.replication.factor": internal_copies,
+        "share.coordinator.state.topic.min.isr": internal_min_isr,
         # A joining consumer starts at once instead of waiting 3 s for more members.
         "group.initial.rebalance.delay.ms": "0",
         "auto.create.topics.enable": "false",
@@ -207,25 +228,47 @@ def format_storage(paths: KafkaPaths) -> None:
         raise InfraError(f"formatting Kafka storage failed:\n{(result.stdout + result.stderr)[-1500:]}")
 
 
-def running_pid(settings: StrataSettings) -> int | None:
-    paths = KafkaPaths.of(settings)
+def running_pid(settings: StrataSettings, node: int = 1) -> int | None:
+    paths = KafkaPaths.of(settings, node)
     return owned_pid(paths.pid_file, str(paths.properties))
 
 
+def running_pids(settings: StrataSettings) -> dict[int, int | None]:
+    return {node: running_pid(settings, node) for node in nodes(settings)}
+
+
+def node_target(settings: StrataSettings, node: int) -> StrataSettings:
+    """Settings whose bootstrap is ``node`` alone: to ask one broker, not the cluster."""
+    port = settings.kafka_node_ports()[node - 1][0]
+    return settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{port}"})
+
+
 def start(settings: StrataSettings) -> int:
-    """Start the broker if it is not running; returns its pid once it answers."""
-    paths = KafkaPaths.of(settings)
-    pid = running_pid(settings)
+    """Start every local broker that is not running; returns node 1's pid once all answer.
+
+    All nodes are launched before any is waited for: a KRaft quorum of three elects a leader (and a
+    broker answers) only once a majority of its voters runs."""
+    launched = {node: start_node(settings, node, wait=False) for node in nodes(settings)}
+    for node, pid in launched.items():
+        _wait_node(settings, node, pid)
+    return launched[1]
+
+
+def start_node(settings: StrataSettings, node: int, wait: bool = True) -> int:
+    """Start one broker if it is not running (``wait``: until it answers); returns its pid."""
+    paths = KafkaPaths.of(settings, node)
+    pid = running_pid(settings, node)
     if pid is None:
-        for name, port in (("Kafka", settings.kafka_port), ("Kafka controller", settings.kafka_controller_port)):
-            if port_open("127.0.0.1", port):
+        port, controller = settings.kafka_node_ports()[node - 1]
+        for name, taken in (("Kafka", port), ("Kafka controller", controller)):
+            if port_open("127.0.0.1", taken):
                 raise InfraError(
-                    f"port {port} ({name}) is taken by another process. Free it, choose other ports "
-                    "(STRATA_KAFKA_PORT / STRATA_KAFKA_CONTROLLER_PORT), or point STRATA_KAFKA_BOOTSTRAP "
-                    "at that cluster."
+                    f"port {taken} ({name}{f' of broker {node}' if settings.kafka_brokers > 1 else ''}) is taken "
+                    "by another process. Free it, choose other ports (STRATA_KAFKA_PORT / "
+                    "STRATA_KAFKA_CONTROLLER_PORT), or point STRATA_KAFKA_BOOTSTRAP at that cluster."
                 )
         fetch_jars(paths)
-        write_properties(settings, paths)
+        write_properties(settings, paths, node)
         format_storage(paths)
         paths.logs.mkdir(parents=True, exist_ok=True)
         argv = [
@@ -234,23 +277,45 @@ def start(settings: StrataSettings) -> int:
             "-cp", _classpath(paths), _MAIN_CLASS, str(paths.properties),
         ]
         pid = start_detached(argv, paths.stdout, paths.pid_file, env=dict(os.environ))
-        log.info("started Kafka %s (pid %d) on 127.0.0.1:%d", kafka_version(), pid, settings.kafka_port)
-
-    wait_serving(pid, "Kafka", "the broker", paths.logs / "server.log", lambda: answers(settings),
-                 settings.infra_start_timeout_s)
+        log.info("started Kafka %s node %d (pid %d) on 127.0.0.1:%d", kafka_version(), node, pid, port)
+    if wait:
+        _wait_node(settings, node, pid)
     return pid
 
 
+def _wait_node(settings: StrataSettings, node: int, pid: int) -> None:
+    paths = KafkaPaths.of(settings, node)
+    target = node_target(settings, node) if settings.kafka_brokers > 1 else settings
+    name = "Kafka" if settings.kafka_brokers == 1 else f"Kafka broker {node}"
+    wait_serving(pid, name, "the broker", paths.logs / "server.log", lambda: answers(target),
+                 settings.infra_start_timeout_s)
+
+
 def stop(settings: StrataSettings, timeout_s: float = 60.0) -> bool:
-    """Stop the broker this state dir started (controlled shutdown). False when none was running."""
-    paths = KafkaPaths.of(settings)
-    pid = running_pid(settings)
+    """Stop every broker this state dir started (controlled shutdown). False when none was running."""
+    if settings.kafka_brokers == 1:
+        return stop_node(settings, 1, timeout_s)
+    # All at once: one by one, the last brokers would wait out the grace period for a quorum that
+    # the first ones took with them.
+    with ThreadPoolExecutor(max_workers=settings.kafka_brokers) as pool:
+        stopped = list(pool.map(lambda node: stop_node(settings, node, timeout_s), nodes(settings)))
+    return any(stopped)
+
+
+def stop_node(settings: StrataSettings, node: int, timeout_s: float = 60.0, kill: bool = False) -> bool:
+    """Stop one broker (``kill``: SIGKILL at once, as a crash would). False when it was not running."""
+    paths = KafkaPaths.of(settings, node)
+    pid = running_pid(settings, node)
     if pid is None:
         paths.pid_file.unlink(missing_ok=True)
         return False
-    graceful = stop_pid(pid, timeout_s)
+    if kill:
+        kill_pid(pid)
+        how = "killed"
+    else:
+        how = "stopped" if stop_pid(pid, timeout_s) else "stopped with SIGKILL after the grace period"
     paths.pid_file.unlink(missing_ok=True)
-    log.info("stopped Kafka (pid %d)%s", pid, "" if graceful else " with SIGKILL after the grace period")
+    log.info("%s Kafka node %d (pid %d)", how, node, pid)
     return True
 
 

@@ -94,6 +94,37 @@ def stop_pid(pid: int, timeout_s: float) -> bool:
     return False
 
 
+def kill_pid(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL, as a crash or a lost host would stop it, and wait until it is gone."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
+    """The first of ``count`` consecutive ports that nothing listens on right now."""
+    for _ in range(attempts):
+        base = free_port(host)
+        if base + count > 65535:
+            continue
+        if all(_bindable(host, port) for port in range(base, base + count)):
+            return base
+    raise InfraError(f"found no {count} consecutive free ports on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
 def process_alive(pid: int) -> bool:
     """True while ``pid`` runs (zombies and reaped children count as gone)."""
     try:

@@ -4,21 +4,32 @@ With ``redis_password`` set the server wants a login: ``redis_username`` becomes
 every right and the default user is switched off, or, with no username, the default user gets the
 password (``requirepass``). The password goes in a config file readable by its owner only, never
 on the command line (``ps`` shows command lines to every user).
+
+With ``redis_replicas`` > 0 the primary (``<state_dir>/redis``, ``redis_port``) gets that many
+replicas (``redis/replica-<n>``, the next ports) and three Sentinels (``redis/sentinel-<n>``, the
+ports after those) that watch it under ``redis_sentinel_primary`` and promote a replica when it stops
+answering for ``SENTINEL_DOWN_AFTER_MS``; clients then reach Redis through the Sentinels
+(``redis_address`` is a ``redis+sentinel://`` URL, ``strata.redis_client``). Replication is
+asynchronous: a write acknowledged by the primary in the moment before it dies may be lost
+(docs/deploy.md, "Beyond one host").
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
+from strata import redis_client
 from strata.config import StrataSettings
 from strata_tools.infra.process import (
     InfraError,
     ensure_tool,
+    kill_pid,
     owned_pid,
     port_open,
     start_detached,
@@ -27,6 +38,32 @@ from strata_tools.infra.process import (
 )
 
 log = logging.getLogger(__name__)
+
+# Sentinel: a primary silent this long is down (two Sentinels of three must agree), and a failover
+# that has not finished in FAILOVER_TIMEOUT is tried again.
+SENTINEL_DOWN_AFTER_MS = 2000
+SENTINEL_FAILOVER_TIMEOUT_MS = 10000
+SENTINEL_QUORUM = 2
+
+
+@dataclass(frozen=True)
+class RedisNode:
+    """One local Redis process: the primary (as first started), a replica, or a Sentinel."""
+
+    role: str  # "primary" | "replica" | "sentinel"
+    index: int  # 1.. among its role
+    port: int
+
+    @property
+    def name(self) -> str:
+        return "redis" if self.role == "primary" else f"redis-{self.role}-{self.index}"
+
+
+def redis_nodes(settings: StrataSettings) -> list[RedisNode]:
+    """The local Redis processes: the primary, then its replicas and Sentinels."""
+    return [RedisNode("primary", 1, settings.redis_port),
+            *(RedisNode("replica", i, port) for i, port in enumerate(settings.redis_replica_ports(), start=1)),
+            *(RedisNode("sentinel", i, port) for i, port in enumerate(settings.redis_sentinel_ports(), start=1))]
 
 
 @dataclass(frozen=True)
@@ -37,8 +74,10 @@ class RedisPaths:
     auth_conf: Path     # login settings, when redis_password is set
 
     @classmethod
-    def of(cls, settings: StrataSettings) -> RedisPaths:
+    def of(cls, settings: StrataSettings, node: RedisNode | None = None) -> RedisPaths:
         home = settings.state_dir.resolve() / "redis"
+        if node is not None and node.role != "primary":
+            home = home / f"{node.role}-{node.index}"
         return cls(home=home, pid_file=home / "redis.pid", log_file=home / "redis.log",
                    auth_conf=home / "auth.conf")
 
@@ -62,6 +101,11 @@ def write_auth_conf(settings: StrataSettings, paths: RedisPaths) -> Path | None:
                  "user default off"]
     else:
         lines = [f"requirepass {_quoted(password)}"]
+    if settings.redis_replicas:
+        # A replica logs in to its primary, and any node may be a replica after a failover.
+        lines.append(f"masterauth {_quoted(password)}")
+        if settings.redis_username:
+            lines.append(f"masteruser {_quoted(settings.redis_username)}")
     fd = os.open(paths.auth_conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -69,55 +113,152 @@ def write_auth_conf(settings: StrataSettings, paths: RedisPaths) -> Path | None:
     return paths.auth_conf
 
 
-def running_pid(settings: StrataSettings) -> int | None:
+def running_pid(settings: StrataSettings, node: RedisNode | None = None) -> int | None:
     # The state dir on the command line identifies our server (set-proc-title off keeps argv).
-    paths = RedisPaths.of(settings)
+    paths = RedisPaths.of(settings, node)
     return owned_pid(paths.pid_file, f"--dir {paths.home} ")
 
 
 def start(settings: StrataSettings) -> int:
-    paths = RedisPaths.of(settings)
-    pid = running_pid(settings)
+    """Start every local Redis process that is not running (the primary, replicas, Sentinels) and wait
+    until each answers; returns the primary's pid."""
+    pids = {node.name: start_node(settings, node) for node in redis_nodes(settings)}
+    if settings.redis_replicas:
+        _wait_primary_known(settings)
+    return pids["redis"]
+
+
+def start_node(settings: StrataSettings, node: RedisNode) -> int:
+    paths = RedisPaths.of(settings, node)
+    pid = running_pid(settings, node)
     if pid is None:
-        if port_open("127.0.0.1", settings.redis_port):
+        if port_open("127.0.0.1", node.port):
             raise InfraError(
-                f"port {settings.redis_port} (Redis) is taken by another process. Free it, choose another "
-                "port (STRATA_REDIS_PORT), or point STRATA_REDIS_URL at that server."
+                f"port {node.port} ({node.name}) is taken by another process. Free it, choose another "
+                "port (STRATA_REDIS_PORT; replicas and Sentinels take the ports after it), or point "
+                "STRATA_REDIS_URL at that server."
             )
         server = ensure_tool("redis-server", "redis-server", "the content store and scheduler state",
                              "Install it (apt-get install redis-server), or set STRATA_REDIS_URL.")
         paths.home.mkdir(parents=True, exist_ok=True)
-        auth_conf = write_auth_conf(settings, paths)
-        argv = [
-            server, *([str(auth_conf)] if auth_conf else []),  # a config file must come first
-            "--bind", "127.0.0.1", "--port", str(settings.redis_port), "--dir", str(paths.home),
-            "--daemonize", "no", "--appendonly", "yes", "--appendfsync", "everysec",
-            "--save", "300 1", "--logfile", str(paths.log_file), "--set-proc-title", "no",
-        ]
+        if node.role == "sentinel":
+            argv = [server, str(_sentinel_conf(settings, paths, node)), "--sentinel", "--dir", str(paths.home),
+                    "--set-proc-title", "no"]
+        else:
+            auth_conf = write_auth_conf(settings, paths)
+            argv = [
+                server, *([str(auth_conf)] if auth_conf else []),  # a config file must come first
+                "--bind", "127.0.0.1", "--port", str(node.port), "--dir", str(paths.home),
+                "--daemonize", "no", "--appendonly", "yes", "--appendfsync", "everysec",
+                "--save", "300 1", "--logfile", str(paths.log_file), "--set-proc-title", "no",
+                *_replicaof(settings, node),
+            ]
         pid = start_detached(argv, paths.home / "redis.out", paths.pid_file)
-        log.info("started Redis (pid %d) on 127.0.0.1:%d%s", pid, settings.redis_port,
-                 " with a password" if auth_conf else "")
+        log.info("started %s (pid %d) on 127.0.0.1:%d%s", node.name, pid, node.port,
+                 " with a password" if settings.redis_password is not None else "")
 
-    wait_serving(pid, "Redis", "redis-server", paths.log_file, lambda: answers(settings.redis_address),
+    url = node_url(settings, node)
+    wait_serving(pid, f"Redis ({node.name})", "redis-server", paths.log_file, lambda: answers(url),
                  settings.infra_start_timeout_s)
     return pid
 
 
+def node_url(settings: StrataSettings, node: RedisNode) -> str:
+    """A plain URL of one process (the settings' credentials; a Sentinel wants none)."""
+    if node.role == "sentinel":
+        return f"redis://127.0.0.1:{node.port}/0"
+    plain = settings.model_copy(update={"redis_replicas": 0, "redis_port": node.port})
+    return plain.redis_address
+
+
+def _replicaof(settings: StrataSettings, node: RedisNode) -> list[str]:
+    """``--replicaof`` for a data node that is not the primary now: the Sentinels' current primary if
+    they know one (after a failover the first primary comes back as a replica), else the first."""
+    if not settings.redis_replicas:
+        return []
+    primary = current_primary_port(settings)
+    if primary is None:
+        primary = settings.redis_port
+    return [] if primary == node.port else ["--replicaof", "127.0.0.1", str(primary)]
+
+
+def current_primary_port(settings: StrataSettings) -> int | None:
+    """The primary's port as a running Sentinel names it; None when no Sentinel answers."""
+    for port in settings.redis_sentinel_ports():
+        try:
+            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
+            try:
+                address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME",
+                                                 settings.redis_sentinel_primary)
+            finally:
+                client.close()
+        except (redis.RedisError, OSError):
+            continue
+        if address:
+            return int(address[1])
+    return None
+
+
+def _sentinel_conf(settings: StrataSettings, paths: RedisPaths, node: RedisNode) -> Path:
+    """The Sentinel's config file, written once: Sentinel rewrites it with what it learns (the current
+    primary, the replicas, the epoch), which a restart must keep."""
+    conf = paths.home / "sentinel.conf"
+    if conf.exists():
+        return conf
+    name = settings.redis_sentinel_primary
+    lines = [
+        "# Generated by `strata infra up`; Sentinel rewrites it with its state.",
+        f"port {node.port}", "bind 127.0.0.1", f"logfile {paths.log_file}",
+        f"sentinel monitor {name} 127.0.0.1 {settings.redis_port} {SENTINEL_QUORUM}",
+        f"sentinel down-after-milliseconds {name} {SENTINEL_DOWN_AFTER_MS}",
+        f"sentinel failover-timeout {name} {SENTINEL_FAILOVER_TIMEOUT_MS}",
+        f"sentinel parallel-syncs {name} 1",
+    ]
+    if settings.redis_password is not None:
+        if settings.redis_username:
+            lines.append(f"sentinel auth-user {name} {_quoted(settings.redis_username)}")
+        lines.append(f"sentinel auth-pass {name} {_quoted(settings.redis_password.get_secret_value())}")
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return conf
+
+
+def _wait_primary_known(settings: StrataSettings) -> None:
+    """Until a Sentinel names the primary and a client through the Sentinels gets an answer."""
+    deadline = time.monotonic() + settings.infra_start_timeout_s
+    while not answers(settings.redis_address):
+        if time.monotonic() > deadline:
+            raise InfraError(f"the Sentinels did not name a primary that answers in "
+                             f"{settings.infra_start_timeout_s:.0f} s; logs under {settings.state_dir / 'redis'}")
+        time.sleep(0.2)
+
+
 def stop(settings: StrataSettings, timeout_s: float = 30.0) -> bool:
-    paths = RedisPaths.of(settings)
-    pid = running_pid(settings)
+    """Stop every local Redis process (Sentinels first, so that they start no failover meanwhile)."""
+    stopped = [stop_node(settings, node, timeout_s) for node in reversed(redis_nodes(settings))]
+    return any(stopped)
+
+
+def stop_node(settings: StrataSettings, node: RedisNode, timeout_s: float = 30.0, kill: bool = False) -> bool:
+    """Stop one process (``kill``: SIGKILL, as a crash would). False when it was not running."""
+    paths = RedisPaths.of(settings, node)
+    pid = running_pid(settings, node)
     if pid is None:
         paths.pid_file.unlink(missing_ok=True)
         return False
-    stop_pid(pid, timeout_s)  # SIGTERM: Redis flushes the append-only file and exits
+    if kill:
+        kill_pid(pid)
+    else:
+        stop_pid(pid, timeout_s)  # SIGTERM: Redis flushes the append-only file and exits
     paths.pid_file.unlink(missing_ok=True)
-    log.info("stopped Redis (pid %d)", pid)
+    log.info("%s %s (pid %d)", "killed" if kill else "stopped", node.name, pid)
     return True
 
 
 def answers(url: str) -> bool:
     try:
-        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        client = redis_client.connect(url, socket_timeout=2, socket_connect_timeout=2)
         try:
             return bool(client.ping())
         finally:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from strata import redis_client
 from strata.errors import CliError
 from strata_tools.rm.recipe import student_init_dir
 from strata_tools.rm.refresh import (
@@ -73,7 +74,7 @@ def annotation_rows(settings: Any, timeout_s: float = 60.0) -> tuple[list[dict[s
         labels = human_labels(read_completed(settings, timeout_s))
     except Exception as exc:  # Kafka unreachable or too slow: one line naming it
         raise CliError(f"could not read the annotations from Kafka ({settings.kafka_address}): {exc}") from exc
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=10)
+    client = redis_client.connect(settings.redis_address, socket_timeout=10)
     try:
         return label_rows(labels, ContentStore(client, settings.content_ttl_s, settings.content_max_bytes).get_text)
     except redis.RedisError as exc:

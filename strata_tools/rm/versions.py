@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from strata import redis_client
 from strata.errors import CliError
 
 RM_INFO_FILE = "strata_rm.json"
@@ -26,7 +27,7 @@ def open_registry(settings: Any) -> Any:
 
     from svc_reward.registry import RmRegistry
 
-    client = redis.Redis.from_url(settings.redis_address, socket_timeout=5, socket_connect_timeout=5)
+    client = redis_client.connect(settings.redis_address, socket_timeout=5, socket_connect_timeout=5)
     try:
         client.ping()
     except redis.RedisError as exc:
