@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STRATA := $(VENV)/bin/strata
 
-.PHONY: setup test test-fast test-auth test-containers demo compose-test protos lint typecheck infra-up infra-down clean
+.PHONY: setup test test-fast test-auth test-containers test-cluster helm-check demo compose-test protos lint typecheck infra-up infra-down clean
 
 # The virtual environment at .venv/ with Strata installed in editable mode and the dev tools.
 setup: $(VENV)/.installed
@@ -50,6 +50,16 @@ test-containers: setup
 	  DOCKER_HOST=unix:///run/podman/podman.sock TESTCONTAINERS_RYUK_DISABLED=true \
 	  TESTCONTAINERS_CONNECTION_MODE=docker_host \
 	  $(PY) -m pytest -q $(CONTAINER_TESTS)
+
+# Beyond one host, on this one: a three-broker Kafka and Redis with a replica and Sentinels, each
+# losing its leader or primary to SIGKILL under Strata's clients (also part of `make test`).
+test-cluster: setup
+	$(PY) -m pytest -q -m cluster
+
+# The Helm chart without a cluster: helm lint + helm template (GPU and CPU values), rendered manifests
+# checked. helm is built from source once (scripts/install-helm; ~3 min on a fresh machine).
+helm-check: setup
+	helm="$$(scripts/install-helm)" && STRATA_HELM="$$helm" STRATA_REQUIRE_HELM=1 $(PY) -m pytest -q tests/deploy/test_helm_chart.py
 
 demo: setup
 	$(STRATA) demo
