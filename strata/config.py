@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote, urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -167,6 +167,12 @@ class StrataSettings(BaseSettings):
     debug_rollout: bool = Field(
         False, description="keep full samples in a separate store that never feeds training (strata.debug_store)"
     )
+
+    @field_validator("kafka_bootstrap", "redis_url", "redis_sentinels", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # STRATA_REDIS_URL= (a compose override clearing an address) means "not set", not "".
+        return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
     def _check_kafka_security(self) -> StrataSettings:

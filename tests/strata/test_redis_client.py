@@ -58,3 +58,11 @@ def test_the_local_sentinels_become_the_redis_address() -> None:
     assert address.sentinels == (("127.0.0.1", 40002), ("127.0.0.1", 40003), ("127.0.0.1", 40004))
     assert settings.redis_managed
     assert not StrataSettings(redis_sentinels="s:26379").redis_managed
+
+
+def test_an_empty_address_is_unset_so_an_override_can_clear_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_REDIS_URL", "")
+    monkeypatch.setenv("STRATA_REDIS_SENTINELS", "sentinel-1:26379,sentinel-2:26379")
+    settings = StrataSettings()
+    assert settings.redis_url is None
+    assert parse_sentinel_url(settings.redis_address).sentinels[1] == ("sentinel-2", 26379)
