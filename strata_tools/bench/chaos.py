@@ -25,6 +25,13 @@ tier still has work queued, *stuck* if some tier's consumer group is still behin
 learner's applied batches (a batch id twice in the newest checkpoint is *doubled* too). The poison
 events must land in the dead-letter topics, and nothing else. Last line:
 ``chaos faults=<n> accepted=<a> lost=<l> doubled=<d> stuck=<s>``.
+
+``--cluster`` runs the same stream on three Kafka brokers (topics replicated 3 times, 2 in sync)
+and a Redis primary with a replica and three Sentinels, and swaps the faults for those of a cluster,
+twice over: SIGKILL the broker that leads most of Strata's partitions, restart it; SIGKILL the Redis
+primary (the Sentinels promote the replica), restart it (it returns as a replica). Each fault's
+*stall* is the longest gap between two final rewards from the fault to the next one, beside the
+longest gap of the lead-in (the stream's own rhythm).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds after a (re)start before the supervisor checks a service's health")
     parser.add_argument("--learner-batch", type=int, default=16, help="samples per PPO update")
     parser.add_argument("--out", type=Path, default=None, help="also write the fault log and figures here (JSON)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="three brokers and Redis with Sentinel; kill and restart the leader broker and the "
+                        "Redis primary (twice each)")
 
 
 # -- the schedule and the tally (pure) ---------------------------------------------------------------
@@ -90,6 +101,38 @@ def schedule(seed: int, lead_in_s: float, spacing_s: float, hang_target: str | N
     faults += [("poison", kind) for kind in POISONS]
     rng.shuffle(faults)
     return [Fault(lead_in_s + i * spacing_s, kind, target) for i, (kind, target) in enumerate(faults)]
+
+
+CLUSTER_FAULTS = (("broker-kill", "leader"), ("broker-restart", "leader"),
+                  ("primary-kill", "redis"), ("primary-restart", "redis"))
+
+
+def cluster_schedule(lead_in_s: float, spacing_s: float, rounds: int = 2) -> list[Fault]:
+    """The cluster faults in their only sensible order (a restart follows its kill), ``rounds`` times."""
+    faults = [fault for _ in range(rounds) for fault in CLUSTER_FAULTS]
+    return [Fault(lead_in_s + i * spacing_s, kind, target) for i, (kind, target) in enumerate(faults)]
+
+
+def stalls(final_times: Sequence[float], fault_times: Sequence[float], end_time: float) -> list[float]:
+    """Per fault, the longest gap between final rewards from the last one before it until the next
+    fault (or ``end_time``); a window with no final reward at all counts to its end."""
+    times = sorted(final_times)
+    result = []
+    for i, start in enumerate(fault_times):
+        stop = fault_times[i + 1] if i + 1 < len(fault_times) else end_time
+        before = [t for t in times if t < start]
+        inside = [t for t in times if start <= t < stop]
+        points = ([before[-1]] if before else [start]) + inside
+        if not inside:
+            points.append(stop)
+        result.append(max((b - a for a, b in pairwise(points)), default=0.0))
+    return result
+
+
+def rhythm(final_times: Sequence[float], first_fault: float) -> float:
+    """The longest gap between final rewards before the first fault: the stream's own pace."""
+    times = sorted(t for t in final_times if t < first_fault)
+    return max((b - a for a, b in pairwise(times)), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -145,6 +188,8 @@ class FaultRecord:
     started_s: float = 0.0
     recovered_s: float | None = None  # seconds until the target answered again (None: not measured)
     note: str = ""
+    wall_at: float = 0.0  # time.time() at injection, to place it among the final rewards
+    stall_s: float | None = None  # the longest gap between final rewards until the next fault
 
 
 @dataclass
@@ -166,6 +211,7 @@ class Outcomes:
         self._settings = settings
         self._since_ms = since_ms
         self.finals: dict[str, list[FinalReward]] = {}
+        self.final_times: list[float] = []  # scored_at of each distinct final reward, epoch seconds
         self.dead: set[str] = set()
         self.dead_letters: Counter = Counter()  # DLQ topic -> records
 
@@ -179,6 +225,7 @@ class Outcomes:
         dead_letter_topics = [topics.Topic(t.dlq, t.message_type, t.key_field) for t in watched]
         reader = TailReader(self._settings, [*watched, *dead_letter_topics], client_id=f"chaos-{uuid.uuid4().hex[:6]}")
         finals: dict[str, list[FinalReward]] = {}
+        times: dict[tuple[str, int], float] = {}
         dead: set[str] = set()
         dead_letters: Counter = Counter()
         try:
@@ -194,9 +241,12 @@ class Outcomes:
                     elif topic is topics.REWARDS_SCORED and event.final:
                         finals.setdefault(event.request_id, []).append(
                             FinalReward(event.sample_index, event.response_hash, event.scorer))
+                        times.setdefault((event.request_id, event.sample_index),
+                                         event.scored_at.ToMilliseconds() / 1000.0)
         finally:
             reader.close()
         self.finals, self.dead, self.dead_letters = finals, dead, dead_letters
+        self.final_times = list(times.values())
 
     def settle(self, requests: Sequence[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -218,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
     settings = StrataSettings()
     run_id = uuid.uuid4().hex[:8]
     zoo = ensure_zoo(ZooSettings(cache_dir=settings.cache_dir, zoo_preset=args.zoo))
-    with bench_infra(settings, run_id, "chaos") as infra:
+    with bench_infra(settings, run_id, "chaos", cluster=args.cluster) as infra:
         if not (infra.kafka_managed and infra.redis_managed):
             raise CliError("the chaos bench restarts Kafka and Redis: it needs its own (unset STRATA_KAFKA_BOOTSTRAP "
                            "and STRATA_REDIS_URL)")
@@ -328,6 +378,8 @@ class Injector:
         self.ports = {s.name: s.port for s in specs}
         self.run_id = run_id
         self._publisher: Publisher | None = None
+        self._killed_broker: int | None = None
+        self._killed_redis: Any = None
 
     def publisher(self) -> Any:
         from strata.bus import Publisher
@@ -373,8 +425,44 @@ class Injector:
             record.note = f"{self.pause_ms} ms"
         elif fault.kind == "poison":
             record.note = self._poison(fault.target)
+        elif fault.kind in ("broker-kill", "broker-restart", "primary-kill", "primary-restart"):
+            self._cluster_fault(record, started)
         log(f"  {time.strftime('%H:%M:%S')} {fault.kind:<13} {fault.target:<18} {record.note}"
             + ("" if record.recovered_s is None else f" back in {record.recovered_s:.1f} s"))
+
+    def _cluster_fault(self, record: FaultRecord, started: float) -> None:
+        """Kill or restart the leader broker or the Redis primary; ``recovered_s``: until the cluster
+        serves again (every partition led by a live broker; a primary that takes writes; the
+        restarted node back in sync)."""
+        from strata_tools.infra import kafka_broker, redis_server
+
+        kind = record.fault.kind
+        if kind == "broker-kill":
+            node, led = _busiest_leader(self.infra)
+            kafka_broker.stop_node(self.infra, node, kill=True)
+            self._killed_broker = node
+            record.note = f"broker {node} (led {led} partitions)"
+            record.recovered_s = self._until(lambda: _leaders_live(self.infra, node), 120) - started
+        elif kind == "broker-restart" and self._killed_broker is not None:
+            node, self._killed_broker = self._killed_broker, None
+            kafka_broker.start_node(self.infra, node)
+            record.note = f"broker {node}"
+            record.recovered_s = self._until(lambda: _in_sync(self.infra, node), 120) - started
+        elif kind == "primary-kill":
+            port = redis_server.current_primary_port(self.infra)
+            node = next(n for n in redis_server.redis_nodes(self.infra) if n.port == port)
+            redis_server.stop_node(self.infra, node, kill=True)
+            self._killed_redis = node
+            record.note = f"primary :{port}"
+            record.recovered_s = self._until(lambda: _primary_writable(self.infra, port), 120) - started
+            record.note += f", now :{redis_server.current_primary_port(self.infra)}"
+        elif kind == "primary-restart" and self._killed_redis is not None:
+            node, self._killed_redis = self._killed_redis, None
+            redis_server.start_node(self.infra, node)
+            record.note = f":{node.port} back as a replica"
+            record.recovered_s = self._until(lambda: _replica_linked(node.port), 120) - started
+        else:
+            record.note = "nothing to restart"
 
     def _new_pid_serving(self, name: str, old_pid: int) -> bool:
         from strata_tools.stack.control import health
@@ -413,6 +501,71 @@ class Injector:
         return f"published ({tag})"
 
 
+def _strata_partitions(infra: Any) -> list[dict]:
+    from kafka import KafkaAdminClient
+
+    from strata.bus import topics
+    from strata.bus.security import kafka_connection
+
+    admin = KafkaAdminClient(**kafka_connection(infra), client_id="chaos-cluster", request_timeout_ms=5000)
+    try:
+        return [p for t in admin.describe_topics([t.name for t in topics.ALL_TOPICS]) for p in t["partitions"]]
+    finally:
+        admin.close()
+
+
+def _busiest_leader(infra: Any) -> tuple[int, int]:
+    """(the broker leading most of Strata's partitions, how many it leads)."""
+    led = Counter(p["leader_id"] for p in _strata_partitions(infra) if p["leader_id"] >= 0)
+    return led.most_common(1)[0]
+
+
+def _leaders_live(infra: Any, dead: int) -> bool:
+    try:
+        return all(p["leader_id"] not in (-1, dead) for p in _strata_partitions(infra))
+    except Exception:
+        return False
+
+
+def _in_sync(infra: Any, node: int) -> bool:
+    try:
+        return all(node in p["isr_nodes"] for p in _strata_partitions(infra))
+    except Exception:
+        return False
+
+
+def _primary_writable(infra: Any, old_port: int) -> bool:
+    """A write through the Sentinels lands on a primary other than the killed one."""
+    import redis
+
+    from strata_tools.infra import redis_server
+
+    if redis_server.current_primary_port(infra) in (None, old_port):
+        return False
+    try:
+        client = redis_client.connect(infra.redis_address, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            return bool(client.set("strata:chaos:probe", "1"))
+        finally:
+            client.close()
+    except (redis.RedisError, OSError):
+        return False
+
+
+def _replica_linked(port: int) -> bool:
+    import redis
+
+    try:
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+        try:
+            info = client.info("replication")
+        finally:
+            client.close()
+    except (redis.RedisError, OSError):
+        return False
+    return info.get("role") == "slave" and info.get("master_link_status") == "up"
+
+
 def _say(line: str) -> None:
     """Print ``line`` at once: the fault log is read while the run goes on."""
     print(line, flush=True)
@@ -428,7 +581,8 @@ def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
     state_dir = Path(infra.state_dir) / "stack"
     checkpoints = Path(infra.state_dir) / "checkpoints"
     specs = _specs(infra, args.zoo, checkpoints, args.learner_batch)
-    faults = schedule(args.seed, args.lead_in, args.spacing)
+    faults = cluster_schedule(args.lead_in, args.spacing) if args.cluster else \
+        schedule(args.seed, args.lead_in, args.spacing)
     stream_s = faults[-1].at_s + args.spacing
     prompts = _prompts(args.seed, int(stream_s / args.pace) + 1)
     _say(f"chaos bench: {args.zoo} zoo ({zoo.config.config_hash()}), seed {args.seed}, {len(faults)} faults of "
@@ -453,8 +607,13 @@ def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
             submitter.join(timeout=30)
             _say(f"stream done: {len(stream.accepted)} accepted, {len(stream.not_accepted)} not accepted, "
                  f"retries {dict(stream.retries) or 'none'}; settling ...")
+            stream_ended = time.time()
             settle_started = time.monotonic()
             outcomes.settle(stream.accepted, args.settle_timeout)
+            for record, stall in zip(fault_log, stalls(outcomes.final_times, [r.wall_at for r in fault_log],
+                                                       stream_ended), strict=True):
+                record.stall_s = stall
+            pace_gap = rhythm(outcomes.final_times, fault_log[0].wall_at) if fault_log else 0.0
             _say(f"  settled in {time.monotonic() - settle_started:.0f} s")
             lags = consumer_lags(infra, WORK_GROUPS)
         finally:
@@ -464,7 +623,7 @@ def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
     behind = {f"{g}/{t}": lag for (g, t), lag in lags.items() if lag > 0}
     result = tally(stream.accepted, outcomes.finals, outcomes.dead, work_queued=bool(behind))
     twice = doubled_batches(batch_ids)
-    return report(args, fault_log, stream, result, outcomes, behind, batch_ids, twice, learner_version)
+    return report(args, fault_log, stream, result, outcomes, behind, batch_ids, twice, learner_version, pace_gap)
 
 
 def _prompts(seed: int, n: int) -> list[str]:
@@ -483,7 +642,7 @@ def _inject_all(faults: Sequence[Fault], injector: Injector, stream_started: flo
         wait = stream_started + fault.at_s - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        record = FaultRecord(fault, started_s=time.monotonic() - stream_started)
+        record = FaultRecord(fault, started_s=time.monotonic() - stream_started, wall_at=time.time())
         injector.inject(record, _say)
         fault_log.append(record)
     return fault_log
@@ -502,12 +661,16 @@ def _learner_batches(checkpoints: Path) -> tuple[list[str], int]:
 
 def report(args: argparse.Namespace, fault_log: Sequence[FaultRecord], stream: Stream, result: Tally,
            outcomes: Outcomes, behind: dict[str, int], batch_ids: Sequence[str], twice: Sequence[str],
-           learner_version: int) -> int:
+           learner_version: int, pace_gap: float = 0.0) -> int:
     print()
-    print(f"{'at':>6}  {'fault':<13} {'target':<18} {'back in':>8}  note")
+    print(f"{'at':>6}  {'fault':<14} {'target':<18} {'back in':>8} {'stall':>8}  note")
     for record in fault_log:
         back = "-" if record.recovered_s is None else f"{record.recovered_s:.1f} s"
-        print(f"{record.started_s:>5.0f}s  {record.fault.kind:<13} {record.fault.target:<18} {back:>8}  {record.note}")
+        stall = "-" if record.stall_s is None else f"{record.stall_s:.1f} s"
+        print(f"{record.started_s:>5.0f}s  {record.fault.kind:<14} {record.fault.target:<18} {back:>8} {stall:>8}  "
+              f"{record.note}")
+    print(f"stall: the longest gap between two final rewards from the fault to the next; before the first "
+          f"fault the longest was {pace_gap:.1f} s")
     print()
     print(f"accepted {result.accepted}; served exactly once {result.served}; lost {len(result.lost)}; "
           f"doubled {len(result.doubled)}; stuck {len(result.stuck)}")
@@ -529,8 +692,10 @@ def report(args: argparse.Namespace, fault_log: Sequence[FaultRecord], stream: S
         args.out.write_text(json.dumps({
             "seed": args.seed, "zoo": args.zoo, "faults": [
                 {"at_s": round(r.started_s, 1), "kind": r.fault.kind, "target": r.fault.target,
-                 "recovered_s": None if r.recovered_s is None else round(r.recovered_s, 1), "note": r.note}
+                 "recovered_s": None if r.recovered_s is None else round(r.recovered_s, 1),
+                 "stall_s": None if r.stall_s is None else round(r.stall_s, 1), "note": r.note}
                 for r in fault_log],
+            "cluster": args.cluster, "lead_in_longest_gap_s": round(pace_gap, 1),
             "accepted": result.accepted, "served": result.served, "lost": result.lost, "doubled": result.doubled,
             "stuck": result.stuck, "not_accepted": stream.not_accepted, "redelivered": result.redelivered,
             "dead_letters": dict(outcomes.dead_letters), "learner_batches": len(batch_ids),

@@ -32,15 +32,17 @@ def _start_infra(settings: StrataSettings) -> None:
 
 
 @contextlib.contextmanager
-def bench_infra(settings: S, run_id: str, bench: str) -> Iterator[S]:
+def bench_infra(settings: S, run_id: str, bench: str, cluster: bool = False) -> Iterator[S]:
     """Kafka and Redis for one run. Managed ones (the default) are the bench's own, on free ports
     under a throw-away state dir, purged at the end: the run publishes thousands of prompts and
     rewards, which a later `strata up` would otherwise roll out and learn from. External clusters
-    (STRATA_KAFKA_BOOTSTRAP / STRATA_REDIS_URL) are used as they are; the events stay there."""
+    (STRATA_KAFKA_BOOTSTRAP / STRATA_REDIS_URL) are used as they are; the events stay there.
+    ``cluster``: three brokers (topics replicated 3 times, 2 in sync) and a Redis primary with a
+    replica and three Sentinels, each on a block of free ports."""
     import shutil
 
     from strata_tools.infra import down
-    from strata_tools.infra.process import free_port
+    from strata_tools.infra.process import free_port, free_port_block
 
     own = settings.kafka_managed or settings.redis_managed
     if own:
@@ -49,6 +51,12 @@ def bench_infra(settings: S, run_id: str, bench: str) -> Iterator[S]:
             "state_dir": state_dir, "kafka_port": free_port(), "kafka_controller_port": free_port(),
             "redis_port": free_port(), "topic_partitions": 3,
         })
+        if cluster:
+            kafka_base = free_port_block(6)
+            settings = settings.model_copy(update={
+                "kafka_brokers": 3, "redis_replicas": 1, "kafka_port": kafka_base,
+                "kafka_controller_port": kafka_base + 1, "redis_port": free_port_block(5),
+            })
     else:
         print(f"{bench} bench: on the configured Kafka; its prompts and rewards stay on the shared topics",
               flush=True)

@@ -8,7 +8,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata_tools.bench.chaos import POISONS, SERVICES, FinalReward, Outcomes, doubled_batches, schedule, tally
+from strata_tools.bench.chaos import (
+    POISONS,
+    SERVICES,
+    FinalReward,
+    Outcomes,
+    cluster_schedule,
+    doubled_batches,
+    rhythm,
+    schedule,
+    stalls,
+    tally,
+)
 
 
 def test_the_schedule_has_every_fault_once_in_a_seeded_order() -> None:
@@ -62,3 +73,18 @@ def test_outcomes_read_finals_and_dead_letters_from_the_start_of_the_run(infra) 
     outcomes.settle([request], timeout_s=30)
     assert outcomes.finals[request] == [FinalReward(0, "b" * 64, 0)] * 2
     assert outcomes.dead_letters[topics.POLICY_UPDATED.dlq] >= 1
+
+
+def test_the_cluster_schedule_restarts_what_it_killed_twice_over() -> None:
+    faults = cluster_schedule(lead_in_s=20, spacing_s=15)
+    assert [f.kind for f in faults] == ["broker-kill", "broker-restart", "primary-kill", "primary-restart"] * 2
+    assert [f.at_s for f in faults] == [20 + 15 * i for i in range(8)]
+
+
+def test_a_stall_is_the_longest_gap_between_final_rewards_until_the_next_fault() -> None:
+    finals = [0, 2, 4, 6, 13, 15, 17, 19, 21, 23]  # a reward every 2 s, none from 6 to 13
+    faults = [5.0, 14.0]
+    assert stalls(finals, faults, end_time=24) == [7.0, 2.0]
+    assert rhythm(finals, first_fault=5.0) == 2.0
+    # A fault after which no final reward came at all stalls until the window closes.
+    assert stalls([0, 2], [3.0], end_time=30) == [28.0]
