@@ -78,6 +78,11 @@ class StrataSettings(BaseSettings):
         None, description="host:port[,host:port] of the Sentinels of an existing Redis (instead of redis_url)"
     )
     redis_sentinel_primary: str = Field("strata", description="the name the Sentinels monitor the primary under")
+    redis_wait_replicas: int = Field(
+        0, ge=0, description="after writing a claim key, wait until this many replicas have it (Redis WAIT), so "
+        "that a failover cannot lose it; 0: do not wait (one Redis)"
+    )
+    redis_wait_timeout_ms: int = Field(200, ge=1, description="the longest a claim waits for its replicas")
 
     # Local infrastructure (used only when the addresses above are unset).
     state_dir: Path = Field(Path(".strata"), description="runtime state: Kafka log dir, Redis data, pids, logs")

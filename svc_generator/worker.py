@@ -59,6 +59,24 @@ class _Job:
     request: GenerationRequest
 
 
+def claim(client: redis.Redis, key: str, event: bytes, ttl_s: int, wait_replicas: int = 0,
+          wait_timeout_ms: int = 200) -> bool:
+    """SET NX the sample's claim; True when this attempt won it. With ``wait_replicas``, WAIT on the same
+    connection until that many replicas have it (and, the replication stream being ordered, the
+    response text stored before it): a failover right after then cannot lose the claim and let a
+    redelivery generate a second response for the sample."""
+    if not wait_replicas:
+        return bool(client.set(key, event, nx=True, ex=ttl_s))
+    with client.pipeline(transaction=False) as pipe:
+        pipe.set(key, event, nx=True, ex=ttl_s)
+        pipe.execute_command("WAIT", wait_replicas, wait_timeout_ms)
+        won, acknowledged = pipe.execute()
+    if int(acknowledged) < wait_replicas:
+        log.warning("a claim reached %d of %d replicas in %d ms: a failover now could lose it",
+                    int(acknowledged), wait_replicas, wait_timeout_ms)
+    return bool(won)
+
+
 class GeneratorWorker:
     """The batch handler of the tier's prompt topic."""
 
@@ -129,7 +147,8 @@ class GeneratorWorker:
             )
             event.routed_at.CopyFrom(job.routed.routed_at)
             event.generated_at.GetCurrentTime()
-            if self._redis.set(job.key, event.SerializeToString(), nx=True, ex=self._settings.content_ttl_s):
+            if claim(self._redis, job.key, event.SerializeToString(), self._settings.content_ttl_s,
+                     self._settings.redis_wait_replicas, self._settings.redis_wait_timeout_ms):
                 charge = ledger.charge_generation(self._settings.tier, self._n_params, output.prompt_tokens,
                                                   len(output.token_ids), result.device_seconds)
                 ledger.book(self._redis, job.routed.prompt_hash, event.request_id, [charge],

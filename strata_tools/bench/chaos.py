@@ -282,7 +282,9 @@ def _specs(infra: Any, zoo_preset: str, checkpoints: Path, learner_batch: int) -
     common = {"STRATA_KAFKA_BOOTSTRAP": infra.kafka_address, "STRATA_REDIS_URL": infra.redis_address,
               "STRATA_STATE_DIR": str(infra.state_dir), "STRATA_ZOO_PRESET": zoo_preset, "STRATA_DEVICE": "cpu",
               "STRATA_LOG_LEVEL": "INFO", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-              "STRATA_CACHE_DIR": str(infra.cache_dir)}
+              "STRATA_CACHE_DIR": str(infra.cache_dir),
+              # With a replica, a generator's claim waits until the replica has it (Redis WAIT).
+              "STRATA_REDIS_WAIT_REPLICAS": str(min(1, infra.redis_replicas))}
     own: dict[str, tuple[str, tuple[str, ...], dict[str, str]]] = {
         "scheduler": ("svc_scheduler", (), {"STRATA_AUDIT_SHARE": "0",
                                             "STRATA_POLICY_CHECKPOINT_ROOT": str(checkpoints)}),

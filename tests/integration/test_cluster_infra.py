@@ -13,6 +13,7 @@ import pytest
 import redis
 from kafka import KafkaAdminClient, KafkaConsumer
 
+from strata import redis_client
 from strata.bus import Publisher, Topic
 from strata.bus.admin import ensure_topics
 from strata.bus.security import kafka_connection
@@ -22,6 +23,7 @@ from strata.hashing import content_hash
 from strata.v1 import common_pb2, events_pb2
 from strata_tools.infra import down, kafka_broker, redis_server, status, up
 from strata_tools.infra.process import free_port_block
+from svc_generator.worker import claim
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -143,3 +145,21 @@ def test_the_content_store_follows_sentinel_to_the_promoted_replica(cluster: Str
         assert restarted.info("replication")["role"] == "slave"
     finally:
         restarted.close()
+
+
+def test_a_generator_claim_is_on_the_replica_before_the_generator_goes_on(cluster: StrataSettings) -> None:
+    client = redis_client.connect(cluster.redis_address, socket_timeout=10)
+    key = f"strata:gen:claim:1:{uuid.uuid4().hex}:request:0"
+    try:
+        assert claim(client, key, b"the first response", 60, wait_replicas=1, wait_timeout_ms=5000)
+        assert not claim(client, key, b"a second response", 60, wait_replicas=1, wait_timeout_ms=5000)
+    finally:
+        client.close()
+    primary = redis_server.current_primary_port(cluster)
+    replica_port = next(n.port for n in redis_server.redis_nodes(cluster) if n.role != "sentinel" and n.port != primary)
+    replica = redis.Redis(host="127.0.0.1", port=replica_port)
+    try:
+        # WAIT returned once the replica had it: a failover from here on promotes a node that knows the claim.
+        assert replica.get(key) == b"the first response"
+    finally:
+        replica.close()

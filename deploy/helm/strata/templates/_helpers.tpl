@@ -143,6 +143,10 @@ which Kubernetes expands only from variables defined before it. No password is r
 - name: STRATA_KAFKA_SSL_CAFILE
   value: /etc/strata/kafka-ca/{{ $v.kafka.tls.caKey }}
 {{- end }}
+{{- if $v.redis.waitReplicas }}
+- name: STRATA_REDIS_WAIT_REPLICAS
+  value: {{ $v.redis.waitReplicas | quote }}
+{{- end }}
 {{- if $v.redis.sentinel.addresses }}
 {{- /* Sentinel: no STRATA_REDIS_URL (Strata refuses both); the login of the data nodes as settings. */}}
 - name: STRATA_REDIS_SENTINELS
