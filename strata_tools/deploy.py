@@ -1,7 +1,8 @@
 """Static validation of the compose files, in both variants (``make compose-test`` runs them for real).
 
 ``compose.yaml`` holds the services; ``compose.override.yaml`` (read by default) pins each GPU
-service to its own GPU; ``compose.cpu.yaml`` runs every service on the CPU with no device request.
+service to its own GPU; ``compose.cpu.yaml`` runs every service on the CPU with no device request;
+``compose.cluster.yaml``, on top of either, runs three Kafka brokers and Redis with Sentinel.
 :func:`load` merges files as docker compose does for the keys we use.
 
 Checks: on GPUs, each GPU service pinned to exactly one GPU and no GPU shared, with
@@ -43,6 +44,7 @@ DEVICE_FLAGS = ("--device", "--encoder-device")
 DEVICE_VARIABLES = ("STRATA_DEVICE", "STRATA_ENCODER_DEVICE")
 GPU_OVERRIDE = "compose.override.yaml"
 CPU_OVERRIDE = "compose.cpu.yaml"
+CLUSTER_OVERRIDE = "compose.cluster.yaml"
 # Variables that are not settings but are read by libraries inside the container.
 NON_SETTINGS_ENV = {"HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES", "TRANSFORMERS_OFFLINE", "TQDM_MININTERVAL"}
 
@@ -71,8 +73,8 @@ def interpolate(value: Any, env: Mapping[str, str]) -> Any:
 
 
 def load(*paths: str | Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The files merged in order (a later file's service keys replace, its environment entries
-    are added; top-level mappings are merged), then interpolated."""
+    """The files merged in order (a later file's service keys replace, its environment and
+    depends_on entries are added; top-level mappings are merged), then interpolated."""
     merged: dict[str, Any] = {}
     for path in paths:
         document = yaml.safe_load(Path(path).read_text()) or {}
@@ -88,17 +90,31 @@ def load(*paths: str | Path, env: Mapping[str, str] | None = None) -> dict[str, 
     return interpolate(merged, env or {})
 
 
-def load_variant(root: str | Path, gpu: bool, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``compose.yaml`` with the GPU pinning (what ``docker compose up`` reads) or the CPU override."""
+def load_variant(root: str | Path, gpu: bool, env: Mapping[str, str] | None = None,
+                 cluster: bool = False) -> dict[str, Any]:
+    """``compose.yaml`` with the GPU pinning (what ``docker compose up`` reads) or the CPU override,
+    and with ``cluster`` the three brokers and Sentinel on top (``compose.cluster.yaml``)."""
     root = Path(root)
-    return load(root / "compose.yaml", root / (GPU_OVERRIDE if gpu else CPU_OVERRIDE), env=env)
+    paths = [root / "compose.yaml", root / (GPU_OVERRIDE if gpu else CPU_OVERRIDE)]
+    if cluster:
+        paths.append(root / CLUSTER_OVERRIDE)
+    return load(*paths, env=env)
 
 
 def _merge_service(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     merged = {**base, **override}
     if "environment" in base and "environment" in override:
         merged["environment"] = {**base["environment"], **override["environment"]}
+    if "depends_on" in base and "depends_on" in override:
+        # Compose merges dependencies too: an override adds to them and cannot remove one.
+        merged["depends_on"] = {**_depends_on(base["depends_on"]), **_depends_on(override["depends_on"])}
     return merged
+
+
+def _depends_on(value: Any) -> dict[str, Any]:
+    if isinstance(value, list):
+        return {name: {"condition": "service_started"} for name in value}
+    return dict(value or {})
 
 
 def _device(command: list[str], environment: Mapping[str, Any]) -> str | None:
