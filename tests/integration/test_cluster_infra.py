@@ -36,7 +36,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StrataSettings
     settings = StrataSettings(
         state_dir=Path(tmp_path_factory.mktemp("strata-cluster")), kafka_brokers=3, redis_replicas=1,
         kafka_port=kafka_base, kafka_controller_port=kafka_base + 1, redis_port=redis_base,
-        topic_partitions=3, kafka_heap="256m",
+        topic_partitions=3,
     )
     up(settings)
     try:
