@@ -462,7 +462,7 @@ class Injector:
             node, self._killed_redis = self._killed_redis, None
             redis_server.start_node(self.infra, node)
             record.note = f":{node.port} back as a replica"
-            record.recovered_s = self._until(lambda: _replica_linked(node.port), 120) - started
+            record.recovered_s = self._until(lambda: _replica_linked(self.infra, node), 120) - started
         else:
             record.note = "nothing to restart"
 
@@ -554,11 +554,13 @@ def _primary_writable(infra: Any, old_port: int) -> bool:
         return False
 
 
-def _replica_linked(port: int) -> bool:
+def _replica_linked(infra: Any, node: Any) -> bool:
     import redis
 
+    from strata_tools.infra import redis_server
+
     try:
-        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+        client = redis_client.connect(redis_server.node_url(infra, node), socket_timeout=2)
         try:
             info = client.info("replication")
         finally:

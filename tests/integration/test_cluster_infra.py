@@ -120,7 +120,7 @@ def test_the_content_store_follows_sentinel_to_the_promoted_replica(cluster: Str
     first_primary = redis_server.current_primary_port(cluster)
     primary = next(node for node in redis_server.redis_nodes(cluster) if node.port == first_primary)
     # The replica must hold the write before the crash: replication is asynchronous (docs/deploy.md).
-    store_client = redis.Redis(host="127.0.0.1", port=first_primary)
+    store_client = redis_client.connect(redis_server.node_url(cluster, primary))
     try:
         store_client.execute_command("WAIT", 1, 5000)
     finally:
@@ -139,7 +139,7 @@ def test_the_content_store_follows_sentinel_to_the_promoted_replica(cluster: Str
     assert store.get_text(before) == "written before the primary dies"
 
     redis_server.start_node(cluster, primary)
-    restarted = redis.Redis(host="127.0.0.1", port=primary.port)
+    restarted = redis_client.connect(redis_server.node_url(cluster, primary))
     try:
         # It comes back as a replica of the promoted node, never as a second primary.
         assert restarted.info("replication")["role"] == "slave"
@@ -156,8 +156,8 @@ def test_a_generator_claim_is_on_the_replica_before_the_generator_goes_on(cluste
     finally:
         client.close()
     primary = redis_server.current_primary_port(cluster)
-    replica_port = next(n.port for n in redis_server.redis_nodes(cluster) if n.role != "sentinel" and n.port != primary)
-    replica = redis.Redis(host="127.0.0.1", port=replica_port)
+    replica_node = next(n for n in redis_server.redis_nodes(cluster) if n.role != "sentinel" and n.port != primary)
+    replica = redis_client.connect(redis_server.node_url(cluster, replica_node))
     try:
         # WAIT returned once the replica had it: a failover from here on promotes a node that knows the claim.
         assert replica.get(key) == b"the first response"
