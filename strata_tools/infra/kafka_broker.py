@@ -39,11 +39,10 @@ from strata.config import StrataSettings
 from strata_tools.infra.process import (
     InfraError,
     ensure_tool,
-    kill_pid,
+    halt,
     owned_pid,
     port_open,
     start_detached,
-    stop_pid,
     wait_serving,
 )
 
@@ -309,12 +308,7 @@ def stop_node(settings: StrataSettings, node: int, timeout_s: float = 60.0, kill
     if pid is None:
         paths.pid_file.unlink(missing_ok=True)
         return False
-    if kill:
-        kill_pid(pid)
-        how = "killed"
-    else:
-        how = "stopped" if stop_pid(pid, timeout_s) else "stopped with SIGKILL after the grace period"
-    paths.pid_file.unlink(missing_ok=True)
+    how = halt(pid, paths.pid_file, timeout_s, kill)
     log.info("%s Kafka node %d (pid %d)", how, node, pid)
     return True
 

@@ -105,6 +105,18 @@ def kill_pid(pid: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def halt(pid: int, pid_file: Path, timeout_s: float, kill: bool = False) -> str:
+    """Stop a process this state dir started and drop its pid file; returns how it went, for the log.
+    ``kill``: SIGKILL at once, as a crash or a lost host would; else SIGTERM and the grace period."""
+    if kill:
+        kill_pid(pid)
+        how = "killed"
+    else:
+        how = "stopped" if stop_pid(pid, timeout_s) else "stopped with SIGKILL after the grace period"
+    pid_file.unlink(missing_ok=True)
+    return how
+
+
 def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
     """The first of ``count`` consecutive ports that nothing listens on right now."""
     for _ in range(attempts):

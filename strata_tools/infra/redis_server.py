@@ -29,11 +29,10 @@ from strata.config import StrataSettings
 from strata_tools.infra.process import (
     InfraError,
     ensure_tool,
-    kill_pid,
+    halt,
     owned_pid,
     port_open,
     start_detached,
-    stop_pid,
     wait_serving,
 )
 
@@ -247,12 +246,8 @@ def stop_node(settings: StrataSettings, node: RedisNode, timeout_s: float = 30.0
     if pid is None:
         paths.pid_file.unlink(missing_ok=True)
         return False
-    if kill:
-        kill_pid(pid)
-    else:
-        stop_pid(pid, timeout_s)  # SIGTERM: Redis flushes the append-only file and exits
-    paths.pid_file.unlink(missing_ok=True)
-    log.info("%s %s (pid %d)", "killed" if kill else "stopped", node.name, pid)
+    how = halt(pid, paths.pid_file, timeout_s, kill)  # SIGTERM: Redis flushes the append-only file and exits
+    log.info("%s %s (pid %d)", how, node.name, pid)
     return True
 
 
