@@ -9,6 +9,7 @@ scored by the light RM and the oracle. Writes a reward curve (PNG) and a JSON su
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -118,6 +119,28 @@ def paired_change(before: Sequence[float], after: Sequence[float]) -> Change:
     return Change(statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs)), len(diffs))
 
 
+@dataclass(frozen=True)
+class Oscillation:
+    """How far the rounds' mean light-RM reward swings from one round to the next (R8's symptom: a reward
+    curve that oscillates by ±2 when the RM's scores are noisy)."""
+
+    step_std: float       # standard deviation of the round-to-round changes
+    largest_step: float   # the round-to-round change largest in size, with its sign
+    rounds: int
+
+    def __str__(self) -> str:
+        return (f"±{self.step_std:.3f} (std of the round-to-round change over {self.rounds} rounds; "
+                f"largest {self.largest_step:+.3f})")
+
+
+def reward_oscillation(round_rewards: Sequence[float]) -> Oscillation | None:
+    """The oscillation of a reward curve; None under three rounds (one change has no spread)."""
+    if len(round_rewards) < 3:
+        return None
+    steps = [after - before for before, after in itertools.pairwise(round_rewards)]
+    return Oscillation(statistics.stdev(steps), max(steps, key=abs), len(round_rewards))
+
+
 @dataclass
 class TrainSummary:
     start_version: int
@@ -150,6 +173,11 @@ class TrainSummary:
             return None
         return paired_change([r - o for r, o in zip(self.before.rewards, self.before.oracle_scores, strict=True)],
                              [r - o for r, o in zip(self.after.rewards, self.after.oracle_scores, strict=True)])
+
+    @property
+    def reward_oscillation(self) -> Oscillation | None:
+        """The round-to-round swing of the rounds' mean light-RM reward (the curve the learner climbs)."""
+        return reward_oscillation([r.mean_reward for r in self.rounds if r.mean_reward is not None])
 
     @property
     def reward_gain(self) -> float | None:
@@ -343,6 +371,8 @@ def write_report(summary: TrainSummary, report_dir: Path) -> Path:
     changes = {name: None if change is None else asdict(change)
                for name, change in (("reward_change", summary.reward_change), ("oracle_change", summary.oracle_change),
                                     ("hacking_gap", summary.hacking_gap))}
-    payload = {**asdict(summary), "reward_gain": summary.reward_gain, **changes}
+    oscillation = summary.reward_oscillation
+    payload = {**asdict(summary), "reward_gain": summary.reward_gain, **changes,
+               "reward_oscillation": None if oscillation is None else asdict(oscillation)}
     png.with_suffix(".json").write_text(json.dumps(payload, indent=2, default=str))
     return png

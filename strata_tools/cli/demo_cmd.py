@@ -56,6 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="share of each round's prompts that repeat a prompt sent before")
     parser.add_argument("--paraphrase-share", type=float, default=0.25,
                         help="share that paraphrase a prompt sent before (same family in the suite)")
+    parser.add_argument("--light-rm", default=None,
+                        help="light RM directory for svc_reward, or several separated by commas (an ensemble, R8); "
+                             "default: the promoted version, else the zoo's")
+    parser.add_argument("--rm-temperature", type=float, default=None,
+                        help="svc_reward's scoring temperature on the RM's score bins (default 1; R8 suggests 0.3)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the services")
     parser.add_argument("--refresh", action=argparse.BooleanOptionalAction, default=True,
                         help="end with one `strata rm refresh` turn on the desk's labels (promotes a better light RM "
@@ -102,7 +107,31 @@ def refresh_turn(settings: StrataSettings) -> None:
                                                                                                         flush=True))
 
 
-def _start_stack(settings: StrataSettings, timeout: float) -> None:
+def reward_service_args(light_rm: str | None, rm_temperature: float | None) -> list[str]:
+    """svc_reward's arguments in the demo: awaiting the desk's scores, plus the light RM and temperature asked for."""
+    args = list(DEMO_SERVICE_ARGS["reward"])
+    if light_rm:
+        args += ["--light-rm", light_rm]
+    if rm_temperature is not None:
+        args += ["--temperature", f"{rm_temperature:g}"]
+    return args
+
+
+def check_reward_choice(settings: StrataSettings, light_rm: str | None, rm_temperature: float | None) -> None:
+    """Refuse a light RM or temperature that would not take effect: a missing directory, or a stack already
+    running (its reward service keeps the arguments it was started with)."""
+    if rm_temperature is not None and not rm_temperature > 0:
+        raise CliError("--rm-temperature must be > 0")
+    for path in (light_rm or "").split(","):
+        if light_rm and not os.path.isdir(path.strip()):
+            raise CliError(f"--light-rm: {path.strip() or '(empty)'} is not a directory (a light RM's, as "
+                           "`strata rm distill --out` writes; several separated by commas)")
+    if (light_rm or rm_temperature is not None) and control.supervisor_pid(settings) is not None:
+        raise CliError("the stack is already running and its reward service keeps the light RM and temperature "
+                       "it started with: `strata down` first, or drop --light-rm / --rm-temperature")
+
+
+def _start_stack(settings: StrataSettings, args: argparse.Namespace) -> None:
     """[1/6]-[3/6]: Kafka and Redis, the model zoo (built once), every service as its own process."""
     try:
         print("[1/6] Kafka and Redis", flush=True)
@@ -116,8 +145,9 @@ def _start_stack(settings: StrataSettings, timeout: float) -> None:
         print("[3/6] services (strata up)", flush=True)
         # The desk's packaged gold set (svc_annotation/data/gold.jsonl), at 3x its default share so that a
         # short demo shows drift figures.
-        service_args = {**DEMO_SERVICE_ARGS, "annotation": ["--gold-share", "0.3"]}
-        control.start(settings, default_services(), service_args, timeout,
+        service_args = {**DEMO_SERVICE_ARGS, "reward": reward_service_args(args.light_rm, args.rm_temperature),
+                        "annotation": ["--gold-share", "0.3"]}
+        control.start(settings, default_services(), service_args, args.timeout,
                       progress=lambda line: print("     ", line, flush=True))
     except InfraError as exc:
         raise CliError(str(exc)) from exc
@@ -180,6 +210,8 @@ def _print_report(settings: StrataSettings, summary: TrainSummary, desk: Simulat
               f"{summary.before.mean_oracle:.3f} -> {summary.after.mean_oracle:.3f} (change {summary.oracle_change}); "
               f"hacking gap (RM change - oracle change) {summary.hacking_gap}; bad cases (oracle < "
               f"{BAD_THRESHOLD:g}) {summary.before.bad_share:.1%} -> {summary.after.bad_share:.1%}")
+    if summary.reward_oscillation is not None:
+        print(f"      reward oscillation (rounds' mean light-RM reward): {summary.reward_oscillation}")
     print(f"      rollout log: {rollout_log_size(settings)} records (prompt hash, response hash, reward)")
     print("\n".join("      " + line for line in annotation_lines(Addresses().annotation, desk)))
     print(f"      curves: {summary.png}")
@@ -191,8 +223,9 @@ def run(args: argparse.Namespace) -> int:
     # The demo uses the zoo's small preset unless told otherwise (the default preset takes ~15 min).
     os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
     settings = StrataSettings()
+    check_reward_choice(settings, args.light_rm, args.rm_temperature)
     started = time.monotonic()
-    _start_stack(settings, args.timeout)
+    _start_stack(settings, args)
     summary, desk = _train_with_desk(settings, args)
     _print_report(settings, summary, desk)
     if args.refresh:

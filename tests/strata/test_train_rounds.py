@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
 from strata.v1 import common_pb2, events_pb2
-from strata_tools.train import Evaluation, TrainSummary, request_done, round_prompts
+from strata_tools.train import Evaluation, RoundStats, TrainSummary, request_done, reward_oscillation, round_prompts
 from strata_tools.zoo.suite import PromptRecord
 
 L1, L2 = common_pb2.TIER_LEVEL_1, common_pb2.TIER_LEVEL_2
@@ -76,3 +77,24 @@ def test_the_hacking_gap_is_the_rm_change_minus_the_oracle_change_per_prompt() -
     assert gap.mean == pytest.approx((1.0 + 0.0 + 0.5) / 3)
     assert gap.stderr == pytest.approx(0.5 / 3**0.5)  # the per-prompt gaps 1.0, 0.0, 0.5 have sd 0.5
     assert TrainSummary(0, 0, before=before).hacking_gap is None  # nothing to compare yet
+
+
+def _round(index: int, mean_reward: float | None) -> RoundStats:
+    return RoundStats(index, index, 8, {}, 8, 8, mean_reward, None, 1.0)
+
+
+def test_reward_oscillation_is_the_spread_of_round_to_round_changes() -> None:
+    # A steady climb does not oscillate however steep it is; a zig-zag does, by the size of its steps.
+    assert reward_oscillation([1.0, 1.5, 2.0, 2.5]).step_std == pytest.approx(0.0)  # type: ignore[union-attr]
+    zigzag = reward_oscillation([2.0, 3.0, 2.0, 3.0, 2.0])
+    assert zigzag is not None and zigzag.rounds == 5
+    assert zigzag.step_std == pytest.approx(statistics.stdev([1.0, -1.0, 1.0, -1.0]))
+    assert zigzag.largest_step == pytest.approx(1.0)
+    assert reward_oscillation([2.0, 3.0]) is None  # one change has no spread
+
+
+def test_the_summary_oscillation_skips_rounds_without_level1_rewards() -> None:
+    rounds = [_round(0, 2.0), _round(1, None), _round(2, 2.4), _round(3, 1.9)]
+    oscillation = TrainSummary(0, 3, rounds=rounds).reward_oscillation
+    assert oscillation is not None and oscillation.rounds == 3
+    assert oscillation.largest_step == pytest.approx(-0.5)
