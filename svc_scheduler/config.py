@@ -76,6 +76,10 @@ class SchedulerSettings(StrataSettings):
     )
 
     # -- routing (R10-R12) ---------------------------------------------------------------------------
+    tiering: bool = Field(
+        True, description="off: every prompt goes to Level-1, never skipped or sent to Level-2 (a plain rollout: "
+        "the baseline `strata bench peers` runs beside the tiers; the reward service's escalation is set apart)"
+    )
     k: int = Field(10, ge=1, description="nearest historical prompts considered per decision (R10)")
     min_low_variance_neighbours: int = Field(
         7, ge=1, description="skip when at least this many of the k neighbours have low reward variance (R10)"

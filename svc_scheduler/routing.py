@@ -2,7 +2,8 @@
 
 For a new prompt the scheduler hands :func:`decide` the k nearest historical prompts (with their
 cosine similarity, reward statistics and high-uncertainty mark), the risk match of the prompt and
-the current policy / reward-model versions. The rules, in order:
+the current policy / reward-model versions. With ``tiering`` off every prompt goes to Level-1 (a plain
+rollout, for baselines). Otherwise the rules, in order:
 
 1. **Risk topic** (medical, legal: keywords or closeness to exemplars)          -> Level-2 (R3).
 2. **The prompt itself was flagged unsafe** (a neighbour with its own hash)     -> Level-2 (R12).
@@ -226,6 +227,8 @@ def decide(
             cluster=cluster,
         )
 
+    if not settings.tiering:
+        return make(Route.LEVEL_1, "Level-1: tiering is off (every prompt to Level-1, no skip, no Level-2)")
     if risk is not None:
         return make(Route.LEVEL_2, f"Level-2: high-risk topic ({risk.topic}: {risk.evidence})")
     itself = next((n for n in considered if n.prompt_hash == prompt_hash), None)

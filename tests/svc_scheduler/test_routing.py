@@ -295,3 +295,15 @@ def test_the_cluster_is_the_closest_leader_and_members_never_lead() -> None:
     ns[1] = dataclasses.replace(ns[1], cluster_marked_at=None)
     assert route(ns, settings=MARKING).route is Route.SKIP  # the member's copy of a mark is not read: the leader's
     assert route(ns, prompt_hash="lead").cluster == "lead"  # a leader is its own cluster, however close another
+
+
+def test_with_tiering_off_every_prompt_goes_to_level_1() -> None:
+    plain = SchedulerSettings(tiering=False)
+    stable = neighbours(10)  # would skip
+    marked = neighbours(7, other=HIGH)  # would go to Level-2
+    for ns, text in ((stable, "Explain how binary search works."), (marked, "Explain how binary search works."),
+                     (neighbours(0), "What dose of ibuprofen is safe?")):  # a risk topic
+        assert route(ns, text=text).route is not Route.LEVEL_1
+        decision = route(ns, text=text, settings=plain)
+        assert decision.route is Route.LEVEL_1 and decision.reused_reward is None
+        assert "tiering is off" in decision.reason
