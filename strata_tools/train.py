@@ -16,7 +16,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -214,6 +214,21 @@ def round_prompts(records: Sequence[PromptRecord], cursor: int, n: int, sent: Se
     return batch, fresh
 
 
+def prompt_rounds(options: TrainOptions) -> Iterator[list[PromptRecord]]:
+    """The rounds of prompts :func:`train` sends under ``options``, in order (endless): the suite's training
+    prompts without risk topics, from a cursor fixed by the seed, mixed by :func:`round_prompts`."""
+    records = [r for r in load_suite("train") if not r.risk]
+    cursor = (options.seed * 997) % len(records)
+    rng = random.Random(options.seed)
+    sent: list[PromptRecord] = []
+    while True:
+        batch, fresh = round_prompts(records, cursor, options.prompts_per_round, sent, rng, options.repeat_share,
+                                     options.paraphrase_share)
+        cursor += fresh
+        sent += batch
+        yield batch
+
+
 def request_done(events: list, n_samples: int) -> bool:
     """Whether a submitted request has all the rewards it will get.
 
@@ -274,18 +289,13 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
         summary.before = evaluate(channels, eval_records, start_version, options.seed)
         tail = TailReader(settings, [topics.REWARDS_SCORED], client_id="strata-train")
         tail.seek_to_end()
-        cursor = (options.seed * 997) % len(train_records)
-        rng = random.Random(options.seed)
-        sent: list[PromptRecord] = []
+        rounds = prompt_rounds(options)
         try:
             for round_index in range(options.max_rounds):
                 if summary.end_version - start_version >= options.updates:
                     break
                 started = time.monotonic()
-                batch, fresh = round_prompts(train_records, cursor, options.prompts_per_round, sent, rng,
-                                             options.repeat_share, options.paraphrase_share)
-                cursor += fresh
-                sent += batch
+                batch = next(rounds)
                 reply = scheduler.SubmitBatch(scheduler_pb2.SubmitBatchRequest(requests=[
                     scheduler_pb2.SubmitRequest(prompt=r.text, n_samples=options.n_samples) for r in batch
                 ]), timeout=120)

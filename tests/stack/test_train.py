@@ -24,11 +24,10 @@ import pytest
 from stackutil import Tail, submit
 
 from strata.bus import topics
-from strata.bus.admin import start_group_at_end
 from strata.config import StrataSettings
-from strata.service import RunningService, ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2
-from strata_tools.train import Addresses, TrainOptions, TrainSummary, train
+from strata_tools.stack.inprocess import InProcessStack, StackOverrides
+from strata_tools.train import TrainOptions, TrainSummary, train
 
 pytestmark = pytest.mark.integration
 
@@ -43,52 +42,12 @@ LEARNER = {"learning_rate": 1e-4, "batch_size": 32, "minibatch_size": 8, "kl_coe
 # is gamed as soon as the policy moves faster.
 
 
-def service_settings(infra: StrataSettings, **extra: object) -> dict:
-    return {"kafka_bootstrap": infra.kafka_address, "redis_url": infra.redis_address, "device": "cpu",
-            "grpc_port": 0, "consumer_session_timeout_ms": 6000, "consumer_heartbeat_interval_ms": 1000, **extra}
-
-
 @pytest.fixture(scope="module")
 def loop(infra: StrataSettings, zoo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    from svc_generator.__main__ import build as build_generator
-    from svc_generator.config import GeneratorSettings
-    from svc_learner.config import LearnerSettings
-    from svc_learner.service import build as build_learner
-    from svc_probe.__main__ import build as build_probe
-    from svc_probe.config import ProbeSettings
-    from svc_reward.__main__ import build as build_reward
-    from svc_reward.config import RewardSettings
-    from svc_scheduler.__main__ import build_parts as build_scheduler
-    from svc_scheduler.config import SchedulerSettings
-
-    run = uuid.uuid4().hex[:8]
     # A higher audit share than served (0.1): the run's ~20 would-be skips then surely include audits.
-    scheduler = SchedulerSettings(**service_settings(infra, redis_prefix=f"test:train:{run}",
-                                                     stats_group_id=f"test-train-stats-{run}", audit_share=0.3))
-    learner = LearnerSettings(**service_settings(
-        infra, policy_model_path=zoo.policy, checkpoint_dir=tmp_path_factory.mktemp("checkpoints"),
-        group_id=f"test-train-learner-{run}", **LEARNER))
-    start_group_at_end(infra.kafka_address, scheduler.stats_group_id, [topics.REWARDS_SCORED])
-    start_group_at_end(infra.kafka_address, learner.group_id, [topics.REWARDS_SCORED])
-    named: dict[str, ServiceParts] = {
-        "scheduler": build_scheduler(scheduler)[0],
-        "probe": build_probe(ProbeSettings(**service_settings(infra, model=str(zoo.probe)))),
-        "generator": build_generator(GeneratorSettings(**service_settings(infra, tier=1, model=str(zoo.level1)))),
-        "generator_l2": build_generator(GeneratorSettings(**service_settings(infra, tier=2, model=str(zoo.level2)))),
-        "reward": build_reward(RewardSettings(**service_settings(infra, light_rm=str(zoo.light_rm),
-                                                                 strong_rm=str(zoo.strong_rm)))),
-        "learner": build_learner(learner),
-    }
-    running: dict[str, RunningService] = {}
-    try:  # a service that fails to start must not leave the others consuming (later tests would see them)
-        for name, parts in named.items():
-            running[name] = start_service(parts)
-        addresses = Addresses(**{name: f"127.0.0.1:{running[name].port}"
-                                 for name in ("scheduler", "probe", "generator", "learner", "reward")})
-        yield {"addresses": addresses, "report_dir": tmp_path_factory.mktemp("reports")}
-    finally:
-        for name, service in running.items():
-            stop_service(named[name], service, grace_s=0)
+    overrides = StackOverrides(scheduler={"audit_share": 0.3}, learner=LEARNER)
+    with InProcessStack.start(infra, zoo, tmp_path_factory.mktemp("checkpoints"), overrides) as stack:
+        yield {"addresses": stack.addresses, "report_dir": tmp_path_factory.mktemp("reports")}
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,16 @@ import statistics
 import pytest
 
 from strata.v1 import common_pb2, events_pb2
-from strata_tools.train import Evaluation, RoundStats, TrainSummary, request_done, reward_oscillation, round_prompts
+from strata_tools.train import (
+    Evaluation,
+    RoundStats,
+    TrainOptions,
+    TrainSummary,
+    prompt_rounds,
+    request_done,
+    reward_oscillation,
+    round_prompts,
+)
 from strata_tools.zoo.suite import PromptRecord
 
 L1, L2 = common_pb2.TIER_LEVEL_1, common_pb2.TIER_LEVEL_2
@@ -98,3 +107,14 @@ def test_the_summary_oscillation_skips_rounds_without_level1_rewards() -> None:
     oscillation = TrainSummary(0, 3, rounds=rounds).reward_oscillation
     assert oscillation is not None and oscillation.rounds == 3
     assert oscillation.largest_step == pytest.approx(-0.5)
+
+
+def test_the_prompt_stream_is_fixed_by_the_options() -> None:
+    options = TrainOptions(prompts_per_round=12, repeat_share=0.25, paraphrase_share=0.25, seed=3)
+    stream, again = prompt_rounds(options), prompt_rounds(options)
+    first, second = next(stream), next(stream)
+    assert [r.id for r in next(again)] == [r.id for r in first]
+    assert [r.id for r in next(again)] == [r.id for r in second]
+    assert not any(r.risk for r in first + second)  # risk topics are not training prompts
+    assert len({r.id for r in first}) == 12  # nothing sent yet to repeat: all new
+    assert {r.id for r in first} & {r.id for r in second}  # the second round repeats some of the first
