@@ -27,6 +27,7 @@ BENCHES: dict[str, str] = {
     "chaos": "strata_tools.bench.chaos",
     "annotators": "strata_tools.bench.annotators",
     "stages": "strata_tools.bench.stages",
+    "peers": "strata_tools.bench.peers",
 }
 
 

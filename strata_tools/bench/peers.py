@@ -1,0 +1,239 @@
+"""Strata beside TRL: the same policy, reward model, prompts and sampling, one after another in one run.
+
+The arms, each in a process of its own (its peak memory is its own) with the same torch threads:
+
+- ``tiered``: Strata's learner fed by Strata's rollout as it comes (skip, Level-0 + Level-1, escalation
+  to Level-2; the services in one process over a Kafka and Redis of their own);
+- ``level1``: the same with every prompt at Level-1 and nothing escalated (the scheduler's ``tiering``
+  off): Strata's plain rollout;
+- ``trl``: TRL's RLOO trainer (the current release has no PPO) on the same Level-1 policy, rewarded by the
+  same light RM (its expected score over the score bins, as svc_reward serves it), on the same prompt
+  stream with the same directions line, sampling, batch shape, learning rate and KL coefficient.
+
+Then every trained policy and the starting one answer the same held-out prompts with the same seed,
+judged by the light RM and the oracle: the paired gain per prompt, with its standard error. Per arm: wall
+seconds per update (median, the first update left out as warm-up), generation's share of the training
+time, samples per second, peak resident memory, booked cost (params x tokens: generation and every RM
+call, plus Strata's probe and encoder), the reward per update. docs/performance.md lists what still
+differs between the arms. Last line::
+
+    peers strata_s_per_update= trl_s_per_update= ratio= strata_oracle_gain= trl_oracle_gain=
+
+(``strata``: the ``tiered`` arm; ``ratio``: TRL's seconds per update over Strata's.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from strata.errors import CliError
+from strata_tools.bench.peers_trl import INSTALL_HINT, ArmResult, PeersJob
+from strata_tools.train import Change, TrainOptions, paired_change, prompt_rounds
+
+if TYPE_CHECKING:
+    from strata.models.loading import LoadedModel
+    from strata_tools.zoo.build import ZooPaths
+    from strata_tools.zoo.suite import PromptRecord
+
+ARMS = ("tiered", "level1", "trl")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
+    parser.add_argument("--updates", type=int, default=8, help="policy updates per arm")
+    parser.add_argument("--samples-per-update", type=int, default=32, help="rollouts per update (the learner's "
+                        "batch_size; TRL's generation batch)")
+    parser.add_argument("--n-samples", type=int, default=2, help="rollouts per prompt (RLOO needs >= 2)")
+    parser.add_argument("--minibatch-size", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=4, help="passes over each update's rollouts")
+    parser.add_argument("--learning-rate", type=float, default=1e-4, help="the demo's recipe (docs/learner.md)")
+    parser.add_argument("--kl-coef", type=float, default=0.2, help="KL coefficient (Strata's kl_coef, TRL's beta)")
+    parser.add_argument("--repeat-share", type=float, default=0.25)
+    parser.add_argument("--paraphrase-share", type=float, default=0.25)
+    parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts judged before and after")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of every arm")
+    parser.add_argument("--work-dir", type=Path, default=None, help="keep the arms' models, logs and results here "
+                        "(default: a temporary directory, removed after)")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One policy's answers to the held-out prompts: light-RM reward and oracle score per prompt."""
+
+    rewards: list[float]
+    oracle: list[float]
+
+
+def check_arguments(args: argparse.Namespace) -> list[str]:
+    """The arms asked for, or a ``CliError`` naming the flag to fix, before anything loads."""
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not arms or any(a not in ARMS for a in arms):
+        raise CliError(f"--arms: choose from {', '.join(ARMS)} (got {args.arms!r})")
+    if args.updates < 1 or args.eval_prompts < 2 or args.epochs < 1 or args.threads < 1:
+        raise CliError("--updates, --epochs and --threads must be >= 1 and --eval-prompts >= 2")
+    if args.n_samples < 2:
+        raise CliError("--n-samples must be >= 2 (RLOO's baseline is the other samples of the same prompt)")
+    if args.samples_per_update % args.minibatch_size or args.samples_per_update % args.n_samples:
+        raise CliError("--samples-per-update must be a multiple of --minibatch-size and of --n-samples")
+    if "trl" in arms and importlib.util.find_spec("trl") is None:
+        raise CliError(f"TRL is not installed: {INSTALL_HINT}")
+    return arms
+
+
+def served_directions(zoo: ZooPaths, prompts: Sequence[str]) -> list[list[str]]:
+    """The directions line the stack forwards with each prompt (the zoo probe's top ``forward_directions``)."""
+    from strata.models.loading import load_causal_lm
+    from svc_probe.config import ProbeSettings
+    from svc_probe.core import ProbeRules, probe
+
+    settings = ProbeSettings()
+    results = probe(load_causal_lm(zoo.probe, device="cpu"), list(prompts), ProbeRules.of(settings),
+                    settings.max_prompt_tokens)
+    return [[name for name, _ in r.directions][: settings.forward_directions] for r in results]
+
+
+def build_job(args: argparse.Namespace, zoo: ZooPaths, work: Path) -> PeersJob:
+    """The one recipe every arm trains with: the prompt stream Strata's rounds send, taken in order."""
+    from svc_generator.config import GeneratorSettings
+    from svc_learner.config import LearnerSettings
+    from svc_reward.config import RewardSettings
+
+    # Strata's rounds send one update's worth of prompts, so that a round completes one update (skips and
+    # escalations aside) and the arm stops near the updates asked for.
+    prompts_per_round = args.samples_per_update // args.n_samples
+    options = TrainOptions(prompts_per_round=prompts_per_round, seed=args.seed,
+                           repeat_share=args.repeat_share, paraphrase_share=args.paraphrase_share)
+    needed = args.updates * args.samples_per_update // args.n_samples
+    rounds = prompt_rounds(options)
+    prompts: list[str] = []
+    while len(prompts) < needed:
+        prompts += [r.text for r in next(rounds)]
+    prompts = prompts[:needed]
+    sampling = GeneratorSettings().sampling_defaults()
+    learner = LearnerSettings()
+    return PeersJob(
+        policy_dir=str(zoo.policy), light_rm=[str(zoo.light_rm)], prompts=prompts,
+        directions=served_directions(zoo, prompts), prompts_per_round=prompts_per_round,
+        repeat_share=args.repeat_share, paraphrase_share=args.paraphrase_share, updates=args.updates,
+        samples_per_update=args.samples_per_update, n_samples=args.n_samples, minibatch_size=args.minibatch_size,
+        epochs=args.epochs, learning_rate=args.learning_rate, kl_coef=args.kl_coef, clip_coef=learner.clip_coef,
+        max_grad_norm=learner.max_grad_norm, adam_eps=learner.adam_eps, temperature=sampling.temperature,
+        top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens, rm_max_length=RewardSettings().max_length,
+        seed=args.seed, threads=args.threads, out_dir=str(work / "trl" / "policy"),
+    )
+
+
+def run_arm(arm: str, job_path: Path, work: Path) -> ArmResult:
+    """One arm in its own process; its output goes to ``work/<arm>/log``, shown when it fails."""
+    arm_dir = work / arm
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    result = arm_dir / "result.json"
+    if arm == "trl":
+        argv = [sys.executable, "-m", "strata_tools.bench.peers_trl", str(job_path), str(result)]
+    else:
+        argv = [sys.executable, "-m", "strata_tools.bench.peers_strata", arm, str(job_path), str(result), str(arm_dir)]
+    log = arm_dir / "log"
+    with log.open("wb") as out:
+        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise CliError(f"the {arm} arm failed (exit {done.returncode}); the end of {log}:\n{tail}")
+    return ArmResult.read(result)
+
+
+def judge(policy_dir: str | Path, records: Sequence[PromptRecord], directions: Sequence[Sequence[str]],
+          job: PeersJob, light_rm: Sequence[LoadedModel]) -> Judged:
+    """The policy's answers to ``records`` (served directions, the generator's sampling, one seed for all
+    policies), scored by the light RM (mean over members) and the oracle."""
+    from strata.models.generation import SamplingConfig, generate
+    from strata.models.loading import load_causal_lm
+    from strata.models.reward import score_responses
+    from strata_tools.zoo.oracle import oracle_score
+
+    sampling = SamplingConfig(job.temperature, job.top_p, job.max_new_tokens, seed=job.seed + 1)
+    texts = [r.text for r in records]
+    answers = [g.text for g in generate(load_causal_lm(policy_dir, device="cpu"), texts, directions, sampling)]
+    per_member = [score_responses(rm, texts, answers, max_length=job.rm_max_length) for rm in light_rm]
+    rewards = [sum(scores) / len(scores) for scores in zip(*per_member, strict=True)]
+    return Judged(rewards, [oracle_score(r, a) for r, a in zip(records, answers, strict=True)])
+
+
+def _fmt(value: float, spec: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def print_report(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Change]], job: PeersJob) -> None:
+    print(f"  {len(job.prompts)} training prompts, {job.updates} updates of {job.samples_per_update} rollouts "
+          f"({job.n_samples} per prompt), {job.epochs} epochs in minibatches of {job.minibatch_size}, lr "
+          f"{job.learning_rate:g}, KL {job.kl_coef:g}, T {job.temperature:g} top-p {job.top_p:g}, {job.threads} "
+          "threads; s/update: median, the first update left out")
+    print(f"  {'arm':<18} {'s/update':>8} {'gen share':>9} {'samples/s':>9} {'peak MB':>8} {'params x tokens':>15} "
+          f"{'reward 1st->last':>16} {'held-out RM gain':>17} {'oracle gain':>16}")
+    for arm, r in results.items():
+        reward = f"{r.rewards[0]:.2f} -> {r.rewards[-1]:.2f}" if r.rewards else "-"
+        rm_gain, oracle_gain = gains[arm]
+        print(f"  {r.name:<18} {_fmt(r.seconds_per_update(), '8.2f')} {_fmt(r.generation_share, '9.1%')} "
+              f"{_fmt(r.samples_per_second, '9.1f')} {r.peak_rss_mb:8.0f} {r.param_tokens:15.3e} {reward:>16} "
+              f"{rm_gain.mean:+8.3f} ± {rm_gain.stderr:.3f} {oracle_gain.mean:+7.3f} ± {oracle_gain.stderr:.3f}")
+        for note in r.notes:
+            print(f"  {'':<18} {note}")
+
+
+def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Change]]) -> str:
+    strata = next((a for a in ("tiered", "level1") if a in results), None)
+    strata_s = results[strata].seconds_per_update() if strata else float("nan")
+    trl_s = results["trl"].seconds_per_update() if "trl" in results else float("nan")
+    ratio = trl_s / strata_s if strata_s and not math.isnan(strata_s) else float("nan")
+    strata_gain = gains[strata][1].mean if strata else float("nan")
+    trl_gain = gains["trl"][1].mean if "trl" in gains else float("nan")
+    return (f"peers strata_s_per_update={strata_s:.2f} trl_s_per_update={trl_s:.2f} ratio={ratio:.2f} "
+            f"strata_oracle_gain={strata_gain:+.3f} trl_oracle_gain={trl_gain:+.3f}")
+
+
+def run(args: argparse.Namespace) -> int:
+    arms = check_arguments(args)
+    os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
+    from strata.models.loading import load_reward_model
+    from strata_tools.zoo.build import ZooSettings, ensure_zoo
+    from strata_tools.zoo.suite import load_suite
+
+    started = time.monotonic()
+    zoo = ensure_zoo(ZooSettings())
+    with tempfile.TemporaryDirectory(prefix="strata-peers-") as scratch:
+        work = args.work_dir or Path(scratch)
+        work.mkdir(parents=True, exist_ok=True)
+        job = build_job(args, zoo, work)
+        job_path = work / "job.json"
+        job.write(job_path)
+        print(f"peers: zoo {zoo.root.name}, arms {', '.join(arms)}; work in {work}", flush=True)
+        results: dict[str, ArmResult] = {}
+        for arm in arms:
+            arm_started = time.monotonic()
+            print(f"  [{arm}] training ...", flush=True)
+            results[arm] = run_arm(arm, job_path, work)
+            print(f"  [{arm}] done in {time.monotonic() - arm_started:.0f} s", flush=True)
+        records = [r for r in load_suite("eval") if not r.risk][: args.eval_prompts]
+        directions = served_directions(zoo, [r.text for r in records])
+        light_rm = [load_reward_model(d, device="cpu") for d in job.light_rm]
+        print(f"  judging {len(arms) + 1} policies on {len(records)} held-out prompts ...", flush=True)
+        before = judge(job.policy_dir, records, directions, job, light_rm)
+        gains = {}
+        for arm, result in results.items():
+            after = judge(result.policy_dir, records, directions, job, light_rm)
+            gains[arm] = (paired_change(before.rewards, after.rewards), paired_change(before.oracle, after.oracle))
+        print_report(results, gains, job)
+    print(f"  {time.monotonic() - started:.0f} s in all")
+    print(last_line(results, gains))
+    return 0

@@ -1,0 +1,124 @@
+"""The Strata arms of ``strata bench peers``: the learner fed by Strata's rollout, in a process of its own::
+
+    python -m strata_tools.bench.peers_strata ARM JOB.json RESULT.json WORK_DIR
+
+``ARM`` is ``tiered`` (the stack as it comes: skip, Level-1, escalation to Level-2) or ``level1`` (the
+scheduler's ``tiering`` off and no escalation: every prompt to Level-1, a plain rollout). The services run
+in this process (``strata_tools.stack.inprocess``) over a Kafka and Redis of their own, started on free
+ports under ``WORK_DIR`` and removed after (an external Kafka/Redis from the settings is used as is: the
+run's keys and groups are its own, and its cost is the ledger's change over the run).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from strata import ledger, redis_client
+from strata.config import StrataSettings
+from strata_tools.bench.peers_trl import ArmResult, PeersJob, peak_rss_mb
+from strata_tools.train import RoundStats, TrainOptions, train
+
+STRATA_ARMS = ("tiered", "level1")
+# A plain rollout: every prompt to Level-1 (scheduler) and every Level-1 reward final (reward service).
+PLAIN_SCHEDULER: dict[str, Any] = {"tiering": False}
+PLAIN_REWARD: dict[str, Any] = {"escalation_threshold": -1.0, "escalate_on_caution": False, "flag_unsafe": False,
+                                "annotate_level1_share": 0.0, "annotate_level2": False}
+
+
+def update_seconds(rounds: Sequence[RoundStats], start_version: int) -> list[float]:
+    """Each policy update's share of the rounds' wall time: the seconds since the previous update spread
+    evenly over the updates a round completed (rounds run while the learner updates in the background)."""
+    out: list[float] = []
+    pending, version = 0.0, start_version
+    for r in rounds:
+        pending += r.seconds
+        if r.policy_version > version:
+            advanced = r.policy_version - version
+            out += [pending / advanced] * advanced
+            pending, version = 0.0, r.policy_version
+    return out
+
+
+@contextmanager
+def own_infra(work: Path) -> Iterator[StrataSettings]:
+    """Kafka and Redis for this run alone (free ports, under ``work``), removed afterwards; or the
+    configured external ones."""
+    from strata_tools.infra import down, up
+    from strata_tools.infra.process import free_port
+
+    configured = StrataSettings()
+    if not configured.kafka_managed and not configured.redis_managed:
+        yield configured
+        return
+    settings = StrataSettings(state_dir=work / "infra", kafka_port=free_port(), kafka_controller_port=free_port(),
+                              redis_port=free_port())
+    up(settings)
+    try:
+        yield settings
+    finally:
+        down(settings, purge=True)
+
+
+def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
+    """Train the zoo's policy through the stack for ``job.updates`` updates under ``arm``'s routing."""
+    import torch
+
+    from strata_tools.stack.inprocess import InProcessStack, StackOverrides
+    from strata_tools.zoo.build import ZooSettings, ensure_zoo
+
+    if arm not in STRATA_ARMS:
+        raise ValueError(f"arm must be one of {', '.join(STRATA_ARMS)}, not {arm!r}")
+    torch.set_num_threads(job.threads)
+    zoo = ensure_zoo(ZooSettings(), progress=False)
+    learner = {"learning_rate": job.learning_rate, "batch_size": job.samples_per_update,
+               "minibatch_size": job.minibatch_size, "update_epochs": job.epochs, "kl_coef": job.kl_coef,
+               "kl_warmup_updates": 0, "clip_coef": job.clip_coef, "max_grad_norm": job.max_grad_norm,
+               "adam_eps": job.adam_eps, "seed": job.seed}
+    plain = arm == "level1"
+    overrides = StackOverrides(scheduler=PLAIN_SCHEDULER if plain else {},
+                               reward={"light_rm": ",".join(job.light_rm), **(PLAIN_REWARD if plain else {})},
+                               learner=learner)
+    options = TrainOptions(updates=job.updates, prompts_per_round=job.prompts_per_round, n_samples=job.n_samples,
+                           eval_prompts=2, report_dir=work / "reports", seed=job.seed,
+                           repeat_share=job.repeat_share, paraphrase_share=job.paraphrase_share)
+    with own_infra(work) as infra:
+        client = redis_client.connect(infra.redis_address)
+        before = ledger.read_stages(client)
+        with InProcessStack.start(infra, zoo, work / "checkpoints", overrides) as stack:
+            summary = train(infra, options, stack.addresses)
+        spent = ledger.subtract(ledger.read_stages(client), before)
+        client.close()
+    # A round can complete more updates than asked for; the arm is judged at the version it asked for.
+    updates = update_seconds(summary.rounds, summary.start_version)[: job.updates]
+    generation = [s for s in spent if s.stage == "generate"]
+    return ArmResult(
+        name=f"Strata {arm}",
+        update_seconds=updates,
+        generation_seconds=[sum(s.device_seconds for s in generation)],
+        samples=sum(s.items for s in generation),
+        train_seconds=sum(r.seconds for r in summary.rounds),
+        peak_rss_mb=peak_rss_mb(),
+        param_tokens=sum(s.param_tokens for s in spent),
+        rewards=[r.mean_reward for r in summary.rounds if r.mean_reward is not None],
+        policy_dir=str(work / "checkpoints" / f"v{summary.start_version + job.updates}"),
+        notes=[f"{len(summary.rounds)} rounds, policy v{summary.start_version} -> v{summary.end_version}; "
+               "decisions " + ", ".join(f"{k}={sum(r.decisions.get(k, 0) for r in summary.rounds)}"
+                                        for k in ("skip", "level_1", "level_2"))],
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 4:
+        print("usage: python -m strata_tools.bench.peers_strata ARM JOB.json RESULT.json WORK_DIR", file=sys.stderr)
+        return 2
+    arm, job, result, work = argv
+    run_strata(arm, PeersJob.read(job), Path(work)).write(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,92 @@
+"""``strata bench peers``: Strata's learner and TRL's RLOO each run one update on the ci zoo's policy
+(both sides for real: TRL from the `peers` extra, Strata's stack over real Kafka and Redis), and the
+pieces the report is made of."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from strata.config import StrataSettings
+from strata.errors import CliError
+from strata_tools.bench import peers
+from strata_tools.bench.peers_strata import update_seconds
+from strata_tools.bench.peers_trl import ArmResult, group_per_update
+from strata_tools.cli.main import main
+from strata_tools.train import RoundStats
+from strata_tools.zoo.build import ZooPaths
+
+
+def _args(**overrides: object) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    args = parser.parse_args([])
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args
+
+
+@pytest.mark.parametrize(("overrides", "named"), [
+    ({"arms": "tiered,ppo"}, "--arms"),
+    ({"n_samples": 1}, "--n-samples"),
+    ({"samples_per_update": 30}, "--samples-per-update"),
+    ({"eval_prompts": 1}, "--eval-prompts"),
+])
+def test_bad_arguments_are_refused_naming_the_flag(overrides: dict, named: str) -> None:
+    with pytest.raises(CliError, match=named):
+        peers.check_arguments(_args(**overrides))
+
+
+def test_a_missing_trl_is_refused_with_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CliError, match=r"pip install -e '\.\[peers\]'"):
+        peers.check_arguments(_args(arms="tiered,trl"))
+    assert peers.check_arguments(_args(arms="tiered,level1")) == ["tiered", "level1"]  # no TRL needed
+
+
+def test_rounds_are_shared_by_the_updates_they_complete() -> None:
+    rounds = [RoundStats(0, 0, 8, {}, 8, 8, 2.0, None, 4.0),   # no update yet
+              RoundStats(1, 2, 8, {}, 8, 8, 2.0, None, 2.0),   # two updates: 6 s between them
+              RoundStats(2, 3, 8, {}, 8, 8, 2.0, None, 5.0)]
+    assert update_seconds(rounds, 0) == [3.0, 3.0, 5.0]
+    assert group_per_update([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [3.0, 7.0]  # a partial update is left out
+
+
+def test_the_first_update_is_left_out_as_warm_up() -> None:
+    arm = ArmResult("x", update_seconds=[30.0, 2.0, 4.0], generation_seconds=[9.0], samples=72, train_seconds=36.0)
+    assert arm.seconds_per_update() == 3.0
+    assert arm.generation_share == pytest.approx(0.25) and arm.samples_per_second == pytest.approx(2.0)
+    assert ArmResult("one", update_seconds=[5.0]).seconds_per_update() == 5.0  # nothing else to take
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_both_sides_train_one_update_and_the_last_line_parses(
+    zoo: ZooPaths, infra: StrataSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("trl", reason="the `peers` extra (make setup installs it)")
+    monkeypatch.setenv("STRATA_ZOO_PRESET", zoo.config.preset)
+    monkeypatch.setenv("STRATA_CACHE_DIR", str(zoo.root.parent.parent))
+    # The Strata arm's process uses the session's Kafka and Redis instead of starting its own.
+    monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
+    monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
+    code = main(["bench", "peers", "--arms", "tiered,trl", "--updates", "1", "--samples-per-update", "8",
+                 "--minibatch-size", "4", "--epochs", "1", "--eval-prompts", "4",
+                 "--threads", "1", "--work-dir", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    start = load_file(str(zoo.policy / "model.safetensors"))
+    for arm in ("tiered", "trl"):
+        result = ArmResult.read(tmp_path / arm / "result.json")
+        assert len(result.update_seconds) == 1 and result.update_seconds[0] > 0, arm
+        assert result.samples >= 8 and result.param_tokens > 0 and result.peak_rss_mb > 0, arm
+        trained = load_file(str(Path(result.policy_dir) / "model.safetensors"))
+        assert any(not trained[name].equal(start[name]) for name in start if name in trained), f"{arm}: no update"
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"peers strata_s_per_update=\d+\.\d\d trl_s_per_update=\d+\.\d\d ratio=\d+\.\d\d "
+                        r"strata_oracle_gain=[+-]\d\.\d{3} trl_oracle_gain=[+-]\d\.\d{3}", last), last
