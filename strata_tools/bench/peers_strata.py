@@ -94,6 +94,9 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
         client.close()
     # A round can complete more updates than asked for; the arm is judged at the version it asked for.
     updates = update_seconds(summary.rounds, summary.start_version)[: job.updates]
+    by_stage: dict[str, float] = {}
+    for stage in spent:
+        by_stage[stage.stage] = by_stage.get(stage.stage, 0.0) + stage.param_tokens
     generation = [s for s in spent if s.stage == "generate"]
     return ArmResult(
         name=f"Strata {arm}",
@@ -107,7 +110,9 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
         policy_dir=str(work / "checkpoints" / f"v{summary.start_version + job.updates}"),
         notes=[f"{len(summary.rounds)} rounds, policy v{summary.start_version} -> v{summary.end_version}; "
                "decisions " + ", ".join(f"{k}={sum(r.decisions.get(k, 0) for r in summary.rounds)}"
-                                        for k in ("skip", "level_1", "level_2"))],
+                                        for k in ("skip", "level_1", "level_2")),
+               "booked params x tokens: " + ", ".join(f"{stage} {value:.2e}" for stage, value in
+                                                      sorted(by_stage.items(), key=lambda kv: -kv[1]) if value)],
     )
 
 

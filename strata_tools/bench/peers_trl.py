@@ -133,7 +133,8 @@ class LightRmReward:
         self.policy_params = policy_params
         self.tokenizer = tokenizer
         self.max_length = max_length
-        self.param_tokens = 0.0
+        self.generation_param_tokens = 0.0
+        self.rm_param_tokens = 0.0
         self.samples = 0
 
     def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]],
@@ -144,12 +145,12 @@ class LightRmReward:
         from svc_reward.scoring import tempered_reward
 
         prompt_tokens = [len(ids) for ids in self.tokenizer(prompts)["input_ids"]]
-        self.param_tokens += float(self.policy_params) * sum(p + len(c) for p, c in zip(prompt_tokens, completion_ids,
-                                                                                         strict=True))
+        generated = sum(p + len(c) for p, c in zip(prompt_tokens, completion_ids, strict=True))
+        self.generation_param_tokens += float(self.policy_params) * generated
         per_member = []
         for rm in self.members:
             logits, lengths = reward_logits_and_lengths(rm, raw_prompt, completions, max_length=self.max_length)
-            self.param_tokens += float(rm.n_params) * sum(lengths)
+            self.rm_param_tokens += float(rm.n_params) * sum(lengths)
             per_member.append(tempered_reward(logits, 1.0))
         self.samples += len(completions)
         rewards: list[float | None] = torch.stack(per_member).mean(dim=0).tolist()
@@ -240,9 +241,12 @@ def run_trl(job: PeersJob) -> ArmResult:
         update_seconds=group_per_update([h["step_time"] for h in history if "step_time" in h], steps_per_update),
         generation_seconds=list(generate),
         samples=reward.samples, train_seconds=train_seconds, peak_rss_mb=peak_rss_mb(),
-        param_tokens=reward.param_tokens, rewards=[h["reward"] for h in history if h.get("reward") is not None],
+        param_tokens=reward.generation_param_tokens + reward.rm_param_tokens,
+        rewards=[h["reward"] for h in history if h.get("reward") is not None],
         policy_dir=job.out_dir,
-        notes=[f"{len(history)} log records; generation timed by TRL's profiling context"],
+        notes=[f"{len(history)} log records; generation timed by TRL's profiling context",
+               f"booked params x tokens: generate {reward.generation_param_tokens:.2e}, "
+               f"score {reward.rm_param_tokens:.2e}"],
     )
 
 
