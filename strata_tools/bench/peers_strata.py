@@ -4,16 +4,16 @@
 
 ``ARM`` is ``tiered`` (the stack as it comes: skip, Level-1, escalation to Level-2) or ``level1`` (the
 scheduler's ``tiering`` off and no escalation: every prompt to Level-1, a plain rollout). The services run
-in this process (``strata_tools.stack.inprocess``) over a Kafka and Redis of their own, started on free
-ports under ``WORK_DIR`` and removed after (an external Kafka/Redis from the settings is used as is: the
-run's keys and groups are its own, and its cost is the ledger's change over the run).
+in this process (``strata_tools.stack.inprocess``) over a Kafka and Redis of their own
+(``strata_tools.bench.infra.bench_infra``: free ports, removed after; an external Kafka/Redis from the
+settings is used as is: the run's keys and groups are its own, and its cost is the ledger's change over
+the run).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,30 +43,11 @@ def update_seconds(rounds: Sequence[RoundStats], start_version: int) -> list[flo
     return out
 
 
-@contextmanager
-def own_infra(work: Path) -> Iterator[StrataSettings]:
-    """Kafka and Redis for this run alone (free ports, under ``work``), removed afterwards; or the
-    configured external ones."""
-    from strata_tools.infra import down, up
-    from strata_tools.infra.process import free_port
-
-    configured = StrataSettings()
-    if not configured.kafka_managed and not configured.redis_managed:
-        yield configured
-        return
-    settings = StrataSettings(state_dir=work / "infra", kafka_port=free_port(), kafka_controller_port=free_port(),
-                              redis_port=free_port())
-    up(settings)
-    try:
-        yield settings
-    finally:
-        down(settings, purge=True)
-
-
 def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
     """Train the zoo's policy through the stack for ``job.updates`` updates under ``arm``'s routing."""
     import torch
 
+    from strata_tools.bench.infra import bench_infra
     from strata_tools.stack.inprocess import InProcessStack, StackOverrides
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
@@ -85,7 +66,7 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
     options = TrainOptions(updates=job.updates, prompts_per_round=job.prompts_per_round, n_samples=job.n_samples,
                            eval_prompts=2, report_dir=work / "reports", seed=job.seed,
                            repeat_share=job.repeat_share, paraphrase_share=job.paraphrase_share)
-    with own_infra(work) as infra:
+    with bench_infra(StrataSettings(), work.name, f"peers-{arm}") as infra:
         client = redis_client.connect(infra.redis_address)
         before = ledger.read_stages(client)
         with InProcessStack.start(infra, zoo, work / "checkpoints", overrides) as stack:

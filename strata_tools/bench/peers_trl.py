@@ -139,10 +139,8 @@ class LightRmReward:
 
     def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]],
                  raw_prompt: list[str], **_: Any) -> list[float | None]:
-        import torch
-
         from strata.models.reward import reward_logits_and_lengths
-        from svc_reward.scoring import tempered_reward
+        from svc_reward.scoring import aggregate, tempered_reward
 
         prompt_tokens = [len(ids) for ids in self.tokenizer(prompts)["input_ids"]]
         generated = sum(p + len(c) for p, c in zip(prompt_tokens, completion_ids, strict=True))
@@ -153,7 +151,7 @@ class LightRmReward:
             self.rm_param_tokens += float(rm.n_params) * sum(lengths)
             per_member.append(tempered_reward(logits, 1.0))
         self.samples += len(completions)
-        rewards: list[float | None] = torch.stack(per_member).mean(dim=0).tolist()
+        rewards: list[float | None] = aggregate(per_member, "mean")[0].tolist()
         return rewards
 
 

@@ -122,8 +122,8 @@ def check_reward_choice(settings: StrataSettings, light_rm: str | None, rm_tempe
     running (its reward service keeps the arguments it was started with)."""
     if rm_temperature is not None and not rm_temperature > 0:
         raise CliError("--rm-temperature must be > 0")
-    for path in (light_rm or "").split(","):
-        if light_rm and not os.path.isdir(path.strip()):
+    for path in light_rm.split(",") if light_rm else ():
+        if not os.path.isdir(path.strip()):
             raise CliError(f"--light-rm: {path.strip() or '(empty)'} is not a directory (a light RM's, as "
                            "`strata rm distill --out` writes; several separated by commas)")
     if (light_rm or rm_temperature is not None) and control.supervisor_pid(settings) is not None:

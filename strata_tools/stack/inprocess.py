@@ -21,9 +21,6 @@ if TYPE_CHECKING:
     from strata.service import RunningService, ServiceParts
     from strata_tools.zoo.build import ZooPaths
 
-SERVICES = ("scheduler", "probe", "generator", "generator_l2", "reward", "learner")
-
-
 @dataclass(frozen=True)
 class StackOverrides:
     """Settings each service gets beyond the infrastructure's and the zoo's (field name -> value)."""
@@ -42,10 +39,9 @@ def service_settings(infra: StrataSettings, **extra: object) -> dict[str, Any]:
 class InProcessStack:
     """Started by :meth:`start`; :meth:`stop` stops every service it started (also after a failed start)."""
 
-    def __init__(self, named: dict[str, ServiceParts], checkpoint_dir: Path) -> None:
+    def __init__(self, named: dict[str, ServiceParts]) -> None:
         self._named = named
         self._running: dict[str, RunningService] = {}
-        self.checkpoint_dir = checkpoint_dir
 
     @classmethod
     def start(cls, infra: StrataSettings, zoo: ZooPaths, checkpoint_dir: Path,
@@ -84,7 +80,7 @@ class InProcessStack:
             "reward": build_reward(reward),
             "learner": build_learner(learner),
         }
-        stack = cls(named, checkpoint_dir)
+        stack = cls(named)
         try:  # a service that fails to start must not leave the others consuming
             for name, parts in named.items():
                 stack._running[name] = start_service(parts)
