@@ -240,6 +240,25 @@ def cheapest_reaching(arms: Sequence[ArmFigures], quality_ratio: float) -> ArmFi
     return max(reaching, key=lambda a: a.saving if a.saving is not None else -math.inf, default=None)
 
 
+def best_saving_at(arms: Sequence[ArmFigures], quality_ratio: float) -> float | None:
+    """The largest params-x-tokens saving among ``arms`` at or above ``quality_ratio``, or None."""
+    savings = [a.param_token_saving for a in arms if a.quality_ratio is not None and a.param_token_saving is not None
+               and a.quality_ratio >= quality_ratio]
+    return max(savings, default=None)
+
+
+def share_of_ceiling_saving(router_arms: Sequence[ArmFigures], ceiling_arms: Sequence[ArmFigures],
+                            quality_ratio: float) -> float | None:
+    """The router's best params-x-tokens saving at quality >= ``quality_ratio`` as a share of the ceiling's
+    at that quality. 0 when the router never reaches the quality but the ceiling saves; None when the
+    ceiling itself saves nothing there (no share to take)."""
+    ceiling_saving = best_saving_at(ceiling_arms, quality_ratio)
+    if ceiling_saving is None or ceiling_saving <= 0:
+        return None
+    router_saving = best_saving_at(router_arms, quality_ratio)
+    return 0.0 if router_saving is None else router_saving / ceiling_saving
+
+
 def pgr(quality: float, weak: float, strong: float) -> float:
     """Performance gap recovered: how far ``quality`` goes from the weak to the strong quality."""
     if strong == weak:

@@ -5,8 +5,13 @@ end) unless external ones are configured; the probe, both generators, the reward
 strong RM) and the scheduler are the real services with the zoo's models, each in its own process
 as deployed (no learner: the policy stays fixed, so every arm meets the same models). On a CPU the
 services share the cores, so device-seconds are each process's CPU seconds (``strata.devicetime``).
-The same held-out prompts (the suite's eval split, risk prompts included at their share) go through
-each live arm in turn:
+The same held-out prompts (the suite's eval split) go through each live arm in turn. Their mix is a
+stated parameter: ``--risk-share`` of them are medical or legal (R3 sends those to Level-2 whatever
+the router does). The default, 6 %, follows what is known of real assistant traffic: over 5 % of
+ChatGPT messages are about health (OpenAI, "AI as a Healthcare Ally", January 2026) and 1.2 % of
+LMSYS-Chat-1M dialogues (Jeong et al. 2026, table 9); no public figure for legal was found. A
+second, *stress* mix at ``--stress-risk-share`` (25 %, the suite's own share) shares the safe and
+risk prompts of the first, so both mixes are read off one live run (the union of their prompts):
 
 1. **all-Level-2**: every prompt published to ``strata.prompts.level2``: Level-2 generation, scored
    by the strong RM (what one-model RLHF stacks do; the article's baseline);
@@ -32,9 +37,15 @@ Level-2 under every router, so the comparison isolates the escalation rule.
 The services run with one intra-op thread each (``OMP_NUM_THREADS=1``): a second OpenMP thread
 spins while it waits, and on a shared CPU its spinning would be booked as the service's CPU seconds.
 
-Writes ``tiers.json`` (every figure) and ``tiers.png`` (the curve) under ``--out``.
-Last line: ``tiers saving=<fraction> quality_ratio=<x> bad_case_catch=<fraction> level2_share=<fraction>``
-for the *tiered + skip* arm.
+Cost is compared in params x tokens first (stable across runs and machines; device-seconds of
+overhead-bound tiny models on a shared CPU move by +-10 points), device-seconds beside it. The router
+is also judged against the ceiling: its best params-x-tokens saving at quality >= 0.95 (any threshold
+of the sweep) as a share of the ceiling's saving at that quality.
+
+Writes ``tiers.json`` (every figure, the stress mix under ``"stress"``) and ``tiers.png`` (the curve)
+under ``--out``. Last line, for the default mix's *tiered + skip* arm: ``tiers saving=<PxT fraction>
+device_saving=<fraction> quality_ratio=<x> bad_case_catch=<fraction> level2_share=<fraction> apgr=<x>
+ceiling_share_of_saving=<fraction>``.
 """
 
 from __future__ import annotations
@@ -69,10 +80,18 @@ TARGET_QUALITY_RATIO = 0.95
 TARGET_LEVEL2_SHARE = 0.25
 HEADLINE_ARM = "tiered + skip"
 THRESHOLD_GRID = (1.0, 2.0, 2.2, 2.4, 2.6, 2.8, 3.0, 3.2, 3.4)
+# Medical and legal prompts in the default mix: health is a little over 5 % of ChatGPT messages (OpenAI,
+# January 2026) and 1.2 % of LMSYS-Chat-1M dialogues; legal has no public figure (docs/tiers.md).
+DEFAULT_RISK_SHARE = 0.06
+STRESS_RISK_SHARE = 0.25  # the suite's own share, kept as a stress row
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=96, help="eval-split prompts per arm (risk ones included)")
+    parser.add_argument("--risk-share", type=float, default=DEFAULT_RISK_SHARE,
+                        help="share of medical and legal prompts in the mix (real traffic: ~6 %%, docs/tiers.md)")
+    parser.add_argument("--stress-risk-share", type=float, default=STRESS_RISK_SHARE,
+                        help="risk share of a second, stress mix read off the same run (0: none)")
     parser.add_argument("--history", type=int, default=96,
                         help="train-split prompts submitted through the scheduler before the skip arm")
     parser.add_argument("--bad-threshold", type=float, default=1.5,
@@ -116,6 +135,43 @@ def pick_prompts(records: Sequence[Any], n: int, seed: int) -> list[Any]:
     chosen = rng.sample(risky, n_risky) + rng.sample(safe, min(len(safe), n - n_risky))
     rng.shuffle(chosen)
     return chosen
+
+
+@dataclass(frozen=True)
+class PromptMixes:
+    """The default mix, the stress mix (empty when not asked for) and their union, which the live arms run."""
+
+    default: list[Any]
+    stress: list[Any]
+    union: list[Any]
+
+
+def prompt_mixes(records: Sequence[Any], n: int, seed: int, risk_share: float, stress_share: float) -> PromptMixes:
+    """Two mixes of ``n`` records each at the given risk shares (at least one risk prompt when the share is
+    above 0 and any exist), nested so that one live run serves both: the mix with fewer risk prompts takes
+    a prefix of the other's risk prompts and a superset of its safe ones, from one seeded order."""
+    if not (0 <= risk_share <= 1 and 0 <= stress_share <= 1):
+        raise ValueError("risk shares must be in [0, 1]")
+    rng = random.Random(seed)
+    risky = [r for r in records if r.risk]
+    safe = [r for r in records if not r.risk]
+    rng.shuffle(risky)
+    rng.shuffle(safe)
+    n = min(n, len(records))
+
+    def mix(share: float) -> list[Any]:
+        n_risky = min(len(risky), max(1 if share > 0 and risky else 0, round(n * share)))
+        n_safe = min(len(safe), n - n_risky)
+        return risky[:n_risky] + safe[:n_safe]
+
+    default = mix(risk_share)
+    stress = mix(stress_share) if stress_share > 0 else []
+    chosen = {id(r) for r in default + stress}
+    union = [r for r in risky + safe if id(r) in chosen]
+    random.Random(seed + 1).shuffle(union)
+    order = {id(r): i for i, r in enumerate(union)}
+    return PromptMixes(sorted(default, key=lambda r: order[id(r)]), sorted(stress, key=lambda r: order[id(r)]),
+                       union)
 
 
 # A service's module (``python -m``), its arguments and the environment of its own.
@@ -471,6 +527,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.prompts < 4 or args.history < 0:
         raise CliError("--prompts must be >= 4 and --history >= 0")
+    if not (0 <= args.risk_share <= 1 and 0 <= args.stress_risk_share <= 1):
+        raise CliError("--risk-share and --stress-risk-share must be in [0, 1]")
     run_id = uuid.uuid4().hex[:8]
     settings = StrataSettings()
     # The services' per-event INFO lines would bury the progress; warnings and errors still show.
@@ -490,11 +548,14 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
         print(line, flush=True)
 
     zoo = ensure_zoo(settings)
-    eval_records = pick_prompts(load_suite("eval"), args.prompts, args.seed)
+    mixes = prompt_mixes(load_suite("eval"), args.prompts, args.seed, args.risk_share, args.stress_risk_share)
+    eval_records = mixes.union
     history = pick_prompts(load_suite("train"), args.history, args.seed + 1) if args.history else []
-    progress(f"tiers bench: zoo {zoo.root.name}, {len(eval_records)} eval prompts "
-             f"({sum(r.risk for r in eval_records)} risk), {len(history)} history prompts; "
-             "each service in its own process")
+    stress = (f"; stress mix {len(mixes.stress)} ({sum(r.risk for r in mixes.stress)} risk)" if mixes.stress
+              else "")
+    progress(f"tiers bench: zoo {zoo.root.name}, {len(eval_records)} eval prompts: default mix "
+             f"{len(mixes.default)} ({sum(r.risk for r in mixes.default)} risk){stress}; {len(history)} history "
+             "prompts; each service in its own process")
     live = LiveTiers(settings, zoo, run_id, args.review_seconds, args.seed)
     runs: dict[str, ArmRun] = {}
     with live.started():
@@ -510,15 +571,17 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     answers = {name: [answers_of(r, client, store) for r in run.requests] for name, run in runs.items()
                if name != "history"}
     client.close()
-    report = build_report(args, zoo.root.name, eval_records, runs, answers)
+    report = build_report(args, zoo.root.name, mixes, runs, answers)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tiers.json").write_text(json.dumps(report["json"], indent=2))
     tier_eval.plot_curve(out / "tiers.png", report["sweep"], report["marks"], report["ceiling"])
     print("\n".join(report["lines"]))
     print(f"figures: {out / 'tiers.json'}   curve: {out / 'tiers.png'}")
     head = report["headline"]
-    print(f"tiers saving={head.saving:.3f} quality_ratio={head.quality_ratio:.3f} "
-          f"bad_case_catch={_num(head.bad_case_catch)} level2_share={head.level2_share:.3f}")
+    print(f"tiers saving={_num(head.param_token_saving)} device_saving={_num(head.saving)} "
+          f"quality_ratio={_num(head.quality_ratio)} bad_case_catch={_num(head.bad_case_catch)} "
+          f"level2_share={head.level2_share:.3f} apgr={_num(report['apgr'])} "
+          f"ceiling_share_of_saving={_num(report['ceiling_share'])}")
     return 0
 
 
@@ -545,14 +608,41 @@ class _SweepFigures:
     strong: float
     route_llm: dict[str, float | None]
     ceiling: list[ArmFigures]
+    ceiling_share: float | None       # the sweep's best PxT saving at the target quality / the ceiling's
 
 
-def build_report(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any], runs: dict[str, ArmRun],
-                 answers: dict[str, list[Answers]]) -> dict[str, Any]:
-    """The printed lines, the JSON figures, and the sweep, ceiling, marks and headline arm of the curve."""
+def subset(union: Sequence[Any], chosen: Sequence[Any], runs: dict[str, ArmRun], answers: dict[str, list[Answers]]
+           ) -> tuple[list[Any], dict[str, ArmRun], dict[str, list[Answers]]]:
+    """The records of ``chosen`` (in ``union``'s order) and the eval arms' requests and answers for them.
+
+    The arms' stage totals stay the union's: they are what the live run booked, printed once."""
+    keep = {id(r) for r in chosen}
+    index = [i for i, r in enumerate(union) if id(r) in keep]
+    runs = {name: run if name == "history" else dataclasses.replace(run, requests=[run.requests[i] for i in index])
+            for name, run in runs.items()}
+    return [union[i] for i in index], runs, {name: [a[i] for i in index] for name, a in answers.items()}
+
+
+def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, union_runs: dict[str, ArmRun],
+                 union_answers: dict[str, list[Answers]]) -> dict[str, Any]:
+    """The printed lines, the JSON figures, and the sweep, ceiling, marks and headline arm of the curve
+    (the default mix's), with the stress mix's figures read off the same live answers."""
+    records, runs, answers = subset(mixes.union, mixes.default, union_runs, union_answers)
     arms = _report_arms(args.bad_threshold, records, runs, answers)
     sweep = _sweep_figures(arms, args.bad_threshold)
-    lines = _report_lines(args, zoo_hash, records, runs, answers, arms, sweep)
+    lines = _report_lines(args, zoo_hash, records, union_runs, answers, arms, sweep)
+    stress_json = None
+    if mixes.stress:
+        stress_records, stress_runs, stress_answers = subset(mixes.union, mixes.stress, union_runs, union_answers)
+        stress_arms = _report_arms(args.bad_threshold, stress_records, stress_runs, stress_answers)
+        stress_sweep = _sweep_figures(stress_arms, args.bad_threshold)
+        lines += ["", f"stress mix: {len(stress_records)} eval prompts ({sum(r.risk for r in stress_records)} risk), "
+                      "read off the same live answers", *arm_table(stress_arms.table),
+                  *_routing_lines(stress_arms, stress_sweep)]
+        stress_json = {"prompts": len(stress_records), "risk_prompts": sum(r.risk for r in stress_records),
+                       "arms": [tier_eval.to_json(a) for a in stress_arms.table],
+                       "ceiling": [tier_eval.to_json(a) for a in stress_sweep.ceiling],
+                       "route_llm": stress_sweep.route_llm, "ceiling_share_of_saving": stress_sweep.ceiling_share}
     marks = {"all-Level-2": arms.baseline, "tiered": arms.tiered, "random router": arms.random_router,
              "oracle router": arms.oracle_router}
     if answers.get(HEADLINE_ARM) is not None:
@@ -562,12 +652,13 @@ def build_report(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any]
         "bad_threshold": args.bad_threshold, "escalation_threshold": arms.threshold,
         "review_seconds": args.review_seconds, "arms": [tier_eval.to_json(a) for a in arms.table],
         "sweep": [tier_eval.to_json(a) for a in sweep.arms], "ceiling": [tier_eval.to_json(a) for a in sweep.ceiling],
-        "route_llm": sweep.route_llm, "article": ARTICLE,
-        "stages": {name: [dataclasses.asdict(s) for s in run.stages] for name, run in runs.items()},
-        "wall_s": {name: run.wall_s for name, run in runs.items()},
+        "route_llm": sweep.route_llm, "ceiling_share_of_saving": sweep.ceiling_share, "article": ARTICLE,
+        "risk_share": args.risk_share, "stress": stress_json, "live_prompts": len(mixes.union),
+        "stages": {name: [dataclasses.asdict(s) for s in run.stages] for name, run in union_runs.items()},
+        "wall_s": {name: run.wall_s for name, run in union_runs.items()},
     }
     return {"lines": lines, "json": figures, "sweep": sweep.arms, "ceiling": sweep.ceiling, "marks": marks,
-            "headline": arms.headline}
+            "headline": arms.headline, "apgr": sweep.route_llm["apgr"], "ceiling_share": sweep.ceiling_share}
 
 
 def _report_arms(bad_threshold: float, records: Sequence[Any], runs: dict[str, ArmRun],
@@ -628,7 +719,9 @@ def _sweep_figures(arms: _ReportArms, bad_threshold: float) -> _SweepFigures:
     if strong != weak and len({p[0] for p in points}) > 1:
         route_llm = {"apgr": tier_eval.apgr(points, weak, strong), "cpt50": tier_eval.cpt(points, weak, strong, 0.5),
                      "cpt80": tier_eval.cpt(points, weak, strong, 0.8)}
-    return _SweepFigures(sweep, weak, strong, route_llm, tier_eval.ceiling(arms.replay, bad_threshold, arms.baseline))
+    best = tier_eval.ceiling(arms.replay, bad_threshold, arms.baseline)
+    return _SweepFigures(sweep, weak, strong, route_llm, best,
+                         tier_eval.share_of_ceiling_saving(sweep, best, TARGET_QUALITY_RATIO))
 
 
 def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any], runs: dict[str, ArmRun],
@@ -642,26 +735,37 @@ def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any
              f"mean {statistics.fmean(level1_oracle):.3f}); human review {args.review_seconds:.0f} s per item",
              *arm_table(arms.table), ""]
     for name, run in runs.items():
-        lines.append(f"{name} ({len(run.requests)} prompts, {run.wall_s:.0f} s wall): where the cost went")
+        lines.append(f"{name} ({len(run.requests)} prompts live, {run.wall_s:.0f} s wall): where the cost went")
         lines += ["  " + line for line in _stage_lines(run.stages)]
     lines += _threshold_lines(arms.replay, args.bad_threshold, arms.baseline)
-    route_llm = sweep.route_llm
-    lines.append(f"RouteLLM figures of the threshold sweep (Level-1 light-RM score; weak {sweep.weak:.3f}, strong "
-                 f"{sweep.strong:.3f}): APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
-                 f"CPT(80%) {_pct(route_llm['cpt80'])}")
-    lines += ceiling_lines(sweep.ceiling, arms.oracle_router)
+    lines += _routing_lines(arms, sweep)
     skip_answers = answers.get(HEADLINE_ARM)
     if skip_answers is not None:
         skipped = sum(a.skipped for a in skip_answers)
         lines.append(f"{HEADLINE_ARM}: {skipped} of {len(skip_answers)} prompts skipped (reused reward); "
                      "their encoding is in the cost, they are not in the quality mean")
     headline = arms.headline
-    lines.append(f"{'':<14}{'saving':>8} {'quality':>8} {'catch':>7} {'L2 share':>9}")
+    lines.append(f"{'':<14}{'saving':>8} {'quality':>8} {'catch':>7} {'L2 share':>9}   "
+                 "(Strata's saving: params x tokens)")
     lines.append(f"{'article':<14}{ARTICLE['saving']:>8.1%} {ARTICLE['quality_ratio']:>8.3f} "
                  f"{ARTICLE['bad_case_catch']:>7.1%} {ARTICLE['level2_share']:>9.1%}")
-    lines.append(f"{'Strata':<14}{_pct(headline.saving):>8} {_num(headline.quality_ratio):>8} "
+    lines.append(f"{'Strata':<14}{_pct(headline.param_token_saving):>8} {_num(headline.quality_ratio):>8} "
                  f"{_pct(headline.bad_case_catch):>7} {_pct(headline.level2_share):>9}   ({headline.name})")
     return lines
+
+
+def _routing_lines(arms: _ReportArms, sweep: _SweepFigures) -> list[str]:
+    """The router against the literature's yardsticks: RouteLLM's figures of its sweep, the ceiling of any
+    router, and its best saving at the target quality as a share of the ceiling's."""
+    route_llm = sweep.route_llm
+    router = tier_eval.best_saving_at(sweep.arms, TARGET_QUALITY_RATIO)
+    best = tier_eval.best_saving_at(sweep.ceiling, TARGET_QUALITY_RATIO)
+    return [f"RouteLLM figures of the threshold sweep (Level-1 light-RM score; weak {sweep.weak:.3f}, strong "
+            f"{sweep.strong:.3f}): APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
+            f"CPT(80%) {_pct(route_llm['cpt80'])}",
+            *ceiling_lines(sweep.ceiling, arms.oracle_router, arms.tiered),
+            f"params x tokens saving at quality >= {TARGET_QUALITY_RATIO}: router (best threshold) {_pct(router)}, "
+            f"ceiling {_pct(best)}: {_num(sweep.ceiling_share)} of the ceiling's"]
 
 
 def _threshold_lines(replay: list[PromptOutcome], bad_threshold: float, baseline: ArmFigures) -> list[str]:
@@ -677,8 +781,10 @@ def _threshold_lines(replay: list[PromptOutcome], bad_threshold: float, baseline
     return lines
 
 
-def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures) -> list[str]:
-    """What the best router possible on these answers reaches: at the lowest share, at the target, at the oracle's."""
+def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures, router_arm: ArmFigures | None = None
+                  ) -> list[str]:
+    """What the best router possible on these answers reaches: at the lowest share, at the target, at the
+    oracle router's share, at the served router's (when given), and the cheapest at the target quality."""
     floor = best[0]
     lines = [f"ceiling (any router, escalating the prompts of largest oracle gain first; cautious prompts are "
              f"Level-2, so the share starts at {_pct(floor.level2_share)}):",
@@ -695,6 +801,9 @@ def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures) -> list[st
                       f"are {_pct(floor.level2_share)}")
     same = min(best, key=lambda a: abs(a.level2_share - oracle_arm.level2_share))
     lines.append(row("at the oracle router's share", same))
+    if router_arm is not None:
+        same = min(best, key=lambda a: abs(a.level2_share - router_arm.level2_share))
+        lines.append(row("at the tiered arm's share", same))
     cheapest = tier_eval.cheapest_reaching(best, TARGET_QUALITY_RATIO)
     lines.append(row(f"cheapest at quality >= {TARGET_QUALITY_RATIO}", cheapest) if cheapest
                  else f"  quality >= {TARGET_QUALITY_RATIO}: unreachable by any router")

@@ -10,6 +10,7 @@ from strata_tools.bench.tier_eval import (
     PromptOutcome,
     all_level2,
     apgr,
+    best_saving_at,
     ceiling,
     cheapest_reaching,
     compare,
@@ -20,6 +21,7 @@ from strata_tools.bench.tier_eval import (
     plot_curve,
     random_router,
     random_router_figures,
+    share_of_ceiling_saving,
     sweep,
     threshold_router,
     to_json,
@@ -161,6 +163,21 @@ def test_ceiling_escalates_largest_gains_first() -> None:
     assert cheapest_reaching(arms, 1.0).name == "ceiling k=1"  # type: ignore[union-attr]
     assert cheapest_reaching(arms, 3.8 / 3.6).saving == pytest.approx(1 - 90 / 150)  # type: ignore[union-attr]
     assert cheapest_reaching(arms, 1.1) is None
+
+
+def test_router_saving_as_a_share_of_the_ceilings() -> None:
+    router, best = sweep(OUTCOMES, BAD, BASE), ceiling(OUTCOMES, BAD, BASE)
+    # Params x tokens: Level-1 5, Level-2 100, baseline 500.  Both curves at share .2: 4 * 5 + 100 = 120
+    # (saving .76, quality 3.1 / 3.6); share .4 (b escalated): 220 (saving .56, 3.7 / 3.6).
+    assert best_saving_at(router, 1.0) == pytest.approx(0.56)
+    assert best_saving_at(router, 0.8) == pytest.approx(0.76)
+    # At quality >= 1 the threshold router escalates b first, as the ceiling does: all of its saving.
+    assert share_of_ceiling_saving(router, best, 1.0) == pytest.approx(1.0)
+    # 3.8 / 3.6 = 1.056 needs a and b escalated (saving .36): the router never gets there, the ceiling does.
+    assert best_saving_at(router, 1.05) is None
+    assert share_of_ceiling_saving(router, best, 1.05) == 0.0
+    # Nothing reaches 1.1: there is no ceiling saving to take a share of.
+    assert share_of_ceiling_saving(router, best, 1.1) is None
 
 
 def test_pgr_apgr_cpt_linear_and_concave() -> None:

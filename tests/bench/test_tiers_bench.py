@@ -29,6 +29,43 @@ def test_pick_prompts_keeps_the_risk_share_and_is_seeded() -> None:
     assert sum(r.risk for r in tiers.pick_prompts(records[:8], 3, seed=0)) == 1  # at least one risk prompt
 
 
+def test_prompt_mixes_are_nested_at_their_risk_shares_and_seeded() -> None:
+    records = [_record(i, i % 4 == 0) for i in range(200)]  # 50 risk
+    mixes = tiers.prompt_mixes(records, 96, seed=5, risk_share=0.06, stress_share=0.25)
+    assert len(mixes.default) == len(mixes.stress) == 96
+    assert sum(r.risk for r in mixes.default) == 6 and sum(r.risk for r in mixes.stress) == 24
+    default, stress, union = ({r.text for r in m} for m in (mixes.default, mixes.stress, mixes.union))
+    # One live run serves both: the union is exactly both mixes, 90 safe + 24 risk prompts.
+    assert union == default | stress and len(mixes.union) == len(union) == 114
+    assert {r.text for r in mixes.default if r.risk} <= stress
+    assert {r.text for r in mixes.stress if not r.risk} <= default
+    # Each mix keeps the union's order, and the seed fixes every choice.
+    position = {r.text: i for i, r in enumerate(mixes.union)}
+    assert [position[r.text] for r in mixes.default] == sorted(position[r.text] for r in mixes.default)
+    again = tiers.prompt_mixes(records, 96, seed=5, risk_share=0.06, stress_share=0.25)
+    assert [r.text for r in again.union] == [r.text for r in mixes.union]
+    assert {r.text for r in tiers.prompt_mixes(records, 96, 6, 0.06, 0.25).default} != default
+    # No stress mix: the union is the default mix; a tiny share still keeps one risk prompt.
+    alone = tiers.prompt_mixes(records, 10, seed=0, risk_share=0.01, stress_share=0.0)
+    assert alone.stress == [] and [r.text for r in alone.union] == [r.text for r in alone.default]
+    assert sum(r.risk for r in alone.default) == 1
+    assert sum(r.risk for r in tiers.prompt_mixes(records, 10, 0, 0.0, 0.0).default) == 0
+    with pytest.raises(ValueError):
+        tiers.prompt_mixes(records, 10, 0, 1.5, 0.25)
+
+
+def test_subset_keeps_each_prompts_request_and_answers_together() -> None:
+    union = [_record(i, False) for i in range(4)]
+    requests = [tiers.Request(r, f"id-{i}") for i, r in enumerate(union)]
+    runs = {"tiered": tiers.ArmRun("tiered", requests, [], 1.0), "history": tiers.ArmRun("history", [], [], 2.0)}
+    answers = {"tiered": [f"answer-{i}" for i in range(4)]}
+    records, sub_runs, sub_answers = tiers.subset(union, [union[3], union[1]], runs, answers)  # type: ignore[arg-type]
+    assert [r.text for r in records] == ["prompt 1", "prompt 3"]
+    assert [r.request_id for r in sub_runs["tiered"].requests] == ["id-1", "id-3"]
+    assert sub_answers["tiered"] == ["answer-1", "answer-3"]
+    assert sub_runs["history"] is runs["history"]
+
+
 def test_live_figures_cost_skips_their_encoding_and_leave_them_out_of_quality() -> None:
     level2 = [Answer(4.0, 3.9, 10.0, 100.0) for _ in range(3)]
     baseline_outcomes = [Outcome(h, None, a) for h, a in zip("abc", level2, strict=True)]
@@ -62,6 +99,8 @@ def test_ceiling_lines_name_what_no_router_can_reach() -> None:
     assert "unreachable: cautious prompts alone are 30.0%" in lines[3]
     assert lines[4].split()[-4:] == ["40.0%", "35.0%", "35.0%", "0.930"]
     assert lines[5].split()[-4:] == ["60.0%", "10.0%", "10.0%", "0.960"]
+    with_router = tiers.ceiling_lines(best, _arm("oracle", 0.41, 0.3, 0.9), _arm("tiered", 0.58, -0.1, 0.95))
+    assert "at the tiered arm's share" in with_router[5] and with_router[5].split()[-4:-2] == ["60.0%", "10.0%"]
     lines = tiers.ceiling_lines([_arm("k=0", 0.2, 0.5, 0.84), *best[:2]], best[0])
     assert lines[3].split()[-4:] == ["20.0%", "50.0%", "50.0%", "0.840"]
     assert lines[-1].endswith("unreachable by any router")
@@ -96,7 +135,12 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     assert best["mean_oracle"] >= oracle["mean_oracle"] - 1e-9
     assert "ceiling (any router" in out
     last = out.strip().splitlines()[-1]
-    match = re.fullmatch(r"tiers saving=(-?\d+\.\d{3}) quality_ratio=(\d+\.\d{3}) bad_case_catch=(\S+) "
-                         r"level2_share=(\d\.\d{3})", last)
+    match = re.fullmatch(r"tiers saving=(\S+) device_saving=(\S+) quality_ratio=(\S+) bad_case_catch=(\S+) "
+                         r"level2_share=(\d\.\d{3}) apgr=(\S+) ceiling_share_of_saving=(\S+)", last)
     assert match, last
-    assert float(match.group(4)) == pytest.approx(arms["tiered + skip (live)"]["level2_share"], abs=1e-3)
+    skip_arm = arms["tiered + skip (live)"]
+    assert float(match.group(5)) == pytest.approx(skip_arm["level2_share"], abs=1e-3)
+    assert float(match.group(1)) == pytest.approx(skip_arm["param_token_saving"], abs=1e-3)
+    # The stress mix is read off the same live run: more risk prompts, the union of both mixes ran.
+    assert figures["stress"]["risk_prompts"] > figures["risk_prompts"]
+    assert figures["live_prompts"] > figures["prompts"] == 8 and "stress mix:" in out
