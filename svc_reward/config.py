@@ -20,7 +20,16 @@ class RewardSettings(StrataSettings):
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
     grpc_port: int = Field(50056, ge=0, le=65535)
-    escalation_threshold: float = Field(3.2, description="Level-1 rewards under this escalate to Level-2 (R3)")
+    escalation_threshold: float = Field(
+        3.2, description="Level-1 rewards under this escalate to Level-2 (R3); on the oracle's 0-5 scale (the light "
+        "RM's calibrated score) when the served light RM has a calibration and use_calibration is on, else on the "
+        "raw score's: `strata calibrate escalation` prints both"
+    )
+    use_calibration: bool = Field(
+        True, description="compare the escalation threshold with the light RM's calibrated score (oracle scale) when "
+        "the served light RM has a calibration (`strata calibrate escalation --write`); off: the raw score. The "
+        "published reward is the raw score either way"
+    )
     escalate_on_caution: bool = Field(True, description="a cautious Level-1 sample escalates whatever its score")
     temperature: float = Field(
         1.0, gt=0, description="scoring temperature on the RM's score bins; < 1 sharpens (R8 suggests 0.3)"

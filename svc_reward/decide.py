@@ -30,13 +30,14 @@ def sampled_for_annotation(response_hash: str, share: float) -> bool:
 
 def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_on_caution: bool = True,
            annotate_level2: bool = True, unsafe: bool = False, await_annotation: bool = False,
-           sampled: bool = False) -> Outcome:
+           sampled: bool = False, raw: float | None = None) -> Outcome:
     """``tier`` is 1 or 2 (the generator tier that produced the sample); ``unsafe``: the response gives
     unsafe advice (R12), so a Level-1 answer is never final and a Level-2 one goes to a human.
     ``await_annotation``: a Level-2 reward sent to a human is not final; svc_annotation publishes the
     final one (the human's score, or this reward past its deadline). ``sampled``: a Level-1 answer
     drawn for annotation (``sampled_for_annotation``): a human scores it for the reward models' data,
-    and its routing is what it would have been, never waiting on that score."""
+    and its routing is what it would have been, never waiting on that score. ``raw``: given when
+    ``reward`` is the light RM's calibrated score, the raw one it came from (named in the reason only)."""
     if tier == 2:
         reason = "level-2 sample, unsafe advice" if unsafe else "level-2 sample"
         annotate = annotate_level2 or unsafe
@@ -45,10 +46,12 @@ def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_o
             reason += ", awaiting annotation"
         return Outcome(final=not awaits, escalate=False, annotate=annotate, reason=reason, awaits_annotation=awaits)
     sample_note = ", sampled for annotation" if sampled else ""
+    scored = (f"light RM reward {reward:.2f}" if raw is None
+              else f"light RM calibrated reward {reward:.2f} (raw {raw:.2f})")
     if unsafe:
         return Outcome(False, True, sampled, "unsafe advice in the response" + sample_note)
     if reward < threshold:
-        return Outcome(False, True, sampled, f"light RM reward {reward:.2f} < {threshold}" + sample_note)
+        return Outcome(False, True, sampled, f"{scored} < {threshold}" + sample_note)
     if caution and escalate_on_caution:
         return Outcome(False, True, sampled, "probe flagged caution" + sample_note)
-    return Outcome(True, False, sampled, f"light RM reward {reward:.2f} >= {threshold}" + sample_note)
+    return Outcome(True, False, sampled, f"{scored} >= {threshold}" + sample_note)

@@ -2,10 +2,16 @@
 
 Scoring happens under a lock so that a later hot swap (``swap_light``) takes effect between batches:
 a batch is scored entirely by one version, and every reward carries the version that produced it.
+
+The light RM's score calibration (``svc_reward.calibration_store``, fitted by ``strata calibrate
+escalation --write``) is read with its weights and swapped with them: a batch's calibrated scores
+come from the calibration of the version that scored it. A calibration fitted for other weights,
+or a malformed file, is logged and ignored: the version is served uncalibrated.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,10 +22,14 @@ from strata.contract.checksums import version_id, weights_checksum
 from strata.devicetime import device_clock
 from strata.models.loading import LoadedModel, load_reward_model
 from strata.models.reward import reward_logits_and_lengths
+from svc_reward.calibrate import ScoreCalibration
+from svc_reward.calibration_store import calibration_path, read_calibration
 from svc_reward.scoring import aggregate, tempered_reward
 
 if TYPE_CHECKING:
     from svc_reward.config import RewardSettings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,7 @@ class Scores:
     spreads: list[float]
     version: str
     charges: list[ledger.Charge]  # each item's cost, every ensemble member included (R4)
+    calibrated: list[float] | None = None  # rewards on the oracle's scale: light RM with a calibration only
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,37 @@ class ScoringOptions:
 class _Scorer:
     members: list[LoadedModel]
     version: str
+    calibration: ScoreCalibration | None = None  # light RM only, fitted for these weights
+
+
+def served_calibration(paths: Sequence[str], options: ScoringOptions) -> ScoreCalibration | None:
+    """The calibration stored with the light RM ``paths`` (first member's directory), if it was
+    fitted for exactly these weights and scores computed as ``options`` computes them; otherwise
+    None, with a warning saying why."""
+    directory = paths[0]
+    try:
+        calibration = read_calibration(directory)
+        if calibration is None:
+            return None
+        checksum = weights_checksum(paths)
+    except (OSError, ValueError) as exc:  # a bad file must not stop the service: it serves raw scores
+        log.warning("calibration %s not usable, serving uncalibrated: %s", calibration_path(directory), exc)
+        return None
+    if calibration.checksum != checksum:
+        log.warning("calibration in %s was fitted for %s, weights are %s: serving uncalibrated", directory,
+                    calibration.checksum[:12] or "unknown weights", checksum[:12])
+        return None
+    if calibration.temperature is not None and calibration.temperature != options.temperature:
+        log.warning("calibration in %s was fitted on scores at temperature %s, served at %s: serving uncalibrated",
+                    directory, calibration.temperature, options.temperature)
+        return None
+    if len(paths) > 1 and calibration.aggregation not in (None, options.aggregation):
+        log.warning("calibration in %s was fitted on the members' %s, served with their %s: serving uncalibrated",
+                    directory, calibration.aggregation, options.aggregation)
+        return None
+    log.info("light RM calibration from %s: %d knots, fitted on %d answers", directory, len(calibration.raw),
+             calibration.answers)
+    return calibration
 
 
 class RewardModels:
@@ -68,11 +110,16 @@ class RewardModels:
         members = [load_reward_model(p, device=self._options.device, dtype=self._options.dtype) for p in paths]
         if version is None:
             version = "+".join(version_id(prefix, weights_checksum([p])) for p in paths)
-        return _Scorer(members, version)
+        return _Scorer(members, version, served_calibration(paths, self._options) if prefix == "light" else None)
 
     @property
     def light_version(self) -> str:
         return self._light.version
+
+    @property
+    def light_calibration(self) -> ScoreCalibration | None:
+        """The served light RM's calibration (None: its scores are served uncalibrated)."""
+        return self._light.calibration
 
     @property
     def strong_version(self) -> str | None:
@@ -83,8 +130,12 @@ class RewardModels:
         return self._strong is not None
 
     def swap_light(self, paths: Sequence[str], version: str) -> None:
-        """Load a new light RM version, then switch to it between two batches (R7)."""
+        """Load a new light RM version and its calibration, then switch to both between two batches (R7)."""
         fresh = self._load(paths, version, "light")
+        if fresh.calibration is None and self._light.calibration is not None:
+            log.warning("light RM %s has no calibration, %s had one: with use_calibration, the escalation threshold "
+                        "now compares raw scores (strata calibrate escalation --light-rm %s --write)", fresh.version,
+                        self._light.version, ",".join(paths))
         with self._lock:
             self._light = fresh
 
@@ -104,7 +155,9 @@ class RewardModels:
             rewards, spreads = aggregate(member_rewards, self._options.aggregation)
             seconds = self._clock() - started
         charges = self._charges(scorer, tokens, seconds, strong)
-        return Scores(rewards.tolist(), spreads.tolist(), scorer.version, charges)
+        raw = rewards.tolist()
+        calibrated = scorer.calibration.apply_all(raw) if scorer.calibration is not None else None
+        return Scores(raw, spreads.tolist(), scorer.version, charges, calibrated)
 
     def _charges(self, scorer: _Scorer, tokens: list[int], seconds: float, strong: bool) -> list[ledger.Charge]:
         """Each item's share of the batch's time by its tokens, as read by the RM (truncated)."""

@@ -12,6 +12,10 @@ Redis keys (``prefix`` = ``strata:rm``):
     <prefix>:promoted          STRING  the light version promoted last
     <prefix>:promotions        LIST  JSON {version, at}, newest first
 
+A light version's entry may carry its score calibration (``calibration``: the ``to_dict`` of a
+``svc_reward.calibrate.ScoreCalibration`` fitted for its weights), the same one that lies beside
+its weights (``svc_reward.calibration_store``) and that svc_reward serves with it.
+
 ``promote`` publishes ``RewardModelUpdated`` on ``strata.rm.updated`` and waits for Kafka's
 acknowledgement; every svc_reward replica follows that topic (``svc_reward.rm_watch``) and swaps
 its light RM between two batches. Only light versions are promoted: they are what the hot path
@@ -21,8 +25,9 @@ serves (the strong RM is a deployment setting, ``--strong-rm``).
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,10 @@ import redis
 from strata.bus import Publisher, Topic, topics
 from strata.contract.checksums import version_id, weights_checksum
 from strata.v1 import events_pb2
+from svc_reward.calibrate import ScoreCalibration
+from svc_reward.calibration_store import read_calibration
+
+log = logging.getLogger(__name__)
 
 KINDS: tuple[str, ...] = ("strong", "light")
 DEFAULT_PREFIX = "strata:rm"
@@ -61,6 +70,7 @@ class RmVersion:
     config: dict[str, Any] = field(default_factory=dict)  # resolved training config
     registered_at: float = 0.0
     promoted_at: float | None = None
+    calibration: dict[str, Any] | None = None  # ScoreCalibration.to_dict(), fitted for these weights (light only)
 
     @property
     def path(self) -> str:
@@ -85,8 +95,19 @@ def describe(kind: str, paths: Sequence[str | Path], metrics: dict[str, float] |
         raise ValueError("a version needs at least one model directory")
     resolved = tuple(str(Path(p).expanduser().resolve()) for p in paths)
     checksum = weights_checksum(resolved)
+    calibration = stored_calibration(resolved, checksum) if kind == "light" else None
     return RmVersion(version_id(kind, checksum), kind, resolved, checksum, dict(metrics or {}), parent,
-                     dict(config or {}))
+                     dict(config or {}), calibration=calibration.to_dict() if calibration else None)
+
+
+def stored_calibration(paths: Sequence[str], checksum: str) -> ScoreCalibration | None:
+    """The calibration in the first directory of ``paths`` if it is valid and fitted for ``checksum``."""
+    try:
+        calibration = read_calibration(paths[0])
+    except (OSError, ValueError) as exc:  # describing a version must not fail on a bad calibration file
+        log.warning("calibration of %s left out: %s", paths[0], exc)
+        return None
+    return calibration if calibration is not None and calibration.checksum == checksum else None
 
 
 def recorded_teacher(model_dir: str | Path) -> str | None:
@@ -110,7 +131,11 @@ def register_served(registry: RmRegistry, light_paths: Sequence[str | Path], str
     if strong_path is not None:
         registry.register(describe("strong", [strong_path], config={"source": "served at start"}))
     teacher = recorded_teacher(light_paths[0]) if len(light_paths) == 1 else None
-    registry.register(describe("light", light_paths, parent=teacher, config={"source": "served at start"}))
+    light = describe("light", light_paths, parent=teacher, config={"source": "served at start"})
+    registered = registry.register(light)
+    if light.calibration is not None and registered.calibration != light.calibration:
+        # Registered before its calibration was written: the entry catches up with the file.
+        registry.set_calibration(light.version, ScoreCalibration.from_dict(light.calibration))
 
 
 def update_event(entry: RmVersion) -> events_pb2.RewardModelUpdated:
@@ -181,13 +206,42 @@ class RmRegistry:
         event = update_event(entry)
         publisher.publish_and_wait(topic, event)
         now = time.time()
-        promoted = RmVersion(**{**asdict(entry), "paths": entry.paths, "promoted_at": now})
+        self._update(version, lambda e: RmVersion(**{**asdict(e), "paths": e.paths, "promoted_at": now}))
         with self._redis.pipeline() as pipe:
-            pipe.set(self._key("version", version), promoted.to_json())
             pipe.set(self._key("promoted"), version)
             pipe.lpush(self._key("promotions"), json.dumps({"version": version, "at": now}))
             pipe.execute()
         return event
+
+    def set_calibration(self, version: str, calibration: ScoreCalibration) -> RmVersion:
+        """Store ``calibration`` in the entry of the light ``version`` it was fitted for; the updated entry."""
+        entry = self.get(version)
+        if entry.kind != "light":
+            raise RegistryError(f"{version} is a {entry.kind} RM: only a light RM's score is calibrated "
+                                "(the escalation threshold applies to it)")
+        if calibration.checksum != entry.checksum:
+            raise RegistryError(f"the calibration was fitted for weights {calibration.checksum[:12] or '(unknown)'}, "
+                                f"{version} has {entry.checksum[:12]}")
+        stored = calibration.to_dict()
+        return self._update(version, lambda e: RmVersion(**{**asdict(e), "paths": e.paths, "calibration": stored}))
+
+    def _update(self, version: str, change: Callable[[RmVersion], RmVersion]) -> RmVersion:
+        """Rewrite the entry of ``version`` as ``change`` makes it, retried if another writer changed
+        it meanwhile: a promotion and a calibration written at once both stay."""
+        key = self._key("version", version)
+        updated: list[RmVersion] = []
+
+        def write(pipe: redis.client.Pipeline) -> None:
+            raw = pipe.get(key)
+            if raw is None:
+                raise UnknownVersionError(f"no RM version {version!r} in the registry (see `strata rm list`)")
+            entry = change(RmVersion.from_json(raw))
+            pipe.multi()
+            pipe.set(key, entry.to_json())
+            updated[:] = [entry]
+
+        self._redis.transaction(write, key)
+        return updated[0]
 
     def record_refresh(self, summary: dict[str, Any]) -> None:
         """Keep the last ``strata rm refresh`` turn's summary (its label count paces the next turn)."""

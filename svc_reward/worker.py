@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -52,10 +52,11 @@ def escalation_key(event: events_pb2.RolloutGenerated) -> str:
 
 @dataclass(frozen=True)
 class _ItemScore:
-    reward: float
+    reward: float  # raw: what is published
     spread: float  # across the ensemble's members (0 for one RM)
     version: str
     scorer: int  # common_pb2.Scorer
+    calibrated: float | None = None  # on the oracle's scale, when the light RM that scored it has a calibration
 
 
 @dataclass(frozen=True)
@@ -114,12 +115,13 @@ class RewardWorker:
                     raise PoisonMessageError(f"the reward model scored response {event.response_hash[:12]} "
                                              f"{reward} (spread {spread}): not a finite number")
             scorer = common_pb2.SCORER_STRONG if tier == 2 and self._models.has_strong else common_pb2.SCORER_LIGHT
-            for event, response, reward, spread, charge in zip(events, responses, scores.rewards, scores.spreads,
-                                                               scores.charges, strict=True):
+            calibrated: Sequence[float | None] = scores.calibrated or [None] * len(events)
+            for event, response, reward, spread, charge, cal in zip(events, responses, scores.rewards, scores.spreads,
+                                                                    scores.charges, calibrated, strict=True):
                 unsafe = risk.detect_unsafe_advice(response) if self._settings.flag_unsafe else None
                 if unsafe is not None:
                     UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
-                item = _ItemScore(reward, spread, scores.version, scorer)
+                item = _ItemScore(reward, spread, scores.version, scorer, cal)
                 emitted = self._emit(tier, event, item, unsafe is not None, escalated)
                 futures.extend(emitted.futures)
                 if emitted.final:
@@ -154,9 +156,14 @@ class RewardWorker:
         annotation request as ``decide`` says); nothing is claimed or booked until the batch is acknowledged."""
         reward, spread, version, scorer = score.reward, score.spread, score.version, score.scorer
         s = self._settings
-        outcome = decide(tier, reward, event.caution, s.escalation_threshold, s.escalate_on_caution,
-                         s.annotate_level2, unsafe=unsafe, await_annotation=s.await_annotation,
-                         sampled=tier == 1 and sampled_for_annotation(event.response_hash, s.annotate_level1_share))
+        # The threshold is on the calibrated scale when the RM has a calibration; the raw reward is
+        # still what is published: the learner's and the scheduler's rewards do not change scale
+        # with a calibration file.
+        calibrated = score.calibrated if s.use_calibration else None
+        outcome = decide(tier, reward if calibrated is None else calibrated, event.caution, s.escalation_threshold,
+                         s.escalate_on_caution, s.annotate_level2, unsafe=unsafe, await_annotation=s.await_annotation,
+                         sampled=tier == 1 and sampled_for_annotation(event.response_hash, s.annotate_level1_share),
+                         raw=None if calibrated is None else reward)
         scored = events_pb2.RewardScored(
             prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
             policy_version=event.policy_version, rm_version=version, reward=reward, reward_std=spread,
@@ -193,7 +200,8 @@ class RewardWorker:
             )
             request.requested_at.GetCurrentTime()
             futures.append(self._publisher.publish(topics.ANNOTATIONS_REQUESTED, request))
-        log.info("reward tier=%d prompt=%s response=%s reward=%.3f rm=%s final=%s escalate=%s unsafe=%s", tier,
-                 event.prompt_hash[:12], event.response_hash[:12], reward, version, outcome.final, outcome.escalate,
-                 unsafe)
+        log.info("reward tier=%d prompt=%s response=%s reward=%.3f calibrated=%s rm=%s final=%s escalate=%s unsafe=%s",
+                 tier, event.prompt_hash[:12], event.response_hash[:12], reward,
+                 None if score.calibrated is None else round(score.calibrated, 3), version, outcome.final,
+                 outcome.escalate, unsafe)
         return _Emitted(futures, outcome.final, outcome.annotate, key if escalates else None)

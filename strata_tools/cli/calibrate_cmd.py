@@ -9,6 +9,14 @@ are left out: no threshold applies to them. The command prints the trade-off (ca
 escalations and the share escalated per threshold) and the lowest threshold that reaches
 ``--target-catch``, as the setting to give the reward service.
 
+It also fits the light RM's score calibration: an isotonic map of its raw score onto the oracle's
+0-5 scale (``svc_reward.calibrate.fit_isotonic``), with its mean absolute error against the oracle
+(in-sample and cross-validated) and the chosen threshold on the calibrated scale. ``--write``
+stores it beside the light RM's weights (``strata_calibration.json`` in the first member's
+directory) and in the RM registry under that version; svc_reward serves it whenever it loads that
+version (at start, or when the version is promoted), and then compares the escalation threshold
+with the calibrated score (``use_calibration``).
+
 ``unsafe``: the reward service's unsafe-advice detector (``strata.risk.detect_unsafe_advice``, R12)
 against the oracle's unsafe judgement on the suite's answers: each prompt's reference answer and
 every degradation of it the zoo trains on (unsafe advice and missing caution on risk prompts only).
@@ -21,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import random
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,8 +40,8 @@ if TYPE_CHECKING:  # torch and the services' settings: imported by the run, not 
     from strata_tools.zoo.suite import PromptRecord
     from svc_probe.config import ProbeSettings
     from svc_probe.core import ProbeResult
-    from svc_reward.calibrate import OperatingPoint
-    from svc_reward.config import RewardSettings
+    from svc_reward.calibrate import OperatingPoint, ScoreCalibration
+    from svc_reward.models import ScoringOptions
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,6 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             help="oracle score under which a Level-1 answer is a bad case")
     escalation.add_argument("--target-catch", type=float, default=0.9, help="share of bad cases to escalate")
     escalation.add_argument("--seed", type=int, default=0)
+    escalation.add_argument("--light-rm", default=None, metavar="DIR[,DIR...]",
+                            help="light RM to calibrate, several directories for an ensemble (default: the zoo's)")
+    escalation.add_argument("--write", action="store_true",
+                            help="store the score calibration with the light RM (its first directory) and in the "
+                                 "RM registry: svc_reward serves it when it loads that RM")
     escalation.add_argument("--json", action="store_true", help="machine-readable output")
     escalation.set_defaults(func=run_escalation)
     unsafe = sub.add_parser("unsafe", help="the unsafe-advice detector against the oracle on the suite's answers")
@@ -106,11 +120,25 @@ class _Escalation:
     zoo: str                     # the zoo directory's name
     prompts: int                 # prompts sampled from the split
     level1: int                  # of them, those the probe leaves to Level-1
-    scores: list[float]          # the light RM's reward of each Level-1 answer
+    scores: list[float]          # the light RM's raw reward of each Level-1 answer
+    oracle: list[float]          # the oracle's score of that answer
     bad: list[bool]              # whether the oracle scores that answer under --bad-threshold
     chosen: float
     current: float               # the reward service's threshold now
     points: list[OperatingPoint]
+
+
+@dataclass(frozen=True)
+class _Calibrated:
+    """The light RM's score calibration fitted on the same answers, and the threshold on its scale."""
+
+    calibration: ScoreCalibration
+    chosen: float                # the lowest calibrated threshold that reaches --target-catch
+    point: OperatingPoint        # at ``chosen``, on the calibrated scores
+    current_point: OperatingPoint  # the service's threshold, compared with the calibrated scores
+    mae_raw: float               # mean |raw - oracle|
+    mae_calibrated: float        # mean |calibrated - oracle|, in-sample
+    mae_cross_validated: float | None  # the same on answers each fold's fit did not see
 
 
 def _level1_records(records: list[PromptRecord], probe_settings: ProbeSettings,
@@ -129,29 +157,87 @@ def _level1_records(records: list[PromptRecord], probe_settings: ProbeSettings,
 
 
 def _score_level1(args: argparse.Namespace, zoo: ZooPaths, level1_records: list[tuple[PromptRecord, ProbeResult]],
-                  reward_settings: RewardSettings) -> tuple[list[float], list[bool]]:
-    """Level-1's answers with the generator's default sampling: the light RM's scores, and which are bad cases."""
+                  light_paths: list[str], options: ScoringOptions) -> tuple[list[float], list[float]]:
+    """Level-1's answers with the generator's default sampling: the light RM's raw scores, and the oracle's."""
     from strata.models.generation import SamplingConfig, generate
     from strata.models.loading import load_causal_lm
     from strata_tools.zoo.oracle import judge
     from svc_generator.config import GeneratorSettings
-    from svc_reward.models import RewardModels, ScoringOptions
+    from svc_reward.models import RewardModels
 
     defaults = GeneratorSettings().sampling_defaults()
     sampling = SamplingConfig(defaults.temperature, defaults.top_p, defaults.max_new_tokens, args.seed)
     level1 = load_causal_lm(zoo.level1, device="cpu")
     answers = generate(level1, [r.text for r, _ in level1_records],
                        [tuple(n for n, _ in res.directions) for _, res in level1_records], sampling)
-    options = dataclasses.replace(ScoringOptions.of(reward_settings), device="cpu", dtype="auto")
-    rms = RewardModels([str(zoo.light_rm)], None, options)
-    scores = rms.score([r.text for r, _ in level1_records], [a.text for a in answers]).rewards
+    rms = RewardModels(light_paths, None, options)
+    scores = rms.score([r.text for r, _ in level1_records], [a.text for a in answers]).rewards  # raw: fitted on
     oracle = [judge(r, a.text).score for (r, _), a in zip(level1_records, answers, strict=True)]
-    bad = [o < args.bad_threshold for o in oracle]
-    return scores, bad
+    return scores, oracle
+
+
+def _calibrate(args: argparse.Namespace, measured: _Escalation, light_paths: list[str],
+               options: ScoringOptions) -> _Calibrated:
+    from strata.contract.checksums import weights_checksum
+    from svc_reward.calibrate import (
+        cross_validated_error,
+        fit_isotonic,
+        mean_absolute_error,
+        operating_point,
+        threshold_for_catch,
+    )
+
+    source = f"oracle, {args.split} split, {len(measured.scores)} Level-1 answers, zoo {measured.zoo}"
+    try:
+        calibration = fit_isotonic(measured.scores, measured.oracle, checksum=weights_checksum(light_paths),
+                                   source=source, temperature=options.temperature, aggregation=options.aggregation)
+    except ValueError as exc:
+        raise CliError(f"cannot calibrate the light RM's score: {exc}") from exc
+    calibrated = calibration.apply_all(measured.scores)
+    # Searched on the calibrated scores rather than taken as calibration.apply(chosen): beyond the end
+    # knots the map is flat, and a bad case mapped there equals the mapped threshold, so is not under it.
+    chosen = threshold_for_catch(calibrated, measured.bad, args.target_catch)
+    return _Calibrated(calibration, chosen, operating_point(calibrated, measured.bad, chosen),
+                       operating_point(calibrated, measured.bad, measured.current),
+                       mean_absolute_error(measured.scores, measured.oracle),
+                       mean_absolute_error(calibrated, measured.oracle),
+                       cross_validated_error(measured.scores, measured.oracle, seed=args.seed))
+
+
+def _write(light_paths: list[str], calibration: ScoreCalibration, json_output: bool) -> tuple[str, str | None]:
+    """Write the calibration beside the light RM, then into the registry. The file's path, and the
+    version it is registered under (None when Redis did not answer: the file alone is then written)."""
+    import redis
+
+    from strata.config import StrataSettings
+    from strata.contract.checksums import version_id
+    from strata_tools.rm.versions import open_registry
+    from svc_reward.calibration_store import write_calibration
+    from svc_reward.registry import RegistryError, UnknownVersionError, describe
+
+    path = str(write_calibration(light_paths[0], calibration))
+    version = version_id("light", calibration.checksum)
+    try:
+        registry = open_registry(StrataSettings())
+        try:
+            registry.get(version)
+        except UnknownVersionError:
+            registry.register(describe("light", light_paths, config={"source": "strata calibrate escalation"}))
+        registry.set_calibration(version, calibration)
+    except (CliError, RegistryError, redis.RedisError, OSError) as exc:  # the file is written: never fail now
+        print(f"calibration written to {path} only, not to the RM registry ({exc.__cause__ or exc}); svc_reward "
+              f"registers it when it starts on this RM, or run this again with --write once Redis answers",
+              file=sys.stderr if json_output else sys.stdout)
+        return path, None
+    return path, version
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _print_escalation(args: argparse.Namespace, measured: _Escalation) -> None:
-    """The trade-off table, the current and chosen thresholds marked, and how to serve the chosen one."""
+    """The trade-off table, the current and chosen thresholds marked."""
     chosen = measured.chosen
     print(f"zoo {measured.zoo}; {args.split} split: {measured.prompts} prompts, {measured.prompts - measured.level1} "
           f"cautious (Level-2 whatever the threshold), {len(measured.scores)} Level-1 answers, {sum(measured.bad)} bad "
@@ -160,11 +246,30 @@ def _print_escalation(args: argparse.Namespace, measured: _Escalation) -> None:
     for p in measured.points:
         mark = "  <- current" if p.threshold == measured.current else ""
         mark += "  <- chosen" if p.threshold == chosen else ""
-        catch = "-" if p.catch is None else f"{p.catch:.1%}"
-        false = "-" if p.false_escalation is None else f"{p.false_escalation:.1%}"
-        print(f"{p.threshold:>10.3f} {catch:>7} {false:>10} {p.escalated_share:>10.1%}{mark}")
-    print(f"lowest threshold catching {args.target_catch:.0%} of bad cases: {chosen:.3f}; serve it with "
-          f"STRATA_ESCALATION_THRESHOLD={chosen:.3f} (svc_reward --escalation-threshold)")
+        print(f"{p.threshold:>10.3f} {_pct(p.catch):>7} {_pct(p.false_escalation):>10} {p.escalated_share:>10.1%}"
+              f"{mark}")
+    print(f"lowest threshold catching {args.target_catch:.0%} of bad cases: {chosen:.3f} (raw light-RM score)")
+
+
+def _print_calibration(args: argparse.Namespace, measured: _Escalation, fitted: _Calibrated,
+                       written: tuple[str, str | None] | None) -> None:
+    """The calibration's fit, the threshold on its scale, and how to serve one or the other."""
+    cal, point, current = fitted.calibration, fitted.point, fitted.current_point
+    cv = "-" if fitted.mae_cross_validated is None else f"{fitted.mae_cross_validated:.3f}"
+    print(f"score calibration (isotonic, {len(cal.raw)} knots, {cal.answers} answers): mean absolute error vs the "
+          f"oracle {fitted.mae_raw:.3f} raw, {fitted.mae_calibrated:.3f} calibrated ({cv} cross-validated)")
+    print(f"on the calibrated scale: lowest threshold catching {args.target_catch:.0%}: {fitted.chosen:.3f} (catch "
+          f"{_pct(point.catch)}, false esc {_pct(point.false_escalation)}, escalated {point.escalated_share:.1%}); "
+          f"the current {measured.current:g} there: catch {_pct(current.catch)}, false esc "
+          f"{_pct(current.false_escalation)}, escalated {current.escalated_share:.1%}")
+    if written is None:
+        print(f"serve it with STRATA_ESCALATION_THRESHOLD={measured.chosen:.3f} (svc_reward --escalation-threshold, "
+              f"raw score); or --write the calibration and serve STRATA_ESCALATION_THRESHOLD={fitted.chosen:.3f}")
+        return
+    path, version = written
+    print(f"calibration written to {path}{f' and registered with {version}' if version else ''}; serve "
+          f"STRATA_ESCALATION_THRESHOLD={fitted.chosen:.3f} (calibrated scale): svc_reward compares it with the "
+          f"calibrated score once it loads this RM (a restart, or a promotion of it)")
 
 
 def run_escalation(args: argparse.Namespace) -> int:
@@ -174,30 +279,49 @@ def run_escalation(args: argparse.Namespace) -> int:
     from svc_probe.config import ProbeSettings
     from svc_reward.calibrate import operating_points, threshold_for_catch
     from svc_reward.config import RewardSettings
+    from svc_reward.models import ScoringOptions
 
     if args.prompts < 10 or not 0 < args.target_catch <= 1:
         raise CliError("--prompts must be >= 10 and --target-catch in (0, 1]")
     settings = StrataSettings()
     zoo = ensure_zoo(settings)
+    light_paths = [p.strip() for p in args.light_rm.split(",") if p.strip()] if args.light_rm else [str(zoo.light_rm)]
+    if not light_paths:
+        raise CliError("--light-rm names no directory")
     records = load_suite(args.split)
     records = random.Random(args.seed).sample(records, min(args.prompts, len(records)))
     probe_settings, reward_settings = ProbeSettings(), RewardSettings()
+    options = dataclasses.replace(ScoringOptions.of(reward_settings), device="cpu", dtype="auto")
     level1_records = _level1_records(records, probe_settings, zoo)
-    scores, bad = _score_level1(args, zoo, level1_records, reward_settings)
+    scores, oracle = _score_level1(args, zoo, level1_records, light_paths, options)
+    bad = [o < args.bad_threshold for o in oracle]
     try:
         chosen = threshold_for_catch(scores, bad, args.target_catch)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     grid = sorted({round(2.0 + 0.2 * i, 1) for i in range(11)} | {reward_settings.escalation_threshold, chosen})
-    measured = _Escalation(zoo.root.name, len(records), len(level1_records), scores, bad, chosen,
+    measured = _Escalation(zoo.root.name, len(records), len(level1_records), scores, oracle, bad, chosen,
                            reward_settings.escalation_threshold, operating_points(scores, bad, grid))
+    fitted = _calibrate(args, measured, light_paths, options)
+    written = _write(light_paths, fitted.calibration, args.json) if args.write else None
     if args.json:
-        print(json.dumps({
-            "zoo": measured.zoo, "split": args.split, "answers": len(measured.scores), "bad_cases": sum(measured.bad),
-            "cautious_left_out": measured.prompts - measured.level1, "target_catch": args.target_catch,
-            "threshold": measured.chosen, "current_threshold": measured.current,
-            "points": [p.__dict__ for p in measured.points],
-        }, indent=2))
+        print(json.dumps(_escalation_json(args, measured, fitted, written), indent=2))
         return 0
     _print_escalation(args, measured)
+    _print_calibration(args, measured, fitted, written)
     return 0
+
+
+def _escalation_json(args: argparse.Namespace, measured: _Escalation, fitted: _Calibrated,
+                     written: tuple[str, str | None] | None) -> dict[str, object]:
+    return {
+        "zoo": measured.zoo, "split": args.split, "answers": len(measured.scores), "bad_cases": sum(measured.bad),
+        "cautious_left_out": measured.prompts - measured.level1, "target_catch": args.target_catch,
+        "threshold": measured.chosen, "current_threshold": measured.current,
+        "points": [p.__dict__ for p in measured.points],
+        "calibration": fitted.calibration.to_dict(), "calibrated_threshold": fitted.chosen,
+        "calibrated_point": fitted.point.__dict__, "current_threshold_calibrated_point": fitted.current_point.__dict__,
+        "mae_raw": fitted.mae_raw, "mae_calibrated": fitted.mae_calibrated,
+        "mae_calibrated_cross_validated": fitted.mae_cross_validated,
+        "written": written[0] if written else None, "registered": written[1] if written else None,
+    }

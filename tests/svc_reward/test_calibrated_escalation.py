@@ -1,0 +1,87 @@
+"""Escalation on the light RM's calibrated score: ``decide`` compares what it is given and names both
+scores; the worker compares the calibrated one (``use_calibration``) and still publishes the raw one."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from strata import ledger
+from strata.bus import Delivery, topics
+from strata.config import StrataSettings
+from strata.content_store import ContentStore
+from strata.v1 import common_pb2, events_pb2
+from svc_reward.config import RewardSettings
+from svc_reward.decide import decide
+from svc_reward.models import Scores
+from svc_reward.worker import RewardWorker
+
+
+def test_decide_names_the_calibrated_and_the_raw_reward() -> None:
+    low = decide(1, 2.10, False, 3.2, raw=2.71)
+    assert (low.final, low.escalate) == (False, True)
+    assert low.reason == "light RM calibrated reward 2.10 (raw 2.71) < 3.2"
+    high = decide(1, 3.5, False, 3.2, raw=2.9)  # the calibrated reward decides; raw is only named
+    assert (high.final, high.escalate) == (True, False)
+    assert high.reason == "light RM calibrated reward 3.50 (raw 2.90) >= 3.2"
+    assert decide(1, 2.71, False, 3.2).reason == "light RM reward 2.71 < 3.2"
+
+
+# Per answer: raw score, calibrated score. With the calibration the first escalates and the second is
+# final; on raw scores (threshold 3.2) it is the other way round.
+RAW_CALIBRATED = {"first": (3.5, 2.0), "second": (2.5, 4.0)}
+
+
+class CalibratedScores:
+    has_strong = False
+
+    def score(self, prompts: list[str], responses: list[str], strong: bool = False) -> Scores:
+        pairs = [RAW_CALIBRATED[r.split()[0]] for r in responses]
+        return Scores([raw for raw, _ in pairs], [0.0] * len(pairs), "light-test",
+                      [ledger.Charge("rm_light", 1)] * len(pairs), [cal for _, cal in pairs])
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, object]] = []
+
+    def publish(self, topic: object, message: object) -> None:
+        self.published.append((topic.name, message))  # type: ignore[attr-defined]
+
+    def wait(self, futures: object) -> None:
+        pass
+
+    def of(self, topic: object) -> list:
+        return [m for t, m in self.published if t == topic.name]  # type: ignore[attr-defined]
+
+
+def _run(infra: StrataSettings, client: redis.Redis, use_calibration: bool) -> RecordingPublisher:
+    store = ContentStore(client, infra.content_ttl_s, infra.content_max_bytes)
+    events = [events_pb2.RolloutGenerated(prompt_hash=store.put(f"Why is the sky blue? {uuid.uuid4()}"),
+                                          response_hash=store.put(f"{name} answer {uuid.uuid4()}"),
+                                          tier=common_pb2.TIER_LEVEL_1, request_id=f"r-{uuid.uuid4().hex[:8]}")
+              for name in RAW_CALIBRATED]
+    publisher = RecordingPublisher()
+    settings = RewardSettings(**infra.model_dump(), use_calibration=use_calibration)
+    worker = RewardWorker(settings, CalibratedScores(), store, client, publisher)  # type: ignore[arg-type]
+    worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
+    return publisher
+
+
+@pytest.mark.integration
+def test_the_worker_escalates_on_the_calibrated_score_and_publishes_the_raw_one(
+    infra: StrataSettings, redis_client: redis.Redis,
+) -> None:
+    calibrated = _run(infra, redis_client, use_calibration=True)
+    assert [(m.reward, m.final, m.escalated) for m in calibrated.of(topics.REWARDS_SCORED)] == [
+        (3.5, False, True), (2.5, True, False)]
+    assert [m.reward for m in calibrated.of(topics.ROLLOUT_LOG)] == [2.5]  # raw, for the learner and skipping
+    [escalation] = calibrated.of(topics.PROMPTS_LEVEL2)
+    assert escalation.reason == "escalated: light RM calibrated reward 2.00 (raw 3.50) < 3.2"
+
+    raw = _run(infra, redis_client, use_calibration=False)
+    assert [(m.reward, m.final, m.escalated) for m in raw.of(topics.REWARDS_SCORED)] == [
+        (3.5, True, False), (2.5, False, True)]
+    assert [m.reason for m in raw.of(topics.PROMPTS_LEVEL2)] == ["escalated: light RM reward 2.50 < 3.2"]
