@@ -6,6 +6,8 @@ The arms, each in a process of its own (its peak memory is its own) with the sam
   to Level-2; the services in one process over a Kafka and Redis of their own);
 - ``level1``: the same with every prompt at Level-1 and nothing escalated (the scheduler's ``tiering``
   off): Strata's plain rollout;
+- ``conventional``: that plain rollout with every sample scored by the strong RM: what RLHF costs without
+  tiers (one policy, the best reward model on every sample; issue 38's fair baseline for the saving);
 - ``trl``: TRL's RLOO trainer (the current release has no PPO) on the same Level-1 policy, rewarded by the
   same light RM (its expected score over the score bins, as svc_reward serves it), on the same prompt
   stream with the same directions line, sampling, batch shape, learning rate and KL coefficient.
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     from strata_tools.zoo.build import ZooPaths
     from strata_tools.zoo.suite import PromptRecord
 
-ARMS = ("tiered", "level1", "trl")
+ARMS = ("tiered", "level1", "conventional", "trl")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,7 +126,7 @@ def build_job(args: argparse.Namespace, zoo: ZooPaths, work: Path) -> PeersJob:
     sampling = GeneratorSettings().sampling_defaults()
     learner = LearnerSettings()
     return PeersJob(
-        policy_dir=str(zoo.policy), light_rm=[str(zoo.light_rm)], prompts=prompts,
+        policy_dir=str(zoo.policy), light_rm=[str(zoo.light_rm)], strong_rm=str(zoo.strong_rm), prompts=prompts,
         directions=served_directions(zoo, prompts), prompts_per_round=prompts_per_round,
         repeat_share=args.repeat_share, paraphrase_share=args.paraphrase_share, updates=args.updates,
         samples_per_update=args.samples_per_update, n_samples=args.n_samples, minibatch_size=args.minibatch_size,
@@ -191,6 +193,19 @@ def print_report(results: dict[str, ArmResult], gains: dict[str, tuple[Change, C
             print(f"  {'':<18} {note}")
 
 
+def against_conventional(results: dict[str, ArmResult], judged: dict[str, Judged]) -> list[str]:
+    """The tiered arm beside the conventional one (issue 38): its booked cost as a share of the conventional
+    cost, and the two trained policies' held-out oracle scores, paired per prompt."""
+    if "tiered" not in results or "conventional" not in results:
+        return []
+    tiered, conventional = results["tiered"], results["conventional"]
+    share = tiered.param_tokens / conventional.param_tokens if conventional.param_tokens else float("nan")
+    difference = paired_change(judged["conventional"].oracle, judged["tiered"].oracle)
+    return [f"  tiered against conventional (strong RM on every sample): params x tokens {share:.2f} of its cost; "
+            f"trained policies' held-out oracle, tiered minus conventional {difference.mean:+.3f} ± "
+            f"{difference.stderr:.3f} (paired over {difference.n} prompts)"]
+
+
 def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Change]]) -> str:
     strata = next((a for a in ("tiered", "level1") if a in results), None)
     strata_s = results[strata].seconds_per_update() if strata else float("nan")
@@ -229,11 +244,13 @@ def run(args: argparse.Namespace) -> int:
         light_rm = [load_reward_model(d, device="cpu") for d in job.light_rm]
         print(f"  judging {len(arms) + 1} policies on {len(records)} held-out prompts ...", flush=True)
         before = judge(job.policy_dir, records, directions, job, light_rm)
-        gains = {}
+        gains, judged = {}, {}
         for arm, result in results.items():
-            after = judge(result.policy_dir, records, directions, job, light_rm)
+            judged[arm] = after = judge(result.policy_dir, records, directions, job, light_rm)
             gains[arm] = (paired_change(before.rewards, after.rewards), paired_change(before.oracle, after.oracle))
         print_report(results, gains, job)
+        for line in against_conventional(results, judged):
+            print(line)
     print(f"  {time.monotonic() - started:.0f} s in all")
     print(last_line(results, gains))
     return 0

@@ -2,8 +2,10 @@
 
     python -m strata_tools.bench.peers_strata ARM JOB.json RESULT.json WORK_DIR
 
-``ARM`` is ``tiered`` (the stack as it comes: skip, Level-1, escalation to Level-2) or ``level1`` (the
-scheduler's ``tiering`` off and no escalation: every prompt to Level-1, a plain rollout). The services run
+``ARM`` is ``tiered`` (the stack as it comes: skip, Level-1, escalation to Level-2), ``level1`` (the
+scheduler's ``tiering`` off and no escalation: every prompt to Level-1, a plain rollout scored by the
+light RM) or ``conventional`` (the same plain rollout with every sample scored by the strong RM: one-model
+RLHF at full reward cost, the baseline the article's saving is measured against). The services run
 in this process (``strata_tools.stack.inprocess``) over a Kafka and Redis of their own
 (``strata_tools.bench.infra.bench_infra``: free ports, removed after; an external Kafka/Redis from the
 settings is used as is: the run's keys and groups are its own, and its cost is the ledger's change over
@@ -22,7 +24,7 @@ from strata.config import StrataSettings
 from strata_tools.bench.peers_trl import ArmResult, PeersJob, peak_rss_mb
 from strata_tools.train import RoundStats, TrainOptions, train
 
-STRATA_ARMS = ("tiered", "level1")
+STRATA_ARMS = ("tiered", "level1", "conventional")
 # A plain rollout: every prompt to Level-1 (scheduler) and every Level-1 reward final (reward service).
 PLAIN_SCHEDULER: dict[str, Any] = {"tiering": False}
 PLAIN_REWARD: dict[str, Any] = {"escalation_threshold": -1.0, "escalate_on_caution": False, "flag_unsafe": False,
@@ -59,9 +61,14 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
                "minibatch_size": job.minibatch_size, "update_epochs": job.epochs, "kl_coef": job.kl_coef,
                "kl_warmup_updates": 0, "clip_coef": job.clip_coef, "max_grad_norm": job.max_grad_norm,
                "adam_eps": job.adam_eps, "seed": job.seed}
-    plain = arm == "level1"
+    plain = arm != "tiered"
+    if arm == "conventional" and not job.strong_rm:
+        raise ValueError("the conventional arm needs the job's strong_rm")
+    # The conventional arm serves the strong RM where the light one would be: every sample pays its cost,
+    # booked with its parameters (svc_reward books what the members it scored with weigh).
+    scorer = job.strong_rm if arm == "conventional" else ",".join(job.light_rm)
     overrides = StackOverrides(scheduler=PLAIN_SCHEDULER if plain else {},
-                               reward={"light_rm": ",".join(job.light_rm), **(PLAIN_REWARD if plain else {})},
+                               reward={"light_rm": scorer, **(PLAIN_REWARD if plain else {})},
                                learner=learner)
     options = TrainOptions(updates=job.updates, prompts_per_round=job.prompts_per_round, n_samples=job.n_samples,
                            eval_prompts=2, report_dir=work / "reports", seed=job.seed,

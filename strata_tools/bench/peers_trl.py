@@ -62,6 +62,7 @@ class PeersJob:
     seed: int
     threads: int
     out_dir: str                        # the trained policy is saved here
+    strong_rm: str = ""                 # the strong RM's directory: the conventional arm scores with it
 
     @classmethod
     def read(cls, path: str | Path) -> PeersJob:

@@ -48,6 +48,18 @@ def test_a_missing_trl_is_refused_with_how_to_install_it(monkeypatch: pytest.Mon
     assert peers.check_arguments(_args(arms="tiered,level1")) == ["tiered", "level1"]  # no TRL needed
 
 
+def test_the_tiered_arm_is_set_against_the_conventional_one() -> None:
+    results = {"tiered": ArmResult("Strata tiered", param_tokens=3.0e10),
+               "conventional": ArmResult("Strata conventional", param_tokens=1.2e11)}
+    judged = {"tiered": peers.Judged([0.0] * 4, [2.0, 3.0, 2.5, 1.0]),
+              "conventional": peers.Judged([0.0] * 4, [1.0, 3.0, 2.0, 1.5])}
+    (line,) = peers.against_conventional(results, judged)
+    # Cost 3e10 / 1.2e11; oracle differences +1, 0, +.5, -.5: mean .25, SD .645, SE .645 / 2.
+    assert "params x tokens 0.25 of its cost" in line
+    assert "tiered minus conventional +0.250 ± 0.323 (paired over 4 prompts)" in line
+    assert peers.against_conventional({"tiered": results["tiered"]}, judged) == []
+
+
 def test_rounds_are_shared_by_the_updates_they_complete() -> None:
     rounds = [RoundStats(0, 0, 8, {}, 8, 8, 2.0, None, 4.0),   # no update yet
               RoundStats(1, 2, 8, {}, 8, 8, 2.0, None, 2.0),   # two updates: 6 s between them
@@ -75,18 +87,19 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
     # The Strata arm's process uses the session's Kafka and Redis instead of starting its own.
     monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
     monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
-    code = main(["bench", "peers", "--arms", "tiered,trl", "--updates", "1", "--samples-per-update", "8",
+    code = main(["bench", "peers", "--arms", "tiered,conventional,trl", "--updates", "1", "--samples-per-update", "8",
                  "--minibatch-size", "4", "--epochs", "1", "--eval-prompts", "4",
                  "--threads", "1", "--work-dir", str(tmp_path)])
     assert code == 0
     out = capsys.readouterr().out
     start = load_file(str(zoo.policy / "model.safetensors"))
-    for arm in ("tiered", "trl"):
+    for arm in ("tiered", "conventional", "trl"):
         result = ArmResult.read(tmp_path / arm / "result.json")
         assert len(result.update_seconds) == 1 and result.update_seconds[0] > 0, arm
         assert result.samples >= 8 and result.param_tokens > 0 and result.peak_rss_mb > 0, arm
         trained = load_file(str(Path(result.policy_dir) / "model.safetensors"))
         assert any(not trained[name].equal(start[name]) for name in start if name in trained), f"{arm}: no update"
+    assert "tiered against conventional (strong RM on every sample)" in out
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"peers strata_s_per_update=\d+\.\d\d trl_s_per_update=\d+\.\d\d ratio=\d+\.\d\d "
                         r"strata_oracle_gain=[+-]\d\.\d{3} trl_oracle_gain=[+-]\d\.\d{3}", last), last
