@@ -40,6 +40,10 @@ def load_models(settings: RewardSettings, light: list[str], strong: str) -> Rewa
 
 
 def build(settings: RewardSettings) -> ServiceParts:
+    # Said once and plainly: whether Level-2 is the large model alone or the large model plus humans (R3).
+    awaiting, why = settings.level2_humans()
+    (logger.info if awaiting else logger.warning)(why)
+    settings = settings.model_copy(update={"await_annotation": awaiting})
     light, strong = model_paths(settings)
     models = load_models(settings, light, strong)
     client = redis_client.connect(settings.redis_address, socket_timeout=10)

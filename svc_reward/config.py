@@ -41,9 +41,15 @@ class RewardSettings(StrataSettings):
         "fresh on-policy labels for `strata rm refresh` (the RMs otherwise see humans score only escalations); "
         "their routing never waits on the score; each is booked as human review"
     )
-    await_annotation: bool = Field(
-        False, description="a Level-2 reward sent for annotation is not final: svc_annotation publishes the final "
-        "reward (the human score, or this one past its deadline); needs svc_annotation running (docs/annotation.md)"
+    await_annotation: bool | None = Field(
+        None, description="a Level-2 reward sent for annotation is not final: svc_annotation publishes the final "
+        "reward (the human score, or this one past its deadline; docs/annotation.md). Unset: on wherever the desk "
+        "has annotators (annotators_file names one), as the article's Level-2 is the large model plus human review"
+    )
+    annotators_file: Path | None = Field(
+        None, description="the desk's annotators: svc_annotation's tokens file ('<name> <token>' lines), where a "
+        "desk runs; naming one turns await_annotation on by default. Not the shared grpc_tokens_file: a stack "
+        "can check tokens without running a desk, and then nobody would ever score"
     )
     flag_unsafe: bool = Field(
         True, description="flag responses with unsafe advice (strata.risk): never reused, never final at Level-1 (R12)"
@@ -69,3 +75,29 @@ class RewardSettings(StrataSettings):
         None, description="RmUpdated paths must lie under this directory (where `strata rm` writes versions); "
         "unset: any path (docs/reliability.md)"
     )
+
+    def annotators(self) -> list[str]:
+        """The client names of the desk's tokens file (``annotators_file``): who can score at the desk.
+        [] when it is not set; TokenFileError when the file is unusable."""
+        from strata.rpc_auth import TokenTable
+
+        path = self.annotators_file
+        return [] if path is None else [name for _, name in TokenTable.load(path).clients]
+
+    def level2_humans(self) -> tuple[bool, str]:
+        """Whether Level-2 rewards await the desk's human scores, and the sentence that says so at start."""
+        if not self.annotate_level2:
+            return False, "Level-2 runs without humans: annotate_level2 is off, no Level-2 answer is sent to the desk"
+        if self.await_annotation is not None:
+            if self.await_annotation:
+                return True, ("Level-2 awaits human scores (await_annotation on): the strong RM's reward is "
+                              "provisional until the desk scores the answer or its deadline passes")
+            return False, ("Level-2 runs without humans (await_annotation off): the strong RM's reward is final; "
+                           "the desk's scores, if any, reach the reward models only")
+        names = self.annotators()
+        if names:
+            return True, (f"Level-2 awaits human scores: {len(names)} annotator(s) named in {self.annotators_file}; "
+                          "the strong RM's reward is provisional until the desk scores the answer or its deadline "
+                          "passes")
+        return False, ("Level-2 runs without humans: no annotators named (set STRATA_ANNOTATORS_FILE to the desk's "
+                       "tokens file, or STRATA_AWAIT_ANNOTATION=true); the strong RM's reward is final")

@@ -161,7 +161,8 @@ class RewardWorker:
         # with a calibration file.
         calibrated = score.calibrated if s.use_calibration else None
         outcome = decide(tier, reward if calibrated is None else calibrated, event.caution, s.escalation_threshold,
-                         s.escalate_on_caution, s.annotate_level2, unsafe=unsafe, await_annotation=s.await_annotation,
+                         s.escalate_on_caution, s.annotate_level2, unsafe=unsafe,
+                         await_annotation=bool(s.await_annotation),  # resolved at start (level2_humans)
                          sampled=tier == 1 and sampled_for_annotation(event.response_hash, s.annotate_level1_share),
                          raw=None if calibrated is None else reward)
         scored = events_pb2.RewardScored(
