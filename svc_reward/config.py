@@ -78,22 +78,29 @@ class RewardSettings(StrataSettings):
 
     def annotators(self) -> list[str]:
         """The client names of the desk's tokens file (``annotators_file``): who can score at the desk.
-        [] when it is not set; TokenFileError when the file is unusable."""
-        from strata.rpc_auth import TokenTable
+        [] when it is not set; ServiceConfigError naming the setting when the file is unusable."""
+        from strata.errors import ServiceConfigError
+        from strata.rpc_auth import TokenFileError, TokenTable
 
-        path = self.annotators_file
-        return [] if path is None else [name for _, name in TokenTable.load(path).clients]
+        if self.annotators_file is None:
+            return []
+        try:
+            return [name for _, name in TokenTable.load(self.annotators_file).clients]
+        except TokenFileError as exc:
+            raise ServiceConfigError(f"--annotators-file (STRATA_ANNOTATORS_FILE), the desk's tokens file: {exc}"
+                                     ) from exc
 
     def level2_humans(self) -> tuple[bool, str]:
         """Whether Level-2 rewards await the desk's human scores, and the sentence that says so at start."""
-        if not self.annotate_level2:
-            return False, "Level-2 runs without humans: annotate_level2 is off, no Level-2 answer is sent to the desk"
         if self.await_annotation is not None:
             if self.await_annotation:
                 return True, ("Level-2 awaits human scores (await_annotation on): the strong RM's reward is "
                               "provisional until the desk scores the answer or its deadline passes")
             return False, ("Level-2 runs without humans (await_annotation off): the strong RM's reward is final; "
                            "the desk's scores, if any, reach the reward models only")
+        if not self.annotate_level2:
+            return False, ("Level-2 runs without humans: annotate_level2 is off, only answers with unsafe advice "
+                           "go to the desk, and their strong-RM reward is final")
         names = self.annotators()
         if names:
             return True, (f"Level-2 awaits human scores: {len(names)} annotator(s) named in {self.annotators_file}; "

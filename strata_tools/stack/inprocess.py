@@ -69,8 +69,10 @@ class InProcessStack:
             **overrides.learner}))
         start_group_at_end(infra.kafka_address, scheduler.stats_group_id, [topics.REWARDS_SCORED])
         start_group_at_end(infra.kafka_address, learner.group_id, [topics.REWARDS_SCORED])
+        # No desk runs in this stack: Level-2 never waits for one, whatever the environment names (overridable).
         reward = RewardSettings(**service_settings(infra, **{"light_rm": str(zoo.light_rm),
-                                                             "strong_rm": str(zoo.strong_rm), **overrides.reward}))
+                                                             "strong_rm": str(zoo.strong_rm),
+                                                             "await_annotation": False, **overrides.reward}))
         named: dict[str, ServiceParts] = {
             "scheduler": build_scheduler(scheduler)[0],
             "probe": build_probe(ProbeSettings(**service_settings(infra, model=str(zoo.probe)))),

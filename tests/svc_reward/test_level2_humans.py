@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from strata.rpc_auth import TokenFileError, token_line
+from strata.errors import ServiceConfigError
+from strata.rpc_auth import token_line
 from svc_reward.config import RewardSettings
 
 
@@ -48,16 +49,18 @@ def test_an_explicit_setting_wins_and_no_annotation_means_no_humans(tmp_path: Pa
     assert awaiting and "await_annotation on" in why
     awaiting, why = RewardSettings(annotators_file=desk, annotate_level2=False).level2_humans()
     assert not awaiting and "annotate_level2 is off" in why
+    # Told to await, unsafe Level-2 answers still wait for the desk with annotate_level2 off (decide).
+    assert RewardSettings(await_annotation=True, annotate_level2=False).level2_humans()[0] is True
 
 
 def test_an_unusable_desk_file_is_an_error_naming_it(tmp_path: Path) -> None:
     bad = tmp_path / "desk-tokens"
     bad.write_text("ana\n")
-    with pytest.raises(TokenFileError, match="desk-tokens:1"):
+    with pytest.raises(ServiceConfigError, match=r"STRATA_ANNOTATORS_FILE.*desk-tokens:1"):
         RewardSettings(annotators_file=bad).level2_humans()
-    with pytest.raises(TokenFileError, match="no clients"):
+    with pytest.raises(ServiceConfigError, match="no clients"):
         RewardSettings(annotators_file=tokens_file(tmp_path / "empty")).level2_humans()
-    with pytest.raises(TokenFileError, match="cannot read"):
+    with pytest.raises(ServiceConfigError, match="cannot read"):
         RewardSettings(annotators_file=tmp_path / "missing").level2_humans()
 
 
