@@ -242,7 +242,10 @@ class LiveTiers:
             "generator-l2": ("svc_generator", ["--tier", "2", "--model", str(zoo.level2)],
                              {"STRATA_GROUP_ID": groups["generator-l2"][0]}),
             "reward": ("svc_reward", ["--light-rm", str(zoo.light_rm), "--strong-rm", str(zoo.strong_rm)],
-                       {"STRATA_RM_WATCH": "false", "STRATA_REVIEW_SECONDS_PER_ITEM": str(self.review_seconds),
+                       # The replay compares raw light-RM scores with the threshold, so the live router must
+                       # too; and no desk runs here to await.
+                       {"STRATA_RM_WATCH": "false", "STRATA_USE_CALIBRATION": "false",
+                        "STRATA_AWAIT_ANNOTATION": "false", "STRATA_REVIEW_SECONDS_PER_ITEM": str(self.review_seconds),
                         "STRATA_GROUP_ID": groups["reward"][0]}),
             "scheduler": ("svc_scheduler", [], {
                 "STRATA_REDIS_PREFIX": f"strata:bench:{self.run_id}",
