@@ -194,14 +194,20 @@ def print_report(results: dict[str, ArmResult], gains: dict[str, tuple[Change, C
 
 
 def against_conventional(results: dict[str, ArmResult], judged: dict[str, Judged]) -> list[str]:
-    """The tiered arm beside the conventional one (issue 38): its booked cost as a share of the conventional
-    cost, and the two trained policies' held-out oracle scores, paired per prompt."""
+    """The tiered arm beside the conventional one (issue 38): its booked cost per policy update as a share of
+    the conventional arm's (a round may complete more updates than asked for, and the arms' rounds differ),
+    and the two trained policies' held-out oracle scores, paired per prompt."""
     if "tiered" not in results or "conventional" not in results:
         return []
     tiered, conventional = results["tiered"], results["conventional"]
-    share = tiered.param_tokens / conventional.param_tokens if conventional.param_tokens else float("nan")
+
+    def per_update(arm: ArmResult) -> float:
+        return arm.param_tokens / arm.updates_done if arm.updates_done else float("nan")
+
+    share = per_update(tiered) / per_update(conventional) if conventional.param_tokens else float("nan")
     difference = paired_change(judged["conventional"].oracle, judged["tiered"].oracle)
-    return [f"  tiered against conventional (strong RM on every sample): params x tokens {share:.2f} of its cost; "
+    return [f"  tiered against conventional (strong RM on every sample): params x tokens per update {share:.2f} "
+            "of its cost; "
             f"trained policies' held-out oracle, tiered minus conventional {difference.mean:+.3f} ± "
             f"{difference.stderr:.3f} (paired over {difference.n} prompts)"]
 

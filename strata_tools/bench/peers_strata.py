@@ -68,7 +68,8 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
     # booked with its parameters (svc_reward books what the members it scored with weigh).
     scorer = job.strong_rm if arm == "conventional" else ",".join(job.light_rm)
     overrides = StackOverrides(scheduler=PLAIN_SCHEDULER if plain else {},
-                               reward={"light_rm": scorer, **(PLAIN_REWARD if plain else {})},
+                               # rm_watch off: a promotion on an external Kafka must not swap the arm's RM.
+                               reward={"light_rm": scorer, "rm_watch": False, **(PLAIN_REWARD if plain else {})},
                                learner=learner)
     options = TrainOptions(updates=job.updates, prompts_per_round=job.prompts_per_round, n_samples=job.n_samples,
                            eval_prompts=2, report_dir=work / "reports", seed=job.seed,
@@ -96,6 +97,7 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
         param_tokens=sum(s.param_tokens for s in spent),
         rewards=[r.mean_reward for r in summary.rounds if r.mean_reward is not None],
         policy_dir=str(work / "checkpoints" / f"v{summary.start_version + job.updates}"),
+        updates_done=summary.end_version - summary.start_version,
         notes=[f"{len(summary.rounds)} rounds, policy v{summary.start_version} -> v{summary.end_version}; "
                "decisions " + ", ".join(f"{k}={sum(r.decisions.get(k, 0) for r in summary.rounds)}"
                                         for k in ("skip", "level_1", "level_2")),

@@ -86,6 +86,7 @@ class ArmResult:
     rewards: list[float] = field(default_factory=list)             # mean reward of each update's samples
     policy_dir: str = ""
     notes: list[str] = field(default_factory=list)
+    updates_done: int = 0               # policy updates the booked cost paid for (a round may complete more)
 
     def seconds_per_update(self, warmup: int = 1) -> float:
         """Median over updates, the first ``warmup`` left out (model loading, first-call allocations)."""

@@ -49,13 +49,14 @@ def test_a_missing_trl_is_refused_with_how_to_install_it(monkeypatch: pytest.Mon
 
 
 def test_the_tiered_arm_is_set_against_the_conventional_one() -> None:
-    results = {"tiered": ArmResult("Strata tiered", param_tokens=3.0e10),
-               "conventional": ArmResult("Strata conventional", param_tokens=1.2e11)}
+    # Per update: 6e10 over 2 updates against 1.2e11 over 1 (a round completed one more update in the first).
+    results = {"tiered": ArmResult("Strata tiered", param_tokens=6.0e10, updates_done=2),
+               "conventional": ArmResult("Strata conventional", param_tokens=1.2e11, updates_done=1)}
     judged = {"tiered": peers.Judged([0.0] * 4, [2.0, 3.0, 2.5, 1.0]),
               "conventional": peers.Judged([0.0] * 4, [1.0, 3.0, 2.0, 1.5])}
     (line,) = peers.against_conventional(results, judged)
     # Cost 3e10 / 1.2e11; oracle differences +1, 0, +.5, -.5: mean .25, SD .645, SE .645 / 2.
-    assert "params x tokens 0.25 of its cost" in line
+    assert "params x tokens per update 0.25 of its cost" in line
     assert "tiered minus conventional +0.250 ± 0.323 (paired over 4 prompts)" in line
     assert peers.against_conventional({"tiered": results["tiered"]}, judged) == []
 
