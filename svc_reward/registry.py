@@ -206,11 +206,12 @@ class RmRegistry:
         event = update_event(entry)
         publisher.publish_and_wait(topic, event)
         now = time.time()
-        self._update(version, lambda e: RmVersion(**{**asdict(e), "paths": e.paths, "promoted_at": now}))
-        with self._redis.pipeline() as pipe:
+        def record(pipe: redis.client.Pipeline) -> None:
             pipe.set(self._key("promoted"), version)
             pipe.lpush(self._key("promotions"), json.dumps({"version": version, "at": now}))
-            pipe.execute()
+
+        # The entry, the promoted pointer and the history move together, in one transaction.
+        self._update(version, lambda e: RmVersion(**{**asdict(e), "paths": e.paths, "promoted_at": now}), record)
         return event
 
     def set_calibration(self, version: str, calibration: ScoreCalibration) -> RmVersion:
@@ -225,9 +226,11 @@ class RmRegistry:
         stored = calibration.to_dict()
         return self._update(version, lambda e: RmVersion(**{**asdict(e), "paths": e.paths, "calibration": stored}))
 
-    def _update(self, version: str, change: Callable[[RmVersion], RmVersion]) -> RmVersion:
+    def _update(self, version: str, change: Callable[[RmVersion], RmVersion],
+                also: Callable[[redis.client.Pipeline], None] | None = None) -> RmVersion:
         """Rewrite the entry of ``version`` as ``change`` makes it, retried if another writer changed
-        it meanwhile: a promotion and a calibration written at once both stay."""
+        it meanwhile: a promotion and a calibration written at once both stay. ``also`` queues more
+        writes into the same transaction."""
         key = self._key("version", version)
         updated: list[RmVersion] = []
 
@@ -238,6 +241,8 @@ class RmRegistry:
             entry = change(RmVersion.from_json(raw))
             pipe.multi()
             pipe.set(key, entry.to_json())
+            if also is not None:
+                also(pipe)
             updated[:] = [entry]
 
         self._redis.transaction(write, key)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import random
 import sys
 from dataclasses import dataclass
@@ -141,6 +142,16 @@ class _Calibrated:
     mae_cross_validated: float | None  # the same on answers each fold's fit did not see
 
 
+def printable_threshold(threshold: float) -> float:
+    """``threshold`` rounded *up* to the 3 decimals printed: escalation is ``score < threshold``, and a
+    threshold just above a bad case's score, rounded down, would no longer catch it (nor, on the
+    calibrated scale, every answer tied with it at a flat end of the map)."""
+    printed = math.ceil(threshold * 1000) / 1000
+    while printed < threshold:  # x * 1000 can round down in floating point
+        printed = round(printed + 0.001, 3)
+    return printed
+
+
 def _level1_records(records: list[PromptRecord], probe_settings: ProbeSettings,
                     zoo: ZooPaths) -> list[tuple[PromptRecord, ProbeResult]]:
     """The prompts the zoo's probe leaves to Level-1 (not cautious), each with its probe result."""
@@ -196,7 +207,7 @@ def _calibrate(args: argparse.Namespace, measured: _Escalation, light_paths: lis
     calibrated = calibration.apply_all(measured.scores)
     # Searched on the calibrated scores rather than taken as calibration.apply(chosen): beyond the end
     # knots the map is flat, and a bad case mapped there equals the mapped threshold, so is not under it.
-    chosen = threshold_for_catch(calibrated, measured.bad, args.target_catch)
+    chosen = printable_threshold(threshold_for_catch(calibrated, measured.bad, args.target_catch))
     return _Calibrated(calibration, chosen, operating_point(calibrated, measured.bad, chosen),
                        operating_point(calibrated, measured.bad, measured.current),
                        mean_absolute_error(measured.scores, measured.oracle),
@@ -215,7 +226,15 @@ def _write(light_paths: list[str], calibration: ScoreCalibration, json_output: b
     from svc_reward.calibration_store import write_calibration
     from svc_reward.registry import RegistryError, UnknownVersionError, describe
 
-    path = str(write_calibration(light_paths[0], calibration))
+    if len(calibration.raw) < 2:
+        raise CliError("the calibration is one constant (a single isotonic block: the light RM's score does not "
+                       "rise with the oracle's on these answers); not written, since every answer would get the "
+                       "same calibrated score. More --prompts, or a light RM that reads these answers")
+    try:
+        path = str(write_calibration(light_paths[0], calibration))
+    except OSError as exc:
+        raise CliError(f"cannot write the calibration into {light_paths[0]} ({exc.strerror}): give --light-rm a "
+                       "writable copy of the RM, or run where the model directory is writable") from exc
     version = version_id("light", calibration.checksum)
     try:
         registry = open_registry(StrataSettings())
@@ -296,7 +315,7 @@ def run_escalation(args: argparse.Namespace) -> int:
     scores, oracle = _score_level1(args, zoo, level1_records, light_paths, options)
     bad = [o < args.bad_threshold for o in oracle]
     try:
-        chosen = threshold_for_catch(scores, bad, args.target_catch)
+        chosen = printable_threshold(threshold_for_catch(scores, bad, args.target_catch))
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     grid = sorted({round(2.0 + 0.2 * i, 1) for i in range(11)} | {reward_settings.escalation_threshold, chosen})

@@ -180,3 +180,14 @@ def test_from_dict_wants_an_object() -> None:
 def test_fit_refuses_what_it_cannot_fit(scores: list[float], targets: list[float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         fit_isotonic(scores, targets)
+
+
+@pytest.mark.parametrize("bad_score", [2.5, 2.123, 2.1234567, 0.1, 3.9999999])
+def test_the_printed_threshold_still_catches_the_bad_case_it_was_chosen_for(bad_score: float) -> None:
+    from strata_tools.cli.calibrate_cmd import printable_threshold
+    from svc_reward.calibrate import operating_point, threshold_for_catch
+
+    scores, bad = [bad_score, bad_score + 1.0], [True, False]
+    printed = printable_threshold(threshold_for_catch(scores, bad, 1.0))
+    assert printed == round(printed, 3) and printed > bad_score
+    assert operating_point(scores, bad, float(f"{printed:.3f}")).catch == 1.0
