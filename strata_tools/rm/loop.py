@@ -57,6 +57,9 @@ class TurnReport:
     promoted: bool = False
     reason: str = ""
     seconds: float = 0.0
+    # The candidate's score calibration (docs/tiers.md): "carried" when fitted and stored because the
+    # version in service has one, "" when the version in service has none, else why it could not be.
+    calibration: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)
@@ -146,6 +149,45 @@ def _held_out_figures(models: dict[str, Sequence[Path]], held: Sequence[dict[str
     return figures, rewards
 
 
+def carry_calibration(current_paths: Sequence[str | Path], candidate: Any, held: Sequence[dict[str, Any]],
+                      registry: Any, progress: Callable[[str], None] = print) -> str:
+    """Fit and store the candidate light RM's score calibration on the held-out labels when the version in
+    service is served calibrated: svc_reward compares the escalation threshold with the calibrated score,
+    so a promotion must bring its own calibration or the threshold's scale would change under it.
+
+    The candidate's scores are computed as svc_reward computes them (its settings' temperature and
+    aggregation). Returns the ``TurnReport.calibration`` text: "" (nothing to carry), "carried", or why not.
+    """
+    import dataclasses as dc
+
+    from svc_reward.calibrate import fit_isotonic
+    from svc_reward.calibration_store import write_calibration
+    from svc_reward.config import RewardSettings
+    from svc_reward.models import RewardModels, ScoringOptions, served_calibration
+
+    options = dc.replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
+    if served_calibration([str(p) for p in current_paths], options) is None:
+        return ""
+    paths = [str(p) for p in candidate.paths]
+    scores = RewardModels(paths, None, options).score([r["prompt"] for r in held],
+                                                      [r["response"] for r in held]).rewards
+    try:
+        calibration = fit_isotonic(scores, [float(r["score"]) for r in held], checksum=candidate.checksum,
+                                   source=f"labels of a refresh turn, {len(held)} held-out answers",
+                                   temperature=options.temperature, aggregation=options.aggregation)
+    except ValueError as exc:
+        return f"cannot calibrate {candidate.version}: {exc}"
+    if len(calibration.raw) < 2:
+        return (f"cannot calibrate {candidate.version}: its score does not rise with the labels on the held-out "
+                "slice (one isotonic block)")
+    write_calibration(paths[0], calibration)
+    if registry is not None:
+        registry.set_calibration(candidate.version, calibration)
+    progress(f"calibration of {candidate.version}: {len(calibration.raw)} knots on {len(held)} held-out labels "
+             "(the version in service is calibrated)")
+    return "carried"
+
+
 def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Callable[[str], None] = print,
              labelled: tuple[list[dict[str, Any]], dict[str, int]] | None = None) -> TurnReport:
     """One turn: labels (``labelled``: already collected), split, strong fine-tune, light re-distil,
@@ -227,7 +269,10 @@ def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Ca
         decision = verdict(report.figures["light_current"], report.figures["light_new"], report.gain_se,
                            options.min_gain, light_version, light.version, options.min_gain_se)
         report.reason = decision.reason
-        if decision.promote and not options.promote:
+        report.calibration = carry_calibration(light_paths, light, held, registry, progress)
+        if decision.promote and report.calibration not in ("", "carried"):
+            report.reason += f" (not promoted: {report.calibration}; the escalation threshold's scale would change)"
+        elif decision.promote and not options.promote:
             report.reason += " (not promoted: promote is off)"
         elif decision.promote:
             if registry is None:
