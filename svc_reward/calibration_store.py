@@ -23,6 +23,11 @@ def calibration_path(model_dir: str | Path) -> Path:
 
 
 def write_calibration(model_dir: str | Path, calibration: ScoreCalibration) -> Path:
+    """Store ``calibration`` in ``model_dir``. ValueError, nothing written, for a one-knot calibration: a
+    constant map gives every answer the same calibrated score, so escalation would be all or nothing."""
+    if len(calibration.raw) < 2:
+        raise ValueError("the calibration is one constant (a single isotonic block: the score does not rise "
+                         "with the labels); not stored, since every answer would get the same calibrated score")
     path = calibration_path(model_dir)
     body = json.dumps(calibration.to_dict(), indent=2, sort_keys=True) + "\n"
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{CALIBRATION_FILE}.")

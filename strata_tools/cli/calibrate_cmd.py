@@ -226,12 +226,10 @@ def _write(light_paths: list[str], calibration: ScoreCalibration, json_output: b
     from svc_reward.calibration_store import write_calibration
     from svc_reward.registry import RegistryError, UnknownVersionError, describe
 
-    if len(calibration.raw) < 2:
-        raise CliError("the calibration is one constant (a single isotonic block: the light RM's score does not "
-                       "rise with the oracle's on these answers); not written, since every answer would get the "
-                       "same calibrated score. More --prompts, or a light RM that reads these answers")
     try:
         path = str(write_calibration(light_paths[0], calibration))
+    except ValueError as exc:
+        raise CliError(f"{exc}. More --prompts, or a light RM that reads these answers") from exc
     except OSError as exc:
         raise CliError(f"cannot write the calibration into {light_paths[0]} ({exc.strerror}): give --light-rm a "
                        "writable copy of the RM, or run where the model directory is writable") from exc

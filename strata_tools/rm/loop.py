@@ -175,12 +175,9 @@ def carry_calibration(current_paths: Sequence[str | Path], candidate: Any, held:
         calibration = fit_isotonic(scores, [float(r["score"]) for r in held], checksum=candidate.checksum,
                                    source=f"labels of a refresh turn, {len(held)} held-out answers",
                                    temperature=options.temperature, aggregation=options.aggregation)
-    except ValueError as exc:
+        write_calibration(paths[0], calibration)
+    except ValueError as exc:  # too few distinct scores to fit, or a constant fit that is not stored
         return f"cannot calibrate {candidate.version}: {exc}"
-    if len(calibration.raw) < 2:
-        return (f"cannot calibrate {candidate.version}: its score does not rise with the labels on the held-out "
-                "slice (one isotonic block)")
-    write_calibration(paths[0], calibration)
     if registry is not None:
         registry.set_calibration(candidate.version, calibration)
     progress(f"calibration of {candidate.version}: {len(calibration.raw)} knots on {len(held)} held-out labels "

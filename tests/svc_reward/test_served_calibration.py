@@ -113,3 +113,11 @@ def test_a_hot_swap_brings_the_new_versions_calibration_or_none(
     assert (models.light_version, models.light_calibration) == ("light-c", None)
     assert models.score(PROMPTS, RESPONSES).calibrated is None
     assert "light RM light-c has no calibration, light-b had one" in caplog.text
+
+
+def test_a_constant_calibration_is_not_stored(make_rm: Callable[..., Path]) -> None:
+    light = make_rm("a", 3.5)
+    constant = ScoreCalibration((2.0,), (3.0,), 30, weights_checksum([light]), "test", 1.0)
+    with pytest.raises(ValueError, match="one constant"):
+        write_calibration(light, constant)
+    assert read_calibration(light) is None and not list(light.glob(f"*{CALIBRATION_FILE}*"))
