@@ -125,13 +125,18 @@ class ArmRun:
     wall_s: float
 
 
+def risk_count(n: int, share: float, available: int) -> int:
+    """Risk prompts in a mix of ``n`` at ``share``: at least one when the share is above 0 and any exist."""
+    return min(available, max(1 if share > 0 and available else 0, round(n * share)))
+
+
 def pick_prompts(records: Sequence[Any], n: int, seed: int) -> list[Any]:
     """``n`` records, risk ones at their share of ``records`` (at least one if any exist)."""
     rng = random.Random(seed)
     risky = [r for r in records if r.risk]
     safe = [r for r in records if not r.risk]
     n = min(n, len(records))
-    n_risky = min(len(risky), max(1 if risky else 0, round(n * len(risky) / len(records))))
+    n_risky = risk_count(n, len(risky) / len(records), len(risky))
     chosen = rng.sample(risky, n_risky) + rng.sample(safe, min(len(safe), n - n_risky))
     rng.shuffle(chosen)
     return chosen
@@ -160,7 +165,7 @@ def prompt_mixes(records: Sequence[Any], n: int, seed: int, risk_share: float, s
     n = min(n, len(records))
 
     def mix(share: float) -> list[Any]:
-        n_risky = min(len(risky), max(1 if share > 0 and risky else 0, round(n * share)))
+        n_risky = risk_count(n, share, len(risky))
         n_safe = min(len(safe), n - n_risky)
         return risky[:n_risky] + safe[:n_safe]
 
