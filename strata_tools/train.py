@@ -3,8 +3,11 @@
 Each round submits a batch of training prompts to the scheduler (gRPC ``SubmitBatch``), follows the
 rewards topic until their final rewards are in, and watches the learner's version advance (the
 learner updates on its own when it has a batch, and generators pick up new weights between batches).
-Before and after, the current policy answers held-out prompts (probe directions + Level-1 generator)
-scored by the light RM and the oracle. Writes a reward curve (PNG) and a JSON summary.
+Before and after, and every ``eval_every`` updates between, the current policy answers held-out
+prompts (probe directions + Level-1 generator) scored by the light RM and the oracle, beside what the
+run's rollouts had booked in the cost ledger by then. Writes the held-out change against the booked
+cost and the training rounds' curves (PNG) and a JSON summary; the summary keeps every request's
+reward events, from which ``strata demo`` reads its headline against a baseline on the same prompts.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-from strata import rpc
+from strata import ledger, redis_client, rpc
 from strata.bus import topics
 from strata.bus.tail import TailReader
 from strata.config import StrataSettings
@@ -45,6 +49,8 @@ from strata_tools.zoo.oracle import oracle_score
 from strata_tools.zoo.suite import PromptRecord, load_suite
 
 log = logging.getLogger(__name__)
+
+RM_COLOR, ORACLE_COLOR = "tab:blue", "tab:orange"  # the same in both panels of the picture
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class TrainOptions:
     # are paraphrases of them (another member of a family already sent). The rest are new.
     repeat_share: float = 0.0
     paraphrase_share: float = 0.0
+    eval_every: int = 0              # held-out evaluations every this many updates between before and after (0: none)
 
 
 @dataclass
@@ -98,6 +105,39 @@ class Evaluation:
     def bad_share(self) -> float:
         """Share of held-out answers the oracle scores under ``BAD_THRESHOLD``: the bad cases."""
         return sum(score < BAD_THRESHOLD for score in self.oracle_scores) / max(1, len(self.oracle_scores))
+
+
+@dataclass(frozen=True)
+class Booked:
+    """What the run's rollouts booked in the cost ledger (every stage, human review apart)."""
+
+    param_tokens: float = 0.0
+    device_seconds: float = 0.0
+    human_seconds: float = 0.0
+
+    @classmethod
+    def of(cls, stages: Sequence[ledger.StageCost]) -> Booked:
+        return cls(sum(s.param_tokens for s in stages), sum(s.device_seconds for s in stages),
+                   sum(s.human_seconds for s in stages))
+
+    def __sub__(self, other: Booked) -> Booked:
+        return Booked(self.param_tokens - other.param_tokens, self.device_seconds - other.device_seconds,
+                      self.human_seconds - other.human_seconds)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A held-out evaluation during the run, and what the run's rollouts had booked by then."""
+
+    updates: int                         # policy versions advanced since the start
+    booked: Booked
+    evaluation: Evaluation
+
+
+def checkpoint_due(advanced: int, last: int, every: int, updates: int) -> bool:
+    """Whether a held-out evaluation is due after a round: ``every`` updates past the ``last`` one, and
+    not at or past the run's end (the final evaluation is the after-training one)."""
+    return every > 0 and advanced < updates and advanced - last >= every
 
 
 @dataclass(frozen=True)
@@ -150,6 +190,9 @@ class TrainSummary:
     after: Evaluation | None = None
     weight_sync_s: float | None = None
     png: str | None = None
+    checkpoints: list[Checkpoint] = field(default_factory=list)  # before, every eval_every updates, after
+    # Every request the rounds submitted, with its reward events (hashes and rewards only; not in the JSON).
+    requests: list[Request] = field(default_factory=list, repr=False)
 
     @property
     def reward_change(self) -> Change | None:
@@ -178,6 +221,14 @@ class TrainSummary:
     def reward_oscillation(self) -> Oscillation | None:
         """The round-to-round swing of the rounds' mean light-RM reward (the curve the learner climbs)."""
         return reward_oscillation([r.mean_reward for r in self.rounds if r.mean_reward is not None])
+
+    def changes_at(self, checkpoint: Checkpoint) -> tuple[Change, Change] | None:
+        """The held-out light-RM reward and oracle changes from the start to ``checkpoint``, per prompt."""
+        if not self.before:
+            return None
+        after = checkpoint.evaluation
+        return (paired_change(self.before.rewards, after.rewards),
+                paired_change(self.before.oracle_scores, after.oracle_scores))
 
     @property
     def reward_gain(self) -> float | None:
@@ -274,11 +325,103 @@ def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], ver
     return Evaluation(version, statistics.fmean(rewards), statistics.fmean(oracle), rewards, oracle)
 
 
+@dataclass
+class Request:
+    """One prompt's request, and the reward events it got."""
+
+    record: Any                       # strata_tools.zoo.suite.PromptRecord
+    request_id: str
+    prompt_hash: str = ""
+    decision: str = ""                # the scheduler's decision (its enum name), or "refused"
+    events: list = field(default_factory=list)
+
+
+@dataclass
+class _Run:
+    """What :func:`train` holds while it runs: the channels, the stores, the prompt stream and the summary."""
+
+    options: TrainOptions
+    channels: dict[str, grpc.Channel]
+    store: ContentStore
+    ledger_client: Any
+    tail: TailReader
+    rounds: Iterator[list[PromptRecord]]
+    eval_records: list[PromptRecord]
+    summary: TrainSummary
+    booked_at_start: Booked
+
+    def booked(self) -> Booked:
+        return Booked.of(ledger.read_stages(self.ledger_client)) - self.booked_at_start
+
+    def checkpoint(self, version: int) -> Evaluation:
+        """Evaluate the policy on the held-out prompts and record it with what was booked by now."""
+        evaluation = evaluate(self.channels, self.eval_records, version, self.options.seed)
+        self.summary.checkpoints.append(Checkpoint(version - self.summary.start_version, self.booked(), evaluation))
+        return evaluation
+
+
+def _run_round(run: _Run, round_index: int, by_text: dict[str, PromptRecord]) -> RoundStats:
+    """Submit one round's prompts, follow their rewards until every request is done (or the round's
+    timeout), and return the round's figures; each request joins the summary with its events."""
+    options, store = run.options, run.store
+    started = time.monotonic()
+    batch = next(run.rounds)
+    reply = scheduler_pb2_grpc.SchedulerStub(run.channels["scheduler"]).SubmitBatch(
+        scheduler_pb2.SubmitBatchRequest(requests=[
+            scheduler_pb2.SubmitRequest(prompt=r.text, n_samples=options.n_samples) for r in batch]), timeout=120)
+    decisions: dict[str, int] = {}
+    expected: dict[str, int] = {}
+    prompt_of: dict[str, str] = {}
+    for result, record in zip(reply.results, batch, strict=True):
+        if result.WhichOneof("result") != "response":
+            log.warning("prompt refused by the scheduler: %s", result.error)
+            run.summary.requests.append(Request(record, "", decision="refused"))
+            continue
+        response = result.response
+        name = common_pb2.Decision.Name(response.decision).removeprefix("DECISION_").lower()
+        decisions[name] = decisions.get(name, 0) + 1
+        expected[response.request_id] = 1 if response.decision == common_pb2.DECISION_SKIP else options.n_samples
+        prompt_of[response.prompt_hash] = record.text
+        run.summary.requests.append(Request(record, response.request_id, response.prompt_hash,
+                                            common_pb2.Decision.Name(response.decision)))
+    events_of: dict[str, list] = {rid: [] for rid in expected}
+    for request in run.summary.requests[-len(batch):]:
+        if request.request_id in events_of:
+            request.events = events_of[request.request_id]
+    deadline = time.monotonic() + options.round_timeout_s
+    while time.monotonic() < deadline and not all(request_done(events_of[r], n) for r, n in expected.items()):
+        for _topic, event in run.tail.poll(0.5):
+            if event.request_id in events_of:
+                events_of[event.request_id].append(event)
+    finals = {rid: [e for e in events if e.final] for rid, events in events_of.items()}
+    # Every Level-1 sample, final or escalated: finals alone are cut at the escalation
+    # threshold and would hide what the policy actually writes.
+    level1 = [e for events in events_of.values() for e in events
+              if e.tier == common_pb2.TIER_LEVEL_1 and e.scorer != common_pb2.SCORER_REUSED]
+    oracle = []
+    for event in level1:
+        origin = by_text.get(prompt_of.get(event.prompt_hash, ""))
+        if origin is not None:
+            oracle.append(oracle_score(origin, store.get_text(event.response_hash)))
+    status = _learner_status(learner_pb2_grpc.LearnerStub(run.channels["learner"]))
+    run.summary.end_version = status.policy_version
+    if "sync/seconds" in status.metrics:
+        run.summary.weight_sync_s = status.metrics["sync/seconds"]
+    return RoundStats(
+        round_index, status.policy_version, len(batch), decisions,
+        sum(len(v) for v in finals.values()), len(level1),
+        statistics.fmean(e.reward for e in level1) if level1 else None,
+        statistics.fmean(oracle) if oracle else None, time.monotonic() - started,
+    )
+
+
 def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses = Addresses(),
           progress: Callable[[RoundStats, int], None] | None = None) -> TrainSummary:
+    if options.eval_every < 0:
+        raise ValueError("eval_every must be >= 0")
     channels = {name: rpc.channel(getattr(addresses, name)) for name in asdict(addresses)}
     store = ContentStore.from_url(settings.redis_address, settings.content_ttl_s, settings.content_max_bytes)
-    scheduler = scheduler_pb2_grpc.SchedulerStub(channels["scheduler"])
+    ledger_client = redis_client.connect(settings.redis_address, socket_timeout=30)
     learner = learner_pb2_grpc.LearnerStub(channels["learner"])
     train_records = [r for r in load_suite("train") if not r.risk]
     eval_records = [r for r in load_suite("eval") if not r.risk][: options.eval_prompts]
@@ -286,75 +429,51 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
     try:
         start_version = _learner_status(learner).policy_version
         summary = TrainSummary(start_version, start_version)
-        summary.before = evaluate(channels, eval_records, start_version, options.seed)
         tail = TailReader(settings, [topics.REWARDS_SCORED], client_id="strata-train")
         tail.seek_to_end()
-        rounds = prompt_rounds(options)
+        run = _Run(options, channels, store, ledger_client, tail, prompt_rounds(options), eval_records, summary,
+                   Booked.of(ledger.read_stages(ledger_client)))
         try:
+            summary.before = run.checkpoint(start_version)
+            last_checkpoint = 0
             for round_index in range(options.max_rounds):
                 if summary.end_version - start_version >= options.updates:
                     break
-                started = time.monotonic()
-                batch = next(rounds)
-                reply = scheduler.SubmitBatch(scheduler_pb2.SubmitBatchRequest(requests=[
-                    scheduler_pb2.SubmitRequest(prompt=r.text, n_samples=options.n_samples) for r in batch
-                ]), timeout=120)
-                decisions: dict[str, int] = {}
-                expected: dict[str, int] = {}
-                prompt_of: dict[str, str] = {}
-                for result, record in zip(reply.results, batch, strict=True):
-                    if result.WhichOneof("result") != "response":
-                        log.warning("prompt refused by the scheduler: %s", result.error)
-                        continue
-                    response = result.response
-                    name = common_pb2.Decision.Name(response.decision).removeprefix("DECISION_").lower()
-                    decisions[name] = decisions.get(name, 0) + 1
-                    expected[response.request_id] = 1 if response.decision == common_pb2.DECISION_SKIP \
-                        else options.n_samples
-                    prompt_of[response.prompt_hash] = record.text
-                events_of: dict[str, list] = {rid: [] for rid in expected}
-                deadline = time.monotonic() + options.round_timeout_s
-                while time.monotonic() < deadline and not all(
-                    request_done(events_of[r], n) for r, n in expected.items()
-                ):
-                    for _topic, event in tail.poll(0.5):
-                        if event.request_id in events_of:
-                            events_of[event.request_id].append(event)
-                finals = {rid: [e for e in events if e.final] for rid, events in events_of.items()}
-                # Every Level-1 sample, final or escalated: finals alone are cut at the escalation
-                # threshold and would hide what the policy actually writes.
-                level1 = [e for events in events_of.values() for e in events
-                          if e.tier == common_pb2.TIER_LEVEL_1 and e.scorer != common_pb2.SCORER_REUSED]
-                oracle = []
-                for event in level1:
-                    record = by_text.get(prompt_of.get(event.prompt_hash, ""))
-                    if record is not None:
-                        oracle.append(oracle_score(record, store.get_text(event.response_hash)))
-                status = _learner_status(learner)
-                summary.end_version = status.policy_version
-                if "sync/seconds" in status.metrics:
-                    summary.weight_sync_s = status.metrics["sync/seconds"]
-                stats = RoundStats(
-                    round_index, status.policy_version, len(batch), decisions,
-                    sum(len(v) for v in finals.values()), len(level1),
-                    statistics.fmean(e.reward for e in level1) if level1 else None,
-                    statistics.fmean(oracle) if oracle else None, time.monotonic() - started,
-                )
+                stats = _run_round(run, round_index, by_text)
                 summary.rounds.append(stats)
+                advanced = stats.policy_version - start_version
                 if progress:
-                    progress(stats, status.policy_version - start_version)
+                    progress(stats, advanced)
+                if checkpoint_due(advanced, last_checkpoint, options.eval_every, options.updates):
+                    run.checkpoint(stats.policy_version)
+                    last_checkpoint = advanced
         finally:
             tail.close()
-        summary.after = evaluate(channels, eval_records, summary.end_version, options.seed)
+        summary.after = run.checkpoint(summary.end_version)
     finally:
         for channel in channels.values():
             channel.close()
+        ledger_client.close()
     summary.png = str(write_report(summary, options.report_dir))
     return summary
 
 
+def checkpoint_lines(summary: TrainSummary) -> list[str]:
+    """The held-out checkpoints as a table: updates, what the rollouts had booked, the paired changes."""
+    n = len(summary.before.rewards) if summary.before else 0
+    lines = [f"held-out checkpoints ({n} prompts; changes since the start, ±1 paired SE):",
+             f"  {'updates':>7} {'params x tokens':>15} {'device-s':>9} {'light-RM change':>18} {'oracle change':>18}"]
+    for checkpoint in summary.checkpoints:
+        at = summary.changes_at(checkpoint)
+        reward, oracle = ("-", "-") if at is None else (f"{at[0].mean:+.3f} ± {at[0].stderr:.3f}",
+                                                        f"{at[1].mean:+.3f} ± {at[1].stderr:.3f}")
+        lines.append(f"  {checkpoint.updates:>7} {checkpoint.booked.param_tokens:>15.3g} "
+                     f"{checkpoint.booked.device_seconds:>9.1f} {reward:>18} {oracle:>18}")
+    return lines
+
+
 def write_report(summary: TrainSummary, report_dir: Path) -> Path:
-    """Reward and oracle curves (PNG) and the JSON summary, side by side."""
+    """The held-out change against the booked cost, the training rounds' curves (PNG), and the JSON summary."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -363,26 +482,69 @@ def write_report(summary: TrainSummary, report_dir: Path) -> Path:
     report_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     png = report_dir / f"train-{stamp}.png"
+    fig, (held_out, rounds_ax) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    _plot_held_out(held_out, summary)
+    _plot_rounds(rounds_ax, summary)
+    fig.suptitle(f"strata train: policy v{summary.start_version} -> v{summary.end_version}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    png.with_suffix(".json").write_text(json.dumps(report_payload(summary), indent=2, default=str))
+    return png
+
+
+def report_payload(summary: TrainSummary) -> dict[str, Any]:
+    """The JSON summary: everything but the requests, the paired changes, and each checkpoint's changes."""
+    changes = {name: None if change is None else asdict(change)
+               for name, change in (("reward_change", summary.reward_change), ("oracle_change", summary.oracle_change),
+                                    ("hacking_gap", summary.hacking_gap))}
+    checkpoints = []
+    for checkpoint in summary.checkpoints:
+        at = summary.changes_at(checkpoint)
+        checkpoints.append({"updates": checkpoint.updates, "policy_version": checkpoint.evaluation.policy_version,
+                            "booked": asdict(checkpoint.booked),
+                            "mean_reward": checkpoint.evaluation.mean_reward,
+                            "mean_oracle": checkpoint.evaluation.mean_oracle,
+                            "reward_change": None if at is None else asdict(at[0]),
+                            "oracle_change": None if at is None else asdict(at[1])})
+    oscillation = summary.reward_oscillation
+    fields = {f: getattr(summary, f) for f in ("start_version", "end_version", "weight_sync_s", "png")}
+    return {**fields, "rounds": [asdict(r) for r in summary.rounds],
+            "before": None if summary.before is None else asdict(summary.before),
+            "after": None if summary.after is None else asdict(summary.after),
+            "checkpoints": checkpoints, "reward_gain": summary.reward_gain, **changes,
+            "reward_oscillation": None if oscillation is None else asdict(oscillation)}
+
+
+def _plot_held_out(ax: Any, summary: TrainSummary) -> None:
+    """Held-out light-RM and oracle changes since the start (paired, +-1 SE) against the booked params x tokens."""
+    points = [(c.booked.param_tokens, at) for c in summary.checkpoints if (at := summary.changes_at(c)) is not None]
+    if points:
+        cost = [p[0] for p in points]
+        for index, label, marker, color in ((0, "light-RM reward (what PPO climbs)", "o", RM_COLOR),
+                                            (1, "oracle (the judge)", "s", ORACLE_COLOR)):
+            ax.errorbar(cost, [p[1][index].mean for p in points], yerr=[p[1][index].stderr for p in points],
+                        marker=marker, capsize=3, label=label, color=color)
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    n = len(summary.before.rewards) if summary.before else 0
+    ax.set_xlabel("params x tokens booked by the run's rollouts (every stage)")
+    ax.set_ylabel(f"held-out change since the start ({n} prompts, ±1 paired SE)")
+    ax.set_title("held-out prompts as training goes")
+    ax.legend()
+
+
+def _plot_rounds(ax: Any, summary: TrainSummary) -> None:
+    """The training rounds' Level-1 samples: light-RM reward and oracle score per round (not held out)."""
     rounds = [r for r in summary.rounds if r.mean_reward is not None]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot([r.round for r in rounds], [r.mean_reward for r in rounds], marker="o", label="light RM reward (Level-1)")
-    ax.plot([r.round for r in rounds], [r.mean_oracle for r in rounds], marker="s", label="oracle score")
+    ax.plot([r.round for r in rounds], [r.mean_reward for r in rounds], marker="o", label="light RM reward",
+            color=RM_COLOR)
+    ax.plot([r.round for r in rounds], [r.mean_oracle for r in rounds], marker="s", label="oracle score",
+            color=ORACLE_COLOR)
     for r in summary.rounds[1:]:
         previous = summary.rounds[r.round - 1] if r.round else None
         if previous is not None and r.policy_version != previous.policy_version:
             ax.axvline(r.round, color="grey", alpha=0.2)
     ax.set_xlabel("round (grey lines: new policy version)")
     ax.set_ylabel("score (0-5)")
-    ax.set_title(f"strata train: policy v{summary.start_version} -> v{summary.end_version}")
+    ax.set_title("training rounds' Level-1 samples (not held out)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    changes = {name: None if change is None else asdict(change)
-               for name, change in (("reward_change", summary.reward_change), ("oracle_change", summary.oracle_change),
-                                    ("hacking_gap", summary.hacking_gap))}
-    oscillation = summary.reward_oscillation
-    payload = {**asdict(summary), "reward_gain": summary.reward_gain, **changes,
-               "reward_oscillation": None if oscillation is None else asdict(oscillation)}
-    png.with_suffix(".json").write_text(json.dumps(payload, indent=2, default=str))
-    return png

@@ -11,7 +11,7 @@ from tqdm import tqdm
 from strata.config import StrataSettings
 from strata.errors import CliError
 from strata_tools.cli.progress import redraw
-from strata_tools.train import Addresses, RoundStats, TrainOptions, train
+from strata_tools.train import Addresses, RoundStats, TrainOptions, checkpoint_lines, train
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompts-per-round", type=int, default=16)
     parser.add_argument("--n-samples", type=int, default=4, help="rollouts per prompt")
     parser.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts scored before and after")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="also score the held-out prompts every N updates in between (0: before and after only)")
     parser.add_argument("--max-rounds", type=int, default=50)
     parser.add_argument("--round-timeout", type=float, default=300.0)
     parser.add_argument("--report-dir", type=Path, default=None, help="default: <state_dir>/reports")
@@ -29,9 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.eval_every < 0:
+        raise CliError("--eval-every must be >= 0 (0: held-out scores before and after only)")
     settings = StrataSettings()
-    options = TrainOptions(args.updates, args.prompts_per_round, args.n_samples, args.eval_prompts,
-                           args.round_timeout, args.max_rounds, args.report_dir or settings.state_dir / "reports")
+    options = TrainOptions(updates=args.updates, prompts_per_round=args.prompts_per_round, n_samples=args.n_samples,
+                           eval_prompts=args.eval_prompts, round_timeout_s=args.round_timeout,
+                           max_rounds=args.max_rounds, report_dir=args.report_dir or settings.state_dir / "reports",
+                           eval_every=args.eval_every)
     addresses = Addresses(**{name: getattr(args, f"{name}_address") for name in vars(Addresses())})
     bar = tqdm(total=args.updates, desc="policy updates", unit="update")
 
@@ -58,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
               f"(change {summary.oracle_change})")
         print(f"hacking gap (RM change - oracle change): {summary.hacking_gap}")
         print(f"held-out bad cases       {before.bad_share:.1%} -> {after.bad_share:.1%} (oracle < 1.5)")
+        print("\n".join(checkpoint_lines(summary)))
     if summary.weight_sync_s is not None:
         print(f"weight sync (publish -> first rollout on the new version): {summary.weight_sync_s:.2f} s")
-    print(f"reward curve: {summary.png} (summary: {Path(summary.png).with_suffix('.json')})")
+    print(f"curves: {summary.png} (summary: {Path(summary.png).with_suffix('.json')})")
     return 0

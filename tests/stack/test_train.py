@@ -54,7 +54,8 @@ def loop(infra: StrataSettings, zoo, tmp_path_factory: pytest.TempPathFactory) -
 def summary(infra: StrataSettings, loop: dict) -> TrainSummary:
     # The demo's traffic: a quarter repeats, a quarter paraphrases of prompts sent before.
     options = TrainOptions(updates=UPDATES, prompts_per_round=24, n_samples=2, eval_prompts=EVAL_PROMPTS,
-                           report_dir=loop["report_dir"], max_rounds=30, repeat_share=0.25, paraphrase_share=0.25)
+                           report_dir=loop["report_dir"], max_rounds=30, repeat_share=0.25, paraphrase_share=0.25,
+                           eval_every=UPDATES // 2)
     result = train(infra, options, loop["addresses"])
     print(f"reward {result.reward_change}, oracle {result.oracle_change}")
     return result
@@ -73,6 +74,19 @@ def test_the_learner_updates_from_the_stack_and_reports_paired_changes(summary: 
                          ("hacking_gap", summary.hacking_gap)):
         assert change is not None and report[name]["n"] == EVAL_PROMPTS
         assert report[name]["mean"] == change.mean and change.stderr > 0
+
+
+def test_held_out_checkpoints_follow_the_booked_cost(summary: TrainSummary) -> None:
+    """Before, once halfway (eval_every), and after: each with what the run's rollouts had booked by then."""
+    checkpoints = summary.checkpoints
+    assert len(checkpoints) == 3 and checkpoints[0].evaluation is summary.before
+    assert checkpoints[-1].evaluation is summary.after
+    assert [c.updates for c in checkpoints] == sorted(c.updates for c in checkpoints)
+    assert checkpoints[0].updates == 0 and UPDATES // 2 <= checkpoints[1].updates < UPDATES
+    booked = [c.booked.param_tokens for c in checkpoints]
+    assert booked[0] < booked[1] < booked[2], booked  # the rounds between them rolled out and were booked
+    report = json.loads(Path(summary.png).with_suffix(".json").read_text())
+    assert [c["updates"] for c in report["checkpoints"]] == [c.updates for c in checkpoints]
 
 
 def test_the_light_rm_reward_rises_and_the_oracle_does_not_fall(summary: TrainSummary) -> None:
@@ -118,3 +132,4 @@ def test_live_traffic_skips_and_audits_its_skips(loop: dict, summary: TrainSumma
     assert stats.audits >= 1 and stats.audits_scored == stats.audits, stats
     assert stats.HasField("audit_reuse_mae") and 0.0 <= stats.audit_reuse_mae <= 5.0
     assert stats.skip_rate > 0
+

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 
 import pytest
 
+from strata import ledger
 from strata.v1 import common_pb2, events_pb2
 from strata_tools.train import (
+    Booked,
+    Checkpoint,
     Evaluation,
+    Request,
     RoundStats,
     TrainOptions,
     TrainSummary,
+    checkpoint_due,
+    checkpoint_lines,
     prompt_rounds,
     request_done,
     reward_oscillation,
     round_prompts,
+    write_report,
 )
 from strata_tools.zoo.suite import PromptRecord
 
@@ -118,3 +126,41 @@ def test_the_prompt_stream_is_fixed_by_the_options() -> None:
     assert not any(r.risk for r in first + second)  # risk topics are not training prompts
     assert len({r.id for r in first}) == 12  # nothing sent yet to repeat: all new
     assert {r.id for r in first} & {r.id for r in second}  # the second round repeats some of the first
+
+
+def test_a_checkpoint_is_due_every_n_updates_before_the_end() -> None:
+    assert not checkpoint_due(5, 0, 0, 8)  # none asked for
+    assert not checkpoint_due(1, 0, 2, 8) and checkpoint_due(2, 0, 2, 8) and checkpoint_due(3, 0, 2, 8)
+    assert not checkpoint_due(3, 2, 2, 8) and checkpoint_due(5, 3, 2, 8)  # counted from the last one taken
+    assert not checkpoint_due(8, 4, 2, 8) and not checkpoint_due(9, 4, 2, 8)  # the end has its own evaluation
+
+
+def test_booked_cost_is_summed_over_stages_and_subtracts() -> None:
+    stages = [ledger.StageCost("generate", 1, device_seconds=2.0, param_tokens=1e6),
+              ledger.StageCost("human_review", 2, human_seconds=60.0),
+              ledger.StageCost("rm_light", 1, device_seconds=0.5, param_tokens=2e5)]
+    booked = Booked.of(stages)
+    assert booked == Booked(1.2e6, 2.5, 60.0)
+    assert booked - Booked(2e5, 0.5, 0.0) == Booked(1e6, 2.0, 60.0)
+
+
+def test_the_report_draws_the_held_out_change_against_the_booked_cost(tmp_path) -> None:
+    def evaluation(version: int, shift: float) -> Evaluation:
+        rewards = [2.0 + shift + 0.1 * i for i in range(4)]
+        oracle = [2.0 + shift / 2 - 0.1 * i for i in range(4)]
+        return Evaluation(version, statistics.fmean(rewards), statistics.fmean(oracle), rewards, oracle)
+
+    checkpoints = [Checkpoint(u, Booked(1e6 * u, 2.0 * u, 0.0), evaluation(u, 0.1 * u)) for u in (0, 2, 4)]
+    summary = TrainSummary(0, 4, rounds=[_round(0, 2.0), _round(1, 2.2)], before=checkpoints[0].evaluation,
+                           after=checkpoints[-1].evaluation, checkpoints=checkpoints,
+                           requests=[Request(object(), "r-1", "p-1", "DECISION_LEVEL_1")])
+    png = write_report(summary, tmp_path)
+    assert png.stat().st_size > 0
+    payload = json.loads(png.with_suffix(".json").read_text())
+    assert "requests" not in payload and [c["updates"] for c in payload["checkpoints"]] == [0, 2, 4]
+    last = payload["checkpoints"][-1]
+    assert last["booked"]["param_tokens"] == 4e6
+    assert last["reward_change"]["mean"] == pytest.approx(0.4) and last["oracle_change"]["mean"] == pytest.approx(0.2)
+    assert payload["checkpoints"][0]["oracle_change"]["mean"] == 0.0
+    lines = checkpoint_lines(summary)
+    assert len(lines) == 2 + 3 and lines[-1].split()[:2] == ["4", "4e+06"]
