@@ -63,13 +63,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from strata import ledger, redis_client, rpc
 from strata_tools.bench import tier_eval
 from strata_tools.bench.tier_eval import Answer, ArmFigures, PromptOutcome
+from strata_tools.train import Request
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- the live run -------------------------------------------------------------------------------------
-
-
-@dataclass
-class Request:
-    """One prompt's request in one arm, and the reward events it got."""
-
-    record: Any                       # strata_tools.zoo.suite.PromptRecord
-    request_id: str
-    prompt_hash: str = ""
-    decision: str = ""                # the scheduler's, for the skip arm
-    events: list = field(default_factory=list)
 
 
 @dataclass
@@ -183,12 +173,151 @@ def prompt_mixes(records: Sequence[Any], n: int, seed: int, risk_share: float, s
 _ServiceSpec = tuple[str, list[str], dict[str, str]]
 
 
-class LiveTiers:
+class ArmRunner:
+    """Pushes one arm's prompts through a running stack and waits for every final reward: by Kafka straight
+    to a tier (``level2``: Level-2 generation and the strong RM; ``level0``: probe, Level-1, light RM and
+    escalation) or through the scheduler's ``SubmitBatch`` (``scheduler``: skipping included). Each
+    request's cost is what the stack booked for it in the ledger."""
+
+    def __init__(self, settings: Any, run_id: str, seed: int, scheduler_address: str = "") -> None:
+        self.settings, self.run_id, self.seed = settings, run_id, seed
+        self.scheduler_address = scheduler_address
+
+    def run_arm(self, name: str, records: Sequence[Any], route: str, timeout_s: float,
+                progress: Callable[[str], None], n_samples: int = 1, tag: str = "") -> ArmRun:
+        """Send ``records`` through one arm (route: level2 | level0 | scheduler) and wait for every final;
+        ``n_samples`` rollouts per prompt."""
+
+        from strata.bus import topics
+        from strata.bus.tail import TailReader
+        from strata.content_store import ContentStore
+
+        s = self.settings
+        client = redis_client.connect(s.redis_address, socket_timeout=30)
+        store = ContentStore(client, s.content_ttl_s, s.content_max_bytes)
+        tail = TailReader(s, [topics.REWARDS_SCORED], client_id=f"bench-tiers-{self.run_id}")
+        tail.seek_to_end()
+        tag = tag or f"{self.run_id}-{name.replace(' ', '').replace('+', '-')}"
+        requests = [Request(r, f"{tag}-{i}") for i, r in enumerate(records)]
+        n = n_samples
+        before = ledger.read_stages(client)
+        started = time.monotonic()
+        try:
+            if route == "scheduler":
+                self._submit(requests, n)
+            else:
+                self._publish(requests, route, store, n)
+            refused = [r for r in requests if r.decision == "refused"]
+            if refused:
+                raise RuntimeError(f"{name}: the scheduler refused {len(refused)} prompts (see the log)")
+            by_id = {r.request_id: r for r in requests}
+            self._wait(tail, by_id, started + timeout_s, name, progress, n)
+        finally:
+            tail.close()
+        wall = time.monotonic() - started
+        # The aggregates move when a batch's transaction commits, which is after its events are acked.
+        stages = self._settled_stages(client, before, requests)
+        client.close()
+        return ArmRun(name, requests, stages, wall)
+
+    def _settled_stages(self, client: Any, before: list[ledger.StageCost], requests: Sequence[Request]
+                        ) -> list[ledger.StageCost]:
+        """The arm's stages once every scored sample's RM cost is booked (the reward worker books a
+        batch in the transaction that marks it done, just after its events are acknowledged)."""
+        from strata.v1 import common_pb2
+
+        # One RM score per answer: an answer awaiting the desk gets a provisional event and a final one.
+        rm_scorers = (common_pb2.SCORER_LIGHT, common_pb2.SCORER_STRONG)
+        scored = len({(r.request_id, e.response_hash) for r in requests for e in r.events if e.scorer in rm_scorers})
+        deadline = time.monotonic() + 60
+        while True:
+            booked = sum(s.items for r in requests
+                         for s in ledger.read_request(client, r.prompt_hash, r.request_id)
+                         if s.stage in ("rm_light", "rm_strong"))
+            if booked >= scored:
+                return ledger.subtract(ledger.read_stages(client), before)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{booked} of {scored} scored samples booked in the ledger after 60 s")
+            time.sleep(0.2)
+
+    def _publish(self, requests: Sequence[Request], route: str, store: Any, n_samples: int = 1) -> None:
+        from strata.bus import Publisher, topics
+        from strata.v1 import common_pb2, events_pb2
+
+        level2 = route == "level2"
+        publisher = Publisher(self.settings, client_id=f"bench-tiers-{self.run_id}")
+        try:
+            futures = []
+            for i, request in enumerate(requests):
+                request.prompt_hash = store.put(request.record.text)
+                routed = events_pb2.PromptRouted(
+                    prompt_hash=request.prompt_hash, n_samples=n_samples, request_id=request.request_id,
+                    tier=common_pb2.TIER_LEVEL_2 if level2 else common_pb2.TIER_LEVEL_0,
+                    decision=common_pb2.DECISION_LEVEL_2 if level2 else common_pb2.DECISION_LEVEL_1,
+                    reason="bench tiers: all-Level-2 arm" if level2 else "bench tiers: tiered arm",
+                    sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + i),
+                )
+                routed.submitted_at.GetCurrentTime()
+                routed.routed_at.GetCurrentTime()
+                topic = topics.PROMPTS_LEVEL2 if level2 else topics.PROMPTS_LEVEL0
+                futures.append(publisher.publish(topic, routed))
+            publisher.wait(futures)
+        finally:
+            publisher.close()
+
+    def _submit(self, requests: Sequence[Request], n_samples: int = 1) -> None:
+
+        from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+        batch_size = 32  # under the scheduler's max_batch_size (64)
+        with rpc.channel(self.scheduler_address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            for start in range(0, len(requests), batch_size):
+                chunk = requests[start:start + batch_size]
+                reply = stub.SubmitBatch(scheduler_pb2.SubmitBatchRequest(requests=[
+                    scheduler_pb2.SubmitRequest(
+                        prompt=r.record.text, n_samples=n_samples, request_id=r.request_id,
+                        sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + start + j))
+                    for j, r in enumerate(chunk)
+                ]), timeout=300)
+                for request, result in zip(chunk, reply.results, strict=True):
+                    if result.WhichOneof("result") != "response":
+                        request.decision = "refused"
+                        log.warning("prompt refused by the scheduler: %s", result.error)
+                        continue
+                    request.prompt_hash = result.response.prompt_hash
+                    request.decision = common_pb2.Decision.Name(result.response.decision)
+
+    @staticmethod
+    def _wait(tail: Any, by_id: dict[str, Request], deadline: float, name: str,
+              progress: Callable[[str], None], n_samples: int = 1) -> None:
+        from strata_tools.train import request_done
+
+        last = 0.0
+        while True:
+            pending = [r for r in by_id.values() if not request_done(r.events, n_samples)]
+            if not pending:
+                return
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"{name}: {len(pending)} of {len(by_id)} prompts have no final reward "
+                                   f"after the arm's timeout (first: request {pending[0].request_id})")
+            if now - last > 15:
+                progress(f"      {name}: {len(by_id) - len(pending)}/{len(by_id)} prompts final")
+                last = now
+            for _topic, event in tail.poll(0.5):
+                request = by_id.get(event.request_id)
+                if request is not None:
+                    request.events.append(event)
+
+
+class LiveTiers(ArmRunner):
     """The services, each in its own process, and the means to push an arm through them."""
 
     def __init__(self, settings: Any, zoo: Any, run_id: str, review_seconds: float, seed: int,
                  scheduler_env: dict[str, str] | None = None) -> None:
-        self.settings, self.zoo, self.run_id, self.seed = settings, zoo, run_id, seed
+        super().__init__(settings, run_id, seed)
+        self.zoo = zoo
         self.review_seconds = review_seconds
         self.scheduler_env = scheduler_env or {}
         self.ports: dict[str, int] = {}
@@ -205,6 +334,7 @@ class LiveTiers:
         try:
             self._spawn(specs, logs, processes)
             self._await_healthy(processes, self.ports, logs)
+            self.scheduler_address = f"127.0.0.1:{self.ports['scheduler']}"
             yield self
         finally:
             self._stop_processes(processes)
@@ -300,136 +430,6 @@ class LiveTiers:
             except subprocess.TimeoutExpired:
                 process.kill()
 
-    @property
-    def scheduler_address(self) -> str:
-        return f"127.0.0.1:{self.ports['scheduler']}"
-
-    def run_arm(self, name: str, records: Sequence[Any], route: str, timeout_s: float,
-                progress: Callable[[str], None], n_samples: int = 1, tag: str = "") -> ArmRun:
-        """Send ``records`` through one arm (route: level2 | level0 | scheduler) and wait for every final;
-        ``n_samples`` rollouts per prompt through the scheduler (the other routes roll out one)."""
-
-        from strata.bus import topics
-        from strata.bus.tail import TailReader
-        from strata.content_store import ContentStore
-
-        s = self.settings
-        client = redis_client.connect(s.redis_address, socket_timeout=30)
-        store = ContentStore(client, s.content_ttl_s, s.content_max_bytes)
-        tail = TailReader(s, [topics.REWARDS_SCORED], client_id=f"bench-tiers-{self.run_id}")
-        tail.seek_to_end()
-        tag = tag or f"{self.run_id}-{name.replace(' ', '').replace('+', '-')}"
-        requests = [Request(r, f"{tag}-{i}") for i, r in enumerate(records)]
-        n = n_samples if route == "scheduler" else 1
-        before = ledger.read_stages(client)
-        started = time.monotonic()
-        try:
-            if route == "scheduler":
-                self._submit(requests, n)
-            else:
-                self._publish(requests, route, store)
-            refused = [r for r in requests if r.decision == "refused"]
-            if refused:
-                raise RuntimeError(f"{name}: the scheduler refused {len(refused)} prompts (see the log)")
-            by_id = {r.request_id: r for r in requests}
-            self._wait(tail, by_id, started + timeout_s, name, progress, n)
-        finally:
-            tail.close()
-        wall = time.monotonic() - started
-        # The aggregates move when a batch's transaction commits, which is after its events are acked.
-        stages = self._settled_stages(client, before, requests)
-        client.close()
-        return ArmRun(name, requests, stages, wall)
-
-    def _settled_stages(self, client: Any, before: list[ledger.StageCost], requests: Sequence[Request]
-                        ) -> list[ledger.StageCost]:
-        """The arm's stages once every scored sample's RM cost is booked (the reward worker books a
-        batch in the transaction that marks it done, just after its events are acknowledged)."""
-        from strata.v1 import common_pb2
-
-        scored = sum(1 for r in requests for e in r.events if e.scorer != common_pb2.SCORER_REUSED)
-        deadline = time.monotonic() + 60
-        while True:
-            booked = sum(s.items for r in requests
-                         for s in ledger.read_request(client, r.prompt_hash, r.request_id)
-                         if s.stage in ("rm_light", "rm_strong"))
-            if booked >= scored:
-                return ledger.subtract(ledger.read_stages(client), before)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{booked} of {scored} scored samples booked in the ledger after 60 s")
-            time.sleep(0.2)
-
-    def _publish(self, requests: Sequence[Request], route: str, store: Any) -> None:
-        from strata.bus import Publisher, topics
-        from strata.v1 import common_pb2, events_pb2
-
-        level2 = route == "level2"
-        publisher = Publisher(self.settings, client_id=f"bench-tiers-{self.run_id}")
-        try:
-            futures = []
-            for i, request in enumerate(requests):
-                request.prompt_hash = store.put(request.record.text)
-                routed = events_pb2.PromptRouted(
-                    prompt_hash=request.prompt_hash, n_samples=1, request_id=request.request_id,
-                    tier=common_pb2.TIER_LEVEL_2 if level2 else common_pb2.TIER_LEVEL_0,
-                    decision=common_pb2.DECISION_LEVEL_2 if level2 else common_pb2.DECISION_LEVEL_1,
-                    reason="bench tiers: all-Level-2 arm" if level2 else "bench tiers: tiered arm",
-                    sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + i),
-                )
-                routed.submitted_at.GetCurrentTime()
-                routed.routed_at.GetCurrentTime()
-                topic = topics.PROMPTS_LEVEL2 if level2 else topics.PROMPTS_LEVEL0
-                futures.append(publisher.publish(topic, routed))
-            publisher.wait(futures)
-        finally:
-            publisher.close()
-
-    def _submit(self, requests: Sequence[Request], n_samples: int = 1) -> None:
-
-        from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-
-        batch_size = 32  # under the scheduler's max_batch_size (64)
-        with rpc.channel(self.scheduler_address) as channel:
-            stub = scheduler_pb2_grpc.SchedulerStub(channel)
-            for start in range(0, len(requests), batch_size):
-                chunk = requests[start:start + batch_size]
-                reply = stub.SubmitBatch(scheduler_pb2.SubmitBatchRequest(requests=[
-                    scheduler_pb2.SubmitRequest(
-                        prompt=r.record.text, n_samples=n_samples, request_id=r.request_id,
-                        sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + start + j))
-                    for j, r in enumerate(chunk)
-                ]), timeout=300)
-                for request, result in zip(chunk, reply.results, strict=True):
-                    if result.WhichOneof("result") != "response":
-                        request.decision = "refused"
-                        log.warning("prompt refused by the scheduler: %s", result.error)
-                        continue
-                    request.prompt_hash = result.response.prompt_hash
-                    request.decision = common_pb2.Decision.Name(result.response.decision)
-
-    @staticmethod
-    def _wait(tail: Any, by_id: dict[str, Request], deadline: float, name: str,
-              progress: Callable[[str], None], n_samples: int = 1) -> None:
-        from strata_tools.train import request_done
-
-        last = 0.0
-        while True:
-            pending = [r for r in by_id.values() if not request_done(r.events, n_samples)]
-            if not pending:
-                return
-            now = time.monotonic()
-            if now > deadline:
-                raise TimeoutError(f"{name}: {len(pending)} of {len(by_id)} prompts have no final reward "
-                                   f"after the arm's timeout (first: request {pending[0].request_id})")
-            if now - last > 15:
-                progress(f"      {name}: {len(by_id) - len(pending)}/{len(by_id)} prompts final")
-                last = now
-            for _topic, event in tail.poll(0.5):
-                request = by_id.get(event.request_id)
-                if request is not None:
-                    request.events.append(event)
-
-
 # -- from events to answers ---------------------------------------------------------------------------
 
 
@@ -471,7 +471,8 @@ def answers_of(request: Request, client: Any, store: Any) -> Answers:
     return Answers(
         answer(level1, level1_cost) if level1 is not None else None,
         answer(level2, level2_cost) if level2 is not None else None,
-        escalated=bool(level1 is not None and level1.escalated),
+        # With several samples a request escalates when any of its Level-1 samples does.
+        escalated=any(e.escalated for e in request.events if e.tier == common_pb2.TIER_LEVEL_1),
         human_seconds=level2_cost[2], encoder=encoder[:2],
     )
 
@@ -505,6 +506,67 @@ def live_figures(name: str, answers: Sequence[Answers], hashes: Sequence[str], b
         level2_share=figures.level2_share * served / n,
     )
     return tier_eval.compare(figures, baseline)
+
+
+def baseline_figures(hashes: Sequence[str], answers: Sequence[Answers], risks: Sequence[bool],
+                     bad_threshold: float) -> tuple[list[Answer], ArmFigures]:
+    """The all-Level-2 arm's Level-2 answers and its figures (compared with itself: saving 0, quality 1)."""
+    level2 = [a.level2 for a in answers]
+    if any(a is None for a in level2):
+        raise ValueError("the all-Level-2 arm left a prompt without a Level-2 answer")
+    outcomes = [PromptOutcome(h, None, a, risk, human_seconds=x.human_seconds)
+                for h, a, risk, x in zip(hashes, level2, risks, answers, strict=True) if a is not None]
+    figures = tier_eval.all_level2(outcomes, bad_threshold)
+    return [o.level2 for o in outcomes], tier_eval.compare(figures, figures)
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One run's own traffic against the all-Level-2 baseline on the same prompts, and its escalation
+    rule judged on the replay of those prompts (the run's Level-1 answers, the baseline's Level-2 ones):
+    the figures of the bench's last line."""
+
+    baseline: ArmFigures
+    arm: ArmFigures
+    sweep: SweepFigures
+    oracle_router: ArmFigures
+    replayed: int                     # prompts of the replay: skipped ones have no answer of their own
+
+    @property
+    def apgr(self) -> float | None:
+        return self.sweep.route_llm["apgr"]
+
+    def line(self) -> str:
+        return headline_line(self.arm, self.apgr, self.sweep.ceiling_share)
+
+
+def headline_line(arm: ArmFigures, apgr: float | None, ceiling_share: float | None) -> str:
+    """The bench's last line (and the demo's headline): params-x-tokens saving first, device-seconds beside."""
+    return (f"tiers saving={_num(arm.param_token_saving)} device_saving={_num(arm.saving)} "
+            f"quality_ratio={_num(arm.quality_ratio)} bad_case_catch={_num(arm.bad_case_catch)} "
+            f"level2_share={arm.level2_share:.3f} apgr={_num(apgr)} ceiling_share_of_saving={_num(ceiling_share)}")
+
+
+def headline_of(name: str, own: Sequence[Answers], baseline: Sequence[Answers], hashes: Sequence[str],
+                risks: Sequence[bool], bad_threshold: float) -> Headline:
+    """The headline of a run whose requests got ``own`` answers, against ``baseline`` (the same prompts,
+    ``hashes``, through all-Level-2). Skipped prompts cost their encoding and are left out of the quality
+    mean and of the replay; the replay's baseline is all-Level-2 on the prompts it keeps."""
+    if not (len(own) == len(baseline) == len(hashes) == len(risks)) or not hashes:
+        raise ValueError("headline_of needs one own answer, one baseline answer, a hash and a risk flag per prompt")
+    kept = [i for i, a in enumerate(own) if not a.skipped]
+    if not kept:
+        raise ValueError("every prompt was skipped: no answer of the run's own to judge or replay")
+    level2, base = baseline_figures(hashes, baseline, risks, bad_threshold)
+    arm = live_figures(name, own, hashes, level2, bad_threshold, base)
+    replay = [PromptOutcome(hashes[i], own[i].level1, level2[i], risks[i], human_seconds=baseline[i].human_seconds)
+              for i in kept]
+    _, replay_base = baseline_figures([hashes[i] for i in kept], [baseline[i] for i in kept],
+                                      [risks[i] for i in kept], bad_threshold)
+    oracle_arm = tier_eval.compare(tier_eval.evaluate("oracle router (replay)", replay,
+                                                      tier_eval.oracle_router(replay, bad_threshold), bad_threshold),
+                                   replay_base)
+    return Headline(base, arm, sweep_figures(replay, replay_base, bad_threshold), oracle_arm, len(replay))
 
 
 # -- report -------------------------------------------------------------------------------------------
@@ -586,10 +648,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     print("\n".join(report["lines"]))
     print(f"figures: {out / 'tiers.json'}   curve: {out / 'tiers.png'}")
     head = report["headline"]
-    print(f"tiers saving={_num(head.param_token_saving)} device_saving={_num(head.saving)} "
-          f"quality_ratio={_num(head.quality_ratio)} bad_case_catch={_num(head.bad_case_catch)} "
-          f"level2_share={head.level2_share:.3f} apgr={_num(report['apgr'])} "
-          f"ceiling_share_of_saving={_num(report['ceiling_share'])}")
+    print(headline_line(head, report["apgr"], report["ceiling_share"]))
     return 0
 
 
@@ -608,7 +667,7 @@ class _ReportArms:
 
 
 @dataclass
-class _SweepFigures:
+class SweepFigures:
     """The replayed threshold sweep, the RouteLLM figures of its curve, and the ceiling of any router."""
 
     arms: list[ArmFigures]
@@ -637,16 +696,16 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
     (the default mix's), with the stress mix's figures read off the same live answers."""
     records, runs, answers = subset(mixes.union, mixes.default, union_runs, union_answers)
     arms = _report_arms(args.bad_threshold, records, runs, answers)
-    sweep = _sweep_figures(arms, args.bad_threshold)
+    sweep = sweep_figures(arms.replay, arms.baseline, args.bad_threshold)
     lines = _report_lines(args, zoo_hash, records, union_runs, answers, arms, sweep)
     stress_json = None
     if mixes.stress:
         stress_records, stress_runs, stress_answers = subset(mixes.union, mixes.stress, union_runs, union_answers)
         stress_arms = _report_arms(args.bad_threshold, stress_records, stress_runs, stress_answers)
-        stress_sweep = _sweep_figures(stress_arms, args.bad_threshold)
+        stress_sweep = sweep_figures(stress_arms.replay, stress_arms.baseline, args.bad_threshold)
         lines += ["", f"stress mix: {len(stress_records)} eval prompts ({sum(r.risk for r in stress_records)} risk), "
                       "read off the same live answers", *arm_table(stress_arms.table),
-                  *_routing_lines(stress_arms, stress_sweep)]
+                  *routing_lines(stress_sweep, stress_arms.oracle_router, stress_arms.tiered)]
         stress_json = {"prompts": len(stress_records), "risk_prompts": sum(r.risk for r in stress_records),
                        "arms": [tier_eval.to_json(a) for a in stress_arms.table],
                        "ceiling": [tier_eval.to_json(a) for a in stress_sweep.ceiling],
@@ -675,13 +734,10 @@ def _report_arms(bad_threshold: float, records: Sequence[Any], runs: dict[str, A
     from strata.errors import CliError
 
     hashes = [r.prompt_hash for r in runs["all-Level-2"].requests]
-    level2 = [a.level2 for a in answers["all-Level-2"]]
-    if any(a is None for a in level2):
-        raise CliError("the all-Level-2 arm left a prompt without a Level-2 answer")
-    baseline_outcomes = [PromptOutcome(h, None, a, r.risk, human_seconds=x.human_seconds)
-                         for h, a, r, x in zip(hashes, level2, records, answers["all-Level-2"], strict=True)]
-    baseline = tier_eval.compare(tier_eval.all_level2(baseline_outcomes, bad_threshold),
-                                 tier_eval.all_level2(baseline_outcomes, bad_threshold))
+    try:
+        level2, baseline = baseline_figures(hashes, answers["all-Level-2"], [r.risk for r in records], bad_threshold)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
     tiered = live_figures("tiered (live)", answers["tiered"], hashes, level2, bad_threshold, baseline)
     table = [baseline, tiered]
     headline = tiered
@@ -718,22 +774,23 @@ def _replayed_arms(replay: list[PromptOutcome], threshold: float, tiered_share: 
     return [replayed, keep, random_arm, oracle_arm]
 
 
-def _sweep_figures(arms: _ReportArms, bad_threshold: float) -> _SweepFigures:
-    """The threshold sweep over the replay, its RouteLLM figures (None when the curve is flat) and the ceiling."""
-    sweep = tier_eval.sweep(arms.replay, bad_threshold, arms.baseline)
+def sweep_figures(replay: Sequence[PromptOutcome], baseline: ArmFigures, bad_threshold: float) -> SweepFigures:
+    """The threshold sweep over ``replay``, its RouteLLM figures (None when the curve is flat) and the ceiling;
+    ``baseline`` is all-Level-2 on the replay's prompts."""
+    sweep = tier_eval.sweep(replay, bad_threshold, baseline)
     points = [(a.level2_share, a.mean_oracle) for a in sweep]
-    weak, strong = sweep[0].mean_oracle, arms.baseline.mean_oracle
+    weak, strong = sweep[0].mean_oracle, baseline.mean_oracle
     route_llm: dict[str, float | None] = {"apgr": None, "cpt50": None, "cpt80": None}
     if strong != weak and len({p[0] for p in points}) > 1:
         route_llm = {"apgr": tier_eval.apgr(points, weak, strong), "cpt50": tier_eval.cpt(points, weak, strong, 0.5),
                      "cpt80": tier_eval.cpt(points, weak, strong, 0.8)}
-    best = tier_eval.ceiling(arms.replay, bad_threshold, arms.baseline)
-    return _SweepFigures(sweep, weak, strong, route_llm, best,
+    best = tier_eval.ceiling(replay, bad_threshold, baseline)
+    return SweepFigures(sweep, weak, strong, route_llm, best,
                          tier_eval.share_of_ceiling_saving(sweep, best, TARGET_QUALITY_RATIO))
 
 
 def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any], runs: dict[str, ArmRun],
-                  answers: dict[str, list[Answers]], arms: _ReportArms, sweep: _SweepFigures) -> list[str]:
+                  answers: dict[str, list[Answers]], arms: _ReportArms, sweep: SweepFigures) -> list[str]:
     """The report as printed: the arms' table, where each arm's cost went, the threshold sweep, the ceiling,
     and the headline arm against the article."""
     level1_oracle = [a.level1.oracle for a in answers["tiered"] if a.level1 is not None]
@@ -746,7 +803,7 @@ def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any
         lines.append(f"{name} ({len(run.requests)} prompts live, {run.wall_s:.0f} s wall): where the cost went")
         lines += ["  " + line for line in _stage_lines(run.stages)]
     lines += _threshold_lines(arms.replay, args.bad_threshold, arms.baseline)
-    lines += _routing_lines(arms, sweep)
+    lines += routing_lines(sweep, arms.oracle_router, arms.tiered)
     skip_answers = answers.get(HEADLINE_ARM)
     if skip_answers is not None:
         skipped = sum(a.skipped for a in skip_answers)
@@ -762,16 +819,17 @@ def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any
     return lines
 
 
-def _routing_lines(arms: _ReportArms, sweep: _SweepFigures) -> list[str]:
+def routing_lines(sweep: SweepFigures, oracle_arm: ArmFigures, router_arm: ArmFigures) -> list[str]:
     """The router against the literature's yardsticks: RouteLLM's figures of its sweep, the ceiling of any
-    router, and its best saving at the target quality as a share of the ceiling's."""
+    router (beside the oracle router's and ``router_arm``'s shares), and its best saving at the target
+    quality as a share of the ceiling's."""
     route_llm = sweep.route_llm
     router = tier_eval.best_saving_at(sweep.arms, TARGET_QUALITY_RATIO)
     best = tier_eval.best_saving_at(sweep.ceiling, TARGET_QUALITY_RATIO)
     return [f"RouteLLM figures of the threshold sweep (Level-1 light-RM score; weak {sweep.weak:.3f}, strong "
             f"{sweep.strong:.3f}): APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
             f"CPT(80%) {_pct(route_llm['cpt80'])}",
-            *ceiling_lines(sweep.ceiling, arms.oracle_router, arms.tiered),
+            *ceiling_lines(sweep.ceiling, oracle_arm, router_arm),
             f"params x tokens saving at quality >= {TARGET_QUALITY_RATIO}: router (best threshold) {_pct(router)}, "
             f"ceiling {_pct(best)}: {_num(sweep.ceiling_share)} of the ceiling's"]
 

@@ -2,21 +2,28 @@
 
 1. Kafka and Redis (``strata infra up``); 2. the model zoo (built once, then reused); 3. every
 service as its own process (``strata up``); 4. the suite's training prompts through the scheduler's
-gRPC API in rounds while the learner runs PPO on the rewards (``strata train``); 5. a report: tier
-mix, skip rate, escalations, every stage's cost and the saving against a named all-Level-2
-baseline, reward and oracle curves, the rollout log's size; 6. one turn of the reward models' loop on
-the annotators' labels (``strata rm refresh``): a better light RM promoted, or the figure that says
-why not. A second run reuses the zoo, the
-running stack and the data.
+gRPC API in rounds while the learner runs PPO on the rewards (``strata train``), the held-out
+prompts scored every few updates beside what the rollouts had booked; 5. a report: tier mix, skip
+rate, escalations, every stage's cost, the held-out checkpoints, the rollout log's size, and the
+headline: a sample of the run's own prompts sent again through all-Level-2 as the baseline, and the
+run's traffic against it in the bench's terms (``strata bench tiers``' last line); 6. one turn of
+the reward models' loop on the annotators' labels (``strata rm refresh``): a better light RM
+promoted, or the figure that says why not. A second run reuses the zoo, the running stack and the
+data.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import os
+import random
 import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 from tqdm import tqdm
@@ -27,13 +34,24 @@ from strata.bus.scan import TopicScan
 from strata.config import StrataSettings
 from strata.errors import CliError
 from strata.v1 import annotation_pb2, annotation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from strata_tools.bench import tier_eval
+from strata_tools.bench.tiers import ArmRunner, Headline, answers_of, arm_table, headline_of, routing_lines
 from strata_tools.cli.progress import redraw
 from strata_tools.infra import InfraError
 from strata_tools.infra import up as infra_up
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
 from strata_tools.stack import control
 from strata_tools.stack.spec import default_services
-from strata_tools.train import Addresses, RoundStats, TrainOptions, TrainSummary, train
+from strata_tools.train import (
+    Addresses,
+    Request,
+    RoundStats,
+    TrainOptions,
+    TrainSummary,
+    checkpoint_lines,
+    request_done,
+    train,
+)
 from strata_tools.zoo.desk import SimulatedDesk, demo_pool
 
 # The tiny CPU models learn at rates real models would not survive (see docs/learner.md).
@@ -52,6 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--n-samples", type=int, default=2, help="rollouts per prompt")
     # 64 held-out prompts give a paired SE of ~0.1, enough to see the change of 8 updates (~+0.3).
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts scored before and after")
+    parser.add_argument("--eval-every", type=int, default=2,
+                        help="score the held-out prompts every N updates as well (the picture's points; 0: before "
+                             "and after only)")
+    parser.add_argument("--headline-prompts", type=int, default=64,
+                        help="prompts of the run sent again through all-Level-2 as the headline's baseline "
+                             "(0: no headline)")
     parser.add_argument("--repeat-share", type=float, default=0.25,
                         help="share of each round's prompts that repeat a prompt sent before")
     parser.add_argument("--paraphrase-share", type=float, default=0.25,
@@ -161,47 +185,106 @@ def _show_round(bar: tqdm, updates: int, stats: RoundStats, advanced: int) -> No
     redraw(bar)
 
 
-def _train_with_desk(settings: StrataSettings, args: argparse.Namespace) -> tuple[TrainSummary, SimulatedDesk]:
-    """[4/6]: the suite's prompts through the stack in rounds while the learner runs PPO and simulated
-    annotators score at the desk; the run's summary and the (stopped) desk."""
-    print(f"[4/6] training: suite prompts -> scheduler -> tiers -> rewards -> PPO ({args.updates} updates)",
-          flush=True)
+def _train(settings: StrataSettings, args: argparse.Namespace) -> TrainSummary:
+    """[4/6]: the suite's prompts through the stack in rounds while the learner runs PPO (the desk's
+    simulated annotators score at the same time)."""
+    print(f"[4/6] training: suite prompts -> scheduler -> tiers -> rewards -> PPO ({args.updates} updates; "
+          f"held-out prompts scored every {args.eval_every or args.updates} updates)", flush=True)
     bar = tqdm(total=args.updates, desc="      policy updates", unit="update")
-    desk = SimulatedDesk(Addresses().annotation, demo_pool()).start()
-    print(f"      simulated annotators at the desk: {', '.join(a.name for a in demo_pool())} (sim-drift drifts)",
-          flush=True)
     options = TrainOptions(updates=args.updates, prompts_per_round=args.prompts_per_round,
                            n_samples=args.n_samples, eval_prompts=args.eval_prompts,
                            report_dir=settings.state_dir / "reports", repeat_share=args.repeat_share,
-                           paraphrase_share=args.paraphrase_share)
+                           paraphrase_share=args.paraphrase_share, eval_every=args.eval_every)
     try:
-        summary = train(settings, options, Addresses(), functools.partial(_show_round, bar, args.updates))
+        return train(settings, options, Addresses(), functools.partial(_show_round, bar, args.updates))
     except grpc.RpcError as exc:
         raise CliError(f"a service stopped answering ({exc.code().name}: {exc.details()}); "
                        "see `strata status` and `strata logs`") from exc
     finally:
         bar.close()
-        desk.stop()
-    return summary, desk
 
 
-def _print_report(settings: StrataSettings, summary: TrainSummary, desk: SimulatedDesk) -> None:
-    """[5/6]: tier decisions, skips, costs, the held-out change, the rollout log, the desk's figures, the curves."""
+def headline_sample(requests: list[Request], n_prompts: int, n_samples: int, seed: int) -> list[Request]:
+    """Up to ``n_prompts`` of the run's completed requests, drawn at random, one per prompt (a prompt sent
+    several times is drawn as often as it was sent, then kept once): the prompts the headline measures."""
+    done = [r for r in requests if r.decision not in ("", "refused")
+            and request_done(r.events, 1 if r.decision == "DECISION_SKIP" else n_samples)]
+    random.Random(seed).shuffle(done)
+    chosen: dict[str, Request] = {}
+    for request in done:
+        if len(chosen) == n_prompts:
+            break
+        chosen.setdefault(request.prompt_hash, request)
+    return list(chosen.values())
+
+
+def measure_headline(settings: StrataSettings, summary: TrainSummary, args: argparse.Namespace,
+                     progress: Callable[[str], None]) -> Headline | None:
+    """The run's own traffic against all-Level-2 on the same prompts: a sample of its requests, sent again
+    straight to Level-2 (generation and the strong RM, the desk's humans as served), each answer judged by
+    the oracle and each path's cost read from the ledger."""
+    from strata.content_store import ContentStore
+
+    chosen = headline_sample(summary.requests, args.headline_prompts, args.n_samples, seed=0)
+    if not chosen:
+        progress("no completed request to measure the headline on")
+        return None
+    progress(f"baseline: the same {len(chosen)} prompts through all-Level-2 ({args.n_samples} samples each)")
+    runner = ArmRunner(settings, f"demo-{uuid.uuid4().hex[:8]}", seed=0)
+    baseline = runner.run_arm("all-Level-2 baseline", [r.record for r in chosen], "level2", args.timeout,
+                              progress, n_samples=args.n_samples)
+    client = redis_client.connect(settings.redis_address, socket_timeout=30)
+    store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+    try:
+        own = [answers_of(r, client, store) for r in chosen]
+        base = [answers_of(r, client, store) for r in baseline.requests]
+    finally:
+        client.close()
+    try:
+        return headline_of("this run (tiered + skip, live)", own, base, [r.prompt_hash for r in chosen],
+                           [r.record.risk for r in chosen], BAD_THRESHOLD)
+    except ValueError as exc:
+        progress(f"no headline: {exc}")
+        return None
+
+
+def headline_lines(headline: Headline) -> list[str]:
+    """The headline as the report prints it: the two live arms, the router against the ceiling, the line."""
+    return [f"headline: this run's own traffic against all-Level-2 on the same {headline.arm.prompts} prompts "
+            f"(sent again after training; {headline.replayed} not skipped are replayed for the router's figures)",
+            *arm_table([headline.baseline, headline.arm]),
+            *routing_lines(headline.sweep, headline.oracle_router, headline.arm),
+            headline.line()]
+
+
+def write_headline(headline: Headline, report_dir: Path) -> Path:
+    """The headline's figures as JSON beside the training report."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    path = report_dir / f"demo-headline-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({
+        "arms": [tier_eval.to_json(a) for a in (headline.baseline, headline.arm)],
+        "sweep": [tier_eval.to_json(a) for a in headline.sweep.arms],
+        "ceiling": [tier_eval.to_json(a) for a in headline.sweep.ceiling],
+        "route_llm": headline.sweep.route_llm, "ceiling_share_of_saving": headline.sweep.ceiling_share,
+        "replayed_prompts": headline.replayed, "bad_threshold": BAD_THRESHOLD, "line": headline.line(),
+    }, indent=2))
+    return path
+
+
+def _print_report(settings: StrataSettings, summary: TrainSummary, cost: ledger.CostSummary, skipping: list[str],
+                  desk: SimulatedDesk, headline: Headline | None) -> None:
+    """[5/6]: tier decisions, skips, the training's costs, the held-out change, the rollout log, the desk's
+    figures, the curves, and the headline against the measured baseline."""
     print("[5/6] report", flush=True)
     with rpc.channel(Addresses().scheduler) as channel:
         stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=10)
 
-    from strata_tools.cli.report_cmd import skip_lines, summary_lines
+    from strata_tools.cli.report_cmd import summary_lines
 
-    client = redis_client.connect(settings.redis_address)
-    cost = ledger.read(client)
-    skipping = skip_lines(client)
-    client.close()
     print("      decisions: "
           + ", ".join(f"{k.removeprefix('DECISION_').lower()}={v}" for k, v in sorted(stats.decisions.items()))
           + f"   index size: {stats.index_size}")
     print("\n".join("      " + line for line in skipping))
-
     print("\n".join("      " + line for line in summary_lines(cost)))
     if summary.before and summary.after:
         print(f"      held-out ({len(summary.before.rewards)} prompts, policy v{summary.start_version} -> "
@@ -210,24 +293,51 @@ def _print_report(settings: StrataSettings, summary: TrainSummary, desk: Simulat
               f"{summary.before.mean_oracle:.3f} -> {summary.after.mean_oracle:.3f} (change {summary.oracle_change}); "
               f"hacking gap (RM change - oracle change) {summary.hacking_gap}; bad cases (oracle < "
               f"{BAD_THRESHOLD:g}) {summary.before.bad_share:.1%} -> {summary.after.bad_share:.1%}")
+        print("\n".join("      " + line for line in checkpoint_lines(summary)))
     if summary.reward_oscillation is not None:
         print(f"      reward oscillation (rounds' mean light-RM reward): {summary.reward_oscillation}")
     print(f"      rollout log: {rollout_log_size(settings)} records (prompt hash, response hash, reward)")
     print("\n".join("      " + line for line in annotation_lines(Addresses().annotation, desk)))
-    print(f"      curves: {summary.png}")
+    print(f"      curves: {summary.png} (held-out change against booked cost; the training rounds)")
+    if headline is not None:
+        print("\n".join("      " + line for line in headline_lines(headline)))
+        print(f"      headline figures: {write_headline(headline, settings.state_dir / 'reports')}")
+
+
+def _ledger_now(settings: StrataSettings) -> tuple[ledger.CostSummary, list[str]]:
+    """The cost ledger and the scheduler's skipping as training left them (before the baseline adds to them)."""
+    from strata_tools.cli.report_cmd import skip_lines
+
+    client = redis_client.connect(settings.redis_address)
+    try:
+        return ledger.read(client), skip_lines(client)
+    finally:
+        client.close()
 
 
 def run(args: argparse.Namespace) -> int:
     if not (args.repeat_share >= 0 and args.paraphrase_share >= 0 and args.repeat_share + args.paraphrase_share <= 1):
         raise CliError("--repeat-share and --paraphrase-share must be >= 0 and sum to at most 1")
+    if args.eval_every < 0 or args.headline_prompts < 0:
+        raise CliError("--eval-every and --headline-prompts must be >= 0 (0: off)")
     # The demo uses the zoo's small preset unless told otherwise (the default preset takes ~15 min).
     os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
     settings = StrataSettings()
     check_reward_choice(settings, args.light_rm, args.rm_temperature)
     started = time.monotonic()
     _start_stack(settings, args)
-    summary, desk = _train_with_desk(settings, args)
-    _print_report(settings, summary, desk)
+    desk = SimulatedDesk(Addresses().annotation, demo_pool()).start()
+    print(f"      simulated annotators at the desk: {', '.join(a.name for a in demo_pool())} (sim-drift drifts)",
+          flush=True)
+    try:
+        summary = _train(settings, args)
+        cost, skipping = _ledger_now(settings)
+        headline = None
+        if args.headline_prompts:
+            headline = measure_headline(settings, summary, args, lambda line: print("     ", line, flush=True))
+    finally:
+        desk.stop()
+    _print_report(settings, summary, cost, skipping, desk, headline)
     if args.refresh:
         refresh_turn(settings)
     print(f"done in {time.monotonic() - started:.0f} s. The stack keeps running: `strata status`, "

@@ -87,6 +87,66 @@ def test_live_figures_cost_skips_their_encoding_and_leave_them_out_of_quality() 
     assert figures.human_seconds == 60.0
 
 
+LINE = re.compile(r"tiers saving=(\S+) device_saving=(\S+) quality_ratio=(\S+) bad_case_catch=(\S+) "
+                  r"level2_share=(\d\.\d{3}) apgr=(\S+) ceiling_share_of_saving=(\S+)")
+
+
+def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_prompts() -> None:
+    def l2(oracle: float) -> Answer:
+        return Answer(oracle, 3.9, 10.0, 100.0)
+
+    baseline = [tiers.Answers(None, l2(o), False, 60.0, (0.0, 0.0)) for o in (4.0, 4.0, 3.0, 2.5)]
+    own = [
+        tiers.Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),               # stays at Level-1
+        tiers.Answers(Answer(1.0, 2.0, 1.0, 5.0), l2(4.0), True, 60.0, (0.1, 1.0)),           # escalated bad case
+        tiers.Answers(None, None, False, 0.0, (0.1, 1.0), skipped=True),                      # reused reward
+        tiers.Answers(None, l2(2.5), False, 60.0, (0.1, 1.0)),                                # cautious: Level-2
+    ]
+    head = tiers.headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5)
+    assert head.baseline.param_tokens == 400.0 and head.baseline.level2_share == 1.0
+    # 5 + 1 (a) + 5 + 100 + 1 (b) + 1 (c: its encoding) + 100 + 1 (d)
+    assert head.arm.param_tokens == pytest.approx(214.0)
+    assert head.arm.param_token_saving == pytest.approx(1 - 214.0 / 400.0)
+    assert head.arm.level2_share == pytest.approx(2 / 4) and head.arm.bad_case_catch == 1.0
+    assert head.arm.mean_oracle == pytest.approx((3.0 + 4.0 + 2.5) / 3)  # the skipped prompt has no answer
+    # The replay keeps the prompts with answers of their own, against all-Level-2 on those three.
+    assert head.replayed == 3 and head.sweep.strong == pytest.approx((4.0 + 4.0 + 2.5) / 3)
+    assert head.oracle_router.bad_case_catch == 1.0
+    match = LINE.fullmatch(head.line())
+    assert match and float(match.group(1)) == pytest.approx(head.arm.param_token_saving, abs=1e-3)
+    assert float(match.group(5)) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="without a Level-2 answer"):
+        tiers.headline_of("own", own, [*baseline[:3], own[0]], list("abcd"), [False] * 4, 1.5)
+    with pytest.raises(ValueError, match="every prompt was skipped"):
+        tiers.headline_of("own", [own[2]], [baseline[2]], ["c"], [False], 1.5)
+    with pytest.raises(ValueError, match="one own answer"):
+        tiers.headline_of("own", own[:3], baseline, list("abcd"), [False] * 4, 1.5)
+
+
+def test_an_arm_settles_once_each_answer_has_its_one_rm_score_booked(infra: StrataSettings) -> None:
+    """An answer that awaits the desk gets a provisional and a final event, but one RM score in the ledger."""
+    import uuid
+
+    from strata import ledger, redis_client
+    from strata.v1 import common_pb2, events_pb2
+
+    strong, human = common_pb2.SCORER_STRONG, common_pb2.SCORER_HUMAN
+    prompt = uuid.uuid4().hex
+    request = tiers.Request(_record(0, False), f"settle-{prompt[:8]}", prompt)
+    request.events = [events_pb2.RewardScored(tier=2, response_hash=h, scorer=strong, final=False) for h in "ab"]
+    request.events += [events_pb2.RewardScored(tier=2, response_hash="a", scorer=human, final=True),
+                       events_pb2.RewardScored(tier=2, response_hash="b", scorer=strong, final=True)]  # expired
+    client = redis_client.connect(infra.redis_address)
+    try:
+        before = ledger.read_stages(client)
+        ledger.book(client, prompt, request.request_id,
+                    [ledger.Charge("rm_strong", 2, 40, 0.5, 4e6, items=2)], ttl_s=60)
+        stages = tiers.ArmRunner(infra, "settle", seed=0)._settled_stages(client, before, [request])
+    finally:
+        client.close()
+    assert [(s.stage, s.items) for s in stages if s.items] == [("rm_strong", 2)]
+
+
 def _arm(name: str, share: float, saving: float, quality: float):
     from strata_tools.bench.tier_eval import ArmFigures
 
@@ -135,8 +195,7 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     assert best["mean_oracle"] >= oracle["mean_oracle"] - 1e-9
     assert "ceiling (any router" in out
     last = out.strip().splitlines()[-1]
-    match = re.fullmatch(r"tiers saving=(\S+) device_saving=(\S+) quality_ratio=(\S+) bad_case_catch=(\S+) "
-                         r"level2_share=(\d\.\d{3}) apgr=(\S+) ceiling_share_of_saving=(\S+)", last)
+    match = LINE.fullmatch(last)
     assert match, last
     skip_arm = arms["tiered + skip (live)"]
     assert float(match.group(5)) == pytest.approx(skip_arm["level2_share"], abs=1e-3)
