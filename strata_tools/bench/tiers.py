@@ -19,7 +19,10 @@ risk prompts of the first, so both mixes are read off one live run (the union of
    escalation under ``escalation_threshold`` (cautious prompts straight to Level-2);
 3. **tiered + skip**: ``--history`` train-split prompts are submitted through the scheduler first
    (that history's cost is not the arm's), then the eval prompts through ``SubmitBatch``: the
-   scheduler may skip a prompt and reuse a known reward (R10-R12).
+   scheduler may skip a prompt and reuse a known reward (R10-R12);
+4. **the epoch stream**: the eval prompts again through the scheduler, ``--epochs`` passes in all (the
+   third arm is the first), reshuffled each time, as PPO revisits its prompt set: what skipping adds
+   to the saving once the prompts have a history of their own, and the skip audit's reuse error.
 
 Each arm's cost is what every stage booked in the cost ledger (``strata.ledger``) between its
 start and end, per prompt from the ledger's (prompt, request) records: encoder, probe, generation
@@ -95,6 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="risk share of a second, stress mix read off the same run (0: none)")
     parser.add_argument("--history", type=int, default=96,
                         help="train-split prompts submitted through the scheduler before the skip arm")
+    parser.add_argument("--epochs", type=int, default=5,
+                        help="passes of the eval prompts through the scheduler, as PPO revisits its prompt set; the "
+                             "first is the tiered + skip arm (1: that arm alone)")
     parser.add_argument("--bad-threshold", type=float, default=1.5,
                         help="oracle score under which a Level-1 answer is a bad case")
     parser.add_argument("--review-seconds", type=float, default=60.0, help="human seconds per annotation")
@@ -597,6 +603,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.prompts < 4 or args.history < 0:
         raise CliError("--prompts must be >= 4 and --history >= 0")
+    if args.epochs < 1:
+        raise CliError("--epochs must be >= 1 (1: the tiered + skip arm alone, no later passes)")
     if not (0 <= args.risk_share <= 1 and 0 <= args.stress_risk_share <= 1):
         raise CliError("--risk-share and --stress-risk-share must be in [0, 1]")
     run_id = uuid.uuid4().hex[:8]
@@ -636,12 +644,19 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
             progress(f"[arm] {name}: {len(records)} prompts via {route}")
             runs[name] = live.run_arm(name, records, route, args.timeout, progress)
             progress(f"      done in {runs[name].wall_s:.0f} s")
+        for epoch in range(2, args.epochs + 1):
+            name = epoch_arm(epoch)
+            progress(f"[arm] {name}: the {len(eval_records)} eval prompts again via the scheduler, reshuffled")
+            run = live.run_arm(name, epoch_order(eval_records, epoch, args.seed), "scheduler", args.timeout, progress)
+            runs[name] = in_order_of(eval_records, run)
+            progress(f"      done in {run.wall_s:.0f} s")
+        audits = settled_audits(live.scheduler_address) if args.epochs > 1 else None
     client = redis_client.connect(settings.redis_address, socket_timeout=30)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     answers = {name: [answers_of(r, client, store) for r in run.requests] for name, run in runs.items()
                if name != "history"}
     client.close()
-    report = build_report(args, zoo.root.name, mixes, runs, answers)
+    report = build_report(args, zoo.root.name, mixes, runs, answers, audits)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tiers.json").write_text(json.dumps(report["json"], indent=2))
     tier_eval.plot_curve(out / "tiers.png", report["sweep"], report["marks"], report["ceiling"])
@@ -650,6 +665,89 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     head = report["headline"]
     print(headline_line(head, report["apgr"], report["ceiling_share"]))
     return 0
+
+
+# -- the epoch stream ---------------------------------------------------------------------------------
+
+
+def epoch_arm(epoch: int) -> str:
+    """The arm name of the stream's ``epoch`` (1-based); the first pass is the tiered + skip arm."""
+    return HEADLINE_ARM if epoch == 1 else f"{HEADLINE_ARM}, epoch {epoch}"
+
+
+def epoch_order(records: Sequence[Any], epoch: int, seed: int) -> list[Any]:
+    """The order in which ``epoch`` sends ``records``: a seeded shuffle of its own, as a training loop
+    reshuffles its prompt set every epoch."""
+    order = list(records)
+    random.Random(f"{seed}-epoch-{epoch}").shuffle(order)
+    return order
+
+
+def in_order_of(records: Sequence[Any], run: ArmRun) -> ArmRun:
+    """``run`` with its requests in ``records``' order (the report reads arms prompt by prompt)."""
+    by_record = {id(r.record): r for r in run.requests}
+    if set(by_record) != {id(r) for r in records}:
+        raise ValueError("the run's requests are not those of the records")
+    return dataclasses.replace(run, requests=[by_record[id(r)] for r in records])
+
+
+@dataclass(frozen=True)
+class Audits:
+    """The scheduler's skip audit over the whole stream: audited skips rolled out anyway, and how far the
+    reward a skip would have reused was from the fresh one (R12)."""
+
+    audits: int
+    scored: int
+    reuse_mae: float | None
+
+
+def settled_audits(scheduler_address: str, timeout_s: float = 60.0) -> Audits:
+    """The scheduler's audit figures once every audit's fresh reward is folded in (or ``timeout_s``)."""
+    from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with rpc.channel(scheduler_address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        while True:
+            stats = stub.Stats(scheduler_pb2.StatsRequest(), timeout=30)
+            if stats.audits_scored >= stats.audits or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)  # the statistics worker folds the stream's last rewards after it ends
+    mae = stats.audit_reuse_mae if stats.HasField("audit_reuse_mae") else None
+    return Audits(stats.audits, stats.audits_scored, mae)
+
+
+def epoch_figures(answers: dict[str, list[Answers]], hashes: Sequence[str], level2: Sequence[Answer],
+                  bad_threshold: float, baseline: ArmFigures) -> list[tuple[int, int, ArmFigures]]:
+    """Each epoch of the stream that ran: its number, prompts skipped, and its figures against all-Level-2."""
+    rows = []
+    epoch = 1
+    while (name := epoch_arm(epoch)) in answers:
+        figures = live_figures(name, answers[name], hashes, level2, bad_threshold, baseline)
+        rows.append((epoch, sum(a.skipped for a in answers[name]), figures))
+        epoch += 1
+    return rows
+
+
+def epoch_lines(rows: Sequence[tuple[int, int, ArmFigures]], tiered: ArmFigures, audits: Audits | None) -> list[str]:
+    """The stream's table: per epoch, what skipping removed and what the saving became beside the tiered arm's."""
+    if not rows:
+        return []
+    lines = ["the training-shaped stream: the same eval prompts through the scheduler epoch after epoch (fixed "
+             "policy; skipped prompts cost their encoding and have no answer of their own)",
+             f"  {'epoch':>5} {'skipped':>8} {'PxT sav.':>8} {'vs tiered':>9} {'device sav.':>11} {'quality':>8} "
+             f"{'L2 share':>8} {'catch':>6}"]
+    for epoch, skipped, a in rows:
+        gain = None if a.param_token_saving is None or tiered.param_token_saving is None \
+            else a.param_token_saving - tiered.param_token_saving
+        lines.append(f"  {epoch:>5} {_pct(skipped / a.prompts):>8} {_pct(a.param_token_saving):>8} "
+                     f"{'-' if gain is None else format(gain * 100, '+.1f') + ' pt':>9} {_pct(a.saving):>11} "
+                     f"{_num(a.quality_ratio):>8} {_pct(a.level2_share):>8} {_pct(a.bad_case_catch):>6}")
+    if audits is not None:
+        mae = "-" if audits.reuse_mae is None else f"{audits.reuse_mae:.3f}"
+        lines.append(f"  skip audit over the stream: {audits.scored} of {audits.audits} audited skips scored, reuse "
+                     f"error (MAE) {mae} (what a reused reward costs in reward quality)")
+    return lines
 
 
 @dataclass
@@ -691,13 +789,17 @@ def subset(union: Sequence[Any], chosen: Sequence[Any], runs: dict[str, ArmRun],
 
 
 def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, union_runs: dict[str, ArmRun],
-                 union_answers: dict[str, list[Answers]]) -> dict[str, Any]:
+                 union_answers: dict[str, list[Answers]], audits: Audits | None = None) -> dict[str, Any]:
     """The printed lines, the JSON figures, and the sweep, ceiling, marks and headline arm of the curve
-    (the default mix's), with the stress mix's figures read off the same live answers."""
+    (the default mix's), the epoch stream's rows, with the stress mix's figures read off the same live
+    answers."""
     records, runs, answers = subset(mixes.union, mixes.default, union_runs, union_answers)
     arms = _report_arms(args.bad_threshold, records, runs, answers)
     sweep = sweep_figures(arms.replay, arms.baseline, args.bad_threshold)
     lines = _report_lines(args, zoo_hash, records, union_runs, answers, arms, sweep)
+    epochs = epoch_figures(answers, [o.prompt_hash for o in arms.replay], [o.level2 for o in arms.replay],
+                           args.bad_threshold, arms.baseline)
+    lines += epoch_lines(epochs, arms.tiered, audits)
     stress_json = None
     if mixes.stress:
         stress_records, stress_runs, stress_answers = subset(mixes.union, mixes.stress, union_runs, union_answers)
@@ -721,6 +823,8 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
         "sweep": [tier_eval.to_json(a) for a in sweep.arms], "ceiling": [tier_eval.to_json(a) for a in sweep.ceiling],
         "route_llm": sweep.route_llm, "ceiling_share_of_saving": sweep.ceiling_share, "article": ARTICLE,
         "risk_share": args.risk_share, "stress": stress_json, "live_prompts": len(mixes.union),
+        "epochs": [{"epoch": e, "skipped": skipped, **tier_eval.to_json(a)} for e, skipped, a in epochs],
+        "audits": None if audits is None else dataclasses.asdict(audits),
         "stages": {name: [dataclasses.asdict(s) for s in run.stages] for name, run in union_runs.items()},
         "wall_s": {name: run.wall_s for name, run in union_runs.items()},
     }
@@ -800,6 +904,8 @@ def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any
              f"mean {statistics.fmean(level1_oracle):.3f}); human review {args.review_seconds:.0f} s per item",
              *arm_table(arms.table), ""]
     for name, run in runs.items():
+        if name.startswith(f"{HEADLINE_ARM}, epoch"):
+            continue  # the stream's later epochs: their figures are in the stream's table and the JSON
         lines.append(f"{name} ({len(run.requests)} prompts live, {run.wall_s:.0f} s wall): where the cost went")
         lines += ["  " + line for line in _stage_lines(run.stages)]
     lines += _threshold_lines(arms.replay, args.bad_threshold, arms.baseline)

@@ -147,6 +147,38 @@ def test_an_arm_settles_once_each_answer_has_its_one_rm_score_booked(infra: Stra
     assert [(s.stage, s.items) for s in stages if s.items] == [("rm_strong", 2)]
 
 
+def test_the_epoch_stream_reshuffles_each_pass_and_is_read_back_in_prompt_order() -> None:
+    records = [_record(i, False) for i in range(30)]
+    second, third = tiers.epoch_order(records, 2, seed=0), tiers.epoch_order(records, 3, seed=0)
+    assert sorted(r.text for r in second) == sorted(r.text for r in records)  # every prompt, once
+    assert [r.text for r in second] != [r.text for r in third] != [r.text for r in records]
+    assert [r.text for r in tiers.epoch_order(records, 2, seed=0)] == [r.text for r in second]  # seeded
+    run = tiers.ArmRun("e2", [tiers.Request(r, f"id-{r.text}") for r in second], [], 1.0)
+    assert [r.request_id for r in tiers.in_order_of(records, run).requests] == [f"id-{r.text}" for r in records]
+    with pytest.raises(ValueError):
+        tiers.in_order_of(records[:-1], run)
+    assert [tiers.epoch_arm(e) for e in (1, 2)] == [tiers.HEADLINE_ARM, f"{tiers.HEADLINE_ARM}, epoch 2"]
+
+
+def test_epoch_rows_show_what_skipping_adds_once_prompts_have_a_history() -> None:
+    level2 = [Answer(4.0, 3.9, 10.0, 100.0) for _ in range(4)]
+    outcomes = [Outcome(h, None, a) for h, a in zip("abcd", level2, strict=True)]
+    baseline = compare(all_level2(outcomes, 1.5), all_level2(outcomes, 1.5))
+    served = tiers.Answers(Answer(3.0, 3.5, 1.0, 20.0), None, False, 0.0, (0.1, 5.0))
+    skipped = tiers.Answers(None, None, False, 0.0, (0.1, 5.0), skipped=True)
+    answers = {tiers.epoch_arm(1): [served] * 4, tiers.epoch_arm(2): [served, skipped, skipped, served],
+               tiers.epoch_arm(4): [skipped] * 4}  # epoch 3 did not run: the stream ends at 2
+    rows = tiers.epoch_figures(answers, list("abcd"), level2, 1.5, baseline)
+    assert [(epoch, skipped_n) for epoch, skipped_n, _ in rows] == [(1, 0), (2, 2)]
+    first, second = rows[0][2], rows[1][2]
+    assert first.param_tokens == 4 * 25.0 and second.param_tokens == 2 * 25.0 + 2 * 5.0
+    assert second.param_token_saving == pytest.approx(1 - 60.0 / 400.0)
+    lines = tiers.epoch_lines(rows, first, tiers.Audits(3, 3, 0.41))
+    assert lines[3].split()[:4] == ["2", "50.0%", "85.0%", "+10.0"]
+    assert "3 of 3 audited skips scored, reuse error (MAE) 0.410" in lines[-1]
+    assert tiers.epoch_lines([], first, None) == []
+
+
 def _arm(name: str, share: float, saving: float, quality: float):
     from strata_tools.bench.tier_eval import ArmFigures
 
@@ -173,7 +205,7 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     monkeypatch.setenv("STRATA_ZOO_PRESET", "ci")
     parser = argparse.ArgumentParser()
     tiers.add_arguments(parser)
-    args = parser.parse_args(["--prompts", "8", "--history", "4", "--out", str(tmp_path)])
+    args = parser.parse_args(["--prompts", "8", "--history", "4", "--epochs", "3", "--out", str(tmp_path)])
     assert tiers.run(args) == 0
     out = capsys.readouterr().out
     figures = json.loads((tmp_path / "tiers.json").read_text())
@@ -203,3 +235,8 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     # The stress mix is read off the same live run: more risk prompts, the union of both mixes ran.
     assert figures["stress"]["risk_prompts"] > figures["risk_prompts"]
     assert figures["live_prompts"] > figures["prompts"] == 8 and "stress mix:" in out
+    # The epoch stream: the skip arm and two more passes of the same prompts, each costed against all-Level-2.
+    assert [e["epoch"] for e in figures["epochs"]] == [1, 2, 3] and "the training-shaped stream" in out
+    assert figures["epochs"][0]["param_token_saving"] == pytest.approx(skip_arm["param_token_saving"])
+    assert all(0 <= e["skipped"] <= 8 and e["prompts"] == 8 for e in figures["epochs"])
+    assert figures["audits"]["scored"] <= figures["audits"]["audits"]
