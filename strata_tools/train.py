@@ -354,9 +354,11 @@ class _Run:
         return Booked.of(ledger.read_stages(self.ledger_client)) - self.booked_at_start
 
     def checkpoint(self, version: int) -> Evaluation:
-        """Evaluate the policy on the held-out prompts and record it with what was booked by now."""
+        """Evaluate the policy on the held-out prompts and record it with what was booked by now (read
+        first: rollouts still in flight book while the evaluation runs)."""
+        booked = self.booked()
         evaluation = evaluate(self.channels, self.eval_records, version, self.options.seed)
-        self.summary.checkpoints.append(Checkpoint(version - self.summary.start_version, self.booked(), evaluation))
+        self.summary.checkpoints.append(Checkpoint(version - self.summary.start_version, booked, evaluation))
         return evaluation
 
 
@@ -449,7 +451,10 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
                     last_checkpoint = advanced
         finally:
             tail.close()
-        summary.after = run.checkpoint(summary.end_version)
+        last = summary.checkpoints[-1]
+        # The loop may end (max_rounds) right after a checkpoint of the same version: that is the after.
+        same = len(summary.checkpoints) > 1 and last.updates == summary.end_version - start_version
+        summary.after = last.evaluation if same else run.checkpoint(summary.end_version)
     finally:
         for channel in channels.values():
             channel.close()

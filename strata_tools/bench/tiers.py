@@ -64,7 +64,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,7 +234,8 @@ class ArmRunner:
 
         # One RM score per answer: an answer awaiting the desk gets a provisional event and a final one.
         rm_scorers = (common_pb2.SCORER_LIGHT, common_pb2.SCORER_STRONG)
-        scored = len({(r.request_id, e.response_hash) for r in requests for e in r.events if e.scorer in rm_scorers})
+        scored = len({(r.request_id, e.tier, e.sample_index) for r in requests for e in r.events
+                      if e.scorer in rm_scorers})
         deadline = time.monotonic() + 60
         while True:
             booked = sum(s.items for r in requests
@@ -465,22 +466,33 @@ def answers_of(request: Request, client: Any, store: Any) -> Answers:
     encoder = _path_cost([s for s in stages if s.stage == "encoder"], {0})
     if any(e.scorer == common_pb2.SCORER_REUSED for e in request.events):
         return Answers(None, None, False, 0.0, encoder[:2], skipped=True)
+    level1_events = _per_sample(e for e in request.events if e.tier == common_pb2.TIER_LEVEL_1)
+    level2_events = _per_sample(e for e in request.events if e.tier == common_pb2.TIER_LEVEL_2 and e.final)
     level1_cost = _path_cost([s for s in stages if s.stage != "encoder"], {0, 1})
-    level2_cost = _path_cost(stages, {2})
+    # A prompt sent straight to Level-2 still paid for its probe (tier 0).
+    level2_cost = _path_cost([s for s in stages if s.stage != "encoder"], {2} if level1_events else {0, 2})
 
-    def answer(event: Any, cost: tuple[float, float, float]) -> Answer:
-        text = store.get_text(event.response_hash)
-        return Answer(judge(request.record, text).score, event.reward, cost[0], cost[1])
+    def answer(events: list[Any], reward: float, cost: tuple[float, float, float]) -> Answer:
+        oracle = statistics.fmean(judge(request.record, store.get_text(e.response_hash)).score for e in events)
+        return Answer(oracle, reward, cost[0], cost[1])
 
-    level1 = next((e for e in request.events if e.tier == common_pb2.TIER_LEVEL_1), None)
-    level2 = next((e for e in request.events if e.tier == common_pb2.TIER_LEVEL_2 and e.final), None)
+    # Several samples: the Level-1 answer's reward is the lowest (a request escalates when any sample
+    # does), its oracle score the samples' mean; a tier's cost is every sample's.
     return Answers(
-        answer(level1, level1_cost) if level1 is not None else None,
-        answer(level2, level2_cost) if level2 is not None else None,
-        # With several samples a request escalates when any of its Level-1 samples does.
-        escalated=any(e.escalated for e in request.events if e.tier == common_pb2.TIER_LEVEL_1),
+        answer(level1_events, min(e.reward for e in level1_events), level1_cost) if level1_events else None,
+        answer(level2_events, statistics.fmean(e.reward for e in level2_events), level2_cost) if level2_events
+        else None,
+        escalated=any(e.escalated for e in level1_events),
         human_seconds=level2_cost[2], encoder=encoder[:2],
     )
+
+
+def _per_sample(events: Iterable[Any]) -> list[Any]:
+    """One event per sample (the first seen): a redelivered event does not count twice."""
+    seen: dict[int, Any] = {}
+    for event in events:
+        seen.setdefault(event.sample_index, event)
+    return list(seen.values())
 
 
 def live_figures(name: str, answers: Sequence[Answers], hashes: Sequence[str], baseline_level2: Sequence[Answer],
@@ -511,7 +523,14 @@ def live_figures(name: str, answers: Sequence[Answers], hashes: Sequence[str], b
         param_tokens=figures.param_tokens + sum(a.encoder[1] for a in skipped),
         level2_share=figures.level2_share * served / n,
     )
-    return tier_eval.compare(figures, baseline)
+    compared = tier_eval.compare(figures, baseline)
+    if not skipped:
+        return compared
+    # Quality against the baseline on the prompts that have an answer of their own (cost stays whole).
+    served_baseline = statistics.fmean(b.oracle for a, b in zip(answers, baseline_level2, strict=True)
+                                       if not a.skipped)
+    return dataclasses.replace(compared, quality_ratio=figures.mean_oracle / served_baseline if served_baseline
+                               else None)
 
 
 def baseline_figures(hashes: Sequence[str], answers: Sequence[Answers], risks: Sequence[bool],
@@ -554,19 +573,34 @@ def headline_line(arm: ArmFigures, apgr: float | None, ceiling_share: float | No
 
 
 def headline_of(name: str, own: Sequence[Answers], baseline: Sequence[Answers], hashes: Sequence[str],
-                risks: Sequence[bool], bad_threshold: float) -> Headline:
+                risks: Sequence[bool], bad_threshold: float, level2_samples: int = 1) -> Headline:
     """The headline of a run whose requests got ``own`` answers, against ``baseline`` (the same prompts,
-    ``hashes``, through all-Level-2). Skipped prompts cost their encoding and are left out of the quality
-    mean and of the replay; the replay's baseline is all-Level-2 on the prompts it keeps."""
+    ``hashes``, through all-Level-2, ``level2_samples`` samples each). Skipped prompts cost their encoding
+    and are left out of the quality mean and of the replay; the replay's baseline is all-Level-2 on the
+    prompts it keeps, and a replayed escalation pays for one Level-2 sample, as a live one does."""
     if not (len(own) == len(baseline) == len(hashes) == len(risks)) or not hashes:
         raise ValueError("headline_of needs one own answer, one baseline answer, a hash and a risk flag per prompt")
+    if level2_samples < 1:
+        raise ValueError("level2_samples must be >= 1")
     kept = [i for i, a in enumerate(own) if not a.skipped]
     if not kept:
         raise ValueError("every prompt was skipped: no answer of the run's own to judge or replay")
     level2, base = baseline_figures(hashes, baseline, risks, bad_threshold)
     arm = live_figures(name, own, hashes, level2, bad_threshold, base)
-    replay = [PromptOutcome(hashes[i], own[i].level1, level2[i], risks[i], human_seconds=baseline[i].human_seconds)
-              for i in kept]
+
+    def escalation(i: int) -> tuple[Answer, float]:
+        """What escalating prompt ``i`` costs: one of the baseline's samples (a prompt sent straight to
+        Level-2 rolls out every sample there, as the baseline does)."""
+        if own[i].level1 is None:
+            return level2[i], baseline[i].human_seconds
+        one = dataclasses.replace(level2[i], device_seconds=level2[i].device_seconds / level2_samples,
+                                  param_tokens=level2[i].param_tokens / level2_samples)
+        return one, baseline[i].human_seconds / level2_samples
+
+    replay = []
+    for i in kept:
+        answer, human = escalation(i)
+        replay.append(PromptOutcome(hashes[i], own[i].level1, answer, risks[i], human_seconds=human))
     _, replay_base = baseline_figures([hashes[i] for i in kept], [baseline[i] for i in kept],
                                       [risks[i] for i in kept], bad_threshold)
     oracle_arm = tier_eval.compare(tier_eval.evaluate("oracle router (replay)", replay,
@@ -745,8 +779,9 @@ def epoch_lines(rows: Sequence[tuple[int, int, ArmFigures]], tiered: ArmFigures,
                      f"{_num(a.quality_ratio):>8} {_pct(a.level2_share):>8} {_pct(a.bad_case_catch):>6}")
     if audits is not None:
         mae = "-" if audits.reuse_mae is None else f"{audits.reuse_mae:.3f}"
-        lines.append(f"  skip audit over the stream: {audits.scored} of {audits.audits} audited skips scored, reuse "
-                     f"error (MAE) {mae} (what a reused reward costs in reward quality)")
+        lines.append(f"  skip audit, the scheduler's whole run (history, skip arm, later epochs): {audits.scored} of "
+                     f"{audits.audits} audited skips scored, reuse error (MAE) {mae} (what a reused reward costs "
+                     "in reward quality)")
     return lines
 
 
@@ -925,7 +960,8 @@ def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any
     return lines
 
 
-def routing_lines(sweep: SweepFigures, oracle_arm: ArmFigures, router_arm: ArmFigures) -> list[str]:
+def routing_lines(sweep: SweepFigures, oracle_arm: ArmFigures, router_arm: ArmFigures,
+                  router_label: str = "the tiered arm's") -> list[str]:
     """The router against the literature's yardsticks: RouteLLM's figures of its sweep, the ceiling of any
     router (beside the oracle router's and ``router_arm``'s shares), and its best saving at the target
     quality as a share of the ceiling's."""
@@ -935,7 +971,7 @@ def routing_lines(sweep: SweepFigures, oracle_arm: ArmFigures, router_arm: ArmFi
     return [f"RouteLLM figures of the threshold sweep (Level-1 light-RM score; weak {sweep.weak:.3f}, strong "
             f"{sweep.strong:.3f}): APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
             f"CPT(80%) {_pct(route_llm['cpt80'])}",
-            *ceiling_lines(sweep.ceiling, oracle_arm, router_arm),
+            *ceiling_lines(sweep.ceiling, oracle_arm, router_arm, router_label),
             f"params x tokens saving at quality >= {TARGET_QUALITY_RATIO}: router (best threshold) {_pct(router)}, "
             f"ceiling {_pct(best)}: {_num(sweep.ceiling_share)} of the ceiling's"]
 
@@ -953,8 +989,8 @@ def _threshold_lines(replay: list[PromptOutcome], bad_threshold: float, baseline
     return lines
 
 
-def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures, router_arm: ArmFigures | None = None
-                  ) -> list[str]:
+def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures, router_arm: ArmFigures | None = None,
+                  router_label: str = "the tiered arm's") -> list[str]:
     """What the best router possible on these answers reaches: at the lowest share, at the target, at the
     oracle router's share, at the served router's (when given), and the cheapest at the target quality."""
     floor = best[0]
@@ -975,7 +1011,7 @@ def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures, router_arm
     lines.append(row("at the oracle router's share", same))
     if router_arm is not None:
         same = min(best, key=lambda a: abs(a.level2_share - router_arm.level2_share))
-        lines.append(row("at the tiered arm's share", same))
+        lines.append(row(f"at {router_label} share", same))
     cheapest = tier_eval.cheapest_reaching(best, TARGET_QUALITY_RATIO)
     lines.append(row(f"cheapest at quality >= {TARGET_QUALITY_RATIO}", cheapest) if cheapest
                  else f"  quality >= {TARGET_QUALITY_RATIO}: unreachable by any router")

@@ -15,14 +15,17 @@ data.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 import random
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -53,6 +56,8 @@ from strata_tools.train import (
     train,
 )
 from strata_tools.zoo.desk import SimulatedDesk, demo_pool
+
+log = logging.getLogger(__name__)
 
 # The tiny CPU models learn at rates real models would not survive (see docs/learner.md).
 # A short run on the ci zoo: the KL penalty on from the first update (the default warm-up spans 100
@@ -226,34 +231,44 @@ def measure_headline(settings: StrataSettings, summary: TrainSummary, args: argp
     from strata.content_store import ContentStore
 
     chosen = headline_sample(summary.requests, args.headline_prompts, args.n_samples, seed=0)
+    submitted = [r for r in summary.requests if r.decision != "refused"]
     if not chosen:
-        progress("no completed request to measure the headline on")
+        progress("no headline: no request of the run completed")
         return None
-    progress(f"baseline: the same {len(chosen)} prompts through all-Level-2 ({args.n_samples} samples each)")
-    runner = ArmRunner(settings, f"demo-{uuid.uuid4().hex[:8]}", seed=0)
-    baseline = runner.run_arm("all-Level-2 baseline", [r.record for r in chosen], "level2", args.timeout,
-                              progress, n_samples=args.n_samples)
-    client = redis_client.connect(settings.redis_address, socket_timeout=30)
-    store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+    incomplete = sum(1 for r in submitted if not r.events or not request_done(
+        r.events, 1 if r.decision == "DECISION_SKIP" else args.n_samples))
+    progress(f"baseline: {len(chosen)} of the run's prompts again through all-Level-2 ({args.n_samples} samples "
+             f"each; {incomplete} of {len(submitted)} requests were left out, incomplete when their round ended)")
     try:
-        own = [answers_of(r, client, store) for r in chosen]
-        base = [answers_of(r, client, store) for r in baseline.requests]
-    finally:
-        client.close()
-    try:
+        runner = ArmRunner(settings, f"demo-{uuid.uuid4().hex[:8]}", seed=0)
+        baseline = runner.run_arm("all-Level-2 baseline", [r.record for r in chosen], "level2", args.timeout,
+                                  progress, n_samples=args.n_samples)
+        client = redis_client.connect(settings.redis_address, socket_timeout=30)
+        store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+        try:
+            own = [answers_of(r, client, store) for r in chosen]
+            base = [answers_of(r, client, store) for r in baseline.requests]
+        finally:
+            client.close()
         return headline_of("this run (tiered + skip, live)", own, base, [r.prompt_hash for r in chosen],
-                           [r.record.risk for r in chosen], BAD_THRESHOLD)
-    except ValueError as exc:
-        progress(f"no headline: {exc}")
+                           [r.record.risk for r in chosen], BAD_THRESHOLD, level2_samples=args.n_samples)
+    except Exception as exc:  # the training's report still prints; the headline says why it is missing
+        log.warning("the headline's baseline pass failed", exc_info=True)
+        progress(f"no headline: the baseline pass failed ({type(exc).__name__}: {exc})")
         return None
 
 
-def headline_lines(headline: Headline) -> list[str]:
+def headline_lines(headline: Headline, n_samples: int) -> list[str]:
     """The headline as the report prints it: the two live arms, the router against the ceiling, the line."""
-    return [f"headline: this run's own traffic against all-Level-2 on the same {headline.arm.prompts} prompts "
-            f"(sent again after training; {headline.replayed} not skipped are replayed for the router's figures)",
-            *arm_table([headline.baseline, headline.arm]),
-            *routing_lines(headline.sweep, headline.oracle_router, headline.arm),
+    arm = headline.arm
+    # The replay holds the prompts not skipped: the run's Level-2 share among them, for the ceiling's row.
+    replayed_share = dataclasses.replace(arm, level2_share=arm.level2_share * arm.prompts / headline.replayed)
+    return [f"headline: this run's own traffic against all-Level-2 ({n_samples} Level-2 samples a prompt, the "
+            f"conventional rollout) on the same {arm.prompts} prompts, sent again after training; the "
+            f"{headline.replayed} not skipped are replayed for the router's figures (an escalation: one Level-2 "
+            "sample)",
+            *arm_table([headline.baseline, arm]),
+            *routing_lines(headline.sweep, headline.oracle_router, replayed_share, "this run's"),
             headline.line()]
 
 
@@ -271,8 +286,30 @@ def write_headline(headline: Headline, report_dir: Path) -> Path:
     return path
 
 
-def _print_report(settings: StrataSettings, summary: TrainSummary, cost: ledger.CostSummary, skipping: list[str],
-                  desk: SimulatedDesk, headline: Headline | None) -> None:
+@dataclass(frozen=True)
+class _Snapshot:
+    """What the report reads of the stack as training left it, before the baseline pass adds to it."""
+
+    cost: ledger.CostSummary
+    skipping: list[str]
+    rollout_log: int
+    annotation: list[str]
+
+
+def _snapshot(settings: StrataSettings, desk: SimulatedDesk) -> _Snapshot:
+    """The cost ledger, the scheduler's skipping, the rollout log's size and the desk's figures now."""
+    from strata_tools.cli.report_cmd import skip_lines
+
+    client = redis_client.connect(settings.redis_address)
+    try:
+        cost, skipping = ledger.read(client), skip_lines(client)
+    finally:
+        client.close()
+    return _Snapshot(cost, skipping, rollout_log_size(settings), annotation_lines(Addresses().annotation, desk))
+
+
+def _print_report(settings: StrataSettings, summary: TrainSummary, snapshot: _Snapshot,
+                  headline: Headline | None, n_samples: int) -> None:
     """[5/6]: tier decisions, skips, the training's costs, the held-out change, the rollout log, the desk's
     figures, the curves, and the headline against the measured baseline."""
     print("[5/6] report", flush=True)
@@ -284,8 +321,8 @@ def _print_report(settings: StrataSettings, summary: TrainSummary, cost: ledger.
     print("      decisions: "
           + ", ".join(f"{k.removeprefix('DECISION_').lower()}={v}" for k, v in sorted(stats.decisions.items()))
           + f"   index size: {stats.index_size}")
-    print("\n".join("      " + line for line in skipping))
-    print("\n".join("      " + line for line in summary_lines(cost)))
+    print("\n".join("      " + line for line in snapshot.skipping))
+    print("\n".join("      " + line for line in summary_lines(snapshot.cost)))
     if summary.before and summary.after:
         print(f"      held-out ({len(summary.before.rewards)} prompts, policy v{summary.start_version} -> "
               f"v{summary.end_version}): light-RM reward {summary.before.mean_reward:.3f} -> "
@@ -296,23 +333,12 @@ def _print_report(settings: StrataSettings, summary: TrainSummary, cost: ledger.
         print("\n".join("      " + line for line in checkpoint_lines(summary)))
     if summary.reward_oscillation is not None:
         print(f"      reward oscillation (rounds' mean light-RM reward): {summary.reward_oscillation}")
-    print(f"      rollout log: {rollout_log_size(settings)} records (prompt hash, response hash, reward)")
-    print("\n".join("      " + line for line in annotation_lines(Addresses().annotation, desk)))
+    print(f"      rollout log: {snapshot.rollout_log} records (prompt hash, response hash, reward)")
+    print("\n".join("      " + line for line in snapshot.annotation))
     print(f"      curves: {summary.png} (held-out change against booked cost; the training rounds)")
     if headline is not None:
-        print("\n".join("      " + line for line in headline_lines(headline)))
+        print("\n".join("      " + line for line in headline_lines(headline, n_samples)))
         print(f"      headline figures: {write_headline(headline, settings.state_dir / 'reports')}")
-
-
-def _ledger_now(settings: StrataSettings) -> tuple[ledger.CostSummary, list[str]]:
-    """The cost ledger and the scheduler's skipping as training left them (before the baseline adds to them)."""
-    from strata_tools.cli.report_cmd import skip_lines
-
-    client = redis_client.connect(settings.redis_address)
-    try:
-        return ledger.read(client), skip_lines(client)
-    finally:
-        client.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -331,13 +357,13 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     try:
         summary = _train(settings, args)
-        cost, skipping = _ledger_now(settings)
+        snapshot = _snapshot(settings, desk)
         headline = None
         if args.headline_prompts:
             headline = measure_headline(settings, summary, args, lambda line: print("     ", line, flush=True))
     finally:
         desk.stop()
-    _print_report(settings, summary, cost, skipping, desk, headline)
+    _print_report(settings, summary, snapshot, headline, args.n_samples)
     if args.refresh:
         refresh_turn(settings)
     print(f"done in {time.monotonic() - started:.0f} s. The stack keeps running: `strata status`, "

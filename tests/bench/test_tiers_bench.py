@@ -11,9 +11,12 @@ from types import SimpleNamespace
 import pytest
 
 from strata.config import StrataSettings
+from strata.v1 import common_pb2
 from strata_tools.bench import tiers
 from strata_tools.bench.tier_eval import Answer, all_level2, compare
 from strata_tools.bench.tier_eval import PromptOutcome as Outcome
+
+TIER1, TIER2 = common_pb2.TIER_LEVEL_1, common_pb2.TIER_LEVEL_2
 
 
 def _record(i: int, risk: bool) -> SimpleNamespace:
@@ -115,6 +118,15 @@ def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_pr
     match = LINE.fullmatch(head.line())
     assert match and float(match.group(1)) == pytest.approx(head.arm.param_token_saving, abs=1e-3)
     assert float(match.group(5)) == pytest.approx(0.5)
+    # Quality against the baseline on the prompts served (c was skipped): 3.1667 / 3.5.
+    assert head.arm.quality_ratio == pytest.approx(((3.0 + 4.0 + 2.5) / 3) / ((4.0 + 4.0 + 2.5) / 3))
+    # The oracle router escalates the bad case b; cautious d is at Level-2 anyway: 5 + (5 + 100) + 100.
+    assert head.oracle_router.param_tokens == pytest.approx(210.0)
+    # With two Level-2 samples per baseline prompt, a replayed escalation buys one of them, as a live one
+    # does; the prompt sent straight to Level-2 still rolls out both.
+    two = tiers.headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5, level2_samples=2)
+    assert two.oracle_router.param_tokens == pytest.approx(5 + (5 + 50) + 100)
+    assert two.baseline.param_tokens == head.baseline.param_tokens  # the baseline itself is what it booked
     with pytest.raises(ValueError, match="without a Level-2 answer"):
         tiers.headline_of("own", own, [*baseline[:3], own[0]], list("abcd"), [False] * 4, 1.5)
     with pytest.raises(ValueError, match="every prompt was skipped"):
@@ -123,19 +135,66 @@ def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_pr
         tiers.headline_of("own", own[:3], baseline, list("abcd"), [False] * 4, 1.5)
 
 
+def test_a_requests_answers_cover_every_sample_and_its_whole_cost(infra: StrataSettings) -> None:
+    """Two Level-1 samples, one escalated: the Level-1 answer's reward is the lower (what escalated), its
+    oracle score the samples' mean, and each tier's cost is what the ledger booked for every sample."""
+    import uuid
+
+    from strata import ledger, redis_client
+    from strata.content_store import ContentStore
+    from strata.v1 import events_pb2
+    from strata_tools.zoo.oracle import judge
+    from strata_tools.zoo.suite import load_suite
+
+    record = load_suite("eval")[0]
+    client = redis_client.connect(infra.redis_address)
+    store = ContentStore(client, infra.content_ttl_s, infra.content_max_bytes)
+    try:
+        prompt = store.put(record.text)
+        texts = ["A short answer.", f"A careful answer about {record.text}", "Level two's answer."]
+        hashes = [store.put(t) for t in texts]
+        request = tiers.Request(record, f"answers-{uuid.uuid4().hex[:8]}", prompt)
+        light, strong = common_pb2.SCORER_LIGHT, common_pb2.SCORER_STRONG
+        request.events = [
+            events_pb2.RewardScored(tier=TIER1, sample_index=0, response_hash=hashes[0], reward=3.6, scorer=light,
+                                    final=True),
+            events_pb2.RewardScored(tier=TIER1, sample_index=1, response_hash=hashes[1], reward=2.1, scorer=light,
+                                    escalated=True),
+            events_pb2.RewardScored(tier=TIER1, sample_index=1, response_hash=hashes[1], reward=2.1, scorer=light,
+                                    escalated=True),  # redelivered
+            events_pb2.RewardScored(tier=TIER2, sample_index=0, response_hash=hashes[2], reward=4.0, scorer=strong,
+                                    final=True),
+        ]
+        ledger.book(client, prompt, request.request_id, [
+            ledger.Charge("probe", 0, 10, 0.1, 1e3), ledger.Charge("generate", 1, 40, 1.0, 4e4, items=2),
+            ledger.Charge("rm_light", 1, 60, 0.2, 6e4, items=2), ledger.Charge("generate", 2, 20, 2.0, 2e5),
+            ledger.Charge("rm_strong", 2, 30, 0.3, 3e5), ledger.Charge("encoder", 0, 10, 0.05, 2e5)], ttl_s=60)
+        answers = tiers.answers_of(request, client, store)
+    finally:
+        client.close()
+    assert answers.escalated and not answers.skipped and answers.level1 and answers.level2
+    assert answers.level1.rm == 2.1
+    assert answers.level1.oracle == pytest.approx((judge(record, texts[0]).score + judge(record, texts[1]).score) / 2)
+    assert answers.level1.param_tokens == pytest.approx(1e3 + 4e4 + 6e4)  # probe, both samples, both RM scores
+    assert answers.level2.param_tokens == pytest.approx(2e5 + 3e5) and answers.encoder[1] == pytest.approx(2e5)
+
+
 def test_an_arm_settles_once_each_answer_has_its_one_rm_score_booked(infra: StrataSettings) -> None:
     """An answer that awaits the desk gets a provisional and a final event, but one RM score in the ledger."""
     import uuid
 
     from strata import ledger, redis_client
-    from strata.v1 import common_pb2, events_pb2
+    from strata.v1 import events_pb2
 
     strong, human = common_pb2.SCORER_STRONG, common_pb2.SCORER_HUMAN
     prompt = uuid.uuid4().hex
     request = tiers.Request(_record(0, False), f"settle-{prompt[:8]}", prompt)
-    request.events = [events_pb2.RewardScored(tier=2, response_hash=h, scorer=strong, final=False) for h in "ab"]
-    request.events += [events_pb2.RewardScored(tier=2, response_hash="a", scorer=human, final=True),
-                       events_pb2.RewardScored(tier=2, response_hash="b", scorer=strong, final=True)]  # expired
+    # Two samples of one text (a tiny model repeats itself): still two answers, each scored once.
+    request.events = [events_pb2.RewardScored(tier=TIER2, sample_index=i, response_hash="a", scorer=strong, final=False)
+                      for i in (0, 1)]
+    request.events += [events_pb2.RewardScored(tier=TIER2, sample_index=0, response_hash="a", scorer=human, final=True),
+                       events_pb2.RewardScored(tier=TIER2, sample_index=1, response_hash="a", scorer=strong,
+                                           final=True)]  # expired: the strong RM's reward kept
     client = redis_client.connect(infra.redis_address)
     try:
         before = ledger.read_stages(client)
@@ -175,7 +234,7 @@ def test_epoch_rows_show_what_skipping_adds_once_prompts_have_a_history() -> Non
     assert second.param_token_saving == pytest.approx(1 - 60.0 / 400.0)
     lines = tiers.epoch_lines(rows, first, tiers.Audits(3, 3, 0.41))
     assert lines[3].split()[:4] == ["2", "50.0%", "85.0%", "+10.0"]
-    assert "3 of 3 audited skips scored, reuse error (MAE) 0.410" in lines[-1]
+    assert "3 of 3 audited skips scored, reuse error (MAE) 0.410" in lines[-1] and "whole run" in lines[-1]
     assert tiers.epoch_lines([], first, None) == []
 
 
