@@ -38,7 +38,16 @@ from strata.config import StrataSettings
 from strata.errors import CliError
 from strata.v1 import annotation_pb2, annotation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.bench import tier_eval
-from strata_tools.bench.tiers import ArmRunner, Headline, answers_of, arm_table, headline_of, routing_lines
+from strata_tools.bench.tiers import (
+    Answers,
+    ArmRun,
+    ArmRunner,
+    Headline,
+    answers_of,
+    arm_table,
+    headline_of,
+    routing_lines,
+)
 from strata_tools.cli.progress import redraw
 from strata_tools.infra import InfraError
 from strata_tools.infra import up as infra_up
@@ -209,11 +218,16 @@ def _train(settings: StrataSettings, args: argparse.Namespace) -> TrainSummary:
         bar.close()
 
 
+def completed(request: Request, n_samples: int) -> bool:
+    """Whether a request of the run has every reward it will get (a skip: its one reused reward)."""
+    return request.decision not in ("", "refused") and request_done(
+        request.events, 1 if request.decision == "DECISION_SKIP" else n_samples)
+
+
 def headline_sample(requests: list[Request], n_prompts: int, n_samples: int, seed: int) -> list[Request]:
     """Up to ``n_prompts`` of the run's completed requests, drawn at random, one per prompt (a prompt sent
     several times is drawn as often as it was sent, then kept once): the prompts the headline measures."""
-    done = [r for r in requests if r.decision not in ("", "refused")
-            and request_done(r.events, 1 if r.decision == "DECISION_SKIP" else n_samples)]
+    done = [r for r in requests if completed(r, n_samples)]
     random.Random(seed).shuffle(done)
     chosen: dict[str, Request] = {}
     for request in done:
@@ -223,33 +237,40 @@ def headline_sample(requests: list[Request], n_prompts: int, n_samples: int, see
     return list(chosen.values())
 
 
+def baseline_answers(settings: StrataSettings, chosen: list[Request], n_samples: int, timeout_s: float,
+                     progress: Callable[[str], None]) -> tuple[list[Answers], list[Answers], ArmRun]:
+    """The chosen requests' prompts sent again straight to Level-2 (``n_samples`` each); the run's own
+    answers and the baseline's, each oracle-judged and costed from the ledger, in ``chosen``'s order, and
+    the baseline's run."""
+    from strata.content_store import ContentStore
+
+    runner = ArmRunner(settings, f"demo-{uuid.uuid4().hex[:8]}", seed=0)
+    baseline = runner.run_arm("all-Level-2 baseline", [r.record for r in chosen], "level2", timeout_s,
+                              progress, n_samples=n_samples)
+    client = redis_client.connect(settings.redis_address, socket_timeout=30)
+    store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+    try:
+        return ([answers_of(r, client, store) for r in chosen],
+                [answers_of(r, client, store) for r in baseline.requests], baseline)
+    finally:
+        client.close()
+
+
 def measure_headline(settings: StrataSettings, summary: TrainSummary, args: argparse.Namespace,
                      progress: Callable[[str], None]) -> Headline | None:
     """The run's own traffic against all-Level-2 on the same prompts: a sample of its requests, sent again
     straight to Level-2 (generation and the strong RM, the desk's humans as served), each answer judged by
     the oracle and each path's cost read from the ledger."""
-    from strata.content_store import ContentStore
-
     chosen = headline_sample(summary.requests, args.headline_prompts, args.n_samples, seed=0)
     submitted = [r for r in summary.requests if r.decision != "refused"]
     if not chosen:
         progress("no headline: no request of the run completed")
         return None
-    incomplete = sum(1 for r in submitted if not r.events or not request_done(
-        r.events, 1 if r.decision == "DECISION_SKIP" else args.n_samples))
+    incomplete = sum(not completed(r, args.n_samples) for r in submitted)
     progress(f"baseline: {len(chosen)} of the run's prompts again through all-Level-2 ({args.n_samples} samples "
              f"each; {incomplete} of {len(submitted)} requests were left out, incomplete when their round ended)")
     try:
-        runner = ArmRunner(settings, f"demo-{uuid.uuid4().hex[:8]}", seed=0)
-        baseline = runner.run_arm("all-Level-2 baseline", [r.record for r in chosen], "level2", args.timeout,
-                                  progress, n_samples=args.n_samples)
-        client = redis_client.connect(settings.redis_address, socket_timeout=30)
-        store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
-        try:
-            own = [answers_of(r, client, store) for r in chosen]
-            base = [answers_of(r, client, store) for r in baseline.requests]
-        finally:
-            client.close()
+        own, base, _ = baseline_answers(settings, chosen, args.n_samples, args.timeout, progress)
         return headline_of("this run (tiered + skip, live)", own, base, [r.prompt_hash for r in chosen],
                            [r.record.risk for r in chosen], BAD_THRESHOLD, level2_samples=args.n_samples)
     except Exception as exc:  # the training's report still prints; the headline says why it is missing

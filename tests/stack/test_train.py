@@ -138,22 +138,12 @@ def test_the_runs_own_traffic_is_measured_against_all_level2_on_the_same_prompts
         infra: StrataSettings, summary: TrainSummary) -> None:
     """The demo's headline: a sample of the run's requests sent again straight to Level-2, both sides'
     answers judged by the oracle and costed from the ledger, in the bench's last-line terms."""
-    from strata import redis_client
-    from strata.content_store import ContentStore
-    from strata_tools.bench.tiers import ArmRunner, answers_of, headline_of
-    from strata_tools.cli.demo_cmd import headline_sample
+    from strata_tools.bench.tiers import headline_of
+    from strata_tools.cli.demo_cmd import baseline_answers, headline_sample
 
     chosen = headline_sample(summary.requests, 16, n_samples=2, seed=0)
     assert len(chosen) == 16 and len({r.prompt_hash for r in chosen}) == 16
-    baseline = ArmRunner(infra, uuid.uuid4().hex[:8], seed=0).run_arm(
-        "all-Level-2", [r.record for r in chosen], "level2", 300, print, n_samples=2)
-    client = redis_client.connect(infra.redis_address)
-    store = ContentStore(client, infra.content_ttl_s, infra.content_max_bytes)
-    try:
-        own = [answers_of(r, client, store) for r in chosen]
-        base = [answers_of(r, client, store) for r in baseline.requests]
-    finally:
-        client.close()
+    own, base, baseline = baseline_answers(infra, chosen, 2, 300, print)
     assert all(b.level2 is not None and b.level2.param_tokens > 0 for b in base)
     assert [r.prompt_hash for r in baseline.requests] == [r.prompt_hash for r in chosen]
     head = headline_of("demo", own, base, [r.prompt_hash for r in chosen], [False] * 16, 1.5)
