@@ -125,8 +125,9 @@ LEVEL2_GROW_LAYERS = 10  # then deepened to 16 x 384, ~29M, and trained on (``tr
 LEVEL2_GROW_TRAIN = TrainConfig(steps=32, batch_size=16, lr=1e-3, warmup_steps=5)
 # The strong RM: a cross-encoder on all-MiniLM-L6-v2 (pretrained on English; the zoo's own LMs read only
 # the zoo's task, and RMs built on them ranked Level-1's answers at Spearman 0.20, docs/reward-models.md),
-# 800 grouped steps at lr 5e-5 with its fresh score head at 20x (docs/model-zoo.md).
-RM_STRONG_TRAIN = TrainConfig(steps=800, batch_size=4, lr=5e-5, warmup_steps=40)
+# 1 200 grouped steps at lr 5e-5 with its fresh score head at 20x (docs/model-zoo.md; still learning at
+# 800: docs/reward-models.md).
+RM_STRONG_TRAIN = TrainConfig(steps=1200, batch_size=4, lr=5e-5, warmup_steps=40)
 RM_STRONG_HEAD_LR_SCALE = 20.0
 # Then it widens 2x (``train.widen_bert``, the same function in a 6 x 768 model, ~67M) so that it costs
 # more than the light RM: ~4x MiniLM per token (3.6x measured). No steps after growth.
