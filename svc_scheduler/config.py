@@ -135,6 +135,12 @@ class SchedulerSettings(StrataSettings):
         0.5, gt=0, description="an audited skip is precise when the fresh mean reward is within this of the reused one",
     )
     audit_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long an audit record is kept for the report")
+    audit_distrust_ttl_s: int = Field(
+        48 * 3600, ge=0,
+        description="an audited skip whose fresh mean reward (its first n_samples rewards) is further than "
+        "audit_tolerance from the reused one makes the neighbours it reused unusable for reuse this long "
+        "(the audit tightens the neighbourhood it caught); 0: audits only measure",
+    )
     rm_version_policy: Literal["current", "any"] = Field(
         "current",
         description="current: only statistics made by the current reward-model version are reused; any: all (R12)",

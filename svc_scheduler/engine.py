@@ -52,7 +52,7 @@ from svc_scheduler.routing import (
     decide,
     detect_risk,
 )
-from svc_scheduler.store import AuditSummary, SchedulerStore
+from svc_scheduler.store import AuditRecord, AuditSummary, SchedulerStore
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ class SchedulerStats:
     index_size: int  # this replica's FAISS index
     high_uncertainty_marks: int
     audits: AuditSummary  # would-be skips rolled out anyway, against their fresh rewards
+    audit_distrusts: int = 0  # audits that erred and made the neighbours they reused unusable for a while
 
 
 class SchedulerEngine:
@@ -202,7 +203,7 @@ class SchedulerEngine:
         routed = []
         for text, digest, vector, row, n, share in zip(prompts, hashes, vectors, found, tokens, shares, strict=True):
             neighbours = [Neighbour(h, sim, state.stats.get(h), state.marks.get(h), state.clusters.get(h),
-                                    state.cluster_marks.get(h)) for h, sim in row]
+                                    state.cluster_marks.get(h), state.distrusts.get(h)) for h, sim in row]
             decision = decide(digest, neighbours, self._risk(text, vector), now, state.versions, self.settings)
             charge = ledger.Charge("encoder", 0, n, share, float(self.encoder.n_params) * n)
             routed.append(Routed(digest, vector, decision, state.versions, charge))
@@ -257,7 +258,8 @@ class SchedulerEngine:
             raise RequestGoneError
         for request in requests:
             self.content.put(request.prompt)  # before publishing: consumers read the text by hash
-        self.store.record_audits([(item.prompt_hash, request.request_id, item.decision.audited_reward)
+        self.store.record_audits([AuditRecord(item.prompt_hash, request.request_id, item.decision.audited_reward,
+                                              request.n_samples, item.decision.reused_from)
                                   for request, item in zip(requests, routed, strict=True)
                                   if item.decision.audited_reward is not None], submitted_at)
         futures = [
@@ -369,4 +371,5 @@ class SchedulerEngine:
             index_size=len(self.index),
             high_uncertainty_marks=counters.get("high_uncertainty_marks", 0),
             audits=self.store.audit_summary(),
+            audit_distrusts=counters.get("audit_distrusts", 0),
         )

@@ -29,8 +29,10 @@ A neighbour is *usable* only if it is similar enough (cosine >= ``min_similarity
 similarity, not only its rank, decides whether its reward says anything about this prompt), has at
 least ``min_samples_per_neighbour`` rewards, statistics younger than ``stats_ttl_s``, a light-RM
 history made by the current light RM (``rm_version_policy``; the strong RM's rewards are the scale it
-is distilled to), a newest sample at most ``max_policy_lag`` policy versions old, and was never
-flagged unsafe (R12). Every other neighbour still counts in the denominator k:
+is distilled to), a newest sample at most ``max_policy_lag`` policy versions old, was never
+flagged unsafe (R12), and carries no fresh *distrust* mark: an audited skip that reused its rewards
+erred by more than ``audit_tolerance`` (the audit tightens the neighbourhood it caught, for
+``audit_distrust_ttl_s``). Every other neighbour still counts in the denominator k:
 "7 of the 10 nearest", not "7 of those that happen to be usable".
 """
 
@@ -73,6 +75,7 @@ class Neighbour:
     marked_at: float | None = None  # unix seconds its neighbourhood was marked high-uncertainty; None: not
     cluster: str | None = None  # the cluster it belongs to (its leader's hash; its own when it leads one)
     cluster_marked_at: float | None = None  # when it leads a cluster: unix seconds that cluster was marked
+    distrusted_at: float | None = None  # unix seconds an audited skip that reused its rewards erred; None: never
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Decision:
     ignored: Mapping[str, int]  # neighbours not usable, by reason ("below similarity floor": 3, ...)
     audited_reward: float | None = None  # an audited skip rolled out anyway: the reward it would have reused
     cluster: str | None = None  # the prompt's cluster (a leader's hash, or its own: it leads a new one)
+    reused_from: tuple[str, ...] = ()  # SKIP, and audited skips: the neighbours whose rewards made the reward
 
     @property
     def caution(self) -> bool:
@@ -128,6 +132,8 @@ def unusable_reason(
         return "no rewards yet"
     if stats.unsafe:
         return "flagged unsafe"
+    if neighbour.distrusted_at is not None and now - neighbour.distrusted_at <= settings.audit_distrust_ttl_s:
+        return "audit erred"
     if now - stats.updated_at > settings.stats_ttl_s:
         return "expired"
     light = stats.rm_versions.get(LIGHT)
@@ -225,6 +231,7 @@ def decide(
             risk=risk if route is Route.LEVEL_2 else None,
             ignored=dict(ignored),
             cluster=cluster,
+            reused_from=tuple(n.prompt_hash for n in sources) if route is Route.SKIP else (),
         )
 
     if not settings.tiering:
@@ -296,3 +303,10 @@ def audit(decision: Decision, prompt_hash: str, request_id: str, share: float) -
                f"rolled out to check it. {decision.reason}",
         reused_reward=None, reused_reward_std=None, reused_rm_version=None, audited_reward=decision.reused_reward,
     )
+
+
+def audit_erred(reused: float, fresh_count: int, fresh_sum: float, expected: int, tolerance: float) -> bool:
+    """Whether an audit whose ``fresh_count``-th fresh reward was just folded in caught its skip erring: it is
+    judged once, on its first ``expected`` (the request's n_samples) fresh rewards, and errs when their mean
+    is further than ``tolerance`` from the reward the skip would have reused."""
+    return expected > 0 and fresh_count == expected and abs(fresh_sum / fresh_count - reused) > tolerance

@@ -274,5 +274,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             submitted=stats.submitted, high_uncertainty_marks=stats.high_uncertainty_marks,
             audits=stats.audits.audits, audits_scored=stats.audits.scored,
             audit_reuse_mae=stats.audits.reuse_mae, audit_precision=stats.audits.precision,
-            audit_tolerance=stats.audits.tolerance,
+            audit_tolerance=stats.audits.tolerance, audit_reuse_mae_ci95=stats.audits.reuse_mae_ci95,
+            audit_distrusts=stats.audit_distrusts,
         )

@@ -12,10 +12,13 @@ Keys (``<p>`` is ``redis_prefix``, ``<h>`` a prompt hash):
     <p>:cluster:<h>      the cluster of an indexed prompt: its leader's hash (its own when it leads one)
     <p>:cmark:<c>        high-uncertainty mark of cluster c (a member's variance went over the threshold)
     <p>:seen:<h>:<r>:<v> a processed reward event (prompt, response, RM version): idempotent updates
-    <p>:audit:<h>:<req>  an audited skip: reused reward, and the fresh rewards' count and sum so far
+    <p>:audit:<h>:<req>  an audited skip: reused reward, the fresh rewards' count and sum so far, the count
+                         that completes it (n_samples) and the neighbours whose rewards it reused
+    <p>:distrust:<h>     an audit of a skip that reused h's rewards erred: unix seconds, expires after
+                         audit_distrust_ttl_s; h is not reused meanwhile
     <p>:audits           sorted set of audit keys by time (the report's window)
     <p>:versions         hash: policy_version (newest seen), rm_version (currently promoted)
-    <p>:counters         hash: submitted, decision:<route>, high_uncertainty_marks, audits
+    <p>:counters         hash: submitted, decision:<route>, high_uncertainty_marks, audits, audit_distrusts
 
 Redis errors surface as :class:`StoreUnavailableError` (a ``ConnectionError``): the servicer answers
 UNAVAILABLE, the Kafka worker retries without dead-lettering. Timeouts are short
@@ -26,11 +29,12 @@ on its own when it is back.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -41,7 +45,7 @@ from redis.retry import Retry
 from strata import redis_client
 from strata.content_store import StoreUnavailableError
 from svc_scheduler.config import SchedulerSettings
-from svc_scheduler.routing import VersionState
+from svc_scheduler.routing import VersionState, audit_erred
 from svc_scheduler.stats import Aging, RewardObservation, RewardStats, apply_reward, marks_high_uncertainty
 
 T = TypeVar("T")
@@ -68,6 +72,7 @@ class NeighbourState:
     clusters: dict[str, str | None]  # the neighbour's cluster (its leader's hash)
     cluster_marks: dict[str, float | None]  # for a neighbour that leads a cluster: that cluster's mark
     versions: VersionState
+    distrusts: dict[str, float | None] = field(default_factory=dict)  # an audit caught its reuse erring
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class RewardUpdate:
     applied: bool  # False: this (prompt, response, RM version) was processed before
     stats: RewardStats | None  # the prompt's statistics afterwards
     newly_marked: bool  # this update marked the prompt's neighbourhood high-uncertainty
+    distrusted: tuple[str, ...] = ()  # this update completed an audit that erred: the neighbours it distrusted
 
 
 @dataclass(frozen=True)
@@ -88,13 +94,24 @@ class AuditSummary:
     reuse_mae: float | None  # mean |fresh mean reward - reused reward| over the scored audits
     precision: float | None  # share of scored audits within the tolerance
     tolerance: float
+    reuse_mae_ci95: float | None = None  # half-width of the MAE's 95 % interval (normal, over audits; >= 2)
 
     def describe(self) -> str:
         """One line for reports: how many skips were audited and how right their reused rewards were."""
         if self.reuse_mae is None or self.precision is None:
             return f"skip audit: {self.audits} audited skips, none scored yet"
+        interval = "" if self.reuse_mae_ci95 is None else f" ± {self.reuse_mae_ci95:.3f} (95 %)"
         return (f"skip audit: {self.scored} of {self.audits} audited skips scored; reuse error (MAE) "
-                f"{self.reuse_mae:.3f}, precision {self.precision:.1%} (within {self.tolerance:g})")
+                f"{self.reuse_mae:.3f}{interval}, precision {self.precision:.1%} (within {self.tolerance:g})")
+
+
+def mean_ci95(values: Sequence[float]) -> float | None:
+    """Half-width of the normal 95 % interval of ``values``' mean; None below two values. Pure."""
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return 1.96 * math.sqrt(variance / len(values))
 
 
 def summarise_audits(records: Sequence[tuple[float, int, float]], tolerance: float) -> AuditSummary:
@@ -105,7 +122,19 @@ def summarise_audits(records: Sequence[tuple[float, int, float]], tolerance: flo
         reuse_mae=sum(errors) / len(errors) if errors else None,
         precision=sum(e <= tolerance for e in errors) / len(errors) if errors else None,
         tolerance=tolerance,
+        reuse_mae_ci95=mean_ci95(errors),
     )
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """An audited skip, written before its prompt is published."""
+
+    prompt_hash: str
+    request_id: str
+    reused: float  # the reward the skip would have reused
+    expected: int = 0  # fresh rewards that complete the audit (the request's n_samples); 0: never judged
+    donors: tuple[str, ...] = ()  # the neighbours whose rewards made ``reused``
 
 
 @dataclass(frozen=True)
@@ -237,10 +266,10 @@ class SchedulerStore:
     def neighbour_state(self, hashes: Sequence[str]) -> NeighbourState:
         """Statistics, marks and clusters of ``hashes`` and the current versions, in one round trip."""
         with _available(), self.client.pipeline(transaction=False) as pipe:
-            for kind in ("stats", "mark", "cluster", "cmark"):
+            for kind in ("stats", "mark", "cluster", "cmark", "distrust"):
                 pipe.mget([self._key(kind, h) for h in hashes] or [self._key(kind, "-")])
             pipe.hgetall(self._versions_key)
-            raw_stats, raw_marks, raw_clusters, raw_cmarks, raw_versions = pipe.execute()
+            raw_stats, raw_marks, raw_clusters, raw_cmarks, raw_distrusts, raw_versions = pipe.execute()
 
         def seconds(raw: list[bytes | None]) -> dict[str, float | None]:
             return {h: None if value is None else float(value) for h, value in zip(hashes, raw, strict=False)}
@@ -251,6 +280,7 @@ class SchedulerStore:
             clusters={h: None if raw is None else raw.decode() for h, raw in zip(hashes, raw_clusters, strict=False)},
             cluster_marks=seconds(raw_cmarks),
             versions=_versions(raw_versions),
+            distrusts=seconds(raw_distrusts),
         )
 
     def versions(self) -> VersionState:
@@ -269,10 +299,11 @@ class SchedulerStore:
         self, prompt_hash: str, response_hash: str, obs: RewardObservation, now: float, request_id: str = ""
     ) -> RewardUpdate:
         """Fold one reward into the prompt's statistics, once per (prompt, response, RM version); when
-        ``request_id`` is an audited skip's, add the reward to that audit too.
+        ``request_id`` is an audited skip's, add the reward to that audit too, and when it completes an
+        audit that erred (``routing.audit_erred``), mark the neighbours the skip reused as distrusted.
 
-        Optimistic transaction (WATCH/MULTI): the dedupe key, the statistics, the mark and the audit
-        change together or not at all, and a concurrent update of the same prompt retries.
+        Optimistic transaction (WATCH/MULTI): the dedupe key, the statistics, the mark, the audit and its
+        verdict change together or not at all, and a concurrent update of the same prompt retries.
         """
         s = self._s
         stats_key, mark_key = self._key("stats", prompt_hash), self._key("mark", prompt_hash)
@@ -281,7 +312,7 @@ class SchedulerStore:
         with _available(), self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(stats_key, seen_key)
+                    pipe.watch(stats_key, seen_key, *([audit_key] if audit_key else []))
                     if pipe.exists(seen_key):
                         current = _stats_from_json(pipe.get(stats_key))  # before unwatch: then it buffers
                         pipe.unwatch()
@@ -290,7 +321,9 @@ class SchedulerStore:
                     new = apply_reward(old, obs, s.stats_ttl_s, s.max_policy_lag, self._aging)
                     mark = marks_high_uncertainty(new, s.min_samples_per_neighbour, s.high_variance_threshold)
                     newly_marked = mark and not pipe.exists(mark_key)
-                    audited = audit_key is not None and bool(pipe.exists(audit_key))
+                    audit = pipe.hmget(audit_key, "reused", "n", "sum", "expected", "donors") if audit_key else None
+                    audited = audit is not None and audit[0] is not None
+                    distrusted = self._distrusted(audit, obs.reward) if audit is not None and audited else ()
                     cluster = pipe.get(self._key("cluster", prompt_hash)) if mark and s.cluster_marking else None
                     pipe.multi()
                     pipe.set(stats_key, _stats_to_json(new), ex=s.stats_ttl_s)
@@ -301,11 +334,15 @@ class SchedulerStore:
                         pipe.set(self._key("cmark", cluster.decode()), repr(now), ex=s.mark_ttl_s)
                     if newly_marked:
                         pipe.hincrby(self._counters_key, "high_uncertainty_marks", 1)
-                    if audited:
+                    if audited and audit_key is not None:
                         pipe.hincrby(audit_key, "n", 1)
                         pipe.hincrbyfloat(audit_key, "sum", obs.reward)
+                    for donor in distrusted:
+                        pipe.set(self._key("distrust", donor), repr(now), ex=s.audit_distrust_ttl_s)
+                    if distrusted:
+                        pipe.hincrby(self._counters_key, "audit_distrusts", 1)
                     pipe.execute()
-                    return RewardUpdate(True, new, newly_marked)
+                    return RewardUpdate(True, new, newly_marked, distrusted)
                 except redis.WatchError:
                     continue
 
@@ -314,15 +351,25 @@ class SchedulerStore:
     def _audit_key(self, prompt_hash: str, request_id: str) -> str:
         return f"{self._s.redis_prefix}:audit:{prompt_hash}:{request_id}"
 
-    def record_audits(self, audits: Sequence[tuple[str, str, float]], now: float) -> None:
-        """(prompt hash, request id, reused reward) of skips to roll out anyway: written before the prompts
-        are published, so that no fresh reward can arrive before its audit exists."""
+    def _distrusted(self, audit: Sequence[Any], reward: float) -> tuple[str, ...]:
+        """The neighbours to distrust when ``reward`` completes this audit (its raw hash fields) and it erred."""
+        reused, n, total, expected, donors = audit
+        if self._s.audit_distrust_ttl_s <= 0 or reused is None or not donors:
+            return ()
+        erred = audit_erred(float(reused), int(n or 0) + 1, float(total or 0.0) + reward, int(expected or 0),
+                            self._s.audit_tolerance)
+        return tuple(donors.decode().split(",")) if erred else ()
+
+    def record_audits(self, audits: Sequence[AuditRecord], now: float) -> None:
+        """Skips to roll out anyway: written before the prompts are published, so that no fresh reward can
+        arrive before its audit exists."""
         if not audits:
             return
         with _available(), self.client.pipeline(transaction=True) as pipe:
-            for prompt_hash, request_id, reused in audits:
-                key = self._audit_key(prompt_hash, request_id)
-                pipe.hset(key, mapping={"reused": repr(reused), "n": 0, "sum": 0.0})
+            for record in audits:
+                key = self._audit_key(record.prompt_hash, record.request_id)
+                pipe.hset(key, mapping={"reused": repr(record.reused), "n": 0, "sum": 0.0,
+                                        "expected": record.expected, "donors": ",".join(record.donors)})
                 pipe.expire(key, self._s.audit_ttl_s)
                 pipe.zadd(self._audits_key, {key: now})
             pipe.zremrangebyscore(self._audits_key, "-inf", now - self._s.audit_ttl_s)

@@ -81,7 +81,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("decisions", "skip_rate", "index_size", "submitted", "high_uncertainty_marks", "audits", "audits_scored", "audit_reuse_mae", "audit_precision", "audit_tolerance")
+    __slots__ = ("decisions", "skip_rate", "index_size", "submitted", "high_uncertainty_marks", "audits", "audits_scored", "audit_reuse_mae", "audit_precision", "audit_tolerance", "audit_reuse_mae_ci95", "audit_distrusts")
     class DecisionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,8 @@ class StatsResponse(_message.Message):
     AUDIT_REUSE_MAE_FIELD_NUMBER: _ClassVar[int]
     AUDIT_PRECISION_FIELD_NUMBER: _ClassVar[int]
     AUDIT_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_REUSE_MAE_CI95_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_DISTRUSTS_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.ScalarMap[str, int]
     skip_rate: float
     index_size: int
@@ -109,4 +111,6 @@ class StatsResponse(_message.Message):
     audit_reuse_mae: float
     audit_precision: float
     audit_tolerance: float
-    def __init__(self, decisions: _Optional[_Mapping[str, int]] = ..., skip_rate: _Optional[float] = ..., index_size: _Optional[int] = ..., submitted: _Optional[int] = ..., high_uncertainty_marks: _Optional[int] = ..., audits: _Optional[int] = ..., audits_scored: _Optional[int] = ..., audit_reuse_mae: _Optional[float] = ..., audit_precision: _Optional[float] = ..., audit_tolerance: _Optional[float] = ...) -> None: ...
+    audit_reuse_mae_ci95: float
+    audit_distrusts: int
+    def __init__(self, decisions: _Optional[_Mapping[str, int]] = ..., skip_rate: _Optional[float] = ..., index_size: _Optional[int] = ..., submitted: _Optional[int] = ..., high_uncertainty_marks: _Optional[int] = ..., audits: _Optional[int] = ..., audits_scored: _Optional[int] = ..., audit_reuse_mae: _Optional[float] = ..., audit_precision: _Optional[float] = ..., audit_tolerance: _Optional[float] = ..., audit_reuse_mae_ci95: _Optional[float] = ..., audit_distrusts: _Optional[int] = ...) -> None: ...

@@ -142,14 +142,14 @@ def test_exporter_and_report_show_the_skip_audit(infra: StrataSettings, redis_cl
     from strata_tools.cli.report_cmd import skip_lines
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.stats import RewardObservation
-    from svc_scheduler.store import SchedulerStore
+    from svc_scheduler.store import AuditRecord, SchedulerStore
 
     registry = CollectorRegistry()
     registry.register(StackCollector(infra, []))
     store = SchedulerStore(redis_client, SchedulerSettings())  # the prefix the services use
     before = _values(registry)
     prompt, request = uuid.uuid4().hex * 2, f"audit-{uuid.uuid4().hex[:8]}"
-    store.record_audits([(prompt, request, 4.0)], time.time())
+    store.record_audits([AuditRecord(prompt, request, 4.0)], time.time())
     store.count({"submitted": 1, "decision:level_1": 1, "audits": 1})
     store.apply_reward(prompt, "response-1", RewardObservation(3.8, 1, "rm", time.time()), time.time(), request)
     after = _values(registry)

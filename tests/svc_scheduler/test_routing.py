@@ -13,6 +13,7 @@ from svc_scheduler.routing import (
     VersionState,
     audit,
     audit_draw,
+    audit_erred,
     decide,
     detect_risk,
     unusable_reason,
@@ -220,6 +221,37 @@ def test_audit_rolls_out_a_share_of_would_be_skips_reproducibly() -> None:
     assert all(0.0 <= d < 1.0 for d in draws) and len(set(draws)) == 2000
     share = sum(audit(skip, "p", f"request-{i}", 0.1).route is Route.LEVEL_1 for i in range(2000)) / 2000
     assert 0.08 < share < 0.12
+
+
+def test_a_skip_names_the_neighbours_it_reused_and_its_audit_keeps_them() -> None:
+    skip = route(neighbours(8))
+    assert skip.reused_from == tuple(f"h{i}" for i in range(8))
+    assert audit(skip, "p", "r", 1.0).reused_from == skip.reused_from
+    assert route(neighbours(3)).reused_from == ()
+    own = route([Neighbour("self", 1.0, stats(LOW, count=4)), *neighbours(3)[:9]])
+    assert own.route is Route.SKIP and own.reused_from == ("self",)
+
+
+def test_an_audit_that_caught_its_skip_erring_takes_the_reused_neighbours_out_of_reuse() -> None:
+    ns = neighbours(7)
+    ns[0] = dataclasses.replace(ns[0], distrusted_at=NOW - 60)
+    decision = route(ns)
+    assert decision.route is Route.LEVEL_1 and decision.ignored == {"audit erred": 1}
+    assert "1 audit erred" in decision.reason
+    ns[0] = dataclasses.replace(ns[0], distrusted_at=NOW - SETTINGS.audit_distrust_ttl_s - 1)  # expired
+    assert route(ns).route is Route.SKIP
+
+
+@pytest.mark.parametrize(("reused", "count", "total", "expected", "erred"), [
+    (4.0, 2, 6.0, 2, True),    # complete, mean 3.0: off by 1.0 > 0.5
+    (4.0, 2, 7.4, 2, False),   # complete, mean 3.7: within the tolerance
+    (4.0, 1, 2.0, 2, False),   # not complete yet: one noisy sample does not judge
+    (4.0, 3, 9.0, 2, False),   # judged once, on the expected count; later rewards (escalations) do not
+    (4.0, 2, 6.0, 0, False),   # an audit recorded without its expected count is never judged
+])
+def test_an_audit_is_judged_once_on_its_expected_fresh_rewards(
+        reused: float, count: int, total: float, expected: int, erred: bool) -> None:
+    assert audit_erred(reused, count, total, expected, 0.5) is erred
 
 
 @pytest.mark.parametrize(

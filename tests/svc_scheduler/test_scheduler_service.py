@@ -326,7 +326,8 @@ def test_audited_skips_are_rolled_out_and_scored_against_the_reused_reward(
     try:
         seed_paraphrases(auditing.engine, auditing.stub)
         # Not QUERY: its rewards here must not reach another test's Watch of QUERY.
-        response = submit(auditing.stub, "Would you explain how binary search works?", request_id="audit-1")
+        response = submit(auditing.stub, "Would you explain how binary search works?", request_id="audit-1",
+                          n_samples=2)
         assert response.decision == common_pb2.DECISION_LEVEL_1 and "audit" in response.reason
         assert not response.HasField("reused_reward")
         for i, value in enumerate([2.5, 3.5]):  # fresh mean 3.0 against the reused 4.0
@@ -343,6 +344,13 @@ def test_audited_skips_are_rolled_out_and_scored_against_the_reused_reward(
         assert stats.decisions["skip"] == 0 and stats.decisions["level_1"] == len(PARAPHRASES) + 1
         assert stats.audit_precision == 0.0
         assert stats.audit_tolerance == auditing.settings.audit_tolerance
+        assert not stats.HasField("audit_reuse_mae_ci95")  # one scored audit: no interval
+        # The audit erred by more than the tolerance on its two (n_samples) rewards: the paraphrases whose
+        # rewards it reused are out of reuse, and a neighbour that would have skipped on them does not.
+        assert stats.audit_distrusts == 1
+        later = submit(auditing.stub, "Would you kindly explain how binary search works?", request_id="after-1")
+        assert later.decision == common_pb2.DECISION_LEVEL_1 and not later.reason.startswith("Level-1 (audit")
+        assert "audit erred" in later.reason, later.reason
     finally:
         auditing.stop()
 
