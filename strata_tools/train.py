@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 
 RM_COLOR, ORACLE_COLOR = "tab:blue", "tab:orange"  # the same in both panels of the picture
 
+# The learner's flags for the zoo's tiny CPU models, which learn at rates real models would not survive
+# (docs/learner.md): the KL penalty on from the first update (the default warm-up spans 100 updates) and
+# a small step, so that the light RM is followed without being gamed (tests/stack/test_train.py).
+CPU_LEARNER_ARGS = ("--learning-rate", "1e-4", "--batch-size", "32", "--minibatch-size", "8",
+                    "--kl-coef", "0.2", "--kl-warmup-updates", "0")
+
 
 @dataclass(frozen=True)
 class Addresses:

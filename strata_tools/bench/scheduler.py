@@ -47,7 +47,9 @@ the scheduler (probe, generators, reward models) are simulated, because generati
    process, run first on a quiet Kafka), batch by batch with each batch's rewards folded in before
    the next; the simulated tier then runs the *same* stream. The live scheduler audits
    ``--live-audit-share`` of its would-be skips, and its reuse error is the audits' (fresh RM rewards
-   against the reused one): real tiers have no oracle truth per policy version.
+   against the reused one, with its 95 % interval): real tiers have no oracle truth per policy version.
+   ``--live-learner`` makes the stream training-shaped: the learner trains the Level-1 policy on the live
+   rewards and the generator serves each version it publishes, so the passes meet a moving policy.
 
 The bench refuses to run while another consumer group reads the prompt topics (a running stack's
 probe would roll out the bench's prompts and its reward service would score them).
@@ -55,8 +57,9 @@ probe would roll out the bench's prompts and its reward service would score them
    rollouts (oracle < 1.5) that were in them; ``--compare-cluster-marking`` routes the same stream a
    second time with ``cluster_marking`` flipped (its own Redis prefix and statistics group).
 
-Last line: ``scheduler trigger_reduction=<x> reuse_mae=<y> greso_trigger_reduction=<z> live_skip_rate=<w>``
-(``nan`` without ``--live``) ``... level2_share= bad_caught=`` and, with ``--compare-cluster-marking``,
+Last line: ``scheduler trigger_reduction= reuse_mae= greso_trigger_reduction= r10_ceiling= live_skip_rate=
+live_reuse_mae= live_audits=`` (the live fields ``nan`` without ``--live``; ``live_audits`` counts the scored
+audits) ``r11_ceiling= ... level2_share= bad_caught=`` and, with ``--compare-cluster-marking``,
 ``flipped_level2_share= flipped_bad_caught=``.
 """
 
@@ -131,6 +134,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--live-zoo", default="ci", help="zoo preset whose models the live tiers serve")
     parser.add_argument("--live-audit-share", type=float, default=0.25,
                         help="share of would-be skips the live scheduler rolls out anyway to measure reuse error")
+    parser.add_argument("--live-learner", action="store_true",
+                        help="a training-shaped live stream: the learner trains the Level-1 policy on the live "
+                             "rewards and publishes each version to the generator while the passes go on")
 
 
 # -- plumbing: Kafka offsets, a recorder in place of Kafka (latency part), an encoder cache -------------
@@ -542,6 +548,9 @@ class LiveResult:
     audit_precision: float | None
     marks: int
     wall_s: float
+    audit_mae_ci95: float | None = None  # half-width of the audit MAE's 95 % interval
+    audit_distrusts: int = 0  # audits that erred and took the neighbours they reused out of reuse
+    policy_versions: tuple[int, ...] = ()  # --live-learner: the learner's version after each batch
 
     @property
     def trigger_rate(self) -> float:
@@ -575,14 +584,18 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
     from strata.bus.admin import GroupLag
     from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
     from strata_tools.bench.tiers import LiveTiers
+    from strata_tools.train import CPU_LEARNER_ARGS
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     zoo = ensure_zoo(ZooSettings(cache_dir=settings.cache_dir, zoo_preset=args.live_zoo))
     live_id = f"{run_id}-live"
     live = LiveTiers(settings, zoo, live_id, review_seconds=0.0, seed=args.seed,
-                     scheduler_env={"STRATA_AUDIT_SHARE": repr(args.live_audit_share)})
+                     scheduler_env={"STRATA_AUDIT_SHARE": repr(args.live_audit_share)},
+                     learner_args=CPU_LEARNER_ARGS if args.live_learner else None)
+    policy = "trained by the learner as it goes" if args.live_learner else "fixed"
     print(f"live: zoo {zoo.root.name} ({args.live_zoo}), {len(stream)} submissions, n_samples {args.n_samples}, "
-          f"audit share {args.live_audit_share:g}; each service in its own process", flush=True)
+          f"audit share {args.live_audit_share:g}, policy {policy}; each service in its own process", flush=True)
+    versions: list[int] = []
     skipped = level2 = 0
     started = time.perf_counter()
     n_batches = (len(stream) + args.batch - 1) // args.batch
@@ -597,9 +610,12 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
                 skipped += sum(r.decision == "DECISION_SKIP" for r in arm.requests)
                 level2 += sum(r.decision == "DECISION_LEVEL_2" for r in arm.requests)
                 wait_for_stats(lag, SYNC_TIMEOUT_S)
+                if args.live_learner:
+                    versions.append(_learner_version(live.ports["learner"]))
+                at_version = f", policy v{versions[-1]}" if versions else ""
                 print(f"  live batch {b + 1}/{n_batches}: {(b + 1) * args.batch if b + 1 < n_batches else len(stream)} "
-                      f"submitted, {skipped} skipped, {level2} Level-2, {time.perf_counter() - started:.0f} s",
-                      flush=True)
+                      f"submitted, {skipped} skipped, {level2} Level-2{at_version}, "
+                      f"{time.perf_counter() - started:.0f} s", flush=True)
         finally:
             lag.close()
         with rpc.channel(live.scheduler_address) as channel:
@@ -610,7 +626,18 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
         audit_mae=stats.audit_reuse_mae if stats.HasField("audit_reuse_mae") else None,
         audit_precision=stats.audit_precision if stats.HasField("audit_precision") else None,
         marks=stats.high_uncertainty_marks, wall_s=time.perf_counter() - started,
+        audit_mae_ci95=stats.audit_reuse_mae_ci95 if stats.HasField("audit_reuse_mae_ci95") else None,
+        audit_distrusts=stats.audit_distrusts, policy_versions=tuple(versions),
     )
+
+
+def _learner_version(port: int) -> int:
+    """The policy version the live learner has published (0: none yet)."""
+    from strata.v1 import learner_pb2, learner_pb2_grpc
+
+    with rpc.channel(f"127.0.0.1:{port}") as channel:
+        status = learner_pb2_grpc.LearnerStub(channel).Status(learner_pb2.LearnerStatusRequest(), timeout=30)
+    return status.policy_version
 
 
 # -- part 7: latency and recall -----------------------------------------------------------------------
@@ -941,7 +968,12 @@ def _print_live(args: argparse.Namespace, live: LiveResult, sim_subset: RuleResu
     print(f"{'knn, real tiers (zoo ' + live.zoo + ')':<34} {live.submitted:>9} {live.rollouts:>9} "
           f"{live.trigger_rate:>8.3f} {live.level2:>8} {live.skipped:>8} {mae:>10}")
     precision = "-" if live.audit_precision is None else f"{live.audit_precision:.1%}"
-    print(f"live: skip rate {live.skip_rate:.1%}, audit precision {precision}, high-uncertainty marks "
+    interval = "" if live.audit_mae_ci95 is None else f" ± {live.audit_mae_ci95:.3f} (95 %)"
+    if live.policy_versions:
+        print(f"live policy: v{live.policy_versions[0]} after the first batch -> v{live.policy_versions[-1]} "
+              "at the end (trained by the learner on the live rewards)")
+    print(f"live: skip rate {live.skip_rate:.1%}, audit reuse error {mae}{interval}, audit precision {precision}, "
+          f"{live.audit_distrusts} audits that erred distrusted the neighbours they reused, high-uncertainty marks "
           f"{live.marks}, {live.wall_s:.0f} s")
 
 
@@ -953,11 +985,14 @@ def _print_last_line(args: argparse.Namespace, settings: SchedulerSettings, meas
     greso_reduction = 1 - greso.trigger_rate / everything.trigger_rate
     reduction = 1 - knn.trigger_rate / everything.trigger_rate
     live_rate = "nan" if live is None else f"{live.skip_rate:.3f}"
+    live_mae = "nan" if live is None or live.audit_mae is None else f"{live.audit_mae:.3f}"
+    live_audits = "nan" if live is None else str(live.audits_scored)
     r10_ceiling, _ = measured.ceiling.reduction(True, args.reuse_budget, settings.low_variance_threshold)
     r11_ceiling, _ = measured.ceiling.reduction(True, args.reuse_budget, settings.high_variance_threshold)
     print(f"scheduler trigger_reduction={reduction:.3f} reuse_mae={knn.mae:.3f} "
-          f"greso_trigger_reduction={greso_reduction:.3f} live_skip_rate={live_rate} "
-          f"r10_ceiling={r10_ceiling * audit_kept:.3f} r11_ceiling={r11_ceiling * audit_kept:.3f} "
+          f"greso_trigger_reduction={greso_reduction:.3f} r10_ceiling={r10_ceiling * audit_kept:.3f} "
+          f"live_skip_rate={live_rate} live_reuse_mae={live_mae} live_audits={live_audits} "
+          f"r11_ceiling={r11_ceiling * audit_kept:.3f} "
           f"{latency_fields(measured.latency)} level2_share={knn.level2_share:.3f} "
           f"bad_caught={knn.bad_caught:.3f}"
           + ("" if flipped is None else f" flipped_level2_share={flipped.level2_share:.3f} "

@@ -322,11 +322,15 @@ class LiveTiers(ArmRunner):
     """The services, each in its own process, and the means to push an arm through them."""
 
     def __init__(self, settings: Any, zoo: Any, run_id: str, review_seconds: float, seed: int,
-                 scheduler_env: dict[str, str] | None = None) -> None:
+                 scheduler_env: dict[str, str] | None = None, learner_args: Sequence[str] | None = None) -> None:
+        """``learner_args``: also run the learner (those svc_learner flags), training the zoo's policy on the
+        rewards and publishing each version to the Level-1 generator: a moving policy. None: a fixed one."""
         super().__init__(settings, run_id, seed)
         self.zoo = zoo
         self.review_seconds = review_seconds
         self.scheduler_env = scheduler_env or {}
+        self.learner_args = None if learner_args is None else list(learner_args)
+        self.checkpoint_dir = Path(settings.state_dir) / "bench" / run_id / "checkpoints"
         self.ports: dict[str, int] = {}
 
     @contextmanager
@@ -370,6 +374,8 @@ class LiveTiers(ArmRunner):
             "scheduler": (f"bench-{self.run_id}-stats",
                           [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED]),
         }
+        if self.learner_args is not None:
+            groups["learner"] = (f"bench-{self.run_id}-learner", [topics.REWARDS_SCORED])
         for group, topic_list in groups.values():
             start_group_at_end(self.settings, group, topic_list)
         return groups
@@ -377,10 +383,16 @@ class LiveTiers(ArmRunner):
     def _service_specs(self, groups: dict[str, tuple[str, list[str]]]) -> dict[str, _ServiceSpec]:
         """Each service's module, arguments and environment of its own, by name."""
         zoo = self.zoo
+        # Policy versions are checked against the learner's checkpoint directory (docs/reliability.md).
+        follow = {"STRATA_POLICY_CHECKPOINT_ROOT": str(self.checkpoint_dir)}
+        learner: dict[str, _ServiceSpec] = {} if self.learner_args is None else {
+            "learner": ("svc_learner", self.learner_args, {
+                "STRATA_GROUP_ID": groups["learner"][0], "STRATA_POLICY_MODEL_PATH": str(zoo.policy),
+                "STRATA_CHECKPOINT_DIR": str(self.checkpoint_dir)})}
         return {
             "probe": ("svc_probe", ["--model", str(zoo.probe)], {"STRATA_GROUP_ID": groups["probe"][0]}),
             "generator-l1": ("svc_generator", ["--tier", "1", "--model", str(zoo.level1)],
-                             {"STRATA_GROUP_ID": groups["generator-l1"][0]}),
+                             {"STRATA_GROUP_ID": groups["generator-l1"][0], **follow}),
             "generator-l2": ("svc_generator", ["--tier", "2", "--model", str(zoo.level2)],
                              {"STRATA_GROUP_ID": groups["generator-l2"][0]}),
             "reward": ("svc_reward", ["--light-rm", str(zoo.light_rm), "--strong-rm", str(zoo.strong_rm)],
@@ -392,7 +404,8 @@ class LiveTiers(ArmRunner):
             "scheduler": ("svc_scheduler", [], {
                 "STRATA_REDIS_PREFIX": f"strata:bench:{self.run_id}",
                 "STRATA_STATS_GROUP_ID": groups["scheduler"][0], "STRATA_WATCH_LOOKBACK_S": "0",
-                **self.scheduler_env}),
+                **follow, **self.scheduler_env}),
+            **learner,
         }
 
     def _spawn(self, specs: dict[str, _ServiceSpec], logs: Path,
@@ -733,6 +746,8 @@ class Audits:
     audits: int
     scored: int
     reuse_mae: float | None
+    reuse_mae_ci95: float | None = None  # half-width of the MAE's 95 % interval
+    distrusts: int = 0  # audits that erred and took the neighbours they reused out of reuse
 
 
 def settled_audits(scheduler_address: str, timeout_s: float = 60.0) -> Audits:
@@ -748,7 +763,8 @@ def settled_audits(scheduler_address: str, timeout_s: float = 60.0) -> Audits:
                 break
             time.sleep(0.5)  # the statistics worker folds the stream's last rewards after it ends
     mae = stats.audit_reuse_mae if stats.HasField("audit_reuse_mae") else None
-    return Audits(stats.audits, stats.audits_scored, mae)
+    ci95 = stats.audit_reuse_mae_ci95 if stats.HasField("audit_reuse_mae_ci95") else None
+    return Audits(stats.audits, stats.audits_scored, mae, ci95, stats.audit_distrusts)
 
 
 def epoch_figures(answers: dict[str, list[Answers]], hashes: Sequence[str], level2: Sequence[Answer],
@@ -779,8 +795,11 @@ def epoch_lines(rows: Sequence[tuple[int, int, ArmFigures]], tiered: ArmFigures,
                      f"{_num(a.quality_ratio):>8} {_pct(a.level2_share):>8} {_pct(a.bad_case_catch):>6}")
     if audits is not None:
         mae = "-" if audits.reuse_mae is None else f"{audits.reuse_mae:.3f}"
+        if audits.reuse_mae_ci95 is not None:
+            mae += f" ± {audits.reuse_mae_ci95:.3f} (95 %)"
         lines.append(f"  skip audit, the scheduler's whole run (history, skip arm, later epochs): {audits.scored} of "
-                     f"{audits.audits} audited skips scored, reuse error (MAE) {mae} (what a reused reward costs "
+                     f"{audits.audits} audited skips scored, {audits.distrusts} erred and distrusted the neighbours "
+                     f"they reused, reuse error (MAE) {mae} (what a reused reward costs "
                      "in reward quality)")
     return lines
 

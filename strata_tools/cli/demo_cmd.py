@@ -55,6 +55,7 @@ from strata_tools.rm.onpolicy import BAD_THRESHOLD
 from strata_tools.stack import control
 from strata_tools.stack.spec import default_services
 from strata_tools.train import (
+    CPU_LEARNER_ARGS,
     Addresses,
     Request,
     RoundStats,
@@ -68,13 +69,9 @@ from strata_tools.zoo.desk import SimulatedDesk, demo_pool
 
 log = logging.getLogger(__name__)
 
-# The tiny CPU models learn at rates real models would not survive (see docs/learner.md).
-# A short run on the ci zoo: the KL penalty on from the first update (the default warm-up spans 100
-# updates) and a small step, so that the weak light RM is followed without being gamed (tests/stack/test_train.py).
-# Level-2 rewards wait for the simulated annotators' scores (svc_annotation closes the loop, R3).
-DEMO_SERVICE_ARGS = {"learner": ["--learning-rate", "1e-4", "--batch-size", "32", "--minibatch-size", "8",
-                                 "--kl-coef", "0.2", "--kl-warmup-updates", "0"],
-                     "reward": ["--await-annotation"]}
+# The learner's flags for the zoo's tiny CPU models (strata_tools.train); Level-2 rewards wait for the
+# simulated annotators' scores (svc_annotation closes the loop, R3).
+DEMO_SERVICE_ARGS = {"learner": list(CPU_LEARNER_ARGS), "reward": ["--await-annotation"]}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

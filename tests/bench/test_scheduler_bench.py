@@ -20,10 +20,11 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    # --live: one paraphrase family (7 prompts x 2 passes) through the real tiers of the ci zoo too.
+    # --live: one paraphrase family (7 prompts x 2 passes) through the real tiers of the ci zoo too, with the
+    # learner training the policy on the live rewards.
     args = parser.parse_args(["--limit", "40", "--batch", "8", "--policy-step-every", "4",
                               "--latency-sizes", "300", "--latency-queries", "5", "--n-samples", "3",
-                              "--live", "--live-families", "1", "--live-audit-share", "0.5",
+                              "--live", "--live-families", "1", "--live-audit-share", "0.5", "--live-learner",
                               "--compare-cluster-marking"])
     assert bench.run(args) == 0
     out = capsys.readouterr().out
@@ -36,28 +37,35 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     simulated = re.search(r"^knn, simulated tier \(same stream\)\s+(\d+)\s+(\d+)", out, re.M)
     assert live and simulated, out
     assert int(live.group(1)) == int(simulated.group(1)) == 14  # the same stream through both tiers
+    assert "policy trained by the learner as it goes" in out
+    moved = re.search(r"^live policy: v(\d+) after the first batch -> v(\d+) at the end", out, re.M)
+    assert moved and int(moved.group(1)) <= int(moved.group(2)), out
     assert 7 <= int(live.group(2)) <= 14 and int(live.group(4)) == 14 - int(live.group(2))
     submitted, rollouts, _level2 = rows["knn (Strata)"]
     assert 40 <= rollouts < submitted  # every prompt rolled out once at least; some second passes skipped
     assert "policy v1 -> v3" in out  # 10 batches, a policy step every 4
     last = out.strip().splitlines()[-1]
     match = re.fullmatch(r"scheduler trigger_reduction=(\d\.\d{3}) reuse_mae=(\d\.\d{3}) "
-                         r"greso_trigger_reduction=(\d\.\d{3}) live_skip_rate=(\d\.\d{3}) "
-                         r"r10_ceiling=(\d\.\d{3}) r11_ceiling=(\d\.\d{3}) "
+                         r"greso_trigger_reduction=(\d\.\d{3}) r10_ceiling=(\d\.\d{3}) "
+                         r"live_skip_rate=(\d\.\d{3}) live_reuse_mae=(\d\.\d{3}|nan) live_audits=(\d+) "
+                         r"r11_ceiling=(\d\.\d{3}) "
                          r"decision_p99_ms=[\d.]+ decision_over_limit=[\d.]+ recall_at_10=1\.000 "
                          r"repeat_p99_ms=[\d.]+ level2_share=(\d\.\d{3}) bad_caught=(\d\.\d{3}|nan) "
                          r"flipped_level2_share=(\d\.\d{3}) flipped_bad_caught=(\d\.\d{3}|nan)", last)
     assert match, last
-    assert float(match.group(5)) <= float(match.group(6))  # R10 allows less than R11 does
+    assert float(match.group(4)) <= float(match.group(8))  # R10 allows less than R11 does
     assert float(match.group(1)) == pytest.approx(1 - rollouts / submitted, abs=1e-3)
-    assert float(match.group(4)) == pytest.approx(int(live.group(4)) / 14, abs=1e-3)
+    assert float(match.group(5)) == pytest.approx(int(live.group(4)) / 14, abs=1e-3)
+    audits = re.search(r"fresh light/strong-RM rewards of (\d+) of (\d+) audited skips", out)
+    assert audits and int(match.group(7)) == int(audits.group(1)) <= int(audits.group(2))
+    assert (match.group(6) == "nan") == (int(match.group(7)) == 0)
     # R11 on the same stream with cluster marking as configured, then flipped: what the last line quotes.
     r11 = {m.group(1): (int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))) for m in re.finditer(
         r"^R11 with cluster marking (on|off): (\d+) of (\d+) non-risk submissions to Level-2 \S+; (\d+) of (\d+) bad",
         out, re.M)}
     assert set(r11) == {"on", "off"}
     configured, flipped = ("on", "off") if SchedulerSettings().cluster_marking else ("off", "on")
-    for arm, share in ((configured, match.group(7)), (flipped, match.group(9))):
+    for arm, share in ((configured, match.group(9)), (flipped, match.group(11))):
         to_level2, nonrisk, bad_caught, bad = r11[arm]
         assert 0 < nonrisk < 80 and to_level2 <= nonrisk and bad_caught <= bad  # risk prompts are left out
         assert float(share) == pytest.approx(to_level2 / nonrisk, abs=1e-3)

@@ -232,9 +232,10 @@ def test_epoch_rows_show_what_skipping_adds_once_prompts_have_a_history() -> Non
     first, second = rows[0][2], rows[1][2]
     assert first.param_tokens == 4 * 25.0 and second.param_tokens == 2 * 25.0 + 2 * 5.0
     assert second.param_token_saving == pytest.approx(1 - 60.0 / 400.0)
-    lines = tiers.epoch_lines(rows, first, tiers.Audits(3, 3, 0.41))
+    lines = tiers.epoch_lines(rows, first, tiers.Audits(3, 3, 0.41, 0.12, 1))
     assert lines[3].split()[:4] == ["2", "50.0%", "85.0%", "+10.0"]
-    assert "3 of 3 audited skips scored, reuse error (MAE) 0.410" in lines[-1] and "whole run" in lines[-1]
+    assert "3 of 3 audited skips scored, 1 erred" in lines[-1] and "whole run" in lines[-1]
+    assert "reuse error (MAE) 0.410 ± 0.120 (95 %)" in lines[-1]
     assert tiers.epoch_lines([], first, None) == []
 
 
