@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -109,9 +110,7 @@ def mean_ci95(values: Sequence[float]) -> float | None:
     """Half-width of the normal 95 % interval of ``values``' mean; None below two values. Pure."""
     if len(values) < 2:
         return None
-    mean = sum(values) / len(values)
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return 1.96 * math.sqrt(variance / len(values))
+    return 1.96 * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def summarise_audits(records: Sequence[tuple[float, int, float]], tolerance: float) -> AuditSummary:
@@ -323,7 +322,7 @@ class SchedulerStore:
                     newly_marked = mark and not pipe.exists(mark_key)
                     audit = pipe.hmget(audit_key, "reused", "n", "sum", "expected", "donors") if audit_key else None
                     audited = audit is not None and audit[0] is not None
-                    distrusted = self._distrusted(audit, obs.reward) if audit is not None and audited else ()
+                    distrusted = self._distrusted(audit, obs.reward) if audit is not None else ()
                     cluster = pipe.get(self._key("cluster", prompt_hash)) if mark and s.cluster_marking else None
                     pipe.multi()
                     pipe.set(stats_key, _stats_to_json(new), ex=s.stats_ttl_s)
@@ -334,7 +333,7 @@ class SchedulerStore:
                         pipe.set(self._key("cmark", cluster.decode()), repr(now), ex=s.mark_ttl_s)
                     if newly_marked:
                         pipe.hincrby(self._counters_key, "high_uncertainty_marks", 1)
-                    if audited and audit_key is not None:
+                    if audited:
                         pipe.hincrby(audit_key, "n", 1)
                         pipe.hincrbyfloat(audit_key, "sum", obs.reward)
                     for donor in distrusted:
