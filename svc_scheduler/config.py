@@ -141,6 +141,12 @@ class SchedulerSettings(StrataSettings):
         "audit_tolerance from the reused one makes the neighbours it reused unusable for reuse this long "
         "(the audit tightens the neighbourhood it caught); 0: audits only measure",
     )
+    audit_similarity_floor_ttl_s: int = Field(
+        7 * 24 * 3600, ge=0,
+        description="an audited skip that erred (as for audit_distrust_ttl_s) raises each neighbour it reused, "
+        "other than the prompt itself, to a similarity floor of its own: the cosine between the two; that "
+        "neighbour is then reused only for prompts closer to it, for this long (0: one global min_similarity)",
+    )
     rm_version_policy: Literal["current", "any"] = Field(
         "current",
         description="current: only statistics made by the current reward-model version are reused; any: all (R12)",

@@ -109,6 +109,7 @@ class SchedulerStats:
     high_uncertainty_marks: int
     audits: AuditSummary  # would-be skips rolled out anyway, against their fresh rewards
     audit_distrusts: int = 0  # audits that erred and made the neighbours they reused unusable for a while
+    audit_similarity_floors: int = 0  # per-neighbour similarity floors those audits raised
 
 
 class SchedulerEngine:
@@ -203,7 +204,8 @@ class SchedulerEngine:
         routed = []
         for text, digest, vector, row, n, share in zip(prompts, hashes, vectors, found, tokens, shares, strict=True):
             neighbours = [Neighbour(h, sim, state.stats.get(h), state.marks.get(h), state.clusters.get(h),
-                                    state.cluster_marks.get(h), state.distrusts.get(h)) for h, sim in row]
+                                    state.cluster_marks.get(h), state.distrusts.get(h),
+                                    state.similarity_floors.get(h)) for h, sim in row]
             decision = decide(digest, neighbours, self._risk(text, vector), now, state.versions, self.settings)
             charge = ledger.Charge("encoder", 0, n, share, float(self.encoder.n_params) * n)
             routed.append(Routed(digest, vector, decision, state.versions, charge))
@@ -259,7 +261,8 @@ class SchedulerEngine:
         for request in requests:
             self.content.put(request.prompt)  # before publishing: consumers read the text by hash
         self.store.record_audits([AuditRecord(item.prompt_hash, request.request_id, item.decision.audited_reward,
-                                              request.n_samples, item.decision.reused_from)
+                                              request.n_samples, item.decision.reused_from,
+                                              item.decision.reused_similarity)
                                   for request, item in zip(requests, routed, strict=True)
                                   if item.decision.audited_reward is not None], submitted_at)
         futures = [
@@ -372,4 +375,5 @@ class SchedulerEngine:
             high_uncertainty_marks=counters.get("high_uncertainty_marks", 0),
             audits=self.store.audit_summary(),
             audit_distrusts=counters.get("audit_distrusts", 0),
+            audit_similarity_floors=counters.get("audit_similarity_floors", 0),
         )

@@ -34,6 +34,12 @@ flagged unsafe (R12), and carries no fresh *distrust* mark: an audited skip that
 erred by more than ``audit_tolerance`` (the audit tightens the neighbourhood it caught, for
 ``audit_distrust_ttl_s``). Every other neighbour still counts in the denominator k:
 "7 of the 10 nearest", not "7 of those that happen to be usable".
+
+The similarity floor is per neighbourhood where the audits measured one: a neighbour whose rewards an
+erring audit reused for a prompt at cosine *s* gets its own floor *s* (the highest such *s*, kept for
+``audit_similarity_floor_ttl_s``), and is reused only for prompts closer to it than that. The global
+``min_similarity`` holds where no audit erred; similarity scores of right and wrong reuses overlap, and
+one global floor is the weak point (vCache, arXiv 2502.03771, learns one per cached prompt).
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class Neighbour:
     cluster: str | None = None  # the cluster it belongs to (its leader's hash; its own when it leads one)
     cluster_marked_at: float | None = None  # when it leads a cluster: unix seconds that cluster was marked
     distrusted_at: float | None = None  # unix seconds an audited skip that reused its rewards erred; None: never
+    similarity_floor: float | None = None  # its own floor: the highest cosine at which a reuse of it erred
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,7 @@ class Decision:
     audited_reward: float | None = None  # an audited skip rolled out anyway: the reward it would have reused
     cluster: str | None = None  # the prompt's cluster (a leader's hash, or its own: it leads a new one)
     reused_from: tuple[str, ...] = ()  # SKIP, and audited skips: the neighbours whose rewards made the reward
+    reused_similarity: tuple[float, ...] = ()  # their cosine similarity to the prompt, in the same order
 
     @property
     def caution(self) -> bool:
@@ -134,6 +142,8 @@ def unusable_reason(
         return "flagged unsafe"
     if neighbour.distrusted_at is not None and now - neighbour.distrusted_at <= settings.audit_distrust_ttl_s:
         return "audit erred"
+    if neighbour.similarity_floor is not None and neighbour.similarity <= neighbour.similarity_floor:
+        return "below its audited similarity floor"
     if now - stats.updated_at > settings.stats_ttl_s:
         return "expired"
     light = stats.rm_versions.get(LIGHT)
@@ -232,6 +242,7 @@ def decide(
             ignored=dict(ignored),
             cluster=cluster,
             reused_from=tuple(n.prompt_hash for n in sources) if route is Route.SKIP else (),
+            reused_similarity=tuple(n.similarity for n in sources) if route is Route.SKIP else (),
         )
 
     if not settings.tiering:

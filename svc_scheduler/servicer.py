@@ -276,4 +276,5 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             audit_reuse_mae=stats.audits.reuse_mae, audit_precision=stats.audits.precision,
             audit_tolerance=stats.audits.tolerance, audit_reuse_mae_ci95=stats.audits.reuse_mae_ci95,
             audit_distrusts=stats.audit_distrusts,
+            audit_similarity_floors=stats.audit_similarity_floors,
         )

@@ -13,12 +13,16 @@ Keys (``<p>`` is ``redis_prefix``, ``<h>`` a prompt hash):
     <p>:cmark:<c>        high-uncertainty mark of cluster c (a member's variance went over the threshold)
     <p>:seen:<h>:<r>:<v> a processed reward event (prompt, response, RM version): idempotent updates
     <p>:audit:<h>:<req>  an audited skip: reused reward, the fresh rewards' count and sum so far, the count
-                         that completes it (n_samples) and the neighbours whose rewards it reused
+                         that completes it (n_samples), the neighbours whose rewards it reused and their
+                         similarities to the prompt
     <p>:distrust:<h>     an audit of a skip that reused h's rewards erred: unix seconds, expires after
                          audit_distrust_ttl_s; h is not reused meanwhile
+    <p>:simfloor:<h>     h's own similarity floor: the highest cosine at which an erring audit reused h's
+                         rewards for another prompt; expires audit_similarity_floor_ttl_s after it last rose
     <p>:audits           sorted set of audit keys by time (the report's window)
     <p>:versions         hash: policy_version (newest seen), rm_version (currently promoted)
-    <p>:counters         hash: submitted, decision:<route>, high_uncertainty_marks, audits, audit_distrusts
+    <p>:counters         hash: submitted, decision:<route>, high_uncertainty_marks, audits, audit_distrusts,
+                         audit_similarity_floors (floors an erring audit raised)
 
 Redis errors surface as :class:`StoreUnavailableError` (a ``ConnectionError``): the servicer answers
 UNAVAILABLE, the Kafka worker retries without dead-lettering. Timeouts are short
@@ -74,6 +78,7 @@ class NeighbourState:
     cluster_marks: dict[str, float | None]  # for a neighbour that leads a cluster: that cluster's mark
     versions: VersionState
     distrusts: dict[str, float | None] = field(default_factory=dict)  # an audit caught its reuse erring
+    similarity_floors: dict[str, float | None] = field(default_factory=dict)  # its own, raised by erring audits
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class RewardUpdate:
     stats: RewardStats | None  # the prompt's statistics afterwards
     newly_marked: bool  # this update marked the prompt's neighbourhood high-uncertainty
     distrusted: tuple[str, ...] = ()  # this update completed an audit that erred: the neighbours it distrusted
+    floors: Mapping[str, float] = field(default_factory=dict)  # and the similarity floors it raised, by neighbour
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,7 @@ class AuditRecord:
     reused: float  # the reward the skip would have reused
     expected: int = 0  # fresh rewards that complete the audit (the request's n_samples); 0: never judged
     donors: tuple[str, ...] = ()  # the neighbours whose rewards made ``reused``
+    similarities: tuple[float, ...] = ()  # each donor's cosine similarity to the prompt, in the same order
 
 
 @dataclass(frozen=True)
@@ -265,10 +272,10 @@ class SchedulerStore:
     def neighbour_state(self, hashes: Sequence[str]) -> NeighbourState:
         """Statistics, marks and clusters of ``hashes`` and the current versions, in one round trip."""
         with _available(), self.client.pipeline(transaction=False) as pipe:
-            for kind in ("stats", "mark", "cluster", "cmark", "distrust"):
+            for kind in ("stats", "mark", "cluster", "cmark", "distrust", "simfloor"):
                 pipe.mget([self._key(kind, h) for h in hashes] or [self._key(kind, "-")])
             pipe.hgetall(self._versions_key)
-            raw_stats, raw_marks, raw_clusters, raw_cmarks, raw_distrusts, raw_versions = pipe.execute()
+            raw_stats, raw_marks, raw_clusters, raw_cmarks, raw_distrusts, raw_floors, raw_versions = pipe.execute()
 
         def seconds(raw: list[bytes | None]) -> dict[str, float | None]:
             return {h: None if value is None else float(value) for h, value in zip(hashes, raw, strict=False)}
@@ -280,6 +287,7 @@ class SchedulerStore:
             cluster_marks=seconds(raw_cmarks),
             versions=_versions(raw_versions),
             distrusts=seconds(raw_distrusts),
+            similarity_floors=seconds(raw_floors),
         )
 
     def versions(self) -> VersionState:
@@ -299,7 +307,8 @@ class SchedulerStore:
     ) -> RewardUpdate:
         """Fold one reward into the prompt's statistics, once per (prompt, response, RM version); when
         ``request_id`` is an audited skip's, add the reward to that audit too, and when it completes an
-        audit that erred (``routing.audit_erred``), mark the neighbours the skip reused as distrusted.
+        audit that erred (``routing.audit_erred``), mark the neighbours the skip reused as distrusted and
+        raise their similarity floors to their similarity to this prompt.
 
         Optimistic transaction (WATCH/MULTI): the dedupe key, the statistics, the mark, the audit and its
         verdict change together or not at all, and a concurrent update of the same prompt retries.
@@ -320,9 +329,12 @@ class SchedulerStore:
                     new = apply_reward(old, obs, s.stats_ttl_s, s.max_policy_lag, self._aging)
                     mark = marks_high_uncertainty(new, s.min_samples_per_neighbour, s.high_variance_threshold)
                     newly_marked = mark and not pipe.exists(mark_key)
-                    audit = pipe.hmget(audit_key, "reused", "n", "sum", "expected", "donors") if audit_key else None
+                    audit = (pipe.hmget(audit_key, "reused", "n", "sum", "expected", "donors", "sims")
+                             if audit_key else None)
                     audited = audit is not None and audit[0] is not None
-                    distrusted = self._distrusted(audit, obs.reward) if audit is not None else ()
+                    erred = self._erred_donors(audit, obs.reward) if audit is not None else {}
+                    distrusted = tuple(erred) if s.audit_distrust_ttl_s > 0 else ()
+                    floors = self._raised_floors(pipe, prompt_hash, erred)
                     cluster = pipe.get(self._key("cluster", prompt_hash)) if mark and s.cluster_marking else None
                     pipe.multi()
                     pipe.set(stats_key, _stats_to_json(new), ex=s.stats_ttl_s)
@@ -340,8 +352,12 @@ class SchedulerStore:
                         pipe.set(self._key("distrust", donor), repr(now), ex=s.audit_distrust_ttl_s)
                     if distrusted:
                         pipe.hincrby(self._counters_key, "audit_distrusts", 1)
+                    for donor, floor in floors.items():
+                        pipe.set(self._key("simfloor", donor), repr(floor), ex=s.audit_similarity_floor_ttl_s)
+                    if floors:
+                        pipe.hincrby(self._counters_key, "audit_similarity_floors", len(floors))
                     pipe.execute()
-                    return RewardUpdate(True, new, newly_marked, distrusted)
+                    return RewardUpdate(True, new, newly_marked, distrusted, floors)
                 except redis.WatchError:
                     continue
 
@@ -350,14 +366,32 @@ class SchedulerStore:
     def _audit_key(self, prompt_hash: str, request_id: str) -> str:
         return f"{self._s.redis_prefix}:audit:{prompt_hash}:{request_id}"
 
-    def _distrusted(self, audit: Sequence[Any], reward: float) -> tuple[str, ...]:
-        """The neighbours to distrust when ``reward`` completes this audit (its raw hash fields) and it erred."""
-        reused, n, total, expected, donors = audit
-        if self._s.audit_distrust_ttl_s <= 0 or reused is None or not donors:
-            return ()
-        erred = audit_erred(float(reused), int(n or 0) + 1, float(total or 0.0) + reward, int(expected or 0),
-                            self._s.audit_tolerance)
-        return tuple(donors.decode().split(",")) if erred else ()
+    def _erred_donors(self, audit: Sequence[Any], reward: float) -> dict[str, float | None]:
+        """When ``reward`` completes this audit (its raw hash fields) and it erred: the neighbours it reused,
+        each with its similarity to the prompt (None: an audit recorded without them); else nothing."""
+        reused, n, total, expected, donors, sims = audit
+        if reused is None or not donors:
+            return {}
+        if not audit_erred(float(reused), int(n or 0) + 1, float(total or 0.0) + reward, int(expected or 0),
+                           self._s.audit_tolerance):
+            return {}
+        names = donors.decode().split(",")
+        values: list[float | None] = [float(v) for v in sims.decode().split(",")] if sims else []
+        if len(values) != len(names):
+            values = [None] * len(names)
+        return dict(zip(names, values, strict=True))
+
+    def _raised_floors(self, pipe: Any, prompt_hash: str, erred: Mapping[str, float | None]) -> dict[str, float]:
+        """The similarity floors an erring audit raises (read in the watched pipeline, before MULTI): each
+        reused neighbour other than the prompt itself, to its similarity, where that is above its floor."""
+        wanted = {donor: sim for donor, sim in erred.items() if sim is not None and donor != prompt_hash}
+        if self._s.audit_similarity_floor_ttl_s <= 0 or not wanted:
+            return {}
+        keys = [self._key("simfloor", donor) for donor in wanted]
+        pipe.watch(*keys)  # floors only rise: a concurrent raise retries this update
+        current = pipe.mget(keys)
+        return {donor: sim for (donor, sim), raw in zip(wanted.items(), current, strict=True)
+                if raw is None or sim > float(raw)}
 
     def record_audits(self, audits: Sequence[AuditRecord], now: float) -> None:
         """Skips to roll out anyway: written before the prompts are published, so that no fresh reward can
@@ -368,7 +402,8 @@ class SchedulerStore:
             for record in audits:
                 key = self._audit_key(record.prompt_hash, record.request_id)
                 pipe.hset(key, mapping={"reused": repr(record.reused), "n": 0, "sum": 0.0,
-                                        "expected": record.expected, "donors": ",".join(record.donors)})
+                                        "expected": record.expected, "donors": ",".join(record.donors),
+                                        "sims": ",".join(repr(float(v)) for v in record.similarities)})
                 pipe.expire(key, self._s.audit_ttl_s)
                 pipe.zadd(self._audits_key, {key: now})
             pipe.zremrangebyscore(self._audits_key, "-inf", now - self._s.audit_ttl_s)

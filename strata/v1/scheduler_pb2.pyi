@@ -81,7 +81,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("decisions", "skip_rate", "index_size", "submitted", "high_uncertainty_marks", "audits", "audits_scored", "audit_reuse_mae", "audit_precision", "audit_tolerance", "audit_reuse_mae_ci95", "audit_distrusts")
+    __slots__ = ("decisions", "skip_rate", "index_size", "submitted", "high_uncertainty_marks", "audits", "audits_scored", "audit_reuse_mae", "audit_precision", "audit_tolerance", "audit_reuse_mae_ci95", "audit_distrusts", "audit_similarity_floors")
     class DecisionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class StatsResponse(_message.Message):
     AUDIT_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
     AUDIT_REUSE_MAE_CI95_FIELD_NUMBER: _ClassVar[int]
     AUDIT_DISTRUSTS_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_SIMILARITY_FLOORS_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.ScalarMap[str, int]
     skip_rate: float
     index_size: int
@@ -113,4 +114,5 @@ class StatsResponse(_message.Message):
     audit_tolerance: float
     audit_reuse_mae_ci95: float
     audit_distrusts: int
-    def __init__(self, decisions: _Optional[_Mapping[str, int]] = ..., skip_rate: _Optional[float] = ..., index_size: _Optional[int] = ..., submitted: _Optional[int] = ..., high_uncertainty_marks: _Optional[int] = ..., audits: _Optional[int] = ..., audits_scored: _Optional[int] = ..., audit_reuse_mae: _Optional[float] = ..., audit_precision: _Optional[float] = ..., audit_tolerance: _Optional[float] = ..., audit_reuse_mae_ci95: _Optional[float] = ..., audit_distrusts: _Optional[int] = ...) -> None: ...
+    audit_similarity_floors: int
+    def __init__(self, decisions: _Optional[_Mapping[str, int]] = ..., skip_rate: _Optional[float] = ..., index_size: _Optional[int] = ..., submitted: _Optional[int] = ..., high_uncertainty_marks: _Optional[int] = ..., audits: _Optional[int] = ..., audits_scored: _Optional[int] = ..., audit_reuse_mae: _Optional[float] = ..., audit_precision: _Optional[float] = ..., audit_tolerance: _Optional[float] = ..., audit_reuse_mae_ci95: _Optional[float] = ..., audit_distrusts: _Optional[int] = ..., audit_similarity_floors: _Optional[int] = ...) -> None: ...

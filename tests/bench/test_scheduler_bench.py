@@ -20,12 +20,12 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    # --live: one paraphrase family (7 prompts x 2 passes) through the real tiers of the ci zoo too, with the
-    # learner training the policy on the live rewards.
+    # --live: one paraphrase family (7 prompts x 3 passes, where the simulated suite stream has 2) through the
+    # real tiers of the ci zoo too, with the learner training the policy on the live rewards.
     args = parser.parse_args(["--limit", "40", "--batch", "8", "--policy-step-every", "4",
                               "--latency-sizes", "300", "--latency-queries", "5", "--n-samples", "3",
-                              "--live", "--live-families", "1", "--live-audit-share", "0.5", "--live-learner",
-                              "--compare-cluster-marking"])
+                              "--live", "--live-families", "1", "--live-passes", "3", "--live-audit-share", "0.5",
+                              "--live-learner", "--compare-cluster-marking"])
     assert bench.run(args) == 0
     out = capsys.readouterr().out
     rows = {m.group(1).strip(): (int(m.group(2)), int(m.group(3)), int(m.group(4)))
@@ -36,11 +36,13 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     live = re.search(r"^knn, real tiers \(zoo \w+\)\s+(\d+)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)", out, re.M)
     simulated = re.search(r"^knn, simulated tier \(same stream\)\s+(\d+)\s+(\d+)", out, re.M)
     assert live and simulated, out
-    assert int(live.group(1)) == int(simulated.group(1)) == 14  # the same stream through both tiers
+    assert int(live.group(1)) == int(simulated.group(1)) == 21  # the same stream through both tiers
     assert "policy trained by the learner as it goes" in out
     moved = re.search(r"^live policy: v(\d+) after the first batch -> v(\d+) at the end", out, re.M)
     assert moved and int(moved.group(1)) <= int(moved.group(2)), out
-    assert 7 <= int(live.group(2)) <= 14 and int(live.group(4)) == 14 - int(live.group(2))
+    assert 7 <= int(live.group(2)) <= 21 and int(live.group(4)) == 21 - int(live.group(2))
+    assert re.search(r"^live trigger reduction \d\.\d{3} against the simulated tier's \d\.\d{3} on the same stream",
+                     out, re.M), out
     submitted, rollouts, _level2 = rows["knn (Strata)"]
     assert 40 <= rollouts < submitted  # every prompt rolled out once at least; some second passes skipped
     assert "policy v1 -> v3" in out  # 10 batches, a policy step every 4
@@ -55,7 +57,7 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     assert match, last
     assert float(match.group(4)) <= float(match.group(8))  # R10 allows less than R11 does
     assert float(match.group(1)) == pytest.approx(1 - rollouts / submitted, abs=1e-3)
-    assert float(match.group(5)) == pytest.approx(int(live.group(4)) / 14, abs=1e-3)
+    assert float(match.group(5)) == pytest.approx(int(live.group(4)) / 21, abs=1e-3)
     audits = re.search(r"fresh light/strong-RM rewards of (\d+) of (\d+) audited skips", out)
     assert audits and int(match.group(7)) == int(audits.group(1)) <= int(audits.group(2))
     assert (match.group(6) == "nan") == (int(match.group(7)) == 0)

@@ -226,7 +226,9 @@ def test_audit_rolls_out_a_share_of_would_be_skips_reproducibly() -> None:
 def test_a_skip_names_the_neighbours_it_reused_and_its_audit_keeps_them() -> None:
     skip = route(neighbours(8))
     assert skip.reused_from == tuple(f"h{i}" for i in range(8))
-    assert audit(skip, "p", "r", 1.0).reused_from == skip.reused_from
+    assert skip.reused_similarity == pytest.approx(tuple(0.9 - i * 0.001 for i in range(8)))
+    audited = audit(skip, "p", "r", 1.0)
+    assert (audited.reused_from, audited.reused_similarity) == (skip.reused_from, skip.reused_similarity)
     assert route(neighbours(3)).reused_from == ()
     own = route([Neighbour("self", 1.0, stats(LOW, count=4)), *neighbours(3)[:9]])
     assert own.route is Route.SKIP and own.reused_from == ("self",)
@@ -239,6 +241,19 @@ def test_an_audit_that_caught_its_skip_erring_takes_the_reused_neighbours_out_of
     assert decision.route is Route.LEVEL_1 and decision.ignored == {"audit erred": 1}
     assert "1 audit erred" in decision.reason
     ns[0] = dataclasses.replace(ns[0], distrusted_at=NOW - SETTINGS.audit_distrust_ttl_s - 1)  # expired
+    assert route(ns).route is Route.SKIP
+
+
+def test_a_neighbour_is_reused_only_above_its_own_audited_similarity_floor() -> None:
+    ns = neighbours(7)  # h0 at cosine 0.9: seven low-variance neighbours, a skip
+    ns[0] = dataclasses.replace(ns[0], similarity_floor=0.9)  # an audit erred reusing h0 at 0.9
+    decision = route(ns)
+    assert decision.route is Route.LEVEL_1 and decision.ignored == {"below its audited similarity floor": 1}
+    ns[0] = dataclasses.replace(ns[0], similarity_floor=0.95)  # erred closer than this prompt is
+    assert route(ns).route is Route.LEVEL_1
+    ns[0] = dataclasses.replace(ns[0], similarity_floor=0.85)  # erred only for prompts farther away
+    assert route(ns).route is Route.SKIP
+    ns[0] = dataclasses.replace(ns[0], similarity_floor=None)
     assert route(ns).route is Route.SKIP
 
 

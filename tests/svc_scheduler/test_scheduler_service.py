@@ -348,6 +348,15 @@ def test_audited_skips_are_rolled_out_and_scored_against_the_reused_reward(
         # The audit erred by more than the tolerance on its two (n_samples) rewards: the paraphrases whose
         # rewards it reused are out of reuse, and a neighbour that would have skipped on them does not.
         assert stats.audit_distrusts == 1
+        # Each paraphrase it reused gets its own similarity floor: its cosine to the audited prompt.
+        vector = auditing.engine.encoder.encode(["Would you explain how binary search works?"])[0]
+        paraphrases = [content_hash(text) for text in PARAPHRASES]
+        floors = auditing.engine.store.neighbour_state(paraphrases).similarity_floors
+        reused = [h for h in paraphrases if floors[h] is not None]
+        assert stats.audit_similarity_floors == len(reused) >= auditing.settings.min_low_variance_neighbours
+        for h in reused:
+            cosine = float(auditing.engine.store.get_embeddings([h])[0] @ vector)
+            assert floors[h] == pytest.approx(cosine, abs=1e-4)
         later = submit(auditing.stub, "Would you kindly explain how binary search works?", request_id="after-1")
         assert later.decision == common_pb2.DECISION_LEVEL_1 and not later.reason.startswith("Level-1 (audit")
         assert "audit erred" in later.reason, later.reason
