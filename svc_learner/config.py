@@ -163,6 +163,10 @@ class LearnerSettings(StrataSettings):
         if isinstance(data, dict) and data.get("checkpoint_dir") is None:
             state_dir = data.get("state_dir") or cls.model_fields["state_dir"].default
             data = {**data, "checkpoint_dir": Path(state_dir) / "learner" / "checkpoints"}
+        # Absolute: PolicyUpdated carries the path to processes in other working directories, and a
+        # follower reads a relative one as relative to its checkpoint root, not to the learner's cwd.
+        if isinstance(data, dict) and data.get("checkpoint_dir"):
+            data = {**data, "checkpoint_dir": Path(data["checkpoint_dir"]).absolute()}
         return data
 
     @model_validator(mode="after")

@@ -95,6 +95,7 @@ if TYPE_CHECKING:
     from strata.bus.admin import GroupLag
     from strata.service import RunningService, ServiceParts
     from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
+    from strata.v1.learner_pb2 import LearnerStatus
     from strata_tools.bench.simulated_tier import SimulatedPolicy, SimulatedRolloutTier
     from strata_tools.zoo.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
@@ -619,9 +620,12 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
                 skipped += sum(r.decision == "DECISION_SKIP" for r in arm.requests)
                 level2 += sum(r.decision == "DECISION_LEVEL_2" for r in arm.requests)
                 wait_for_stats(lag, SYNC_TIMEOUT_S)
+                at_version = ""
                 if args.live_learner:
-                    versions.append(_learner_version(live.ports["learner"]))
-                at_version = f", policy v{versions[-1]}" if versions else ""
+                    status = _learner_status(live.ports["learner"])
+                    versions.append(status.policy_version)
+                    at_version = (f", policy v{status.policy_version} (learner: {status.samples_accepted} samples "
+                                  f"taken, {status.samples_dropped_stale} dropped as stale)")
                 print(f"  live batch {b + 1}/{n_batches}: {(b + 1) * args.batch if b + 1 < n_batches else len(stream)} "
                       f"submitted, {skipped} skipped, {level2} Level-2{at_version}, "
                       f"{time.perf_counter() - started:.0f} s", flush=True)
@@ -641,13 +645,12 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
     )
 
 
-def _learner_version(port: int) -> int:
-    """The policy version the live learner has published (0: none yet)."""
+def _learner_status(port: int) -> LearnerStatus:
+    """The live learner's status: the policy version it has published (0: none yet), samples taken, dropped."""
     from strata.v1 import learner_pb2, learner_pb2_grpc
 
     with rpc.channel(f"127.0.0.1:{port}") as channel:
-        status = learner_pb2_grpc.LearnerStub(channel).Status(learner_pb2.LearnerStatusRequest(), timeout=30)
-    return status.policy_version
+        return learner_pb2_grpc.LearnerStub(channel).Status(learner_pb2.LearnerStatusRequest(), timeout=30)
 
 
 # -- part 7: latency and recall -----------------------------------------------------------------------

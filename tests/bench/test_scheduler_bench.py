@@ -46,6 +46,9 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     submitted, rollouts, _level2 = rows["knn (Strata)"]
     assert 40 <= rollouts < submitted  # every prompt rolled out once at least; some second passes skipped
     assert "policy v1 -> v3" in out  # 10 batches, a policy step every 4
+    # The generator served the learner's versions: none of its samples was too many versions behind.
+    taken = re.findall(r"^  live batch \d+/\d+: .*\(learner: (\d+) samples taken, (\d+) dropped as stale\)", out, re.M)
+    assert taken and int(taken[-1][0]) > 0 and int(taken[-1][1]) == 0, out
     last = out.strip().splitlines()[-1]
     match = re.fullmatch(r"scheduler trigger_reduction=(\d\.\d{3}) reuse_mae=(\d\.\d{3}) "
                          r"greso_trigger_reduction=(\d\.\d{3}) r10_ceiling=(\d\.\d{3}) "

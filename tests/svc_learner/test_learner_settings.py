@@ -74,3 +74,11 @@ def test_checkpoints_follow_the_state_dir_unless_set(monkeypatch: pytest.MonkeyP
     assert LearnerSettings(checkpoint_dir=Path("/checkpoints")).checkpoint_dir == Path("/checkpoints")
     monkeypatch.setenv("STRATA_CHECKPOINT_DIR", "/mnt/ckpt")
     assert LearnerSettings().checkpoint_dir == Path("/mnt/ckpt")
+
+
+def test_a_relative_checkpoint_dir_is_made_absolute_for_the_events_that_carry_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert LearnerSettings(state_dir=Path(".strata")).checkpoint_dir == tmp_path / ".strata/learner/checkpoints"
+    monkeypatch.setenv("STRATA_CHECKPOINT_DIR", "run/ckpt")
+    assert LearnerSettings().checkpoint_dir == tmp_path / "run/ckpt"
