@@ -103,6 +103,9 @@ def start_server(
         options=[
             ("grpc.max_receive_message_length", settings.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC binds with SO_REUSEPORT by default: a second service started on a taken port would
+            # bind too and take half its connections ("Method not found"). Fail the bind instead.
+            ("grpc.so_reuseport", 0),
         ],
         maximum_concurrent_rpcs=threads * QUEUED_CALLS_PER_THREAD,
     )
@@ -117,7 +120,10 @@ def start_server(
         )
     credentials = server_credentials(settings)
     address = f"{host}:{port}"
-    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    try:
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError as exc:  # newer grpcio raises where older ones returned 0
+        raise OSError(f"could not bind gRPC port {address} (in use?)") from exc
     if bound == 0:
         raise OSError(f"could not bind gRPC port {address} (in use?)")
     server.start()

@@ -416,7 +416,10 @@ class LiveTiers(ArmRunner):
 
         common = self._common_env()
         for name, (module, argv, env) in specs.items():
-            port = self.ports[name] = free_port()
+            port = free_port()
+            while port in self.ports.values():  # not bound yet by the service it went to: the OS may repeat it
+                port = free_port()
+            self.ports[name] = port
             with open(logs / f"{name}.log", "wb") as out:
                 processes[name] = subprocess.Popen(
                     [sys.executable, "-m", module, "--grpc-port", str(port), *argv],

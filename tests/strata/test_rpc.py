@@ -68,3 +68,10 @@ def test_invalid_argument_names_the_field(channel: grpc.Channel) -> None:
         learner_pb2_grpc.LearnerStub(channel).Checkpoint(learner_pb2.CheckpointRequest(), timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details() == "checkpoint_dir: not configured"
+
+
+def test_a_second_server_on_a_taken_port_fails_to_bind_instead_of_sharing_it(server: RunningServer) -> None:
+    # With gRPC's default SO_REUSEPORT both would bind, and the kernel would split the connections.
+    with pytest.raises(OSError, match="could not bind gRPC port"):
+        start_server([ServiceBinding(learner_pb2_grpc.add_LearnerServicer_to_server, _Learner(), LEARNER)],
+                     port=server.port, host="127.0.0.1")
