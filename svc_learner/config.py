@@ -165,8 +165,8 @@ class LearnerSettings(StrataSettings):
             data = {**data, "checkpoint_dir": Path(state_dir) / "learner" / "checkpoints"}
         # Absolute: PolicyUpdated carries the path to processes in other working directories, and a
         # follower reads a relative one as relative to its checkpoint root, not to the learner's cwd.
-        if isinstance(data, dict) and data.get("checkpoint_dir"):
-            data = {**data, "checkpoint_dir": Path(data["checkpoint_dir"]).absolute()}
+        if isinstance(data, dict) and isinstance(data.get("checkpoint_dir"), str | Path) and data["checkpoint_dir"]:
+            data = {**data, "checkpoint_dir": Path(data["checkpoint_dir"]).expanduser().absolute()}
         return data
 
     @model_validator(mode="after")

@@ -130,9 +130,9 @@ def detect_risk(
 
 
 def unusable_reason(
-    neighbour: Neighbour, now: float, versions: VersionState, settings: SchedulerSettings
+    neighbour: Neighbour, now: float, versions: VersionState, settings: SchedulerSettings, prompt_hash: str = ""
 ) -> str | None:
-    """Why this neighbour's reward says nothing about the new prompt; None when it is usable."""
+    """Why this neighbour's reward says nothing about the new prompt (``prompt_hash``); None when it is usable."""
     if neighbour.similarity < settings.min_similarity:
         return "below similarity floor"
     stats = neighbour.stats
@@ -142,8 +142,9 @@ def unusable_reason(
         return "flagged unsafe"
     if neighbour.distrusted_at is not None and now - neighbour.distrusted_at <= settings.audit_distrust_ttl_s:
         return "audit erred"
-    if neighbour.similarity_floor is not None and neighbour.similarity <= neighbour.similarity_floor:
-        return "below its audited similarity floor"
+    if (settings.audit_similarity_floor_ttl_s > 0 and neighbour.similarity_floor is not None
+            and neighbour.prompt_hash != prompt_hash and neighbour.similarity <= neighbour.similarity_floor):
+        return "below its audited similarity floor"  # a floor is about other prompts: never the prompt's own
     if now - stats.updated_at > settings.stats_ttl_s:
         return "expired"
     light = stats.rm_versions.get(LIGHT)
@@ -215,7 +216,7 @@ def decide(
     """Route one prompt (rules 1-6 of the module docstring)."""
     considered = list(neighbours)[: settings.k]
     similar = [n for n in considered if n.similarity >= settings.min_similarity]
-    reasons = {n.prompt_hash: unusable_reason(n, now, versions, settings) for n in considered}
+    reasons = {n.prompt_hash: unusable_reason(n, now, versions, settings, prompt_hash) for n in considered}
     ignored = Counter(r for r in reasons.values() if r is not None)
     usable = [n for n in considered if reasons[n.prompt_hash] is None]
     low = [n for n in usable if n.stats is not None and n.stats.variance < settings.low_variance_threshold]

@@ -295,8 +295,11 @@ def _specs(infra: Any, zoo_preset: str, checkpoints: Path, learner_batch: int) -
         "learner": ("svc_learner", (), {"STRATA_CHECKPOINT_DIR": str(checkpoints),
                                         "STRATA_BATCH_SIZE": str(learner_batch)}),
     }
-    return [ServiceSpec(name, module, free_port(), argv, env={**common, **env})
-            for name, (module, argv, env) in own.items()]
+    ports: list[int] = []
+    for _ in own:
+        ports.append(free_port(avoid=ports))
+    return [ServiceSpec(name, module, port, argv, env={**common, **env})
+            for (name, (module, argv, env)), port in zip(own.items(), ports, strict=True)]
 
 
 @contextmanager

@@ -416,10 +416,7 @@ class LiveTiers(ArmRunner):
 
         common = self._common_env()
         for name, (module, argv, env) in specs.items():
-            port = free_port()
-            while port in self.ports.values():  # not bound yet by the service it went to: the OS may repeat it
-                port = free_port()
-            self.ports[name] = port
+            port = self.ports[name] = free_port(avoid=set(self.ports.values()))
             with open(logs / f"{name}.log", "wb") as out:
                 processes[name] = subprocess.Popen(
                     [sys.executable, "-m", module, "--grpc-port", str(port), *argv],

@@ -8,7 +8,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 
@@ -24,11 +24,15 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """A port nothing listens on right now (the OS picks it), and not one of ``avoid``: ports handed
+    to processes that have not bound them yet, which the OS may hand out again."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def read_pid(pid_file: Path) -> int | None:

@@ -36,9 +36,14 @@ FAST_HEALTH = {"health_interval_s": 0.2, "health_grace_s": 3.0, "health_timeout_
                "health_failures_to_kill": 3}
 
 
+HANDED_OUT: set[int] = set()  # ports given to children that may not have bound them yet
+
+
 def child(name: str, *args: str) -> ServiceSpec:
     path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-    return ServiceSpec(name, "supervised_child", free_port(), args, env={"PYTHONPATH": path})
+    port = free_port(avoid=HANDED_OUT)
+    HANDED_OUT.add(port)
+    return ServiceSpec(name, "supervised_child", port, args, env={"PYTHONPATH": path})
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> Any:

@@ -82,3 +82,8 @@ def test_a_relative_checkpoint_dir_is_made_absolute_for_the_events_that_carry_it
     assert LearnerSettings(state_dir=Path(".strata")).checkpoint_dir == tmp_path / ".strata/learner/checkpoints"
     monkeypatch.setenv("STRATA_CHECKPOINT_DIR", "run/ckpt")
     assert LearnerSettings().checkpoint_dir == tmp_path / "run/ckpt"
+
+
+def test_a_home_relative_checkpoint_dir_is_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert LearnerSettings(checkpoint_dir=Path("~/ckpt")).checkpoint_dir == tmp_path / "ckpt"

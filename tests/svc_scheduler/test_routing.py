@@ -255,6 +255,15 @@ def test_a_neighbour_is_reused_only_above_its_own_audited_similarity_floor() -> 
     assert route(ns).route is Route.SKIP
     ns[0] = dataclasses.replace(ns[0], similarity_floor=None)
     assert route(ns).route is Route.SKIP
+    ns[0] = dataclasses.replace(ns[0], similarity_floor=0.95)
+    no_floors = SchedulerSettings(audit_similarity_floor_ttl_s=0)  # off: floors already stored are ignored
+    assert route(ns, settings=no_floors).route is Route.SKIP
+
+
+def test_a_prompt_own_history_ignores_the_floor_it_got_as_another_prompt_neighbour() -> None:
+    own = Neighbour("self", 1.0, stats(LOW, mean=4.2), similarity_floor=1.0)  # a near-duplicate erred at 1.0
+    decision = route([own, *neighbours(3)[:9]])
+    assert decision.route is Route.SKIP and decision.reused_from == ("self",)
 
 
 @pytest.mark.parametrize(("reused", "count", "total", "expected", "erred"), [
