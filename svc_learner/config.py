@@ -159,13 +159,15 @@ class LearnerSettings(StrataSettings):
     @model_validator(mode="before")
     @classmethod
     def _checkpoints_under_the_state_dir(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
         # Unset, the checkpoints follow STRATA_STATE_DIR like every other piece of runtime state.
-        if isinstance(data, dict) and data.get("checkpoint_dir") is None:
+        if data.get("checkpoint_dir") is None:
             state_dir = data.get("state_dir") or cls.model_fields["state_dir"].default
             data = {**data, "checkpoint_dir": Path(state_dir) / "learner" / "checkpoints"}
         # Absolute: PolicyUpdated carries the path to processes in other working directories, and a
         # follower reads a relative one as relative to its checkpoint root, not to the learner's cwd.
-        if isinstance(data, dict) and isinstance(data.get("checkpoint_dir"), str | Path) and data["checkpoint_dir"]:
+        if isinstance(data["checkpoint_dir"], str | Path) and data["checkpoint_dir"]:
             data = {**data, "checkpoint_dir": Path(data["checkpoint_dir"]).expanduser().absolute()}
         return data
 
