@@ -14,7 +14,8 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from strata.bus import Publisher, Worker
 from strata.config import add_settings_flags, parse_settings
@@ -59,10 +60,26 @@ def tier_budgets(settings: SchedulerSettings) -> list[TokenBudget]:
     return budgets
 
 
+def with_card_thresholds(settings: SchedulerSettings, card: Mapping[str, Any]) -> SchedulerSettings:
+    """``settings`` with the thresholds the encoder's card re-measured in its vector space, where not set.
+
+    A threshold set explicitly (flag, environment) wins over the card, and says so.
+    """
+    thresholds = card.get("thresholds", {})
+    chosen = {name: value for name, value in thresholds.items() if name not in settings.model_fields_set}
+    for name in sorted(set(thresholds) - set(chosen)):
+        log.warning("encoder card suggests %s=%s for its vector space; the configured %s is kept", name,
+                    thresholds[name], getattr(settings, name))
+    if chosen:
+        log.info("encoder card thresholds applied: %s", ", ".join(f"{k}={v}" for k, v in sorted(chosen.items())))
+    return settings.model_copy(update=chosen) if chosen else settings
+
+
 def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> tuple[ServiceParts, SchedulerEngine]:
     """Everything one scheduler replica runs (tests start it in-process with ``start_service``)."""
     replica = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
     encoder = encoder or Encoder.from_settings(settings)
+    settings = with_card_thresholds(settings, getattr(encoder, "card", {}))
     client = connect(settings)
     mark_start(client, "svc_scheduler")  # an empty Redis is recognisable later (strata recover)
     store = SchedulerStore(client, settings)

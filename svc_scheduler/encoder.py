@@ -40,6 +40,9 @@ from strata.devicetime import device_clock
 
 log = logging.getLogger(__name__)
 
+CARD_FILE = "strata-encoder.json"  # beside a fine-tuned encoder's weights: its re-measured thresholds
+CARD_THRESHOLDS = ("min_similarity",)  # the scheduler settings a card may set (those measured in its space)
+
 EncoderBackend = Literal["auto", "torch", "onnx", "onnx-int8"]
 ONNX_OPSET = 17
 ONNX_MATCH_ATOL = 1e-4  # largest |difference| of an onnx vector from the torch one accepted at load
@@ -216,6 +219,34 @@ class _OnnxSentenceModel:
         ])
 
 
+def read_card(model_dir: Path) -> dict[str, Any]:
+    """The encoder card of ``model_dir`` (``strata encoder finetune`` writes it), ``{}`` when there is none.
+
+    A card that cannot be read is an error, not an empty card: its thresholds are what the vector
+    space was measured at, and serving the fine-tuned space at the off-the-shelf ones would be silent.
+    """
+    import json
+
+    path = model_dir / CARD_FILE
+    if not path.exists():
+        return {}
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"encoder card {path} is unreadable ({exc}); fix or remove it") from exc
+    if not isinstance(card, dict):
+        raise ValueError(f"encoder card {path} must hold a JSON object; fix or remove it")
+    thresholds = card.get("thresholds", {})
+    if not isinstance(thresholds, dict):
+        raise ValueError(f"encoder card {path}: 'thresholds' must be an object of {', '.join(CARD_THRESHOLDS)}")
+    for name, value in thresholds.items():
+        if name not in CARD_THRESHOLDS or isinstance(value, bool) or not isinstance(value, int | float) \
+                or not -1 <= value <= 1:
+            raise ValueError(f"encoder card {path}: thresholds.{name} = {value!r}: a card sets "
+                             f"{', '.join(CARD_THRESHOLDS)} only, each a cosine in [-1, 1]")
+    return card
+
+
 class Encoder:
     """``encode(texts) -> (N, D) float32``, rows of unit length."""
 
@@ -240,6 +271,7 @@ class Encoder:
             if not model_dir.is_dir():
                 raise FileNotFoundError(f"encoder model directory {model_dir} does not exist")
             encoder_id = model_dir.name
+        self.card = read_card(model_dir)  # a fine-tuned encoder's re-measured thresholds ({} off the shelf)
         self._model = SentenceTransformer(str(model_dir), device=device)
         self._model.eval()  # once: encode_counted calls the modules directly
         self._device = device

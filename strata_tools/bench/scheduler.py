@@ -57,10 +57,16 @@ probe would roll out the bench's prompts and its reward service would score them
    rollouts (oracle < 1.5) that were in them; ``--compare-cluster-marking`` routes the same stream a
    second time with ``cluster_marking`` flipped (its own Redis prefix and statistics group).
 
+10. ``--compare-encoder``: the encoder fine-tuned for "same reward" (issue 39): fine-tuned on this run's own
+   history as ``strata encoder finetune`` does (paraphrase families held out together, to measure), or
+   loaded from ``--compare-encoder DIR``; the same stream is routed with it at the floor its card
+   re-measured, and with the off-the-shelf encoder at that floor (what the floor alone does).
+
 Last line: ``scheduler trigger_reduction= reuse_mae= greso_trigger_reduction= r10_ceiling= live_skip_rate=
 live_reuse_mae= live_audits=`` (the live fields ``nan`` without ``--live``; ``live_audits`` counts the scored
 audits) ``r11_ceiling= ... level2_share= bad_caught=`` and, with ``--compare-cluster-marking``,
-``flipped_level2_share= flipped_bad_caught=``.
+``flipped_level2_share= flipped_bad_caught=``, with ``--compare-encoder`` ``tuned_trigger_reduction=
+tuned_reuse_mae=``.
 """
 
 from __future__ import annotations
@@ -97,6 +103,7 @@ if TYPE_CHECKING:
     from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
     from strata.v1.learner_pb2 import LearnerStatus
     from strata_tools.bench.simulated_tier import SimulatedPolicy, SimulatedRolloutTier
+    from strata_tools.encoder.finetune import FinetuneResult
     from strata_tools.zoo.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.encoder import Encoder
@@ -127,6 +134,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare-cluster-marking", action="store_true",
                         help="route the stream a second time with cluster_marking flipped (R11, one run, same "
                              "stream) and print both: Level-2 share and bad rollouts caught")
+    parser.add_argument("--compare-encoder", nargs="?", const="finetune", default=None, metavar="DIR",
+                        help="route the same stream a second time with another encoder and print both (issue 39): "
+                             "a fine-tuned encoder's directory, or, bare, one fine-tuned for same reward on this "
+                             "run's own history (strata encoder finetune, paraphrase families held out)")
     parser.add_argument("--live", action="store_true",
                         help="also run a smaller stream through the real probe, generators and reward models, "
                              "next to the simulated tier on the same stream")
@@ -192,6 +203,7 @@ class CachedEncoder:
         self.n_params = encoder.n_params
         self.count_tokens = encoder.count_tokens
         self.clock = encoder.clock
+        self.card = encoder.card  # a fine-tuned encoder's thresholds (build_parts applies them)
         self._cache: dict[str, np.ndarray] = {}
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -385,10 +397,12 @@ class _Streamed:
 
 def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: CachedEncoder, run_id: str,
                 records: Sequence[PromptRecord], stream: Sequence[PromptRecord], quiet: bool = False,
-                ) -> tuple[RuleResult, RuleResult, RuleResult, CeilingResult]:
-    """``stream`` through the scheduler and the simulated tier: (no skipping, GRESO, knn, the ceiling)."""
+                first_version: int = 1) -> tuple[RuleResult, RuleResult, RuleResult, CeilingResult]:
+    """``stream`` through the scheduler and the simulated tier, the policy starting at ``first_version``:
+    (no skipping, GRESO, knn, the ceiling)."""
     rig = _start_routing(args, settings, encoder, run_id, records)
     tally = _Tally.fresh(settings)
+    tally.version = rig.tier.version = first_version
     try:
         streamed = _stream_batches(rig, tally, args, settings, run_id, stream, quiet)
     finally:
@@ -402,7 +416,7 @@ def _stream_batches(rig: _RoutingRig, tally: _Tally, args: argparse.Namespace, s
                     run_id: str, stream: Sequence[PromptRecord], quiet: bool) -> _Streamed:
     """Submit ``stream`` batch by batch, each batch's rollouts and statistics folded in before the next."""
     knn = tally.knn
-    n_batches = (len(stream) + args.batch - 1) // args.batch
+    n_batches = _batches(args, len(stream))
     started = time.perf_counter()
     for b in range(n_batches):
         if args.policy_step_every and b and b % args.policy_step_every == 0:
@@ -422,6 +436,11 @@ def _stream_batches(rig: _RoutingRig, tally: _Tally, args: argparse.Namespace, s
     elapsed = time.perf_counter() - started
     marks = rig.engine.store.summary().counters.get("high_uncertainty_marks", 0)
     return _Streamed(elapsed, len(rig.engine.index), marks)
+
+
+def _batches(args: argparse.Namespace, submissions: int) -> int:
+    """``SubmitBatch`` calls of a stream of ``submissions``."""
+    return (submissions + args.batch - 1) // args.batch
 
 
 def _submit_batch(stub: scheduler_pb2_grpc.SchedulerStub, chunk: Sequence[PromptRecord], request_ids: Sequence[str],
@@ -839,7 +858,8 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, settings, run_id)
 
 
-SIDE_RUNS = ("sub", "flip")  # the --live subset's simulated run, the --compare-cluster-marking run
+# the --live subset's run, --compare-cluster-marking, --compare-encoder's arms
+SIDE_RUNS = ("sub", "flip", "enc", "floor", "later-base", "later-enc")
 
 
 def side_run(settings: SchedulerSettings, side: str, **changes: object) -> SchedulerSettings:
@@ -869,6 +889,8 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
     _print_rules(measured)
     _print_ceiling(args, settings, measured.ceiling)
     _print_r11(settings, measured)
+    if measured.tuned is not None:
+        _print_tuned(settings, measured)
     if measured.live is not None and measured.sim_subset is not None:
         _print_live(args, measured.live, measured.sim_subset)
     print()
@@ -900,6 +922,7 @@ class _Measured:
     live: LiveResult | None  # --live: the real tiers
     sim_subset: RuleResult | None  # --live: the simulated tier on the live stream
     flipped: RuleResult | None  # --compare-cluster-marking
+    tuned: TunedRun | None = None  # --compare-encoder
 
 
 def _measure(args: argparse.Namespace, settings: SchedulerSettings, run_id: str, encoder: Encoder,
@@ -919,6 +942,12 @@ def _measure(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
             sub_settings = side_run(settings, "sub", audit_share=args.live_audit_share)
             _, _, sim_subset, _ = run_routing(args, sub_settings, cached, f"{run_id}-sub", subset, subset_stream,
                                               quiet=True)
+        tuned = None
+        if args.compare_encoder is not None:
+            try:
+                tuned = run_tuned(args, settings, client, run_id, records, cached)
+            except (ValueError, FileNotFoundError) as exc:  # too little history (--limit), a wrong directory
+                print(f"--compare-encoder: no comparison: {exc}", flush=True)
         flipped: RuleResult | None = None
         if args.compare_cluster_marking:
             flip_settings = side_run(settings, "flip", cluster_marking=not settings.cluster_marking)
@@ -926,7 +955,7 @@ def _measure(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
                                            make_stream(records, args.passes, args.seed), quiet=True)
         latency = run_latency(args, settings, encoder, client)
     recall_suite = suite_recall(settings, cached)
-    return _Measured(everything, greso, knn, ceiling, latency, recall_suite, live, sim_subset, flipped)
+    return _Measured(everything, greso, knn, ceiling, latency, recall_suite, live, sim_subset, flipped, tuned)
 
 
 def _print_rules(measured: _Measured) -> None:
@@ -968,6 +997,118 @@ def _print_r11(settings: SchedulerSettings, measured: _Measured) -> None:
               f"{1 - rule.trigger_rate / everything.trigger_rate:.3f}, reuse MAE {rule.mae:.3f}")
     print(f"knn rollouts include {knn.reasons[AUDITED]} audited skips (audit_share {settings.audit_share:g}: "
           "rolled out anyway to measure the reused reward, docs/scheduler.md)")
+
+
+@dataclass(frozen=True)
+class TunedRun:
+    """The same stream routed with the other encoder (``--compare-encoder``)."""
+
+    knn: RuleResult
+    encoder_id: str
+    min_similarity: float  # the floor it was served at (its card's, unless set explicitly)
+    fit: FinetuneResult | None  # when fine-tuned in this run: its held-out figures
+    base_at_floor: RuleResult | None  # the off-the-shelf encoder at that floor: what the floor alone does
+    later_version: int  # the policy version the later epochs start at (the main run's last)
+    later: tuple[RuleResult, RuleResult, RuleResult] | None  # (no skipping, off-the-shelf, fine-tuned) there
+
+
+def run_tuned(args: argparse.Namespace, settings: SchedulerSettings, client: redis.Redis, run_id: str,
+              records: Sequence[PromptRecord], base_encoder: CachedEncoder) -> TunedRun:
+    """Fine-tune on the main run's history (or load ``--compare-encoder DIR``), then route with it: the same
+    stream, the off-the-shelf encoder at its floor, and both encoders again from the policy the run ended at."""
+    import dataclasses
+    import tempfile
+
+    from svc_scheduler.__main__ import with_card_thresholds
+    from svc_scheduler.encoder import Encoder
+
+    with tempfile.TemporaryDirectory(prefix="strata-bench-encoder-") as folder:
+        path, fit = _tuned_encoder_path(args, settings, client, records, Path(folder))
+        enc_settings = side_run(settings, "enc", encoder_path=path)
+        encoder = Encoder.from_settings(enc_settings)
+        served = with_card_thresholds(enc_settings, encoder.card)
+        print(f"routing the same stream with {encoder.encoder_id} (cosine floor {served.min_similarity:g})",
+              flush=True)
+        tuned_encoder = CachedEncoder(encoder)
+        stream = make_stream(records, args.passes, args.seed)
+        _, _, knn, _ = run_routing(args, enc_settings, tuned_encoder, f"{run_id}-enc", records, stream, quiet=True)
+        base_at_floor: RuleResult | None = None
+        if served.min_similarity != settings.min_similarity:
+            print(f"routing the same stream with the off-the-shelf encoder at cosine floor {served.min_similarity:g}",
+                  flush=True)
+            at_floor = side_run(settings, "floor", min_similarity=served.min_similarity)
+            _, _, base_at_floor, _ = run_routing(args, at_floor, base_encoder, f"{run_id}-floor", records, stream,
+                                                 quiet=True)
+        later_version = 1 + (_batches(args, len(stream)) - 1) // max(args.policy_step_every, 1)
+        later: tuple[RuleResult, RuleResult, RuleResult] | None = None
+        if args.policy_step_every and later_version > 1:
+            print(f"routing the stream again from policy v{later_version} (later epochs, a policy that moved since "
+                  "the history the encoder learned from) with each encoder", flush=True)
+            again = make_stream(records, args.passes, args.seed + 1)
+            arms: list[tuple[str, CachedEncoder, dict[str, object]]] = [
+                ("later-base", base_encoder, {}), ("later-enc", tuned_encoder, {"encoder_path": path})]
+            runs = [run_routing(args, side_run(settings, side, **changes), use, f"{run_id}-{side}", records, again,
+                                quiet=True, first_version=later_version) for side, use, changes in arms]
+            later = (runs[0][0], runs[0][2], runs[1][2])
+    return TunedRun(dataclasses.replace(knn, name="knn, fine-tuned encoder"), encoder.encoder_id,
+                    served.min_similarity, fit, base_at_floor, later_version, later)
+
+
+def _tuned_encoder_path(args: argparse.Namespace, settings: SchedulerSettings, client: redis.Redis,
+                        records: Sequence[PromptRecord], folder: Path) -> tuple[str, FinetuneResult | None]:
+    """``--compare-encoder DIR``, or an encoder fine-tuned on the main run's history (families held out)."""
+    import dataclasses
+
+    from strata_tools.encoder.finetune import (
+        FinetuneConfig,
+        describe,
+        finetune_encoder,
+        history_from_redis,
+        serving_floor,
+    )
+
+    if args.compare_encoder != "finetune":
+        return args.compare_encoder, None
+    family_of = {content_hash(r.text): str(r.family) for r in records}
+    history = [dataclasses.replace(p, group=family_of.get(p.prompt_hash, "")) for p in
+               history_from_redis(settings, client)]
+    print(f"\nfine-tuning the encoder for same reward on this run's history ({len(history)} scored prompts, "
+          "paraphrase families held out together)", flush=True)
+    config = FinetuneConfig(tolerance=settings.audit_tolerance, seed=args.seed)
+    fit = finetune_encoder(history, settings.encoder_path, folder, serving_floor(settings, settings.encoder_path),
+                           config, lambda line: print(f"  {line}", flush=True))
+    for line in describe(fit):
+        print(f"  {line}")
+    return str(fit.path), fit
+
+
+def _print_tuned(settings: SchedulerSettings, measured: _Measured) -> None:
+    """Both encoders on the same stream: trigger reduction, reuse error, where the skips came from."""
+    assert measured.tuned is not None
+    everything, base, tuned = measured.everything, measured.knn, measured.tuned
+    print(f"encoders on the same stream (issue 39): off-the-shelf at cosine floor {settings.min_similarity:g}, "
+          f"{tuned.encoder_id} at {tuned.min_similarity:g}")
+    arms = [("off-the-shelf", base), ("fine-tuned", tuned.knn)]
+    if tuned.base_at_floor is not None:
+        arms.insert(1, (f"off-the-shelf at {tuned.min_similarity:g}", tuned.base_at_floor))
+    for name, rule in arms:
+        skips = {reason: count for reason, count in rule.reasons.items() if reason.endswith("-> skip")}
+        print(f"  {name:<26} trigger reduction {1 - rule.trigger_rate / everything.trigger_rate:.3f}, reuse MAE "
+              f"{rule.mae:.3f}, Level-2 {rule.level2} (non-risk {rule.level2_share:.1%}, catching "
+              f"{rule.bad_caught:.1%} of bad rollouts, risk {rule.reasons['risk topic -> Level-2']}); skips: "
+              + ", ".join(f"{reason} {count}" for reason, count in sorted(skips.items())))
+    if tuned.later is not None:
+        everything_later = tuned.later[0]
+        print(f"  the stream again from policy v{tuned.later_version} (later epochs; the encoder learned from "
+              f"v1-v{tuned.later_version}):")
+        for name, rule in (("off-the-shelf", tuned.later[1]), ("fine-tuned", tuned.later[2])):
+            print(f"    {name:<24} trigger reduction {1 - rule.trigger_rate / everything_later.trigger_rate:.3f}, "
+                  f"reuse MAE {rule.mae:.3f}, Level-2 {rule.level2}")
+    if tuned.fit is not None:
+        c = tuned.fit.comparison
+        print(f"  AUC of the cosine for reward agreement, off-the-shelf -> fine-tuned: held-out families "
+              f"{c.base_auc:.3f} -> {c.tuned_auc:.3f} ({c.eval_pairs} pairs), the prompts it trained on "
+              f"{c.train_base_auc:.3f} -> {c.train_tuned_auc:.3f}")
 
 
 def _print_live(args: argparse.Namespace, live: LiveResult, sim_subset: RuleResult) -> None:
@@ -1015,7 +1156,10 @@ def _print_last_line(args: argparse.Namespace, settings: SchedulerSettings, meas
           f"{latency_fields(measured.latency)} level2_share={knn.level2_share:.3f} "
           f"bad_caught={knn.bad_caught:.3f}"
           + ("" if flipped is None else f" flipped_level2_share={flipped.level2_share:.3f} "
-                                        f"flipped_bad_caught={flipped.bad_caught:.3f}"))
+                                        f"flipped_bad_caught={flipped.bad_caught:.3f}")
+          + ("" if measured.tuned is None else
+             f" tuned_trigger_reduction={1 - measured.tuned.knn.trigger_rate / everything.trigger_rate:.3f} "
+             f"tuned_reuse_mae={measured.tuned.knn.mae:.3f}"))
 
 
 def print_latency(latency: Sequence[LatencyRow]) -> None:

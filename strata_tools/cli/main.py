@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "strata_tools.cli.diagnose_cmd",
     "strata_tools.cli.rm_cmd",
     "strata_tools.cli.calibrate_cmd",
+    "strata_tools.cli.encoder_cmd",
     "strata_tools.cli.edge_cmd",
     "strata_tools.cli.dlq_cmd",
     "strata_tools.cli.recover_cmd",
@@ -45,7 +46,8 @@ MODULE_OF_COMMAND: dict[str, str] = {command: f"strata_tools.cli.{module}" for c
     "infra": "infra_cmd", "demo": "demo_cmd", "report": "report_cmd", "up": "stack_cmd", "down": "stack_cmd",
     "status": "stack_cmd", "logs": "stack_cmd", "health": "health_cmd", "submit": "submit_cmd", "train": "train_cmd",
     "models": "models_cmd", "bench": "bench_cmd", "diagnose": "diagnose_cmd", "rm": "rm_cmd",
-    "calibrate": "calibrate_cmd", "tls": "edge_cmd", "token": "edge_cmd", "dlq": "dlq_cmd", "recover": "recover_cmd",
+    "calibrate": "calibrate_cmd", "encoder": "encoder_cmd", "tls": "edge_cmd", "token": "edge_cmd", "dlq": "dlq_cmd",
+    "recover": "recover_cmd",
     "probe": "probe_cmd",
 }.items()}
 
