@@ -256,10 +256,14 @@ class SchedulerStore:
             raws = self.client.mget([self._key("emb", h) for h in hashes]) if hashes else []
         return [None if raw is None else _vector(raw) for raw in raws]
 
+    def indexed_hashes(self) -> list[str]:
+        """Every indexed prompt's hash, in insertion order."""
+        with _available():
+            return [m.decode() for m in self.client.zrange(self._indexed_key, 0, -1)]
+
     def iter_index(self, chunk: int = 2000) -> Iterator[tuple[list[str], np.ndarray]]:
         """Every indexed prompt in insertion order, as (hashes, (n, D) vectors) chunks."""
-        with _available():
-            members = [m.decode() for m in self.client.zrange(self._indexed_key, 0, -1)]
+        members = self.indexed_hashes()
         for start in range(0, len(members), chunk):
             part = members[start : start + chunk]
             vectors = self.get_embeddings(part)
@@ -295,6 +299,13 @@ class SchedulerStore:
 
     def get_stats(self, prompt_hash: str) -> RewardStats | None:
         return _stats_from_json(self._call(lambda: self.client.get(self._key("stats", prompt_hash))))
+
+    def get_stats_many(self, hashes: Sequence[str]) -> list[RewardStats | None]:
+        """Statistics of each of ``hashes``, in one round trip."""
+        if not hashes:
+            return []
+        raws = self._call(lambda: self.client.mget([self._key("stats", h) for h in hashes]))
+        return [_stats_from_json(raw) for raw in raws]
 
     def get_mark(self, prompt_hash: str) -> float | None:
         raw = self._call(lambda: self.client.get(self._key("mark", prompt_hash)))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from strata.errors import CliError
@@ -96,9 +95,8 @@ def run_finetune(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         raise CliError(str(exc)) from None
     if args.json:
-        card = json.loads((result.path / "strata-encoder.json").read_text())
-        print(json.dumps({"path": str(result.path), "seconds": result.seconds, "losses": result.losses, **card,
-                          "recipe": asdict(config)}, indent=2))
+        print(json.dumps({"path": str(result.path), "seconds": result.seconds, "losses": result.losses,
+                          **result.card}, indent=2))
         return 0
     for line in describe(result):
         print(line)

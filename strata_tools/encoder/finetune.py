@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CARD_FORMAT = 1
+HISTORY_CHUNK = 2000  # prompts whose statistics and texts are read in one round trip each
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class FinetuneResult:
     train_agree_share: float
     comparison: EncoderComparison
     seconds: float
+    card: dict[str, Any]  # as written beside the weights
     losses: list[float] = field(default_factory=list)  # mean loss of each epoch
 
 
@@ -126,8 +128,10 @@ def history_from_redis(settings: SchedulerSettings, client: redis.Redis) -> list
     content = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     oldest = store.versions().policy_version - settings.max_policy_lag
     history: list[ScoredPrompt] = []
-    for hashes, _vectors in store.iter_index():
-        stats = [store.get_stats(h) for h in hashes]
+    indexed = store.indexed_hashes()
+    for start in range(0, len(indexed), HISTORY_CHUNK):
+        hashes = indexed[start:start + HISTORY_CHUNK]
+        stats = store.get_stats_many(hashes)
         texts = content.find_texts(hashes)
         for digest, stat in zip(hashes, stats, strict=True):
             if (stat is None or stat.unsafe or stat.count < settings.min_samples_per_neighbour
@@ -287,11 +291,11 @@ def finetune_encoder(history: Sequence[ScoredPrompt], base_path: str | None, out
     name = f"{base_name}-samereward-{_digest(base_dir, history, train_pairs, config)}"
     losses = train(model, texts, train_pairs, config, say)
     comparison = compare(base_vectors, _encode(model, texts), eval_pairs, base_floor, train_pairs)
-    card = _card(base_name, len(history), train_pairs, agree_share, config, comparison)
+    card = _no_nan(_card(base_name, len(history), train_pairs, agree_share, config, comparison))
     out = out_root / name
     _write_atomically(model, card, out)
     return FinetuneResult(out, name, len(history), len(train_pairs), agree_share, comparison,
-                          time.perf_counter() - started, losses)
+                          time.perf_counter() - started, card, losses)
 
 
 def _split_keys(history: Sequence[ScoredPrompt], vectors: np.ndarray, k: int, floor: float) -> list[str]:
@@ -312,7 +316,7 @@ def _write_atomically(model: Any, card: dict[str, Any], out: Path) -> None:
     shutil.rmtree(partial, ignore_errors=True)  # a crash's leftovers
     try:
         model.save(str(partial))
-        (partial / CARD_FILE).write_text(json.dumps(_no_nan(card), indent=2, allow_nan=False) + "\n")
+        (partial / CARD_FILE).write_text(json.dumps(card, indent=2, allow_nan=False) + "\n")
         if out.exists():  # the same digest: the same base, pairs and recipe, trained again
             shutil.rmtree(out)
         partial.replace(out)
