@@ -20,7 +20,10 @@ the scheduler (probe, generators, reward models) are simulated, because generati
    Redis. The simulated policy: per paraphrase family a competence (mostly good, mostly bad with one
    consistent failure mode, or mixed), responses written by the zoo's corpus (``reference_response``
    / ``degrade``). Rewards are deterministic per (prompt, request id, policy version, sample), so a
-   redelivered event republishes identical rewards and the statistics count them once.
+   redelivered event republishes identical rewards and the statistics count them once. Request ids
+   are ``--seed`` and the submission's place in the stream, not the run: two runs with one seed draw
+   the same rollouts and audits, and the arms of one run (``--compare-*``) are paired, each submission
+   drawn alike in every arm that rolls it out; ``--seed`` draws another stream of rollouts.
 3. **Stream semantics without sleeps:** after each batch the bench waits until the tier has handled
    every routed prompt of the batch and the statistics group's committed offsets reach the end of
    ``strata.rewards.scored``, so a later batch sees every earlier reward.
@@ -404,7 +407,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
     tally = _Tally.fresh(settings)
     tally.version = rig.tier.version = first_version
     try:
-        streamed = _stream_batches(rig, tally, args, settings, run_id, stream, quiet)
+        streamed = _stream_batches(rig, tally, args, settings, stream, quiet)
     finally:
         _stop_routing(settings, rig)
     if not quiet:
@@ -413,7 +416,7 @@ def run_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: 
 
 
 def _stream_batches(rig: _RoutingRig, tally: _Tally, args: argparse.Namespace, settings: SchedulerSettings,
-                    run_id: str, stream: Sequence[PromptRecord], quiet: bool) -> _Streamed:
+                    stream: Sequence[PromptRecord], quiet: bool) -> _Streamed:
     """Submit ``stream`` batch by batch, each batch's rollouts and statistics folded in before the next."""
     knn = tally.knn
     n_batches = _batches(args, len(stream))
@@ -423,7 +426,7 @@ def _stream_batches(rig: _RoutingRig, tally: _Tally, args: argparse.Namespace, s
             tally.version += 1  # between batches, as a generator loads new weights between batches
             rig.tier.version = tally.version
         chunk = stream[b * args.batch : (b + 1) * args.batch]
-        request_ids = [f"bench-{run_id}-{b * args.batch + i}" for i in range(len(chunk))]
+        request_ids = [submission_id(args.seed, b * args.batch + i, record) for i, record in enumerate(chunk)]
         results = _submit_batch(rig.stub, chunk, request_ids, args.n_samples)
         routed = [rid for record, rid, result in zip(chunk, request_ids, results, strict=True)
                   if _record_submission(tally, settings, rig.policy, record, rid, result, args.n_samples)]
@@ -436,6 +439,12 @@ def _stream_batches(rig: _RoutingRig, tally: _Tally, args: argparse.Namespace, s
     elapsed = time.perf_counter() - started
     marks = rig.engine.store.summary().counters.get("high_uncertainty_marks", 0)
     return _Streamed(elapsed, len(rig.engine.index), marks)
+
+
+def submission_id(seed: int, position: int, record: PromptRecord) -> str:
+    """The request id of the stream's ``position``-th submission: the simulated rollouts and the audit draw
+    follow it, so it names the seed and the submission, never the run (arms and reruns are paired)."""
+    return f"bench-s{seed}-{position}-{content_hash(record.text)[:12]}"
 
 
 def _batches(args: argparse.Namespace, submissions: int) -> int:

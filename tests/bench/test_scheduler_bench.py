@@ -120,3 +120,21 @@ def test_rule_of_names_the_rule_behind_each_reason() -> None:
 
     risky = decide("x", [], detect_risk("What dose of ibuprofen?", {}, settings), now, versions, settings)
     assert bench.rule_of(risky.reason) == "risk topic -> Level-2"
+
+
+def test_submission_ids_pair_arms_and_reruns_and_follow_the_seed() -> None:
+    from strata_tools.bench.simulated_tier import SimulatedPolicy
+    from strata_tools.zoo.suite import PromptRecord
+
+    family = "programming/binary-search/explain_principle"
+    record, other = (PromptRecord(id=f"{family}#{k}", text=text, topic="programming", subject="binary search",
+                                  intent="explain_principle",
+                                  risk=False, family=family, split="train")
+                     for k, text in enumerate(("How does binary search work?", "Explain binary search.")))
+    same = bench.submission_id(0, 17, record)
+    assert same == bench.submission_id(0, 17, record)  # another run or arm: the same draw
+    assert len({same, bench.submission_id(1, 17, record), bench.submission_id(0, 18, record),
+                bench.submission_id(0, 17, other)}) == 4
+    policy = SimulatedPolicy([record, other], seed=0, truth_samples=8)
+    assert policy.rewards(record, same, 1, 16) == SimulatedPolicy([record, other], 0, 8).rewards(record, same, 1, 16)
+    assert policy.rewards(record, same, 1, 16) != policy.rewards(record, bench.submission_id(1, 17, record), 1, 16)
