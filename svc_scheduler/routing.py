@@ -18,7 +18,16 @@ rollout, for baselines). Otherwise the rules, in order:
    variance over ``high_variance_threshold``                                   -> Level-2 (R11).
 5. **Known reward of the neighbourhood**: at least ``min_low_variance_neighbours`` of the k
    neighbours are *usable* and have a variance under ``low_variance_threshold`` -> skip, reuse (R10).
+   **Close paraphrases** (``min_close_paraphrases``, off by default): a prompt with no usable
+   history of its own whose ``min_close_paraphrases`` usable low-variance neighbours at cosine
+   ``close_similarity`` or more agree (means within ``close_agreement``) -> skip, reuse theirs.
 6. Otherwise                                                                    -> Level-0 probe, then Level-1.
+
+Rule 5's second form is a per-neighbourhood count: "7 of the 10 nearest" cannot be met by a prompt
+whose own paraphrases number fewer than seven, however closely they agree, and then it reuses
+whatever less similar prompts fill the count (other intents of the subject, whose rewards are
+another matter). A first sighting close to a few stable paraphrases that agree with one another
+skips on those alone; its audits, distrust and similarity floors are rule 5's.
 
 Rule 3 is R10's exact-prompt case: a prompt seen before is its own nearest neighbour (cosine 1), and
 its own rewards are the most direct evidence there is. It needs no six stable paraphrases besides,
@@ -202,6 +211,20 @@ def cluster_marked(leader: Neighbour, now: float, settings: SchedulerSettings) -
             and now - leader.cluster_marked_at <= settings.mark_ttl_s)
 
 
+def close_paraphrases(itself: Neighbour | None, low: Sequence[Neighbour], reasons: Mapping[str, str | None],
+                      settings: SchedulerSettings) -> list[Neighbour]:
+    """The low-variance neighbours that let a first sighting skip on its close paraphrases alone (rule 5's
+    second form); empty when the rule is off, the prompt has usable history of its own (its own rewards
+    speak for it), too few are close enough, or their means disagree."""
+    if not settings.min_close_paraphrases or (itself is not None and reasons.get(itself.prompt_hash) is None):
+        return []
+    close = [n for n in low if n.similarity >= settings.close_similarity and n.stats is not None]
+    if len(close) < settings.min_close_paraphrases:
+        return []
+    means = [n.stats.mean for n in close if n.stats is not None]
+    return close if max(means) - min(means) <= settings.close_agreement else []
+
+
 # -- the decision ------------------------------------------------------------------------------------
 
 
@@ -282,6 +305,17 @@ def decide(
             f"skip: {len(low)} of the {len(considered)} nearest prompts (cosine >= {settings.min_similarity:g}) "
             f"have reward variance < {settings.low_variance_threshold:g}; reusing their mean reward {reused[0]:.3f}",
             reused,
+        )
+    close = close_paraphrases(itself, low, reasons, settings)
+    if close:
+        reused = _reused_reward(close)
+        return make(
+            Route.SKIP,
+            f"skip: close paraphrases: {len(close)} of the {len(considered)} nearest prompts (cosine >= "
+            f"{settings.close_similarity:g}) have reward variance < {settings.low_variance_threshold:g} and mean "
+            f"rewards within {settings.close_agreement:g} of one another; reusing their mean reward {reused[0]:.3f}",
+            reused,
+            reused_from=close,
         )
     why = ", ".join(f"{count} {reason}" for reason, count in sorted(ignored.items()))
     return make(

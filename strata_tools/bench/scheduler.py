@@ -250,6 +250,7 @@ class RuleResult:
     level2: int = 0
     reuse_errors: list[float] | None = None
     reasons: Counter[str] = field(default_factory=Counter)  # decisions by the rule that made them
+    errors_by_rule: dict[str, list[float]] = field(default_factory=dict)  # each skip's reuse error, by rule
     nonrisk: int = 0  # submissions not on a risk topic (risk goes to Level-2 under every rule)
     nonrisk_level2: int = 0  # of those, sent to Level-2 (R11: uncertain neighbourhood or marked cluster)
     bad_samples: int = 0  # their rollouts the oracle scores under BAD_THRESHOLD, wherever routed
@@ -278,6 +279,7 @@ _RULES = (("Level-2: high-risk topic", "risk topic -> Level-2"),
           ("Level-2: a response to this prompt was flagged unsafe", "flagged unsafe -> Level-2"),
           ("skip: this prompt has", "own history -> skip"),
           ("Level-2:", "uncertain neighbourhood -> Level-2"),
+          ("skip: close paraphrases", "close paraphrases -> skip"),
           ("skip:", "known neighbourhood -> skip"),
           ("Level-1 (audit", AUDITED),
           ("Level-1:", "too little known -> Level-1"))
@@ -498,9 +500,12 @@ def _record_knn(knn: RuleResult, policy: SimulatedPolicy, record: PromptRecord, 
                 version: int) -> bool:
     """Strata: a skip reuses a reward, a rollout goes through the tier; True for a rollout."""
     knn.submitted += 1
-    knn.reasons[rule_of(response.reason)] += 1
+    rule = rule_of(response.reason)
+    knn.reasons[rule] += 1
     if response.decision == common_pb2.DECISION_SKIP:
-        knn.reuse_errors.append(abs(response.reused_reward - policy.truth(record, version)))
+        error = abs(response.reused_reward - policy.truth(record, version))
+        knn.reuse_errors.append(error)
+        knn.errors_by_rule.setdefault(rule, []).append(error)
         return False
     knn.rollouts += 1
     knn.level2 += response.decision == common_pb2.DECISION_LEVEL_2
@@ -979,6 +984,8 @@ def _print_rules(measured: _Measured) -> None:
               f"{rule.level2:>8} {skipped:>8} {rule.mae:>10.3f}")
     print("knn decisions by rule: " + ", ".join(f"{name} {count} ({count / knn.submitted:.1%})"
                                                for name, count in knn.reasons.most_common()))
+    print("knn reuse MAE by rule: " + ", ".join(f"{name} {np.mean(errors):.3f} over {len(errors)} skips"
+                                              for name, errors in sorted(knn.errors_by_rule.items())))
 
 
 def _print_ceiling(args: argparse.Namespace, settings: SchedulerSettings, ceiling: CeilingResult) -> None:

@@ -363,3 +363,47 @@ def test_with_tiering_off_every_prompt_goes_to_level_1() -> None:
         decision = route(ns, text=text, settings=plain)
         assert decision.route is Route.LEVEL_1 and decision.reused_reward is None
         assert "tiering is off" in decision.reason
+
+
+CLOSE = SchedulerSettings(min_close_paraphrases=3, close_similarity=0.85, close_agreement=0.5)
+
+
+def paraphrases(means: list[float], similarities: list[float] | None = None, far: int = 7) -> list[Neighbour]:
+    """Close low-variance paraphrases first, then ``far`` stable prompts under the similarity floor."""
+    similarities = similarities or [0.9] * len(means)
+    close = [Neighbour(f"p{i}", s, stats(LOW, mean=m))
+             for i, (m, s) in enumerate(zip(means, similarities, strict=True))]
+    return close + [Neighbour(f"f{i}", 0.7, stats(LOW, mean=1.0)) for i in range(far)]
+
+
+def test_a_first_sighting_skips_on_three_agreeing_close_paraphrases() -> None:
+    ns = paraphrases([3.0, 3.2, 3.4])
+    decision = route(ns, settings=CLOSE)
+    assert decision.route is Route.SKIP and "close paraphrases: 3 of the 10" in decision.reason
+    assert decision.reused_from == ("p0", "p1", "p2")
+    assert decision.reused_reward == pytest.approx(3.2)
+    r10_alone = route(ns, settings=CLOSE.model_copy(update={"min_close_paraphrases": 0}))
+    assert r10_alone.route is Route.LEVEL_1 and "3 of the 10" in r10_alone.reason
+    audited = audit(decision, "self", "r", share=1.0)  # audited like every skip, naming what it would reuse
+    assert audited.route is Route.LEVEL_1 and audited.audited_reward == pytest.approx(3.2)
+
+
+@pytest.mark.parametrize(
+    ("ns", "why"),
+    [
+        (paraphrases([3.0, 3.2, 3.4], [0.9, 0.9, 0.84]), "the third is not close enough"),
+        (paraphrases([3.0, 3.2, 3.6]), "their means disagree by more than close_agreement"),
+        ([Neighbour("self", 1.0, stats(MID, mean=3.2)), *paraphrases([3.0, 3.2, 3.4], far=6)],
+         "the prompt's own usable rewards vary: they speak for it"),
+        ([dataclasses.replace(n, distrusted_at=NOW - 1) if n.prompt_hash == "p0" else n
+          for n in paraphrases([3.0, 3.2, 3.4])], "an audit distrusted one of them"),
+    ],
+)
+def test_close_paraphrases_do_not_skip_when(ns: list[Neighbour], why: str) -> None:
+    assert route(ns, settings=CLOSE).route is not Route.SKIP, why
+
+
+def test_close_paraphrases_must_be_fewer_than_k() -> None:
+    with pytest.raises(ValueError, match="min_close_paraphrases"):
+        SchedulerSettings(k=5, min_low_variance_neighbours=5, min_close_paraphrases=6)
+
