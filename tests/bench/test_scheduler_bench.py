@@ -116,6 +116,8 @@ def test_rule_of_names_the_rule_behind_each_reason() -> None:
     assert bench.rule_of(decide("x", noisy, None, now, versions, settings).reason) == \
         "uncertain neighbourhood -> Level-2"
     assert bench.rule_of(decide("x", [], None, now, versions, settings).reason) == "too little known -> Level-1"
+    close = decide("x", stable[:3], None, now, versions, settings.model_copy(update={"min_close_paraphrases": 3}))
+    assert close.route is Route.SKIP and bench.rule_of(close.reason) == "close paraphrases -> skip"
     from svc_scheduler.routing import detect_risk
 
     risky = decide("x", [], detect_risk("What dose of ibuprofen?", {}, settings), now, versions, settings)
