@@ -141,6 +141,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="route the same stream a second time with another encoder and print both (issue 39): "
                              "a fine-tuned encoder's directory, or, bare, one fine-tuned for same reward on this "
                              "run's own history (strata encoder finetune, paraphrase families held out)")
+    parser.add_argument("--error-anatomy", action="store_true",
+                        help="split each skip rule's reuse error: against the expected reward (64 rollouts) "
+                             "instead of the 8-rollout truth, the truth's own noise, and (own history) how far the "
+                             "policy moved the expected reward since the reused rollout; slower")
     parser.add_argument("--live", action="store_true",
                         help="also run a smaller stream through the real probe, generators and reward models, "
                              "next to the simulated tier on the same stream")
@@ -251,6 +255,9 @@ class RuleResult:
     reuse_errors: list[float] | None = None
     reasons: Counter[str] = field(default_factory=Counter)  # decisions by the rule that made them
     errors_by_rule: dict[str, list[float]] = field(default_factory=dict)  # each skip's reuse error, by rule
+    # --error-anatomy, by rule: (error against the expected reward, the truth's own error, the policy's drift
+    # since the prompt's last rollout: own history only, else nan)
+    anatomy: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     nonrisk: int = 0  # submissions not on a risk topic (risk goes to Level-2 under every rule)
     nonrisk_level2: int = 0  # of those, sent to Level-2 (R11: uncertain neighbourhood or marked cluster)
     bad_samples: int = 0  # their rollouts the oracle scores under BAD_THRESHOLD, wherever routed
@@ -383,6 +390,7 @@ class _Tally:
     history: ReuseHistory  # the ceiling's: every submission rolled out
     ceiling: CeilingResult
     version: int = 1  # the simulated policy's
+    rolled: dict[str, int] = field(default_factory=dict)  # prompt text -> version of Strata's latest rollout of it
 
     @classmethod
     def fresh(cls, settings: SchedulerSettings) -> _Tally:
@@ -431,7 +439,8 @@ def _stream_batches(rig: _RoutingRig, tally: _Tally, args: argparse.Namespace, s
         request_ids = [submission_id(args.seed, b * args.batch + i, record) for i, record in enumerate(chunk)]
         results = _submit_batch(rig.stub, chunk, request_ids, args.n_samples)
         routed = [rid for record, rid, result in zip(chunk, request_ids, results, strict=True)
-                  if _record_submission(tally, settings, rig.policy, record, rid, result, args.n_samples)]
+                  if _record_submission(tally, settings, rig.policy, record, rid, result, args.n_samples,
+                                        args.error_anatomy)]
         rig.tier.wait_for(routed, SYNC_TIMEOUT_S)
         wait_for_stats(rig.lag, SYNC_TIMEOUT_S, rig.running)
         if not quiet and ((b + 1) % PROGRESS_EVERY == 0 or b + 1 == n_batches):
@@ -473,7 +482,7 @@ def _submit_batch(stub: scheduler_pb2_grpc.SchedulerStub, chunk: Sequence[Prompt
 
 
 def _record_submission(tally: _Tally, settings: SchedulerSettings, policy: SimulatedPolicy, record: PromptRecord,
-                       rid: str, result: scheduler_pb2.SubmitBatchResult, n_samples: int) -> bool:
+                       rid: str, result: scheduler_pb2.SubmitBatchResult, n_samples: int, anatomy: bool) -> bool:
     """Count one submission under every rule; True when the scheduler routed it to the tier."""
     from strata.errors import CliError
     from svc_scheduler.routing import detect_risk
@@ -482,6 +491,10 @@ def _record_submission(tally: _Tally, settings: SchedulerSettings, policy: Simul
         raise CliError(f"the scheduler refused a suite prompt: {result.error}")
     decision = result.response.decision
     routed = _record_knn(tally.knn, policy, record, result.response, tally.version)
+    if routed:
+        tally.rolled[record.text] = tally.version
+    elif anatomy:
+        _record_anatomy(tally, policy, record, result.response)
     tally.everything.submitted += 1
     tally.everything.rollouts += 1
     tally.greso.submitted += 1
@@ -494,6 +507,19 @@ def _record_submission(tally: _Tally, settings: SchedulerSettings, policy: Simul
         _record_r11(tally.knn, rewards, decision)
     _record_greso(tally, settings, policy, record, risky, rewards)
     return routed
+
+
+def _record_anatomy(tally: _Tally, policy: SimulatedPolicy, record: PromptRecord,
+                    response: scheduler_pb2.SubmitResponse) -> None:
+    """Split one skip's reuse error (``--error-anatomy``): what the reused reward misses of the expected
+    reward, what the 8-rollout truth misses of it, and how far the policy moved it since the prompt's last
+    rollout (own-history skips: the reused rewards are that rollout's)."""
+    rule, version = rule_of(response.reason), tally.version
+    expected = policy.expected(record, version)
+    then = tally.rolled.get(record.text) if rule == "own history -> skip" else None
+    drift = abs(expected - policy.expected(record, then)) if then is not None else float("nan")
+    tally.knn.anatomy.setdefault(rule, []).append(
+        (abs(response.reused_reward - expected), abs(policy.truth(record, version) - expected), drift))
 
 
 def _record_knn(knn: RuleResult, policy: SimulatedPolicy, record: PromptRecord, response: scheduler_pb2.SubmitResponse,
@@ -973,7 +999,9 @@ def _measure(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
 
 
 def _print_rules(measured: _Measured) -> None:
-    """The three rules' table and the knn decisions by the rule that made them."""
+    """The three rules' table, the knn decisions by the rule that made them and each skip rule's error."""
+    from strata_tools.bench.simulated_tier import EXPECTED_SAMPLES
+
     knn = measured.knn
     print()
     print(f"{'rule':<34} {'submitted':>9} {'rollouts':>9} {'trigger':>8} {'level-2':>8} {'skipped':>8} "
@@ -986,6 +1014,13 @@ def _print_rules(measured: _Measured) -> None:
                                                for name, count in knn.reasons.most_common()))
     print("knn reuse MAE by rule: " + ", ".join(f"{name} {np.mean(errors):.3f} over {len(errors)} skips"
                                               for name, errors in sorted(knn.errors_by_rule.items())))
+    for name, parts in sorted(knn.anatomy.items()):
+        against, truth_noise, drift = (np.array(column) for column in zip(*parts, strict=True))
+        moved = f"; the policy moved it by {np.nanmean(drift):.3f} since the reused rollout" if name.startswith(
+            "own") else ""
+        print(f"  error anatomy, {name}: {np.mean(knn.errors_by_rule[name]):.3f} against the truth "
+              f"(--truth-samples rollouts), {np.mean(against):.3f} against the expected reward "
+              f"({EXPECTED_SAMPLES} rollouts), which the truth itself misses by {np.mean(truth_noise):.3f}{moved}")
 
 
 def _print_ceiling(args: argparse.Namespace, settings: SchedulerSettings, ceiling: CeilingResult) -> None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 TARGET_P_GOOD = 0.95  # what a policy update moves each family's competence toward
 POLICY_STEP_GAIN = 0.1  # share of the remaining gap closed per policy version
 VARIANCE_SAMPLES = 24  # rollouts behind a prompt's true reward variance (the ceiling's R10/R11 split)
+EXPECTED_SAMPLES = 64  # rollouts behind a prompt's expected reward (--error-anatomy: the truth without its noise)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class SimulatedPolicy:
         self._truth_samples = truth_samples
         self._truth: dict[tuple[str, int], float] = {}
         self._variance: dict[tuple[str, int], float] = {}
+        self._expected: dict[tuple[str, int], float] = {}
 
     def competence(self, record: PromptRecord, version: int) -> Competence:
         base = self._base[record.family]
@@ -86,6 +88,11 @@ class SimulatedPolicy:
     def truth(self, record: PromptRecord, version: int) -> float:
         """Mean oracle reward of ``truth_samples`` rollouts by policy ``version`` (cached: skips repeat)."""
         return self._measured("truth", record, version, self._truth_samples, np.mean, self._truth)
+
+    def expected(self, record: PromptRecord, version: int) -> float:
+        """The prompt's expected reward under policy ``version``, near enough: the mean of ``EXPECTED_SAMPLES``
+        rollouts (cached), against which the ``truth_samples``-rollout truth has noise of its own."""
+        return self._measured("expected", record, version, EXPECTED_SAMPLES, np.mean, self._expected)
 
     def variance(self, record: PromptRecord, version: int) -> float:
         """Per-rollout reward variance of the prompt under policy ``version`` (``VARIANCE_SAMPLES``

@@ -25,7 +25,7 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     args = parser.parse_args(["--limit", "40", "--batch", "8", "--policy-step-every", "4",
                               "--latency-sizes", "300", "--latency-queries", "5", "--n-samples", "3",
                               "--live", "--live-families", "1", "--live-passes", "3", "--live-audit-share", "0.5",
-                              "--live-learner", "--compare-cluster-marking"])
+                              "--live-learner", "--compare-cluster-marking", "--error-anatomy"])
     assert bench.run(args) == 0
     out = capsys.readouterr().out
     rows = {m.group(1).strip(): (int(m.group(2)), int(m.group(3)), int(m.group(4)))
@@ -45,6 +45,11 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
                      out, re.M), out
     submitted, rollouts, _level2 = rows["knn (Strata)"]
     assert 40 <= rollouts < submitted  # every prompt rolled out once at least; some second passes skipped
+    anatomy = re.findall(r"^  error anatomy, (.+?): (\d\.\d{3}) against the truth .*, (\d\.\d{3}) against the "
+                         r"expected reward \(64 rollouts\), which the truth itself misses by (\d\.\d{3})", out, re.M)
+    by_rule = dict(re.findall(r"(\S[^,:]*-> skip) (\d\.\d{3}) over \d+ skips", out))
+    assert anatomy and {rule for rule, *_ in anatomy} == set(by_rule), out  # every skip rule, split
+    assert all(by_rule[rule] == against_truth for rule, against_truth, _, _ in anatomy)
     assert "policy v1 -> v3" in out  # 10 batches, a policy step every 4
     # The generator served the learner's versions: none of its samples was too many versions behind.
     taken = re.findall(r"^  live batch \d+/\d+: .*\(learner: (\d+) samples taken, (\d+) dropped as stale\)", out, re.M)
