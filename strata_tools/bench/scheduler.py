@@ -666,6 +666,7 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
           f"audit share {args.live_audit_share:g}, policy {policy}; each service in its own process", flush=True)
     versions: list[int] = []
     skipped = level2 = 0
+    by_rule: Counter[str] = Counter()
     started = time.perf_counter()
     n_batches = (len(stream) + args.batch - 1) // args.batch
     with live.started():
@@ -677,6 +678,7 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
                                    lambda line: print(line, flush=True), n_samples=args.n_samples,
                                    tag=f"{live_id}-{b}")
                 skipped += sum(r.decision == "DECISION_SKIP" for r in arm.requests)
+                by_rule.update(rule_of(r.reason) for r in arm.requests)
                 level2 += sum(r.decision == "DECISION_LEVEL_2" for r in arm.requests)
                 wait_for_stats(lag, SYNC_TIMEOUT_S)
                 at_version = ""
@@ -690,6 +692,8 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
                       f"{time.perf_counter() - started:.0f} s", flush=True)
         finally:
             lag.close()
+        print("live decisions by rule: " + ", ".join(f"{name} {count} ({count / len(stream):.1%})"
+                                                    for name, count in by_rule.most_common()), flush=True)
         with rpc.channel(live.scheduler_address) as channel:
             stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=30)
     return LiveResult(

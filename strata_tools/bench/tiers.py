@@ -289,11 +289,12 @@ class ArmRunner:
                 ]), timeout=300)
                 for request, result in zip(chunk, reply.results, strict=True):
                     if result.WhichOneof("result") != "response":
-                        request.decision = "refused"
+                        request.decision, request.reason = "refused", result.error
                         log.warning("prompt refused by the scheduler: %s", result.error)
                         continue
                     request.prompt_hash = result.response.prompt_hash
                     request.decision = common_pb2.Decision.Name(result.response.decision)
+                    request.reason = result.response.reason
 
     @staticmethod
     def _wait(tail: Any, by_id: dict[str, Request], deadline: float, name: str,

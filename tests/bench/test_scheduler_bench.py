@@ -37,6 +37,10 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     simulated = re.search(r"^knn, simulated tier \(same stream\)\s+(\d+)\s+(\d+)", out, re.M)
     assert live and simulated, out
     assert int(live.group(1)) == int(simulated.group(1)) == 21  # the same stream through both tiers
+    live_rules = re.search(r"^live decisions by rule: (.+)$", out, re.M)
+    assert live_rules, out
+    counts = {name: int(n) for name, n in re.findall(r"(\w[^,]*?) (\d+) \(\d+\.\d%\)", live_rules.group(1))}
+    assert sum(counts.values()) == 21 and "other" not in counts, live_rules.group(1)
     assert "policy trained by the learner as it goes" in out
     moved = re.search(r"^live policy: v(\d+) after the first batch -> v(\d+) at the end", out, re.M)
     assert moved and int(moved.group(1)) <= int(moved.group(2)), out
