@@ -51,7 +51,7 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
     assert 40 <= rollouts < submitted  # every prompt rolled out once at least; some second passes skipped
     anatomy = re.findall(r"^  error anatomy, (.+?): (\d\.\d{3}) against the truth .*, (\d\.\d{3}) against the "
                          r"expected reward \(64 rollouts\), which the truth itself misses by (\d\.\d{3})", out, re.M)
-    by_rule = dict(re.findall(r"(\S[^,:]*-> skip) (\d\.\d{3}) over \d+ skips", out))
+    by_rule = dict(re.findall(r"(\w[^,:]*-> skip) (\d\.\d{3}) over \d+ skips", out))
     assert anatomy and {rule for rule, *_ in anatomy} == set(by_rule), out  # every skip rule, split
     assert all(by_rule[rule] == against_truth for rule, against_truth, _, _ in anatomy)
     assert "policy v1 -> v3" in out  # 10 batches, a policy step every 4
