@@ -339,8 +339,8 @@ class Request:
     request_id: str
     prompt_hash: str = ""
     decision: str = ""                # the scheduler's decision (its enum name), or "refused"
-    reason: str = ""                  # the scheduler's reason for it (or the refusal's message)
     events: list = field(default_factory=list)
+    reason: str = ""                  # the scheduler's reason for it (or the refusal's message)
 
 
 @dataclass

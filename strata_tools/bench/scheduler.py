@@ -696,15 +696,21 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
                                                     for name, count in by_rule.most_common()), flush=True)
         with rpc.channel(live.scheduler_address) as channel:
             stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=30)
+    return _live_result(zoo.root.name, len(stream), skipped, level2, stats, time.perf_counter() - started, versions)
+
+
+def _live_result(zoo: str, submitted: int, skipped: int, level2: int, stats: scheduler_pb2.StatsResponse,
+                 wall_s: float, versions: Sequence[int]) -> LiveResult:
+    """The live run's figures: its own counts and the live scheduler's audit statistics."""
+    def optional(name: str) -> float | None:
+        return getattr(stats, name) if stats.HasField(name) else None
+
     return LiveResult(
-        zoo=zoo.root.name, submitted=len(stream), rollouts=len(stream) - skipped, skipped=skipped, level2=level2,
-        audits=stats.audits, audits_scored=stats.audits_scored,
-        audit_mae=stats.audit_reuse_mae if stats.HasField("audit_reuse_mae") else None,
-        audit_precision=stats.audit_precision if stats.HasField("audit_precision") else None,
-        marks=stats.high_uncertainty_marks, wall_s=time.perf_counter() - started,
-        audit_mae_ci95=stats.audit_reuse_mae_ci95 if stats.HasField("audit_reuse_mae_ci95") else None,
-        audit_distrusts=stats.audit_distrusts, audit_floors=stats.audit_similarity_floors,
-        policy_versions=tuple(versions),
+        zoo=zoo, submitted=submitted, rollouts=submitted - skipped, skipped=skipped, level2=level2,
+        audits=stats.audits, audits_scored=stats.audits_scored, audit_mae=optional("audit_reuse_mae"),
+        audit_precision=optional("audit_precision"), marks=stats.high_uncertainty_marks, wall_s=wall_s,
+        audit_mae_ci95=optional("audit_reuse_mae_ci95"), audit_distrusts=stats.audit_distrusts,
+        audit_floors=stats.audit_similarity_floors, policy_versions=tuple(versions),
     )
 
 
