@@ -183,20 +183,10 @@ def pair_similarities(vectors: np.ndarray, pairs: Sequence[RewardPair]) -> np.nd
 
 def auc(scores: np.ndarray, positive: np.ndarray) -> float:
     """Probability that a random positive scores above a random negative (ties count half); nan if a class is empty."""
-    positive = np.asarray(positive, dtype=bool)
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores), dtype=np.float64)
-    sorted_scores = np.asarray(scores)[order]
-    # average ranks over ties
-    boundaries = np.flatnonzero(np.diff(sorted_scores)) + 1
-    starts = np.concatenate([[0], boundaries])
-    ends = np.concatenate([boundaries, [len(scores)]])
-    for s, e in zip(starts, ends, strict=True):
-        ranks[order[s:e]] = (s + e + 1) / 2.0
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    from strata.models.probe_head import roc_auc
+
+    value = roc_auc(scores, positive)
+    return float("nan") if value is None else value
 
 
 def at_floor(similarities: np.ndarray, agree: np.ndarray, floor: float) -> FloorFigures:
