@@ -281,10 +281,11 @@ class RuleResult:
 
 
 AUDITED = "audited skip -> Level-1"  # a would-be skip rolled out anyway (audit_share); a rollout
+OWN_HISTORY = "own history -> skip"  # a skip on the prompt's own rewards (--error-anatomy: their policy's drift)
 # The rule behind a decision, from the start of its reason (svc_scheduler/routing.py writes them).
 _RULES = (("Level-2: high-risk topic", "risk topic -> Level-2"),
           ("Level-2: a response to this prompt was flagged unsafe", "flagged unsafe -> Level-2"),
-          ("skip: this prompt has", "own history -> skip"),
+          ("skip: this prompt has", OWN_HISTORY),
           ("Level-2:", "uncertain neighbourhood -> Level-2"),
           ("skip: close paraphrases", "close paraphrases -> skip"),
           ("skip:", "known neighbourhood -> skip"),
@@ -516,7 +517,7 @@ def _record_anatomy(tally: _Tally, policy: SimulatedPolicy, record: PromptRecord
     rollout (own-history skips: the reused rewards are that rollout's)."""
     rule, version = rule_of(response.reason), tally.version
     expected = policy.expected(record, version)
-    then = tally.rolled.get(record.text) if rule == "own history -> skip" else None
+    then = tally.rolled.get(record.text) if rule == OWN_HISTORY else None
     drift = abs(expected - policy.expected(record, then)) if then is not None else float("nan")
     tally.knn.anatomy.setdefault(rule, []).append(
         (abs(response.reused_reward - expected), abs(policy.truth(record, version) - expected), drift))
@@ -1026,8 +1027,8 @@ def _print_rules(measured: _Measured) -> None:
                                               for name, errors in sorted(knn.errors_by_rule.items())))
     for name, parts in sorted(knn.anatomy.items()):
         against, truth_noise, drift = (np.array(column) for column in zip(*parts, strict=True))
-        moved = f"; the policy moved it by {np.nanmean(drift):.3f} since the reused rollout" if name.startswith(
-            "own") else ""
+        moved = f"; the policy moved it by {np.nanmean(drift):.3f} since the reused rollout" if name == OWN_HISTORY \
+            else ""
         print(f"  error anatomy, {name}: {np.mean(knn.errors_by_rule[name]):.3f} against the truth "
               f"(--truth-samples rollouts), {np.mean(against):.3f} against the expected reward "
               f"({EXPECTED_SAMPLES} rollouts), which the truth itself misses by {np.mean(truth_noise):.3f}{moved}")
