@@ -59,6 +59,16 @@ def threshold_for_catch(scores: Sequence[float], bad: Sequence[bool], target_cat
     return math.nextafter(bad_scores[needed - 1], math.inf)  # escalation is score < threshold
 
 
+def printable_threshold(threshold: float) -> float:
+    """``threshold`` rounded *up* to the 3 decimals printed: escalation is ``score < threshold``, and a
+    threshold just above a bad case's score, rounded down, would no longer catch it (nor, on the
+    calibrated scale, every answer tied with it at a flat end of the map)."""
+    printed = math.ceil(threshold * 1000) / 1000
+    while printed < threshold:  # x * 1000 can round down in floating point
+        printed = round(printed + 0.001, 3)
+    return printed
+
+
 @dataclass(frozen=True)
 class DetectionFigures:
     """A binary detector (e.g. unsafe advice) against labels."""

@@ -88,6 +88,8 @@ THRESHOLD_GRID = (1.0, 2.0, 2.2, 2.4, 2.6, 2.8, 3.0, 3.2, 3.4)
 # January 2026) and 1.2 % of LMSYS-Chat-1M dialogues; legal has no public figure (docs/tiers.md).
 DEFAULT_RISK_SHARE = 0.06
 STRESS_RISK_SHARE = 0.25  # the suite's own share, kept as a stress row
+CALIBRATED, SERVED = "calibrated", "served"
+CALIBRATION_PROMPTS = 200  # `strata calibrate escalation`'s default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +105,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "first is the tiered + skip arm (1: that arm alone)")
     parser.add_argument("--bad-threshold", type=float, default=1.5,
                         help="oracle score under which a Level-1 answer is a bad case")
+    parser.add_argument("--escalation-threshold", default=CALIBRATED, metavar="calibrated|served|X",
+                        help="the light-RM threshold the router serves (raw score): calibrated (default) measures the "
+                             "lowest catching --target-catch of the bad cases on the --calibration-split's Level-1 "
+                             "answers, as `strata calibrate escalation` does; served: the reward service's setting "
+                             "(STRATA_ESCALATION_THRESHOLD, the brief's 3.2 unless set); or a number")
+    parser.add_argument("--target-catch", type=float, default=0.9,
+                        help="share of bad cases the calibrated threshold escalates on the calibration split")
+    parser.add_argument("--calibration-split", default="fresh", choices=("fresh", "train"),
+                        help="labelled prompts the calibrated threshold is chosen on (never the eval split)")
     parser.add_argument("--review-seconds", type=float, default=60.0, help="human seconds per annotation")
     parser.add_argument("--seed", type=int, default=0, help="prompt sample and sampling seeds")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds an arm may take")
@@ -323,13 +334,16 @@ class LiveTiers(ArmRunner):
     """The services, each in its own process, and the means to push an arm through them."""
 
     def __init__(self, settings: Any, zoo: Any, run_id: str, review_seconds: float, seed: int,
-                 scheduler_env: dict[str, str] | None = None, learner_args: Sequence[str] | None = None) -> None:
+                 scheduler_env: dict[str, str] | None = None, learner_args: Sequence[str] | None = None,
+                 reward_env: dict[str, str] | None = None) -> None:
         """``learner_args``: also run the learner (those svc_learner flags), training the zoo's policy on the
-        rewards and publishing each version to the Level-1 generator: a moving policy. None: a fixed one."""
+        rewards and publishing each version to the Level-1 generator: a moving policy. None: a fixed one.
+        ``scheduler_env``, ``reward_env``: settings of those services (``STRATA_*``) over the bench's own."""
         super().__init__(settings, run_id, seed)
         self.zoo = zoo
         self.review_seconds = review_seconds
         self.scheduler_env = scheduler_env or {}
+        self.reward_env = reward_env or {}
         self.learner_args = None if learner_args is None else list(learner_args)
         self.checkpoint_dir = Path(settings.state_dir) / "bench" / run_id / "checkpoints"
         self.ports: dict[str, int] = {}
@@ -401,7 +415,7 @@ class LiveTiers(ArmRunner):
                        # too; and no desk runs here to await.
                        {"STRATA_RM_WATCH": "false", "STRATA_USE_CALIBRATION": "false",
                         "STRATA_AWAIT_ANNOTATION": "false", "STRATA_REVIEW_SECONDS_PER_ITEM": str(self.review_seconds),
-                        "STRATA_GROUP_ID": groups["reward"][0]}),
+                        "STRATA_GROUP_ID": groups["reward"][0], **self.reward_env}),
             "scheduler": ("svc_scheduler", [], {
                 "STRATA_REDIS_PREFIX": f"strata:bench:{self.run_id}",
                 "STRATA_STATS_GROUP_ID": groups["scheduler"][0], "STRATA_WATCH_LOOKBACK_S": "0",
@@ -682,7 +696,9 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     progress(f"tiers bench: zoo {zoo.root.name}, {len(eval_records)} eval prompts: default mix "
              f"{len(mixes.default)} ({sum(r.risk for r in mixes.default)} risk){stress}; {len(history)} history "
              "prompts; each service in its own process")
-    live = LiveTiers(settings, zoo, run_id, args.review_seconds, args.seed)
+    threshold = served_threshold(args, zoo, progress)
+    live = LiveTiers(settings, zoo, run_id, args.review_seconds, args.seed,
+                     reward_env={"STRATA_ESCALATION_THRESHOLD": repr(threshold.value)})
     runs: dict[str, ArmRun] = {}
     with live.started():
         for name, records, route in (("all-Level-2", eval_records, "level2"), ("tiered", eval_records, "level0"),
@@ -704,7 +720,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     answers = {name: [answers_of(r, client, store) for r in run.requests] for name, run in runs.items()
                if name != "history"}
     client.close()
-    report = build_report(args, zoo.root.name, mixes, runs, answers, audits)
+    report = build_report(args, zoo.root.name, mixes, runs, answers, threshold, audits)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tiers.json").write_text(json.dumps(report["json"], indent=2))
     tier_eval.plot_curve(out / "tiers.png", report["sweep"], report["marks"], report["ceiling"])
@@ -844,21 +860,24 @@ def subset(union: Sequence[Any], chosen: Sequence[Any], runs: dict[str, ArmRun],
 
 
 def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, union_runs: dict[str, ArmRun],
-                 union_answers: dict[str, list[Answers]], audits: Audits | None = None) -> dict[str, Any]:
+                 union_answers: dict[str, list[Answers]], threshold: ServedThreshold,
+                 audits: Audits | None = None) -> dict[str, Any]:
     """The printed lines, the JSON figures, and the sweep, ceiling, marks and headline arm of the curve
     (the default mix's), the epoch stream's rows, with the stress mix's figures read off the same live
     answers."""
     records, runs, answers = subset(mixes.union, mixes.default, union_runs, union_answers)
-    arms = _report_arms(args.bad_threshold, records, runs, answers)
+    arms = _report_arms(args.bad_threshold, records, runs, answers, threshold.value)
     sweep = sweep_figures(arms.replay, arms.baseline, args.bad_threshold)
-    lines = _report_lines(args, zoo_hash, records, union_runs, answers, arms, sweep)
+    lines = [f"escalation threshold served: {threshold.source}",
+             *_report_lines(args, zoo_hash, records, union_runs, answers, arms, sweep)]
     epochs = epoch_figures(answers, [o.prompt_hash for o in arms.replay], [o.level2 for o in arms.replay],
                            args.bad_threshold, arms.baseline)
     lines += epoch_lines(epochs, arms.tiered, audits)
     stress_json = None
     if mixes.stress:
         stress_records, stress_runs, stress_answers = subset(mixes.union, mixes.stress, union_runs, union_answers)
-        stress_arms = _report_arms(args.bad_threshold, stress_records, stress_runs, stress_answers)
+        stress_arms = _report_arms(args.bad_threshold, stress_records, stress_runs, stress_answers,
+                                   threshold.value)
         stress_sweep = sweep_figures(stress_arms.replay, stress_arms.baseline, args.bad_threshold)
         lines += ["", f"stress mix: {len(stress_records)} eval prompts ({sum(r.risk for r in stress_records)} risk), "
                       "read off the same live answers", *arm_table(stress_arms.table),
@@ -874,6 +893,7 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
     figures = {
         "zoo": zoo_hash, "prompts": len(records), "risk_prompts": sum(r.risk for r in records),
         "bad_threshold": args.bad_threshold, "escalation_threshold": arms.threshold,
+        "escalation_threshold_source": threshold.source,
         "review_seconds": args.review_seconds, "arms": [tier_eval.to_json(a) for a in arms.table],
         "sweep": [tier_eval.to_json(a) for a in sweep.arms], "ceiling": [tier_eval.to_json(a) for a in sweep.ceiling],
         "route_llm": sweep.route_llm, "ceiling_share_of_saving": sweep.ceiling_share, "article": ARTICLE,
@@ -888,7 +908,7 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
 
 
 def _report_arms(bad_threshold: float, records: Sequence[Any], runs: dict[str, ArmRun],
-                 answers: dict[str, list[Answers]]) -> _ReportArms:
+                 answers: dict[str, list[Answers]], threshold: float) -> _ReportArms:
     """The all-Level-2 baseline, the live arms and the replayed routers, each compared to the baseline."""
     from strata.errors import CliError
 
@@ -910,7 +930,6 @@ def _report_arms(bad_threshold: float, records: Sequence[Any], runs: dict[str, A
     replay = [PromptOutcome(h, a.level1, l2, r.risk, human_seconds=b.human_seconds)
               for h, a, l2, r, b in zip(hashes, answers["tiered"], level2, records, answers["all-Level-2"],
                                         strict=True)]
-    threshold = _escalation_threshold()
     replayed, keep, random_arm, oracle_arm = _replayed_arms(replay, threshold, tiered.level2_share, bad_threshold,
                                                             baseline)
     table += [replayed, keep, random_arm, oracle_arm]
@@ -963,7 +982,7 @@ def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any
             continue  # the stream's later epochs: their figures are in the stream's table and the JSON
         lines.append(f"{name} ({len(run.requests)} prompts live, {run.wall_s:.0f} s wall): where the cost went")
         lines += ["  " + line for line in _stage_lines(run.stages)]
-    lines += _threshold_lines(arms.replay, args.bad_threshold, arms.baseline)
+    lines += _threshold_lines(arms.replay, args.bad_threshold, arms.baseline, arms.threshold)
     lines += routing_lines(sweep, arms.oracle_router, arms.tiered)
     skip_answers = answers.get(HEADLINE_ARM)
     if skip_answers is not None:
@@ -996,16 +1015,19 @@ def routing_lines(sweep: SweepFigures, oracle_arm: ArmFigures, router_arm: ArmFi
             f"ceiling {_pct(best)}: {_num(sweep.ceiling_share)} of the ceiling's"]
 
 
-def _threshold_lines(replay: list[PromptOutcome], bad_threshold: float, baseline: ArmFigures) -> list[str]:
-    """The replayed threshold router at each threshold of ``THRESHOLD_GRID``, one row each under a header."""
+def _threshold_lines(replay: list[PromptOutcome], bad_threshold: float, baseline: ArmFigures,
+                     served: float) -> list[str]:
+    """The replayed threshold router at each threshold of ``THRESHOLD_GRID`` and at the ``served`` one, one row
+    each under a header."""
     lines = [f"escalation threshold (replay): {'threshold':>9} {'L2 share':>8} {'catch':>6} {'false esc':>9} "
              f"{'saving':>7} {'PxT sav.':>8} {'quality':>8}"]
-    for t in THRESHOLD_GRID:
+    for t in sorted({*THRESHOLD_GRID, served}):
         a = tier_eval.compare(tier_eval.evaluate(f"t={t}", replay, tier_eval.threshold_router(replay, t),
                                                  bad_threshold), baseline)
-        lines.append(f"{'':<30} {t:>9.1f} {_pct(a.level2_share):>8} {_pct(a.bad_case_catch):>6} "
+        mark = "  <- served" if t == served else ""
+        lines.append(f"{'':<30} {t:>9.3f} {_pct(a.level2_share):>8} {_pct(a.bad_case_catch):>6} "
                      f"{_pct(a.false_escalation):>9} {_pct(a.saving):>7} {_pct(a.param_token_saving):>8} "
-                     f"{_num(a.quality_ratio):>8}")
+                     f"{_num(a.quality_ratio):>8}{mark}")
     return lines
 
 
@@ -1038,10 +1060,44 @@ def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures, router_arm
     return lines
 
 
-def _escalation_threshold() -> float:
+@dataclass(frozen=True)
+class ServedThreshold:
+    value: float                      # the light-RM raw score under which Level-1 answers escalate
+    source: str                       # where it comes from, for the report
+
+
+def served_threshold(args: argparse.Namespace, zoo: Any, progress: Callable[[str], None]) -> ServedThreshold:
+    """The threshold the bench's reward service serves, as ``--escalation-threshold`` asks: measured on the
+    calibration split (a few seconds of Level-1 generation), the service's own setting, or a number."""
+    import math
+
+    from strata.errors import CliError
     from svc_reward.config import RewardSettings
 
-    return RewardSettings().escalation_threshold
+    choice = args.escalation_threshold
+    if choice == SERVED:
+        value = RewardSettings().escalation_threshold
+        return ServedThreshold(value, f"{value:g}, the reward service's setting (STRATA_ESCALATION_THRESHOLD)")
+    if choice != CALIBRATED:
+        try:
+            value = float(choice)
+        except ValueError:
+            raise CliError(f"--escalation-threshold must be {CALIBRATED}, {SERVED} or a number, got {choice!r}"
+                           ) from None
+        if not math.isfinite(value):
+            raise CliError(f"--escalation-threshold must be finite, got {choice!r}")
+        return ServedThreshold(value, f"{value:g}, given (--escalation-threshold)")
+    from strata_tools.rm.escalation import choose_threshold, judge_level1
+    from svc_reward.models import ScoringOptions
+
+    if not 0 < args.target_catch <= 1:
+        raise CliError("--target-catch must be in (0, 1]")
+    progress(f"[calibrate] the light RM's escalation threshold on {CALIBRATION_PROMPTS} {args.calibration_split}-split "
+             f"prompts' Level-1 answers, for a {args.target_catch:.0%} catch of the bad cases")
+    options = dataclasses.replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
+    judged = judge_level1(zoo, args.calibration_split, CALIBRATION_PROMPTS, args.seed, [str(zoo.light_rm)], options)
+    chosen = choose_threshold(judged, args.bad_threshold, args.target_catch)
+    return ServedThreshold(chosen.threshold, f"calibrated, {chosen.describe(judged)}")
 
 
 def _stage_lines(stages: Sequence[ledger.StageCost]) -> list[str]:

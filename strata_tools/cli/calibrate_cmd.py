@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import random
 import sys
 from dataclasses import dataclass
@@ -37,10 +36,6 @@ from typing import TYPE_CHECKING
 from strata.errors import CliError
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run, not by `strata calibrate --help`
-    from strata_tools.zoo.build import ZooPaths
-    from strata_tools.zoo.suite import PromptRecord
-    from svc_probe.config import ProbeSettings
-    from svc_probe.core import ProbeResult
     from svc_reward.calibrate import OperatingPoint, ScoreCalibration
     from svc_reward.models import ScoringOptions
 
@@ -142,51 +137,6 @@ class _Calibrated:
     mae_cross_validated: float | None  # the same on answers each fold's fit did not see
 
 
-def printable_threshold(threshold: float) -> float:
-    """``threshold`` rounded *up* to the 3 decimals printed: escalation is ``score < threshold``, and a
-    threshold just above a bad case's score, rounded down, would no longer catch it (nor, on the
-    calibrated scale, every answer tied with it at a flat end of the map)."""
-    printed = math.ceil(threshold * 1000) / 1000
-    while printed < threshold:  # x * 1000 can round down in floating point
-        printed = round(printed + 0.001, 3)
-    return printed
-
-
-def _level1_records(records: list[PromptRecord], probe_settings: ProbeSettings,
-                    zoo: ZooPaths) -> list[tuple[PromptRecord, ProbeResult]]:
-    """The prompts the zoo's probe leaves to Level-1 (not cautious), each with its probe result."""
-    from strata.models.loading import load_causal_lm
-    from svc_probe.core import ProbeRules, probe
-
-    rules = ProbeRules.of(probe_settings)
-    probe_lm = load_causal_lm(zoo.probe, device="cpu")
-    results = probe(probe_lm, [r.text for r in records], rules, probe_settings.max_prompt_tokens)
-    level1_records = [(r, res) for r, res in zip(records, results, strict=True) if not res.caution]
-    if not level1_records:
-        raise CliError("the probe sends every prompt to Level-2; nothing to calibrate")
-    return level1_records
-
-
-def _score_level1(args: argparse.Namespace, zoo: ZooPaths, level1_records: list[tuple[PromptRecord, ProbeResult]],
-                  light_paths: list[str], options: ScoringOptions) -> tuple[list[float], list[float]]:
-    """Level-1's answers with the generator's default sampling: the light RM's raw scores, and the oracle's."""
-    from strata.models.generation import SamplingConfig, generate
-    from strata.models.loading import load_causal_lm
-    from strata_tools.zoo.oracle import judge
-    from svc_generator.config import GeneratorSettings
-    from svc_reward.models import RewardModels
-
-    defaults = GeneratorSettings().sampling_defaults()
-    sampling = SamplingConfig(defaults.temperature, defaults.top_p, defaults.max_new_tokens, args.seed)
-    level1 = load_causal_lm(zoo.level1, device="cpu")
-    answers = generate(level1, [r.text for r, _ in level1_records],
-                       [tuple(n for n, _ in res.directions) for _, res in level1_records], sampling)
-    rms = RewardModels(light_paths, None, options)
-    scores = rms.score([r.text for r, _ in level1_records], [a.text for a in answers]).rewards  # raw: fitted on
-    oracle = [judge(r, a.text).score for (r, _), a in zip(level1_records, answers, strict=True)]
-    return scores, oracle
-
-
 def _calibrate(args: argparse.Namespace, measured: _Escalation, light_paths: list[str],
                options: ScoringOptions) -> _Calibrated:
     from strata.contract.checksums import weights_checksum
@@ -195,6 +145,7 @@ def _calibrate(args: argparse.Namespace, measured: _Escalation, light_paths: lis
         fit_isotonic,
         mean_absolute_error,
         operating_point,
+        printable_threshold,
         threshold_for_catch,
     )
 
@@ -291,10 +242,9 @@ def _print_calibration(args: argparse.Namespace, measured: _Escalation, fitted: 
 
 def run_escalation(args: argparse.Namespace) -> int:
     from strata.config import StrataSettings
+    from strata_tools.rm.escalation import choose_threshold, judge_level1
     from strata_tools.zoo.build import ensure_zoo
-    from strata_tools.zoo.suite import load_suite
-    from svc_probe.config import ProbeSettings
-    from svc_reward.calibrate import operating_points, threshold_for_catch
+    from svc_reward.calibrate import operating_points
     from svc_reward.config import RewardSettings
     from svc_reward.models import ScoringOptions
 
@@ -305,19 +255,13 @@ def run_escalation(args: argparse.Namespace) -> int:
     light_paths = [p.strip() for p in args.light_rm.split(",") if p.strip()] if args.light_rm else [str(zoo.light_rm)]
     if not light_paths:
         raise CliError("--light-rm names no directory")
-    records = load_suite(args.split)
-    records = random.Random(args.seed).sample(records, min(args.prompts, len(records)))
-    probe_settings, reward_settings = ProbeSettings(), RewardSettings()
+    reward_settings = RewardSettings()
     options = dataclasses.replace(ScoringOptions.of(reward_settings), device="cpu", dtype="auto")
-    level1_records = _level1_records(records, probe_settings, zoo)
-    scores, oracle = _score_level1(args, zoo, level1_records, light_paths, options)
-    bad = [o < args.bad_threshold for o in oracle]
-    try:
-        chosen = printable_threshold(threshold_for_catch(scores, bad, args.target_catch))
-    except ValueError as exc:
-        raise CliError(str(exc)) from exc
+    judged = judge_level1(zoo, args.split, args.prompts, args.seed, light_paths, options)
+    scores, oracle, bad = judged.scores, judged.oracle, judged.bad(args.bad_threshold)
+    chosen = choose_threshold(judged, args.bad_threshold, args.target_catch).threshold
     grid = sorted({round(2.0 + 0.2 * i, 1) for i in range(11)} | {reward_settings.escalation_threshold, chosen})
-    measured = _Escalation(zoo.root.name, len(records), len(level1_records), scores, oracle, bad, chosen,
+    measured = _Escalation(zoo.root.name, judged.prompts, len(scores), scores, oracle, bad, chosen,
                            reward_settings.escalation_threshold, operating_points(scores, bad, grid))
     fitted = _calibrate(args, measured, light_paths, options)
     written = _write(light_paths, fitted.calibration, args.json) if args.write else None

@@ -184,8 +184,7 @@ def test_fit_refuses_what_it_cannot_fit(scores: list[float], targets: list[float
 
 @pytest.mark.parametrize("bad_score", [2.5, 2.123, 2.1234567, 0.1, 3.9999999])
 def test_the_printed_threshold_still_catches_the_bad_case_it_was_chosen_for(bad_score: float) -> None:
-    from strata_tools.cli.calibrate_cmd import printable_threshold
-    from svc_reward.calibrate import operating_point, threshold_for_catch
+    from svc_reward.calibrate import operating_point, printable_threshold, threshold_for_catch
 
     scores, bad = [bad_score, bad_score + 1.0], [True, False]
     printed = printable_threshold(threshold_for_catch(scores, bad, 1.0))

@@ -1,0 +1,122 @@
+"""The light RM as an escalation rule (R3), measured on labelled Level-1 answers.
+
+On a split the benches do not otherwise use (the suite's ``fresh`` prompts), the zoo's probe
+proposes directions, Level-1 answers with the generator's default sampling, the light RM scores
+each answer and the oracle judges it; prompts the probe sends straight to Level-2 are left out,
+since no threshold applies to them. ``strata calibrate escalation`` prints and stores what these
+answers say; ``strata bench tiers`` serves the threshold they choose, so that its router is
+calibrated for the RM it runs rather than typed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from strata.errors import CliError
+
+if TYPE_CHECKING:  # torch and the services' settings: imported by the run
+    from strata_tools.zoo.build import ZooPaths
+    from strata_tools.zoo.suite import PromptRecord
+    from svc_probe.config import ProbeSettings
+    from svc_probe.core import ProbeResult
+    from svc_reward.calibrate import OperatingPoint
+    from svc_reward.models import ScoringOptions
+
+
+@dataclass(frozen=True)
+class JudgedLevel1:
+    """Level-1's answers to a split's sample, as the light RM and the oracle score them."""
+
+    split: str
+    prompts: int                 # prompts sampled from the split
+    scores: list[float]          # the light RM's raw reward of each Level-1 answer
+    oracle: list[float]          # the oracle's score of that answer
+
+    def bad(self, bad_threshold: float) -> list[bool]:
+        """Whether the oracle scores each answer under ``bad_threshold`` (a bad case)."""
+        return [o < bad_threshold for o in self.oracle]
+
+
+@dataclass(frozen=True)
+class ChosenThreshold:
+    """The lowest raw light-RM threshold that escalates ``target_catch`` of the bad cases."""
+
+    threshold: float             # rounded up to the 3 decimals printed (still catching)
+    target_catch: float
+    bad_threshold: float
+    bad_cases: int
+    point: OperatingPoint        # catch, false escalations and share escalated at ``threshold``
+
+    def describe(self, judged: JudgedLevel1) -> str:
+        p = self.point
+        return (f"{self.threshold:.3f} (raw light-RM score): the lowest catching {self.target_catch:.0%} of the "
+                f"{self.bad_cases} bad cases (oracle < {self.bad_threshold:g}) among {len(judged.scores)} Level-1 "
+                f"answers of the {judged.split} split; there it catches {_pct(p.catch)} and escalates "
+                f"{p.escalated_share:.1%} of the answers")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def judge_level1(zoo: ZooPaths, split: str, prompts: int, seed: int, light_paths: list[str],
+                 options: ScoringOptions) -> JudgedLevel1:
+    """``prompts`` of ``split`` (seeded sample), answered by Level-1 and scored by the light RM ``light_paths``
+    (raw scores) and the oracle. CliError when the probe leaves no prompt to Level-1."""
+    from strata_tools.zoo.suite import load_suite
+    from svc_probe.config import ProbeSettings
+
+    records = load_suite(split)
+    records = random.Random(seed).sample(records, min(prompts, len(records)))
+    level1_records = _level1_records(records, ProbeSettings(), zoo)
+    scores, oracle = _score_level1(zoo, level1_records, light_paths, options, seed)
+    return JudgedLevel1(split, len(records), scores, oracle)
+
+
+def choose_threshold(judged: JudgedLevel1, bad_threshold: float, target_catch: float) -> ChosenThreshold:
+    """The raw threshold for ``target_catch``; CliError when the answers hold no bad case."""
+    from svc_reward.calibrate import operating_point, printable_threshold, threshold_for_catch
+
+    bad = judged.bad(bad_threshold)
+    try:
+        chosen = printable_threshold(threshold_for_catch(judged.scores, bad, target_catch))
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    return ChosenThreshold(chosen, target_catch, bad_threshold, sum(bad), operating_point(judged.scores, bad, chosen))
+
+
+def _level1_records(records: list[PromptRecord], probe_settings: ProbeSettings,
+                    zoo: ZooPaths) -> list[tuple[PromptRecord, ProbeResult]]:
+    """The prompts the zoo's probe leaves to Level-1 (not cautious), each with its probe result."""
+    from strata.models.loading import load_causal_lm
+    from svc_probe.core import ProbeRules, probe
+
+    rules = ProbeRules.of(probe_settings)
+    probe_lm = load_causal_lm(zoo.probe, device="cpu")
+    results = probe(probe_lm, [r.text for r in records], rules, probe_settings.max_prompt_tokens)
+    level1_records = [(r, res) for r, res in zip(records, results, strict=True) if not res.caution]
+    if not level1_records:
+        raise CliError("the probe sends every prompt to Level-2; no Level-1 answer to measure")
+    return level1_records
+
+
+def _score_level1(zoo: ZooPaths, level1_records: list[tuple[PromptRecord, ProbeResult]], light_paths: list[str],
+                  options: ScoringOptions, seed: int) -> tuple[list[float], list[float]]:
+    """Level-1's answers with the generator's default sampling: the light RM's raw scores, and the oracle's."""
+    from strata.models.generation import SamplingConfig, generate
+    from strata.models.loading import load_causal_lm
+    from strata_tools.zoo.oracle import judge
+    from svc_generator.config import GeneratorSettings
+    from svc_reward.models import RewardModels
+
+    defaults = GeneratorSettings().sampling_defaults()
+    sampling = SamplingConfig(defaults.temperature, defaults.top_p, defaults.max_new_tokens, seed)
+    level1 = load_causal_lm(zoo.level1, device="cpu")
+    answers = generate(level1, [r.text for r, _ in level1_records],
+                       [tuple(n for n, _ in res.directions) for _, res in level1_records], sampling)
+    rms = RewardModels(light_paths, None, options)
+    scores = rms.score([r.text for r, _ in level1_records], [a.text for a in answers]).rewards  # raw: fitted on
+    oracle = [judge(r, a.text).score for (r, _), a in zip(level1_records, answers, strict=True)]
+    return scores, oracle
