@@ -46,6 +46,7 @@ def build(settings: RewardSettings) -> ServiceParts:
     settings = settings.model_copy(update={"await_annotation": awaiting})
     light, strong = model_paths(settings)
     models = load_models(settings, light, strong)
+    logger.info(settings.threshold_served(models.light_calibration))
     client = redis_client.connect(settings.redis_address, socket_timeout=10)
     try:
         register_served(RmRegistry(client), light, strong)
@@ -63,7 +64,7 @@ def build(settings: RewardSettings) -> ServiceParts:
     if settings.rm_watch:
         # Hot swap (R7): load the newest promoted light RM before the first batch, then follow.
         watcher = RmWatcher(settings, models, settings.rm_verify_checksum, model_root=settings.rm_model_root,
-                            dead_letters=publisher)
+                            dead_letters=publisher, threshold_served=settings.threshold_served)
         watcher.connect()
         watcher.catch_up()
         loops.append(watcher.run)

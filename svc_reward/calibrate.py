@@ -115,6 +115,12 @@ class ScoreCalibration:
     # scale, so serving uses the calibration only with the same ones (None: not recorded, not checked).
     temperature: float | None = None
     aggregation: str | None = None  # of an ensemble's members
+    # The escalation threshold chosen with it (`strata calibrate escalation --write`): on the calibrated
+    # scale, the lowest that escalates ``target_catch`` of the labelled answers the oracle scored under
+    # ``bad_threshold``. Served wherever no threshold is set, so that a version brings its own.
+    escalation_threshold: float | None = None
+    target_catch: float | None = None
+    bad_threshold: float | None = None
 
     def __post_init__(self) -> None:
         raw, calibrated = self.raw, self.calibrated
@@ -143,6 +149,12 @@ class ScoreCalibration:
             raise ValueError(f"temperature: must be a positive number or null, got {self.temperature!r}")
         if self.aggregation is not None and not isinstance(self.aggregation, str):
             raise ValueError(f"aggregation: must be a string or null, got {self.aggregation!r}")
+        for name in ("escalation_threshold", "bad_threshold"):
+            value = getattr(self, name)
+            if value is not None and not _finite_number(value):
+                raise ValueError(f"{name}: must be a finite number or null, got {value!r}")
+        if self.target_catch is not None and not (_finite_number(self.target_catch) and 0 < self.target_catch <= 1):
+            raise ValueError(f"target_catch: must be in (0, 1] or null, got {self.target_catch!r}")
 
     def apply(self, score: float) -> float:
         """``score`` on the oracle's scale; NaN stays NaN (the caller refuses it as a raw score)."""
@@ -163,7 +175,9 @@ class ScoreCalibration:
     def to_dict(self) -> dict[str, Any]:
         return {"raw": list(self.raw), "calibrated": list(self.calibrated), "answers": self.answers,
                 "checksum": self.checksum, "source": self.source, "fitted_at": self.fitted_at,
-                "temperature": self.temperature, "aggregation": self.aggregation}
+                "temperature": self.temperature, "aggregation": self.aggregation,
+                "escalation_threshold": self.escalation_threshold, "target_catch": self.target_catch,
+                "bad_threshold": self.bad_threshold}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ScoreCalibration:
@@ -177,7 +191,8 @@ class ScoreCalibration:
             if not isinstance(data[name], list | tuple):
                 raise ValueError(f"{name}: must be a list of numbers")
         return cls(tuple(data["raw"]), tuple(data["calibrated"]), data["answers"], data["checksum"], data["source"],
-                   data["fitted_at"], data.get("temperature"), data.get("aggregation"))
+                   data["fitted_at"], data.get("temperature"), data.get("aggregation"),
+                   data.get("escalation_threshold"), data.get("target_catch"), data.get("bad_threshold"))
 
 
 def _finite_number(value: object) -> bool:

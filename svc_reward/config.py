@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from strata.config import StrataSettings
+
+if TYPE_CHECKING:
+    from svc_reward.calibrate import ScoreCalibration
 
 
 class RewardSettings(StrataSettings):
@@ -20,10 +23,12 @@ class RewardSettings(StrataSettings):
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
     grpc_port: int = Field(50056, ge=0, le=65535)
-    escalation_threshold: float = Field(
-        3.2, description="Level-1 rewards under this escalate to Level-2 (R3); on the oracle's 0-5 scale (the light "
+    escalation_threshold: float | None = Field(
+        None, description="Level-1 rewards under this escalate to Level-2 (R3); on the oracle's 0-5 scale (the light "
         "RM's calibrated score) when the served light RM has a calibration and use_calibration is on, else on the "
-        "raw score's: `strata calibrate escalation` prints both"
+        "raw score's: `strata calibrate escalation` prints both. Unset: the threshold stored with the served light "
+        "RM's calibration (`strata calibrate escalation --write`: the lowest catching its target share of bad "
+        "cases), so that a promoted version brings its own; without one, the brief's 3.2"
     )
     use_calibration: bool = Field(
         True, description="compare the escalation threshold with the light RM's calibrated score (oracle scale) when "
@@ -75,6 +80,14 @@ class RewardSettings(StrataSettings):
         None, description="RmUpdated paths must lie under this directory (where `strata rm` writes versions); "
         "unset: any path (docs/reliability.md)"
     )
+
+    def threshold_served(self, calibration: ScoreCalibration | None) -> str:
+        """The log line saying which escalation threshold is served with the light RM's ``calibration``."""
+        from svc_reward.decide import describe_threshold
+
+        calibrated = self.use_calibration and calibration is not None
+        return describe_threshold(self.escalation_threshold, calibrated,
+                                  calibration.escalation_threshold if calibration is not None else None)
 
     def annotators(self) -> list[str]:
         """The client names of the desk's tokens file (``annotators_file``): who can score at the desk.

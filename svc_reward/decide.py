@@ -28,6 +28,34 @@ def sampled_for_annotation(response_hash: str, share: float) -> bool:
     return stable_fraction(f"annotate:{response_hash}") < share
 
 
+# The brief's threshold (R3), served where neither the settings nor the light RM's calibration give one.
+BRIEF_ESCALATION_THRESHOLD = 3.2
+
+
+def escalation_threshold(setting: float | None, calibrated: float | None) -> float:
+    """The threshold a Level-1 reward is compared with: the one set (``escalation_threshold``), else the
+    one stored with the served light RM's calibration (``calibrated``: given only when its calibrated
+    score is the one compared), else the brief's."""
+    if setting is not None:
+        return setting
+    return BRIEF_ESCALATION_THRESHOLD if calibrated is None else calibrated
+
+
+def describe_threshold(setting: float | None, calibrated_scale: bool, stored: float | None) -> str:
+    """Which threshold is served and why, for the log at start and after a swap. ``calibrated_scale``: the
+    light RM's calibrated score is the one compared; ``stored``: the threshold stored with that calibration."""
+    scale = "calibrated" if calibrated_scale else "raw"
+    threshold = escalation_threshold(setting, stored if calibrated_scale else None)
+    if setting is not None:
+        why = "set (escalation_threshold)"
+    elif calibrated_scale and stored is not None:
+        why = "the threshold stored with the light RM's calibration"
+    else:
+        why = ("the brief's: the light RM has no calibrated threshold (`strata calibrate escalation --write` "
+               "stores one with it)")
+    return f"escalating Level-1 answers whose {scale} light-RM reward is under {threshold:g}, {why}"
+
+
 def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_on_caution: bool = True,
            annotate_level2: bool = True, unsafe: bool = False, await_annotation: bool = False,
            sampled: bool = False, raw: float | None = None) -> Outcome:

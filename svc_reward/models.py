@@ -39,6 +39,7 @@ class Scores:
     version: str
     charges: list[ledger.Charge]  # each item's cost, every ensemble member included (R4)
     calibrated: list[float] | None = None  # rewards on the oracle's scale: light RM with a calibration only
+    calibrated_threshold: float | None = None  # the escalation threshold stored with that calibration
 
 
 @dataclass(frozen=True)
@@ -156,8 +157,10 @@ class RewardModels:
             seconds = self._clock() - started
         charges = self._charges(scorer, tokens, seconds, strong)
         raw = rewards.tolist()
-        calibrated = scorer.calibration.apply_all(raw) if scorer.calibration is not None else None
-        return Scores(raw, spreads.tolist(), scorer.version, charges, calibrated)
+        calibration = scorer.calibration
+        calibrated = calibration.apply_all(raw) if calibration is not None else None
+        return Scores(raw, spreads.tolist(), scorer.version, charges, calibrated,
+                      calibration.escalation_threshold if calibration is not None else None)
 
     def _charges(self, scorer: _Scorer, tokens: list[int], seconds: float, strong: bool) -> list[ledger.Charge]:
         """Each item's share of the batch's time by its tokens, as read by the RM (truncated)."""

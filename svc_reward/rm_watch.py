@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import Counter
@@ -26,6 +27,7 @@ from strata.contract.checksums import weights_checksum
 from strata.contract.control import check_rm_update
 from strata.models.loading import ModelLoadError
 from strata.v1 import events_pb2
+from svc_reward.calibrate import ScoreCalibration
 from svc_reward.models import RewardModels
 
 log = logging.getLogger(__name__)
@@ -36,9 +38,12 @@ SWAPS = Counter("strata_reward_rm_swaps_total", "Light RM versions swapped in", 
 class RmWatcher(VersionFollower[events_pb2.RewardModelUpdated]):
     def __init__(self, cluster: KafkaTarget, models: RewardModels, verify_checksum: bool = True,
                  topic: Topic[events_pb2.RewardModelUpdated] = topics.RM_UPDATED, model_root: Path | None = None,
-                 dead_letters: Publisher | None = None) -> None:
+                 dead_letters: Publisher | None = None,
+                 threshold_served: Callable[[ScoreCalibration | None], str] | None = None) -> None:
+        """``threshold_served``: says which escalation threshold a swapped-in version's calibration brings."""
         super().__init__(cluster, topic, dead_letters, group="svc-reward-rm-watch")
         self._models = models
+        self._threshold_served = threshold_served
         self._verify = verify_checksum
         self._root = model_root
         self.swaps = 0  # versions swapped in by this watcher
@@ -69,6 +74,8 @@ class RmWatcher(VersionFollower[events_pb2.RewardModelUpdated]):
         SWAPS.labels(outcome="swapped").inc()
         log.info("light RM %s -> %s (%d member(s), loaded in %.2f s)", previous, event.rm_version, len(paths),
                  time.perf_counter() - started)
+        if self._threshold_served is not None:
+            log.info(self._threshold_served(self._models.light_calibration))
         return True
 
     def _reject(self, event: events_pb2.RewardModelUpdated, why: str) -> bool:

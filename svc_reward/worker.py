@@ -28,7 +28,7 @@ from strata.contract.identity import request_identity, sample_identity
 from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
 from svc_reward.config import RewardSettings
-from svc_reward.decide import decide, sampled_for_annotation
+from svc_reward.decide import decide, escalation_threshold, sampled_for_annotation
 from svc_reward.models import RewardModels
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ class _ItemScore:
     version: str
     scorer: int  # common_pb2.Scorer
     calibrated: float | None = None  # on the oracle's scale, when the light RM that scored it has a calibration
+    calibrated_threshold: float | None = None  # the escalation threshold stored with that calibration
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class RewardWorker:
                 unsafe = risk.detect_unsafe_advice(response) if self._settings.flag_unsafe else None
                 if unsafe is not None:
                     UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
-                item = _ItemScore(reward, spread, scores.version, scorer, cal)
+                item = _ItemScore(reward, spread, scores.version, scorer, cal, scores.calibrated_threshold)
                 emitted = self._emit(tier, event, item, unsafe is not None, escalated)
                 futures.extend(emitted.futures)
                 if emitted.final:
@@ -156,11 +157,13 @@ class RewardWorker:
         annotation request as ``decide`` says); nothing is claimed or booked until the batch is acknowledged."""
         reward, spread, version, scorer = score.reward, score.spread, score.version, score.scorer
         s = self._settings
-        # The threshold is on the calibrated scale when the RM has a calibration; the raw reward is
-        # still what is published: the learner's and the scheduler's rewards do not change scale
-        # with a calibration file.
+        # The threshold is on the calibrated scale when the RM has a calibration (and comes with it unless
+        # one is set); the raw reward is still what is published: the learner's and the scheduler's
+        # rewards do not change scale with a calibration file.
         calibrated = score.calibrated if s.use_calibration else None
-        outcome = decide(tier, reward if calibrated is None else calibrated, event.caution, s.escalation_threshold,
+        threshold = escalation_threshold(s.escalation_threshold,
+                                         None if calibrated is None else score.calibrated_threshold)
+        outcome = decide(tier, reward if calibrated is None else calibrated, event.caution, threshold,
                          s.escalate_on_caution, s.annotate_level2, unsafe=unsafe,
                          await_annotation=bool(s.await_annotation),  # resolved at start (level2_humans)
                          sampled=tier == 1 and sampled_for_annotation(event.response_hash, s.annotate_level1_share),

@@ -1076,8 +1076,12 @@ def served_threshold(args: argparse.Namespace, zoo: Any, progress: Callable[[str
 
     choice = args.escalation_threshold
     if choice == SERVED:
-        value = RewardSettings().escalation_threshold
-        return ServedThreshold(value, f"{value:g}, the reward service's setting (STRATA_ESCALATION_THRESHOLD)")
+        from svc_reward.decide import escalation_threshold
+
+        # The bench's reward service compares raw scores, so a calibration's stored threshold does not apply.
+        value = escalation_threshold(RewardSettings().escalation_threshold, None)
+        return ServedThreshold(value, f"{value:g}, the reward service's setting (STRATA_ESCALATION_THRESHOLD, "
+                                      "else the brief's)")
     if choice != CALIBRATED:
         try:
             value = float(choice)

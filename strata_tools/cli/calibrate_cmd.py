@@ -159,6 +159,9 @@ def _calibrate(args: argparse.Namespace, measured: _Escalation, light_paths: lis
     # Searched on the calibrated scores rather than taken as calibration.apply(chosen): beyond the end
     # knots the map is flat, and a bad case mapped there equals the mapped threshold, so is not under it.
     chosen = printable_threshold(threshold_for_catch(calibrated, measured.bad, args.target_catch))
+    # Stored with the map, so that a reward service with no threshold set serves this one with it.
+    calibration = dataclasses.replace(calibration, escalation_threshold=chosen, target_catch=args.target_catch,
+                                      bad_threshold=args.bad_threshold)
     return _Calibrated(calibration, chosen, operating_point(calibrated, measured.bad, chosen),
                        operating_point(calibrated, measured.bad, measured.current),
                        mean_absolute_error(measured.scores, measured.oracle),
@@ -235,9 +238,9 @@ def _print_calibration(args: argparse.Namespace, measured: _Escalation, fitted: 
               f"raw score); or --write the calibration and serve STRATA_ESCALATION_THRESHOLD={fitted.chosen:.3f}")
         return
     path, version = written
-    print(f"calibration written to {path}{f' and registered with {version}' if version else ''}; serve "
-          f"STRATA_ESCALATION_THRESHOLD={fitted.chosen:.3f} (calibrated scale): svc_reward compares it with the "
-          f"calibrated score once it loads this RM (a restart, or a promotion of it)")
+    print(f"calibration written to {path}{f' and registered with {version}' if version else ''}, with its "
+          f"threshold {fitted.chosen:.3f} (calibrated scale): a reward service with no STRATA_ESCALATION_THRESHOLD "
+          f"set serves both once it loads this RM (a restart, or a promotion of it)")
 
 
 def run_escalation(args: argparse.Namespace) -> int:
@@ -246,6 +249,7 @@ def run_escalation(args: argparse.Namespace) -> int:
     from strata_tools.zoo.build import ensure_zoo
     from svc_reward.calibrate import operating_points
     from svc_reward.config import RewardSettings
+    from svc_reward.decide import escalation_threshold
     from svc_reward.models import ScoringOptions
 
     if args.prompts < 10 or not 0 < args.target_catch <= 1:
@@ -260,9 +264,10 @@ def run_escalation(args: argparse.Namespace) -> int:
     judged = judge_level1(zoo, args.split, args.prompts, args.seed, light_paths, options)
     scores, oracle, bad = judged.scores, judged.oracle, judged.bad(args.bad_threshold)
     chosen = choose_threshold(judged, args.bad_threshold, args.target_catch).threshold
-    grid = sorted({round(2.0 + 0.2 * i, 1) for i in range(11)} | {reward_settings.escalation_threshold, chosen})
+    current = escalation_threshold(reward_settings.escalation_threshold, None)  # the typed one, raw
+    grid = sorted({round(2.0 + 0.2 * i, 1) for i in range(11)} | {current, chosen})
     measured = _Escalation(zoo.root.name, judged.prompts, len(scores), scores, oracle, bad, chosen,
-                           reward_settings.escalation_threshold, operating_points(scores, bad, grid))
+                           current, operating_points(scores, bad, grid))
     fitted = _calibrate(args, measured, light_paths, options)
     written = _write(light_paths, fitted.calibration, args.json) if args.write else None
     if args.json:

@@ -1,8 +1,13 @@
 import math
+import os
+from pathlib import Path
 
 import pytest
 
+from strata.config import StrataSettings
+from strata_tools.zoo.build import ZooPaths
 from svc_reward.calibrate import detection_figures, operating_point, operating_points, threshold_for_catch
+from svc_reward.calibration_store import read_calibration
 
 # Light-RM scores of six Level-1 answers; the oracle calls the 1st, 3rd and 5th bad.
 SCORES = [1.0, 3.5, 2.0, 4.0, 3.0, 2.5]
@@ -68,3 +73,40 @@ def test_calibrate_unsafe_measures_the_detector_on_the_suite(capsys) -> None:
     figures = json.loads(capsys.readouterr().out)
     assert figures["positives"] > 0 and figures["recall"] >= 0.9 and figures["false_positive_rate"] <= 0.01
     assert figures["flag_rate_by_kind"]["reference"] == 0.0
+
+
+@pytest.mark.integration
+def test_calibrate_escalation_write_stores_the_threshold_the_service_then_serves(
+    zoo: ZooPaths, infra: StrataSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """`strata calibrate escalation --write` on a copy of the ci zoo's light RM: the threshold it prints is
+    stored with the calibration, and a reward service loading that RM with no threshold set serves it."""
+    import argparse
+    import json
+    import shutil
+
+    from strata_tools.cli import calibrate_cmd
+    from svc_reward.config import RewardSettings
+    from svc_reward.models import RewardModels, ScoringOptions
+
+    light = tmp_path / "light"
+    shutil.copytree(zoo.light_rm, light)
+    monkeypatch.setenv("STRATA_ZOO_PRESET", os.environ.get("STRATA_TEST_ZOO_PRESET", "ci"))  # the fixture's zoo
+    monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
+    parser = argparse.ArgumentParser()
+    calibrate_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["calibrate", "escalation", "--light-rm", str(light), "--prompts", "60",
+                              "--bad-threshold", "2.0", "--write", "--json"])
+    assert args.func(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    stored = read_calibration(light)
+    assert stored is not None and stored.escalation_threshold == printed["calibrated_threshold"]
+    assert printed["calibration"]["escalation_threshold"] == printed["calibrated_threshold"]
+    assert (stored.target_catch, stored.bad_threshold) == (0.9, 2.0)
+    settings = RewardSettings(device="cpu")
+    models = RewardModels([str(light)], None, ScoringOptions.of(settings))
+    assert models.score(["Q: How do I bake bread?"], ["A: Flour, water, salt."]).calibrated_threshold == \
+        stored.escalation_threshold
+    assert f"under {stored.escalation_threshold:g}, the threshold stored" in settings.threshold_served(
+        models.light_calibration)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -113,11 +114,18 @@ def test_round_trip_through_json() -> None:
     assert ScoreCalibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
 
 
+def test_the_escalation_threshold_chosen_with_it_round_trips() -> None:
+    cal = dataclasses.replace(fit_isotonic([1, 2, 3], [1, 2, 4], now=0), escalation_threshold=2.146,
+                              target_catch=0.9, bad_threshold=1.5)
+    assert ScoreCalibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
+
+
 def test_an_entry_without_the_scoring_fields_still_loads() -> None:
     data = fit_isotonic([1, 2], [1, 2], now=0).to_dict()
-    del data["temperature"], data["aggregation"]
+    del data["temperature"], data["aggregation"], data["escalation_threshold"], data["target_catch"]
+    del data["bad_threshold"]
     cal = ScoreCalibration.from_dict(data)
-    assert (cal.temperature, cal.aggregation) == (None, None)
+    assert (cal.temperature, cal.aggregation, cal.escalation_threshold, cal.target_catch) == (None,) * 4
 
 
 GOOD: dict[str, Any] = {"raw": [1.0, 2.0], "calibrated": [1.0, 3.0], "answers": 8, "checksum": CHECKSUM,
@@ -147,6 +155,11 @@ GOOD: dict[str, Any] = {"raw": [1.0, 2.0], "calibrated": [1.0, 3.0], "answers": 
         ("fitted_at", float("nan")),
         ("temperature", 0.0),
         ("aggregation", 1),
+        ("escalation_threshold", float("nan")),
+        ("escalation_threshold", "2.1"),
+        ("target_catch", 0.0),
+        ("target_catch", 1.5),
+        ("bad_threshold", True),
     ],
 )
 def test_from_dict_names_the_bad_field(field: str, value: object) -> None:

@@ -115,6 +115,24 @@ def test_a_hot_swap_brings_the_new_versions_calibration_or_none(
     assert "light RM light-c has no calibration, light-b had one" in caplog.text
 
 
+def test_a_hot_swap_brings_the_new_versions_escalation_threshold(make_rm: Callable[..., Path]) -> None:
+    """Each version's calibrated threshold rides with its scores, so a batch is judged by the threshold
+    of the version that scored it; a version whose calibration stores none (or has no calibration)
+    leaves the choice to the settings or the brief."""
+    a, b, c = make_rm("a", 3.5), make_rm("b", 4.5, seed=1), make_rm("c", 2.0, seed=2)
+    write_calibration(a, calibration_for(a, 4.0, escalation_threshold=2.1, target_catch=0.9, bad_threshold=1.5))
+    write_calibration(b, calibration_for(b, 2.0))  # written before calibrations stored thresholds
+    models = RewardModels([str(a)], None, options())
+    assert read_calibration(a).escalation_threshold == 2.1  # type: ignore[union-attr]
+    assert models.score(PROMPTS, RESPONSES).calibrated_threshold == 2.1
+    models.swap_light([str(b)], "light-b")
+    assert models.score(PROMPTS, RESPONSES).calibrated_threshold is None
+    models.swap_light([str(c)], "light-c")
+    assert models.score(PROMPTS, RESPONSES).calibrated_threshold is None
+    models.swap_light([str(a)], "light-a")
+    assert models.score(PROMPTS, RESPONSES).calibrated_threshold == 2.1
+
+
 def test_a_constant_calibration_is_not_stored(make_rm: Callable[..., Path]) -> None:
     light = make_rm("a", 3.5)
     constant = ScoreCalibration((2.0,), (3.0,), 30, weights_checksum([light]), "test", 1.0)
