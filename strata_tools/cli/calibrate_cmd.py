@@ -235,7 +235,8 @@ def _print_calibration(args: argparse.Namespace, measured: _Escalation, fitted: 
           f"{_pct(current.false_escalation)}, escalated {current.escalated_share:.1%}")
     if written is None:
         print(f"serve it with STRATA_ESCALATION_THRESHOLD={measured.chosen:.3f} (svc_reward --escalation-threshold, "
-              f"raw score); or --write the calibration and serve STRATA_ESCALATION_THRESHOLD={fitted.chosen:.3f}")
+              f"raw score); or --write the calibration, which stores "
+              f"{fitted.chosen:.3f} with it: a reward service with no threshold set serves both")
         return
     path, version = written
     print(f"calibration written to {path}{f' and registered with {version}' if version else ''}, with its "
