@@ -73,6 +73,7 @@ from typing import Any
 from strata import ledger, redis_client, rpc
 from strata_tools.bench import tier_eval
 from strata_tools.bench.tier_eval import Answer, ArmFigures, PromptOutcome
+from strata_tools.rm.escalation import ServedThreshold, add_threshold_arguments, resolve_threshold
 from strata_tools.train import Request
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,6 @@ THRESHOLD_GRID = (1.0, 2.0, 2.2, 2.4, 2.6, 2.8, 3.0, 3.2, 3.4)
 # January 2026) and 1.2 % of LMSYS-Chat-1M dialogues; legal has no public figure (docs/tiers.md).
 DEFAULT_RISK_SHARE = 0.06
 STRESS_RISK_SHARE = 0.25  # the suite's own share, kept as a stress row
-CALIBRATED, SERVED = "calibrated", "served"
-CALIBRATION_PROMPTS = 200  # `strata calibrate escalation`'s default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,15 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "first is the tiered + skip arm (1: that arm alone)")
     parser.add_argument("--bad-threshold", type=float, default=1.5,
                         help="oracle score under which a Level-1 answer is a bad case")
-    parser.add_argument("--escalation-threshold", default=CALIBRATED, metavar="calibrated|served|X",
-                        help="the light-RM threshold the router serves (raw score): calibrated (default) measures the "
-                             "lowest catching --target-catch of the bad cases on the --calibration-split's Level-1 "
-                             "answers, as `strata calibrate escalation` does; served: the reward service's setting "
-                             "(STRATA_ESCALATION_THRESHOLD, the brief's 3.2 unless set); or a number")
-    parser.add_argument("--target-catch", type=float, default=0.9,
-                        help="share of bad cases the calibrated threshold escalates on the calibration split")
-    parser.add_argument("--calibration-split", default="fresh", choices=("fresh", "train"),
-                        help="labelled prompts the calibrated threshold is chosen on (never the eval split)")
+    add_threshold_arguments(parser)
     parser.add_argument("--review-seconds", type=float, default=60.0, help="human seconds per annotation")
     parser.add_argument("--seed", type=int, default=0, help="prompt sample and sampling seeds")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds an arm may take")
@@ -696,7 +687,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     progress(f"tiers bench: zoo {zoo.root.name}, {len(eval_records)} eval prompts: default mix "
              f"{len(mixes.default)} ({sum(r.risk for r in mixes.default)} risk){stress}; {len(history)} history "
              "prompts; each service in its own process")
-    threshold = served_threshold(args, zoo, progress)
+    threshold = resolve_threshold(args, zoo, [str(zoo.light_rm)], args.bad_threshold, args.seed, progress)
     live = LiveTiers(settings, zoo, run_id, args.review_seconds, args.seed,
                      reward_env={"STRATA_ESCALATION_THRESHOLD": repr(threshold.value)})
     runs: dict[str, ArmRun] = {}
@@ -1058,50 +1049,6 @@ def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures, router_arm
     lines.append(row(f"cheapest at quality >= {TARGET_QUALITY_RATIO}", cheapest) if cheapest
                  else f"  quality >= {TARGET_QUALITY_RATIO}: unreachable by any router")
     return lines
-
-
-@dataclass(frozen=True)
-class ServedThreshold:
-    value: float                      # the light-RM raw score under which Level-1 answers escalate
-    source: str                       # where it comes from, for the report
-
-
-def served_threshold(args: argparse.Namespace, zoo: Any, progress: Callable[[str], None]) -> ServedThreshold:
-    """The threshold the bench's reward service serves, as ``--escalation-threshold`` asks: measured on the
-    calibration split (a few seconds of Level-1 generation), the service's own setting, or a number."""
-    import math
-
-    from strata.errors import CliError
-    from svc_reward.config import RewardSettings
-
-    choice = args.escalation_threshold
-    if choice == SERVED:
-        from svc_reward.decide import escalation_threshold
-
-        # The bench's reward service compares raw scores, so a calibration's stored threshold does not apply.
-        value = escalation_threshold(RewardSettings().escalation_threshold, None)
-        return ServedThreshold(value, f"{value:g}, the reward service's setting (STRATA_ESCALATION_THRESHOLD, "
-                                      "else the brief's)")
-    if choice != CALIBRATED:
-        try:
-            value = float(choice)
-        except ValueError:
-            raise CliError(f"--escalation-threshold must be {CALIBRATED}, {SERVED} or a number, got {choice!r}"
-                           ) from None
-        if not math.isfinite(value):
-            raise CliError(f"--escalation-threshold must be finite, got {choice!r}")
-        return ServedThreshold(value, f"{value:g}, given (--escalation-threshold)")
-    from strata_tools.rm.escalation import choose_threshold, judge_level1
-    from svc_reward.models import ScoringOptions
-
-    if not 0 < args.target_catch <= 1:
-        raise CliError("--target-catch must be in (0, 1]")
-    progress(f"[calibrate] the light RM's escalation threshold on {CALIBRATION_PROMPTS} {args.calibration_split}-split "
-             f"prompts' Level-1 answers, for a {args.target_catch:.0%} catch of the bad cases")
-    options = dataclasses.replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
-    judged = judge_level1(zoo, args.calibration_split, CALIBRATION_PROMPTS, args.seed, [str(zoo.light_rm)], options)
-    chosen = choose_threshold(judged, args.bad_threshold, args.target_catch)
-    return ServedThreshold(chosen.threshold, f"calibrated, {chosen.describe(judged)}")
 
 
 def _stage_lines(stages: Sequence[ledger.StageCost]) -> list[str]:

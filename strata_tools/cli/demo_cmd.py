@@ -1,6 +1,7 @@
 """``strata demo`` (what ``make demo`` runs): the whole loop on tiny models, then a report.
 
-1. Kafka and Redis (``strata infra up``); 2. the model zoo (built once, then reused); 3. every
+1. Kafka and Redis (``strata infra up``); 2. the model zoo (built once, then reused), and the light
+RM's escalation threshold calibrated on the suite's fresh split (``--escalation-threshold``); 3. every
 service as its own process (``strata up``); 4. the suite's training prompts through the scheduler's
 gRPC API in rounds while the learner runs PPO on the rewards (``strata train``), the held-out
 prompts scored every few updates beside what the rollouts had booked; 5. a report: tier mix, skip
@@ -27,6 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from tqdm import tqdm
@@ -51,6 +53,7 @@ from strata_tools.bench.tiers import (
 from strata_tools.cli.progress import redraw
 from strata_tools.infra import InfraError
 from strata_tools.infra import up as infra_up
+from strata_tools.rm.escalation import add_threshold_arguments, resolve_threshold
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
 from strata_tools.stack import control
 from strata_tools.stack.spec import default_services
@@ -66,6 +69,9 @@ from strata_tools.train import (
     train,
 )
 from strata_tools.zoo.desk import SimulatedDesk, demo_pool
+
+if TYPE_CHECKING:
+    from strata_tools.zoo.build import ZooPaths
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "default: the promoted version, else the zoo's")
     parser.add_argument("--rm-temperature", type=float, default=None,
                         help="svc_reward's scoring temperature on the RM's score bins (default 1; R8 suggests 0.3)")
+    add_threshold_arguments(parser)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the services")
     parser.add_argument("--refresh", action=argparse.BooleanOptionalAction, default=True,
                         help="end with one `strata rm refresh` turn on the desk's labels (promotes a better light RM "
@@ -142,9 +149,14 @@ def refresh_turn(settings: StrataSettings) -> None:
                                                                                                         flush=True))
 
 
-def reward_service_args(light_rm: str | None, rm_temperature: float | None) -> list[str]:
-    """svc_reward's arguments in the demo: awaiting the desk's scores, plus the light RM and temperature asked for."""
+def reward_service_args(light_rm: str | None, rm_temperature: float | None,
+                        escalation_threshold: float | None = None) -> list[str]:
+    """svc_reward's arguments in the demo: awaiting the desk's scores, plus the light RM, temperature and (raw)
+    escalation threshold asked for."""
     args = list(DEMO_SERVICE_ARGS["reward"])
+    if escalation_threshold is not None:
+        # A raw-score threshold: compared with the raw score even where a calibration file is present.
+        args += ["--escalation-threshold", repr(escalation_threshold), "--no-use-calibration"]
     if light_rm:
         args += ["--light-rm", light_rm]
     if rm_temperature is not None:
@@ -177,15 +189,30 @@ def _start_stack(settings: StrataSettings, args: argparse.Namespace) -> None:
 
         paths = ensure_zoo(settings)
         print(f"      {paths.root}")
+        threshold = _escalation_threshold(settings, args, paths)
         print("[3/6] services (strata up)", flush=True)
         # The desk's packaged gold set (svc_annotation/data/gold.jsonl), at 3x its default share so that a
         # short demo shows drift figures.
-        service_args = {**DEMO_SERVICE_ARGS, "reward": reward_service_args(args.light_rm, args.rm_temperature),
+        service_args = {**DEMO_SERVICE_ARGS,
+                        "reward": reward_service_args(args.light_rm, args.rm_temperature, threshold),
                         "annotation": ["--gold-share", "0.3"]}
         control.start(settings, default_services(), service_args, args.timeout,
                       progress=lambda line: print("     ", line, flush=True))
     except InfraError as exc:
         raise CliError(str(exc)) from exc
+
+
+def _escalation_threshold(settings: StrataSettings, args: argparse.Namespace, zoo: ZooPaths) -> float | None:
+    """The raw escalation threshold the demo's reward service is started with (``--escalation-threshold``);
+    None when a stack is already running, since its reward service keeps the threshold it started with."""
+    if control.supervisor_pid(settings) is not None:
+        print("      escalation threshold: the running reward service keeps its own (`strata down` first to "
+              "calibrate one)", flush=True)
+        return None
+    light = [p.strip() for p in args.light_rm.split(",")] if args.light_rm else [str(zoo.light_rm)]
+    threshold = resolve_threshold(args, zoo, light, BAD_THRESHOLD, 0, lambda line: print("     ", line, flush=True))
+    print(f"      escalation threshold: {threshold.source}", flush=True)
+    return threshold.value
 
 
 def _show_round(bar: tqdm, updates: int, stats: RoundStats, advanced: int) -> None:

@@ -10,8 +10,11 @@ calibrated for the RM it runs rather than typed.
 
 from __future__ import annotations
 
+import argparse
+import math
 import random
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from strata.errors import CliError
@@ -55,6 +58,63 @@ class ChosenThreshold:
                 f"{self.bad_cases} bad cases (oracle < {self.bad_threshold:g}) among {len(judged.scores)} Level-1 "
                 f"answers of the {judged.split} split; there it catches {_pct(p.catch)} and escalates "
                 f"{p.escalated_share:.1%} of the answers")
+
+
+CALIBRATED, SERVED = "calibrated", "served"
+CALIBRATION_PROMPTS = 200  # `strata calibrate escalation`'s default
+
+
+@dataclass(frozen=True)
+class ServedThreshold:
+    value: float                 # the raw light-RM score under which Level-1 answers escalate
+    source: str                  # where it comes from, for the report
+
+
+def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--escalation-threshold``, ``--target-catch``, ``--calibration-split``: the threshold a run serves."""
+    parser.add_argument("--escalation-threshold", default=CALIBRATED, metavar="calibrated|served|X",
+                        help="the light-RM threshold served (raw score): calibrated (default) measures the lowest "
+                             "catching --target-catch of the bad cases on the --calibration-split's Level-1 answers, "
+                             "as `strata calibrate escalation` does; served: the reward service's setting "
+                             "(STRATA_ESCALATION_THRESHOLD, else the brief's 3.2); or a number")
+    parser.add_argument("--target-catch", type=float, default=0.9,
+                        help="share of bad cases the calibrated threshold escalates on the calibration split")
+    parser.add_argument("--calibration-split", default="fresh", choices=("fresh", "train"),
+                        help="labelled prompts the calibrated threshold is chosen on (never the eval split)")
+
+
+def resolve_threshold(args: argparse.Namespace, zoo: ZooPaths, light_paths: list[str], bad_threshold: float,
+                      seed: int, progress: Callable[[str], None]) -> ServedThreshold:
+    """The raw threshold ``args.escalation_threshold`` asks for (the arguments of ``add_threshold_arguments``):
+    measured on the calibration split for the light RM ``light_paths`` (a few seconds of Level-1 generation),
+    the reward service's setting, or a number."""
+    from svc_reward.config import RewardSettings
+    from svc_reward.decide import escalation_threshold
+    from svc_reward.models import ScoringOptions
+
+    choice = args.escalation_threshold
+    if choice == SERVED:
+        # Compared with raw scores, so a calibration's stored threshold (calibrated scale) does not apply.
+        value = escalation_threshold(RewardSettings().escalation_threshold, None)
+        return ServedThreshold(value, f"{value:g}, the reward service's setting (STRATA_ESCALATION_THRESHOLD, "
+                                      "else the brief's)")
+    if choice != CALIBRATED:
+        try:
+            value = float(choice)
+        except ValueError:
+            raise CliError(f"--escalation-threshold must be {CALIBRATED}, {SERVED} or a number, got {choice!r}"
+                           ) from None
+        if not math.isfinite(value):
+            raise CliError(f"--escalation-threshold must be finite, got {choice!r}")
+        return ServedThreshold(value, f"{value:g}, given (--escalation-threshold)")
+    if not 0 < args.target_catch <= 1:
+        raise CliError("--target-catch must be in (0, 1]")
+    progress(f"[calibrate] the light RM's escalation threshold on {CALIBRATION_PROMPTS} {args.calibration_split}-split "
+             f"prompts' Level-1 answers, for a {args.target_catch:.0%} catch of the bad cases")
+    options = replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
+    judged = judge_level1(zoo, args.calibration_split, CALIBRATION_PROMPTS, seed, light_paths, options)
+    chosen = choose_threshold(judged, bad_threshold, args.target_catch)
+    return ServedThreshold(chosen.threshold, f"calibrated, {chosen.describe(judged)}")
 
 
 def _pct(value: float | None) -> str:

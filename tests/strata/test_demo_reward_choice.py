@@ -1,4 +1,5 @@
-"""`strata demo --light-rm/--rm-temperature`: passed to svc_reward, or refused before anything starts."""
+"""`strata demo --light-rm/--rm-temperature/--escalation-threshold`: passed to svc_reward, or refused before anything
+starts."""
 
 from __future__ import annotations
 
@@ -16,6 +17,27 @@ def test_the_reward_service_gets_the_light_rm_and_temperature_asked_for(tmp_path
     assert args == [*demo_cmd.DEMO_SERVICE_ARGS["reward"], "--light-rm", f"{tmp_path}/member-0,{tmp_path}/member-1",
                     "--temperature", "0.3"]
     assert demo_cmd.reward_service_args(None, None) == demo_cmd.DEMO_SERVICE_ARGS["reward"]
+
+
+def test_the_reward_service_compares_the_calibrated_raw_threshold_with_raw_scores() -> None:
+    assert demo_cmd.reward_service_args(None, None, 2.145) == [
+        *demo_cmd.DEMO_SERVICE_ARGS["reward"], "--escalation-threshold", "2.145", "--no-use-calibration"]
+
+
+@pytest.mark.parametrize(("choice", "named"), [("high", "calibrated, served or a number"), ("nan", "finite")])
+def test_a_threshold_that_is_neither_calibrated_served_nor_a_number_is_refused(choice: str, named: str) -> None:
+    import argparse
+
+    from strata_tools.rm.escalation import add_threshold_arguments, resolve_threshold
+
+    parser = argparse.ArgumentParser()
+    add_threshold_arguments(parser)
+    args = parser.parse_args(["--escalation-threshold", choice])
+    with pytest.raises(CliError, match=named):
+        resolve_threshold(args, None, [], 1.5, 0, print)  # type: ignore[arg-type]
+    given = resolve_threshold(parser.parse_args(["--escalation-threshold", "2.5"]), None, [],  # type: ignore[arg-type]
+                              1.5, 0, print)
+    assert (given.value, given.source) == (2.5, "2.5, given (--escalation-threshold)")
 
 
 @pytest.mark.parametrize(("light_rm", "temperature", "named"), [
