@@ -153,7 +153,9 @@ def carry_calibration(current_paths: Sequence[str | Path], candidate: Any, held:
                       registry: Any, progress: Callable[[str], None] = print) -> str:
     """Fit and store the candidate light RM's score calibration on the held-out labels when the version in
     service is served calibrated: svc_reward compares the escalation threshold with the calibrated score,
-    so a promotion must bring its own calibration or the threshold's scale would change under it.
+    so a promotion must bring its own calibration or the threshold's scale would change under it. The
+    threshold stored with the calibration in service is carried as it is: it is on the oracle's scale,
+    which both calibrations map onto, and a few dozen held-out labels would choose it more noisily.
 
     The candidate's scores are computed as svc_reward computes them (its settings' temperature and
     aggregation). Returns the ``TurnReport.calibration`` text: "" (nothing to carry), "carried", or why not.
@@ -166,7 +168,8 @@ def carry_calibration(current_paths: Sequence[str | Path], candidate: Any, held:
     from svc_reward.models import RewardModels, ScoringOptions, served_calibration
 
     options = dc.replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
-    if served_calibration([str(p) for p in current_paths], options) is None:
+    current = served_calibration([str(p) for p in current_paths], options)
+    if current is None:
         return ""
     paths = [str(p) for p in candidate.paths]
     scores = RewardModels(paths, None, options).score([r["prompt"] for r in held],
@@ -175,13 +178,17 @@ def carry_calibration(current_paths: Sequence[str | Path], candidate: Any, held:
         calibration = fit_isotonic(scores, [float(r["score"]) for r in held], checksum=candidate.checksum,
                                    source=f"labels of a refresh turn, {len(held)} held-out answers",
                                    temperature=options.temperature, aggregation=options.aggregation)
+        calibration = dc.replace(calibration, escalation_threshold=current.escalation_threshold,
+                                 target_catch=current.target_catch, bad_threshold=current.bad_threshold)
         write_calibration(paths[0], calibration)
     except ValueError as exc:  # too few distinct scores to fit, or a constant fit that is not stored
         return f"cannot calibrate {candidate.version}: {exc}"
     if registry is not None:
         registry.set_calibration(candidate.version, calibration)
+    kept = ("" if calibration.escalation_threshold is None
+            else f", escalation threshold {calibration.escalation_threshold:g} kept")
     progress(f"calibration of {candidate.version}: {len(calibration.raw)} knots on {len(held)} held-out labels "
-             "(the version in service is calibrated)")
+             f"(the version in service is calibrated){kept}")
     return "carried"
 
 

@@ -23,9 +23,11 @@ from svc_reward.registry import describe
 WORDS = ["flour", "dough", "loan", "payment", "tea", "coffee", "river", "tide", "moon", "salt", "bread", "rate"]
 
 
-def calibrated(model_dir: Path) -> Path:
+def calibrated(model_dir: Path, escalation_threshold: float | None = None) -> Path:
     write_calibration(model_dir, ScoreCalibration((1.0, 5.0), (0.0, 4.0), 40, weights_checksum([model_dir]),
-                                                  "test", 1.0))
+                                                  "test", 1.0, escalation_threshold=escalation_threshold,
+                                                  target_catch=None if escalation_threshold is None else 0.9,
+                                                  bad_threshold=None if escalation_threshold is None else 1.5))
     return model_dir
 
 
@@ -61,6 +63,22 @@ def test_a_calibrated_version_in_service_makes_the_candidate_calibrated(
     assert stored is not None and stored.checksum == candidate.checksum and stored.answers == len(held)
     assert len(stored.raw) >= 2 and stored.temperature == RewardSettings().temperature
     assert said and candidate.version in said[0]
+    assert stored.escalation_threshold is None  # the version in service stored none
+
+
+def test_the_threshold_stored_with_the_calibration_in_service_is_carried(
+        make_rm: Callable[..., Path], tiny_tokenizer: PreTrainedTokenizerFast, tmp_path: Path) -> None:
+    """On the oracle's scale, which both calibrations map onto: without it the promoted version would be
+    served at the brief's 3.2 on that scale, escalating nearly everything."""
+    current = calibrated(make_rm("current", 3.0), escalation_threshold=2.104)
+    candidate_dir = varied_rm(tmp_path, tiny_tokenizer)
+    said: list[str] = []
+    assert carry_calibration([current], describe("light", [candidate_dir]), held_out(candidate_dir), None,
+                             said.append) == "carried"
+    stored = read_calibration(candidate_dir)
+    assert stored is not None
+    assert (stored.escalation_threshold, stored.target_catch, stored.bad_threshold) == (2.104, 0.9, 1.5)
+    assert "escalation threshold 2.104 kept" in said[0]
 
 
 def test_nothing_is_carried_when_the_version_in_service_is_uncalibrated(
