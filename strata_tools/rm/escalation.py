@@ -4,8 +4,8 @@ On a split the benches do not otherwise use (the suite's ``fresh`` prompts), the
 proposes directions, Level-1 answers with the generator's default sampling, the light RM scores
 each answer and the oracle judges it; prompts the probe sends straight to Level-2 are left out,
 since no threshold applies to them. ``strata calibrate escalation`` prints and stores what these
-answers say; ``strata bench tiers`` serves the threshold they choose, so that its router is
-calibrated for the RM it runs rather than typed.
+answers say; ``strata bench tiers`` and ``strata demo`` serve the threshold they choose
+(``resolve_threshold``), so that their router is calibrated for the RM it runs rather than typed.
 """
 
 from __future__ import annotations
