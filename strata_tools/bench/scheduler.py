@@ -78,6 +78,7 @@ import argparse
 import contextlib
 import logging
 import random
+import re
 import threading
 import time
 import uuid
@@ -295,6 +296,30 @@ _RULES = (("Level-2: high-risk topic", "risk topic -> Level-2"),
 
 def rule_of(reason: str) -> str:
     return next((name for prefix, name in _RULES if reason.startswith(prefix)), "other")
+
+
+_AUDIT_REASON = re.compile(r"would have skipped reusing (\S+); rolled out to check it\. (.*)\Z", re.DOTALL)
+
+
+def audit_error_by_rule(requests: Sequence[Any], n_samples: int) -> dict[str, list[float]]:
+    """Each audited skip's reuse error, by the rule that would have skipped it, as the scheduler scores its
+    audit: |mean of the request's first ``n_samples`` fresh rewards - the reward it would have reused|, the
+    fresh rewards in arrival order, one per response, provisional (awaiting annotation) ones left out, the
+    reused reward as the reason prints it (3 decimals).
+    ``requests``: ``strata_tools.train.Request``; an audit with fewer fresh rewards is not scored."""
+    errors: dict[str, list[float]] = {}
+    for request in requests:
+        found = _AUDIT_REASON.search(request.reason) if rule_of(request.reason) == AUDITED else None
+        if found is None:
+            continue
+        fresh: dict[str, float] = {}
+        for event in request.events:
+            if event.scorer != common_pb2.SCORER_REUSED and not event.awaiting_annotation:
+                fresh.setdefault(event.response_hash, event.reward)
+        if len(fresh) >= n_samples > 0:
+            first = list(fresh.values())[:n_samples]
+            errors.setdefault(rule_of(found.group(2)), []).append(abs(sum(first) / n_samples - float(found.group(1))))
+    return errors
 
 
 def greso_usable(mine: RewardStats | None, version: int, settings: SchedulerSettings) -> bool:
@@ -668,6 +693,7 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
     versions: list[int] = []
     skipped = level2 = 0
     by_rule: Counter[str] = Counter()
+    audit_errors: dict[str, list[float]] = {}
     started = time.perf_counter()
     n_batches = (len(stream) + args.batch - 1) // args.batch
     with live.started():
@@ -680,6 +706,8 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
                                    tag=f"{live_id}-{b}")
                 skipped += sum(r.decision == "DECISION_SKIP" for r in arm.requests)
                 by_rule.update(rule_of(r.reason) for r in arm.requests)
+                for rule, errors in audit_error_by_rule(arm.requests, args.n_samples).items():
+                    audit_errors.setdefault(rule, []).extend(errors)
                 level2 += sum(r.decision == "DECISION_LEVEL_2" for r in arm.requests)
                 wait_for_stats(lag, SYNC_TIMEOUT_S)
                 at_version = ""
@@ -695,6 +723,10 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
             lag.close()
         print("live decisions by rule: " + ", ".join(f"{name} {count} ({count / len(stream):.1%})"
                                                     for name, count in by_rule.most_common()), flush=True)
+        if audit_errors:
+            print("live audit error by rule (the rule that would have skipped): " + ", ".join(
+                f"{rule} {np.mean(errors):.3f} over {len(errors)} audits"
+                for rule, errors in sorted(audit_errors.items(), key=lambda item: -len(item[1]))), flush=True)
         with rpc.channel(live.scheduler_address) as channel:
             stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=30)
     return _live_result(zoo.root.name, len(stream), skipped, level2, stats, time.perf_counter() - started, versions)

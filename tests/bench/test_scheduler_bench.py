@@ -149,3 +149,35 @@ def test_submission_ids_pair_arms_and_reruns_and_follow_the_seed() -> None:
     policy = SimulatedPolicy([record, other], seed=0, truth_samples=8)
     assert policy.rewards(record, same, 1, 16) == SimulatedPolicy([record, other], 0, 8).rewards(record, same, 1, 16)
     assert policy.rewards(record, same, 1, 16) != policy.rewards(record, bench.submission_id(1, 17, record), 1, 16)
+
+
+def test_audit_error_by_rule_scores_each_audit_as_the_scheduler_does() -> None:
+    """The would-be skip's rule from the audit's reason; the first n_samples fresh rewards, one per response,
+    in arrival order, provisional and reused ones left out; an audit short of fresh rewards is not scored."""
+    from strata.v1 import events_pb2
+    from strata_tools.train import Request
+    from svc_scheduler.config import SchedulerSettings
+    from svc_scheduler.routing import Neighbour, VersionState, audit, decide
+    from svc_scheduler.stats import RewardStats
+
+    settings, versions, now = SchedulerSettings(), VersionState(1, None), 1000.0
+    stable = [Neighbour(f"h{i}", 0.9, RewardStats(5, 3.0, 0.4, 5.0, 5.0, 1, 1, {"light": "rm"}, now))
+              for i in range(8)]
+    close = audit(decide("x", stable[:3], None, now, versions, settings.model_copy(
+        update={"min_close_paraphrases": 3})), "p", "r", 1.0)
+    known = audit(decide("self", stable, None, now, versions, settings), "p", "r", 1.0)
+    assert close.audited_reward == pytest.approx(3.0) and known.audited_reward == pytest.approx(3.0)
+
+    def reward(response: str, value: float, **fields: object) -> events_pb2.RewardScored:
+        return events_pb2.RewardScored(response_hash=response, reward=value, **fields)  # type: ignore[arg-type]
+
+    requests = [
+        Request(None, "a", reason=close.reason, events=[
+            reward("r1", 2.0, awaiting_annotation=True), reward("r1", 2.5), reward("r2", 3.5), reward("r1", 9.0)]),
+        Request(None, "b", reason=known.reason, events=[reward("r3", 4.0), reward("r4", 4.0), reward("r5", 0.0)]),
+        Request(None, "c", reason=known.reason, events=[reward("r6", 1.0)]),  # one fresh reward of two
+        Request(None, "d", reason="skip: this prompt has ...", events=[reward("r7", 1.0)]),  # not an audit
+    ]
+    errors = bench.audit_error_by_rule(requests, n_samples=2)
+    assert errors == {"close paraphrases -> skip": [pytest.approx(0.0)], "known neighbourhood -> skip": [
+        pytest.approx(1.0)]}
