@@ -97,7 +97,7 @@ class SchedulerSettings(StrataSettings):
         "0.61-0.92, other intents up to 0.69)",
     )
     min_close_paraphrases: int = Field(
-        0, ge=0,
+        3, ge=0,
         description="a prompt with no usable history of its own also skips when at least this many usable "
         "low-variance neighbours are at cosine close_similarity or more and their mean rewards agree within "
         "close_agreement (a per-neighbourhood count beside R10's: docs/scheduler.md); 0: off",

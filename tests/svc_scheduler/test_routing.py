@@ -21,7 +21,7 @@ from svc_scheduler.routing import (
 from svc_scheduler.stats import RewardStats
 
 NOW = 1_000_000.0
-SETTINGS = SchedulerSettings()
+SETTINGS = SchedulerSettings(min_close_paraphrases=0)  # R10-R12 as the brief states them; CLOSE below adds the rule
 VERSIONS = VersionState(policy_version=10, rm_version="rm-1")
 LOW, MID, HIGH = 0.1, 0.5, 0.9  # variances: low (< 0.3), in between, high (> 0.8)
 
