@@ -11,6 +11,8 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
@@ -90,6 +92,20 @@ def setup_logging(level: str | int = "INFO", json_lines: bool = False, debug_rol
     root.setLevel(level if isinstance(level, int) else level.upper())
     # kafka-python is chatty at INFO (every connection and rebalance step).
     logging.getLogger("kafka").setLevel(max(root.level, logging.WARNING))
+
+
+@contextmanager
+def quiet_kafka_logs(verbose: bool = False) -> Iterator[None]:
+    """kafka-python's own log lines silenced for a block whose failures the caller reports itself (a tool
+    that names the unreachable broker once, rather than a retry's every ERROR); ``verbose`` keeps them."""
+    kafka_log = logging.getLogger("kafka")
+    level = kafka_log.level
+    if not verbose:
+        kafka_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        kafka_log.setLevel(level)
 
 
 def start_metrics_server(port: int, registry: CollectorRegistry = REGISTRY, host: str = "127.0.0.1") -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -69,19 +68,13 @@ def _queues(verbose: bool) -> Iterator[DeadLetterQueues]:
     from strata.bus.dlq import DeadLetterQueues
     from strata.bus.producer import PublishError
     from strata.config import StrataSettings
+    from strata.telemetry import quiet_kafka_logs
 
-    kafka_log = logging.getLogger("kafka")
-    level = kafka_log.level
-    if not verbose:
-        kafka_log.setLevel(logging.CRITICAL)
-    try:
-        with DeadLetterQueues(StrataSettings()) as queues:
-            try:
-                yield queues
-            except (KafkaError, PublishError) as exc:
-                raise CliError(f"Kafka at {queues.address}: {exc}") from None
-    finally:
-        kafka_log.setLevel(level)
+    with quiet_kafka_logs(verbose), DeadLetterQueues(StrataSettings()) as queues:
+        try:
+            yield queues
+        except (KafkaError, PublishError) as exc:
+            raise CliError(f"Kafka at {queues.address}: {exc}") from None
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

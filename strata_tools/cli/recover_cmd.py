@@ -107,28 +107,25 @@ def _connections(settings: SchedulerSettings, verbose: bool) -> Iterator[tuple[r
 
     from strata.bus.scan import TopicScan
     from strata.content_store import StoreUnavailableError
+    from strata.telemetry import quiet_kafka_logs
 
-    kafka_log = logging.getLogger("kafka")
-    level = kafka_log.level
-    if not verbose:
-        kafka_log.setLevel(logging.CRITICAL)
     where = settings.redis_address_masked
     client = redis_client.connect(settings.redis_address, socket_timeout=5, socket_connect_timeout=3)
     try:
-        try:
-            client.ping()
-        except redis.RedisError as exc:
-            raise CliError(f"Redis at {where} does not answer: {exc}") from None
-        with TopicScan(settings, client_id="strata-recover") as scan:
+        with quiet_kafka_logs(verbose):
             try:
-                yield client, scan
-            except KafkaError as exc:
-                raise CliError(f"Kafka at {scan.address}: {exc}") from None
-            except (redis.RedisError, StoreUnavailableError) as exc:
-                raise CliError(f"Redis at {where}: {exc}") from None
+                client.ping()
+            except redis.RedisError as exc:
+                raise CliError(f"Redis at {where} does not answer: {exc}") from None
+            with TopicScan(settings, client_id="strata-recover") as scan:
+                try:
+                    yield client, scan
+                except KafkaError as exc:
+                    raise CliError(f"Kafka at {scan.address}: {exc}") from None
+                except (redis.RedisError, StoreUnavailableError) as exc:
+                    raise CliError(f"Redis at {where}: {exc}") from None
     finally:
         client.close()
-        kafka_log.setLevel(level)
 
 
 class _Progress:

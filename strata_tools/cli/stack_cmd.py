@@ -74,12 +74,16 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    rows = control.status(StrataSettings())
+    settings = StrataSettings()
+    rows = control.status(settings)
     print(f"{'service':<14} {'pid':>7} {'port':>6} {'state':<9} {'health':<8} {'restarts':>8} {'hung':>5} {'lag':>6}")
     for row in rows:
         print(f"{row.name:<14} {row.pid or '-'!s:>7} {row.port:>6} {row.state:<9} "
               f"{'SERVING' if row.healthy else 'down':<8} {row.restarts:>8} {row.hung_kills:>5} "
               f"{'-' if row.lag is None else row.lag:>6}")
+    if all(r.lag is None for r in rows):
+        print(f"lag: unknown (Kafka at {settings.kafka_address} did not answer, or no consumer group has committed "
+              "yet); `strata infra status` checks Kafka and Redis")
     return 0 if all(r.healthy for r in rows) else 1
 
 
