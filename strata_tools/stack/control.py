@@ -87,9 +87,9 @@ def stop(settings: StrataSettings, timeout_s: float = 90.0) -> bool:
     return True
 
 
-def _lags(settings: StrataSettings, groups: set[str]) -> dict[str, int] | None:
-    """group -> events not yet committed, over all its topics; None when Kafka does not answer (said once,
-    by the caller, rather than in kafka-python's line per failed connection)."""
+def _lags(settings: StrataSettings, groups: set[str]) -> dict[str, int]:
+    """group -> events not yet committed, over all its topics; empty when Kafka does not answer (said once,
+    by `strata status`, rather than in kafka-python's line per failed connection)."""
     from strata.bus.admin import consumer_lags
     from strata.telemetry import quiet_kafka_logs
 
@@ -97,7 +97,7 @@ def _lags(settings: StrataSettings, groups: set[str]) -> dict[str, int] | None:
         with quiet_kafka_logs():
             per_topic = consumer_lags(settings, sorted(groups), "strata-status", timeout_ms=5000)
     except Exception:  # a status line without lags beats no status line
-        return None
+        return {}
     lags: dict[str, int] = {}
     for (group, _topic), lag in per_topic.items():
         lags[group] = lags.get(group, 0) + lag
@@ -111,7 +111,7 @@ def status(settings: StrataSettings, services: list[ServiceSpec] | None = None) 
     except (OSError, ValueError, KeyError):
         state = {}
     running = supervisor_pid(settings) is not None
-    lags = _lags(settings, {g for s in services for g in s.consumer_groups}) or {}
+    lags = _lags(settings, {g for s in services for g in s.consumer_groups})
     rows = []
     for spec in services:
         st = state.get(spec.name, {}) if running else {}
