@@ -1,7 +1,7 @@
 """High-risk topics (R3): the one policy every service uses to ask "is this prompt medical or legal?".
 
 A prompt is on a risk topic when it contains one of the topic's keywords as a **whole word or
-phrase** (case-insensitive; "lease" does not match "please", "sue" not "issue", "visa" not
+phrase** (case-insensitive; "law" does not match "flaw", "sue" not "issue", "visa" not
 "advisable"), or, where an encoder is at hand (the scheduler), when its embedding is close enough to
 one of the topic's exemplar prompts. Inflections are listed, not found by substring: "pregnant" and
 "pregnancy" are two entries. Pure: no I/O; the exemplar similarities are computed by the caller.
@@ -13,20 +13,23 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+# The lists name the training split's subjects and general words; never a subject of the prompt suite's
+# validation (``fresh``) or sealed ``test`` split, so that what risk detection finds there measures how it
+# carries to subjects it was not written for (tests/zoo/test_seal.py checks it).
 MEDICAL_KEYWORDS: tuple[str, ...] = (
     "dose", "doses", "dosage", "overdose", "medication", "medications", "medicine", "medicines", "prescription",
-    "prescriptions", "symptom", "symptoms", "diagnose", "diagnosed", "diagnosis", "doctor", "ibuprofen",
-    "acetaminophen", "paracetamol", "antibiotic", "antibiotics", "blood pressure", "diabetes", "insulin", "fever",
+    "prescriptions", "symptom", "symptoms", "diagnose", "diagnosed", "diagnosis", "doctor",
+    "antibiotic", "antibiotics", "blood pressure", "diabetes", "insulin",
     "allergy", "allergies", "allergic", "vaccine", "vaccines", "vaccination", "sprained", "sprain", "insomnia",
     "sleeping pills", "migraine", "migraines", "pregnant", "pregnancy", "surgery", "infection", "disease",
     "chest pain", "headache", "rash",
 )
 LEGAL_KEYWORDS: tuple[str, ...] = (
     "lawyer", "lawyers", "attorney", "attorneys", "lawsuit", "lawsuits", "sue", "sued", "suing", "court", "legal",
-    "legally", "illegal", "law", "lease", "landlord", "tenant", "evict", "eviction", "will and testament", "a will",
-    "wills", "copyright", "copyrighted", "trademark", "trademarks", "employment contract", "employment contracts",
-    "traffic ticket", "traffic tickets", "police", "arrest", "arrested", "llc", "divorce", "custody",
-    "security deposit", "security deposits", "small claims", "immigration",
+    "legally", "illegal", "law", "landlord", "tenant", "evict", "eviction", "copyright", "copyrighted", "trademark",
+    "trademarks", "employment contract", "employment contracts", "traffic ticket", "traffic tickets", "police",
+    "arrest", "arrested", "llc", "divorce", "custody", "security deposit", "security deposits", "small claims",
+    "immigration",
 )
 KEYWORDS: Mapping[str, tuple[str, ...]] = {"medical": MEDICAL_KEYWORDS, "legal": LEGAL_KEYWORDS}
 # Exemplar prompts: a prompt whose embedding is close to one of these is on a risk topic even when
@@ -34,7 +37,7 @@ KEYWORDS: Mapping[str, tuple[str, ...]] = {"medical": MEDICAL_KEYWORDS, "legal":
 MEDICAL_EXEMPLARS: tuple[str, ...] = (
     "How much of this medicine should I take?",
     "What are the symptoms of this illness and should I see a doctor?",
-    "My child is sick and burning up, what should I give her?",
+    "I have had this pain for days, is it serious?",
     "Is it safe to take these two drugs together?",
     "How do I treat this injury at home?",
 )

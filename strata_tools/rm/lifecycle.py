@@ -298,6 +298,9 @@ def _distill_sources(options: DistillOptions, zoo: Any, settings: Any
         rows = read_pairs(Path(path), need_score=False)
         pairs += [(r["prompt"], r["response"]) for r in rows]
         sources[str(path)] = len(rows)
+    from strata_tools.zoo.seal import check_sealed  # the zoo imports this module: imported at run time
+
+    check_sealed((prompt for prompt, _ in pairs), "the light RM's distillation pairs")
     held_prompts: list[str] = []
     held_responses: list[str] = []
     if options.rollout_log:

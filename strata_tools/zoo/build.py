@@ -64,6 +64,7 @@ from strata_tools.rm.train import FeatureLabels, MatchPool, new_reward_model
 from strata_tools.zoo import corpus
 from strata_tools.zoo.lexicon import TOPICS
 from strata_tools.zoo.oracle import SUBJECT_NAMES, answer_features, oracle_score
+from strata_tools.zoo.seal import check_sealed
 from strata_tools.zoo.suite import PromptRecord, load_suite
 from strata_tools.zoo.train import new_causal_lm, pack_texts, train_causal_lm, train_tokenizer
 
@@ -71,7 +72,8 @@ logger = logging.getLogger(__name__)
 
 # Bump when a code change alters what a given config builds; it is part of the cache key.
 # 3: torch is seeded at the start of every stage (a stage no longer depends on which stages ran before it).
-ZOO_FORMAT_VERSION = "3"
+# 4: the sealed test split took one subject per topic out of train (strata_tools.zoo.suite).
+ZOO_FORMAT_VERSION = "4"
 ROLES: tuple[str, ...] = ("tokenizer", "probe", "level1", "level2", "rm_data", "rm_strong", "rm_light")
 # What each stage reads: the ZooConfig fields and the earlier stages whose output it uses (an RM also
 # uses the LM named by its ``*_init`` field). Every stage reads ``seed``. Keep in step with the stages.
@@ -391,6 +393,7 @@ class ZooBuilder:
         self.paths.root.mkdir(parents=True, exist_ok=True)
         logger.info("building zoo %s (preset %s) in %s", self.cfg.config_hash(), self.cfg.preset, self.paths.root)
         self.train_records = load_suite("train")
+        check_sealed((r.text for r in self.train_records), "the zoo's training prompts")
         stages: list[tuple[str, Path, Callable[[Path], dict[str, Any]]]] = [
             ("tokenizer", self.paths.tokenizer, self._tokenizer),
             ("probe", self.paths.probe, self._probe),

@@ -5,11 +5,19 @@ Every prompt is built from the lexicon (topic, subject) and an intent (a directi
 every prompt has close semantic neighbours (R9-R11); prompts of one subject with another intent are
 near neighbours that ask for something else.
 
-Splits are by family, so a paraphrase of a training prompt never lands in eval or fresh:
-- ``fresh``: every prompt of one held-out subject per topic, never seen in training (RM-overfit
-  check, R16);
-- ``eval``: held-out families of the other subjects (benchmarks);
-- ``train``: the rest (pretraining corpus, RM training, PPO prompts).
+Splits are by family, so a paraphrase of a training prompt never lands in a held-out split, and each
+has one role (R27):
+- ``train``: models and RMs learn here (pretraining corpus, RM training, PPO prompts);
+- ``fresh``, the **validation** split: every prompt of one held-out subject per topic; recipes, steps,
+  thresholds and rules are chosen here (and the RM-overfit check reads it, R16);
+- ``test``, **sealed**: every prompt of a second held-out subject per topic, drawn apart from the rest
+  (``TEST_SEED``), so that no recipe, threshold, keyword list or training set touches it; headline
+  figures are reported here. ``load_suite()`` leaves it out unless asked for by name, and
+  ``strata_tools.zoo.seal`` refuses it in a training, calibration or recipe set;
+- ``eval``: held-out families of the train subjects (benchmarks that need no seal: streams, latency).
+
+Held-out samples are drawn with :func:`stratified_sample` (across topics and paraphrase families,
+seeded), never the first N in suite order, which are one topic.
 
 The suite is shipped as ``strata_tools/zoo/data/suite.jsonl`` and regenerated, identically, with
 ``python -m strata_tools.zoo.suite``.
@@ -30,7 +38,11 @@ from strata_tools.zoo.lexicon import TOPIC_BY_NAME, TOPICS, Subject, Topic
 
 SUITE_SEED = 20240501
 SUITE_PATH = Path(__file__).parent / "data" / "suite.jsonl"
-SPLITS: tuple[str, ...] = ("train", "eval", "fresh")
+SPLITS: tuple[str, ...] = ("train", "eval", "fresh", "test")
+SEALED_SPLIT = "test"
+# The test subjects are drawn with their own generator, so that every other prompt keeps the split,
+# text and order it had before the test split existed (its subjects' prompts left train and eval).
+TEST_SEED = 20261206
 PARAPHRASES_PER_FAMILY = 7
 EVAL_FAMILY_FRACTION = 0.15
 
@@ -135,9 +147,11 @@ def _render(template: str, prefix: str, suffix: str, topic: Topic, subject: Subj
 def generate_suite(seed: int = SUITE_SEED) -> list[PromptRecord]:
     """Build the whole suite deterministically from ``seed`` (same seed, same list)."""
     rng = random.Random(seed)
+    test_rng = random.Random(TEST_SEED)
     records: list[PromptRecord] = []
     for topic in TOPICS:
         fresh_subject = rng.choice(topic.subjects).name
+        test_subject = test_rng.choice([s for s in topic.subjects if s.name != fresh_subject]).name
         families = [(s, intent) for s in topic.subjects for intent in topic.intents]
         seen = [f for f in families if f[0].name != fresh_subject]
         n_eval = math.ceil(EVAL_FAMILY_FRACTION * len(seen))
@@ -145,6 +159,8 @@ def generate_suite(seed: int = SUITE_SEED) -> list[PromptRecord]:
         for subject, intent in families:
             if subject.name == fresh_subject:
                 split = "fresh"
+            elif subject.name == test_subject:
+                split = SEALED_SPLIT
             elif (subject.name, intent) in eval_families:
                 split = "eval"
             else:
@@ -167,16 +183,43 @@ def write_suite(records: Iterable[PromptRecord], path: Path = SUITE_PATH) -> Non
 
 
 def load_suite(split: str | Sequence[str] | None = None, path: Path = SUITE_PATH) -> list[PromptRecord]:
-    """The shipped suite, optionally only some splits (``"eval"`` or ``("train", "eval")``)."""
+    """The shipped suite, optionally only some splits (``"eval"`` or ``("train", "eval")``). Without a
+    split, every split but the sealed ``test``: a reader of the test split names it."""
     if not path.is_file():
         raise FileNotFoundError(f"prompt suite not found at {path}; regenerate it with "
                                 "`python -m strata_tools.zoo.suite`")
-    wanted = None if split is None else ({split} if isinstance(split, str) else set(split))
-    if wanted is not None and not wanted <= set(SPLITS):
+    wanted = set(SPLITS) - {SEALED_SPLIT} if split is None else ({split} if isinstance(split, str) else set(split))
+    if not wanted <= set(SPLITS):
         raise ValueError(f"unknown split(s) {sorted(wanted - set(SPLITS))}; known: {', '.join(SPLITS)}")
     with path.open(encoding="utf-8") as fh:
         records = [PromptRecord(**json.loads(line)) for line in fh if line.strip()]
-    return [r for r in records if wanted is None or r.split in wanted]
+    return [r for r in records if r.split in wanted]
+
+
+def stratified_sample(records: Sequence[PromptRecord], n: int, seed: int) -> list[PromptRecord]:
+    """``n`` of ``records`` (all when fewer), spread across topics and paraphrase families: topics take turns,
+    each giving a prompt of its next family in a seeded order, so that no topic or family is over-drawn
+    while another has prompts left. The order returned is the drawing order (a prefix is also spread)."""
+    rng = random.Random(seed)
+    by_topic: dict[str, dict[str, list[PromptRecord]]] = {}
+    for record in records:
+        by_topic.setdefault(record.topic, {}).setdefault(record.family, []).append(record)
+    queues: list[list[list[PromptRecord]]] = []  # per topic, its families' remaining prompts
+    for topic in sorted(by_topic):
+        families = [rng.sample(members, len(members)) for _, members in sorted(by_topic[topic].items())]
+        rng.shuffle(families)
+        queues.append(families)
+    rng.shuffle(queues)
+    drawn: list[PromptRecord] = []
+    while len(drawn) < n and any(queues):
+        for families in queues:
+            if len(drawn) == n or not families:
+                continue
+            family = families.pop(0)
+            drawn.append(family.pop())
+            if family:
+                families.append(family)  # the family's next prompt after every other family's
+    return drawn
 
 
 def subject_of(record: PromptRecord) -> Subject:

@@ -13,12 +13,12 @@ from strata_tools.zoo.suite import PARAPHRASES_PER_FAMILY, SPLITS, generate_suit
 def test_generation_is_deterministic_and_matches_the_shipped_file() -> None:
     generated = generate_suite()
     assert generated == generate_suite()
-    assert generated == load_suite()
+    assert generated == load_suite(SPLITS)
     assert generate_suite(seed=1) != generated
 
 
 def test_size_and_metadata() -> None:
-    records = load_suite()
+    records = load_suite(SPLITS)
     assert 2000 <= len(records) <= 5000
     assert len({r.id for r in records}) == len(records)
     assert len({r.text for r in records}) > 0.95 * len(records)
@@ -41,18 +41,20 @@ def test_splits_are_disjoint_by_prompt_family_and_subject() -> None:
             assert not families[i] & families[j]
     train_subjects = {r.subject for r in by_split["train"]}
     assert not train_subjects & {r.subject for r in by_split["fresh"]}  # fresh: never seen in training
+    assert not train_subjects & {r.subject for r in by_split["test"]}   # test: neither
+    assert not {r.subject for r in by_split["fresh"]} & {r.subject for r in by_split["test"]}
     assert {r.subject for r in by_split["eval"]} <= train_subjects
-    assert sum(len(v) for v in by_split.values()) == len(load_suite())
-    for split in ("eval", "fresh"):
+    assert sum(len(v) for v in by_split.values()) == len(load_suite(SPLITS))
+    for split in ("eval", "fresh", "test"):
         assert {r.topic for r in by_split[split]} == set(TOPIC_BY_NAME)  # every topic represented
         assert any(r.risk for r in by_split[split])
 
 
 def test_load_suite_rejects_an_unknown_split() -> None:
     try:
-        load_suite("test")
+        load_suite("holdout")
     except ValueError as exc:
-        assert "known: train, eval, fresh" in str(exc)
+        assert "known: train, eval, fresh, test" in str(exc)
     else:
         raise AssertionError("expected ValueError")
 
