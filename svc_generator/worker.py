@@ -23,6 +23,7 @@ from strata.contract.identity import request_identity
 from strata.contract.tiers import TIER_ENUM
 from strata.debug_store import DebugSample, DebugStore
 from strata.models.budget import TokenBudget
+from strata.models.prompts import PromptFormat
 from strata.v1 import events_pb2
 from strata.validation import (
     RequestError,
@@ -77,6 +78,16 @@ def claim(client: redis.Redis, key: str, event: bytes, ttl_s: int, wait_replicas
     return bool(won)
 
 
+def live_request(routed: events_pb2.PromptRouted, prompt: str, settings: GeneratorSettings,
+                 prompt_format: PromptFormat | None = None) -> GenerationRequest:
+    """The request this tier generates for a prompt event: the event's directions and sampling, the tier's
+    defaults for every field it leaves unset (the driver sets none). Pure; RequestError on a bad field.
+    ``strata_tools.level1`` builds the same request for the paths that measure a tier's answers."""
+    sampling = sampling_from_proto(routed.sampling, settings.sampling_defaults(), settings.sampling_bounds()).sampling
+    directions = check_directions([d.name for d in routed.directions], prompt_format=prompt_format)
+    return GenerationRequest(prompt, directions, sampling)
+
+
 class GeneratorWorker:
     """The batch handler of the tier's prompt topic."""
 
@@ -115,13 +126,12 @@ class GeneratorWorker:
                 prompt = prompts.get(routed.prompt_hash)
                 if prompt is None:
                     raise ContentNotFoundError(f"no text under hash {routed.prompt_hash} (never stored, or expired)")
-                sampling = sampling_from_proto(routed.sampling, self._settings.sampling_defaults(),
-                                               self._settings.sampling_bounds()).sampling
-                directions = check_directions([d.name for d in routed.directions],
-                                              prompt_format=self._budget.format if self._budget else None)
+                request = live_request(routed, prompt, self._settings,
+                                       self._budget.format if self._budget else None)
                 check_n_samples(routed.n_samples, self._settings.max_samples_per_request)  # bounded on Kafka too
-                check_rollout_dropout(sampling.rollout_dropout, self._rollout_dropout_ok)
-                if self._budget and (problem := self._budget.problem(prompt, sampling.max_new_tokens, directions)):
+                check_rollout_dropout(request.sampling.rollout_dropout, self._rollout_dropout_ok)
+                if self._budget and (problem := self._budget.problem(prompt, request.sampling.max_new_tokens,
+                                                                     request.directions)):
                     raise RequestError("prompt", problem)
             except (ContentNotFoundError, RequestError) as exc:
                 raise PoisonMessageError(f"prompt {routed.prompt_hash[:12]}: {exc}") from exc
@@ -131,7 +141,7 @@ class GeneratorWorker:
                 if claimed is not None:  # redelivery: the sample exists, publish it again
                     ready.append(events_pb2.RolloutGenerated.FromString(claimed))
                     continue
-                jobs.append(_Job(routed, index, key, GenerationRequest(prompt, directions, sampling)))
+                jobs.append(_Job(routed, index, key, request))
         futures = self._batcher.submit([job.request for job in jobs])
         for job, future in zip(jobs, futures, strict=True):
             result = future.result()

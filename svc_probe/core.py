@@ -53,6 +53,11 @@ class ProbeResult:
     caution_reason: str                        # empty when not cautious
     tokens: int = 0                            # tokens the model read for this prompt (the ledger's)
 
+    def forwarded(self, n_directions: int) -> tuple[str, ...]:
+        """The directions the probe sends on with the prompt: its best ``n_directions`` (the generator's
+        ``Directions:`` line). The live worker and every bench that measures Level-1 answers call this."""
+        return tuple(name for name, _ in self.directions[:n_directions])
+
 
 @dataclass(frozen=True)
 class ProbeRules:

@@ -25,7 +25,8 @@ def forward(routed: events_pb2.PromptRouted, result: ProbeResult, n_directions: 
     out = events_pb2.PromptRouted()
     out.CopyFrom(routed)
     del out.directions[:]
-    out.directions.extend(common_pb2.Direction(name=n, score=s) for n, s in result.directions[:n_directions])
+    scores = dict(result.directions)
+    out.directions.extend(common_pb2.Direction(name=n, score=scores[n]) for n in result.forwarded(n_directions))
     if result.caution:
         out.tier = common_pb2.TIER_LEVEL_2
         out.decision = common_pb2.DECISION_LEVEL_2

@@ -1,7 +1,7 @@
 """The light RM as an escalation rule (R3), measured on labelled Level-1 answers.
 
 On a split the benches do not otherwise use (the suite's ``fresh`` prompts), the zoo's probe
-proposes directions, Level-1 answers with the generator's default sampling, the light RM scores
+proposes directions, Level-1 answers as it does live (``strata_tools.level1``), the light RM scores
 each answer and the oracle judges it; prompts the probe sends straight to Level-2 are left out,
 since no threshold applies to them. ``strata calibrate escalation`` prints and stores what these
 answers say; ``strata bench tiers`` and ``strata demo`` serve the threshold they choose
@@ -125,11 +125,13 @@ def judge_level1(zoo: ZooPaths, split: str, prompts: int, seed: int, light_paths
                  options: ScoringOptions) -> JudgedLevel1:
     """``prompts`` of ``split`` (seeded sample), answered by Level-1 and scored by the light RM ``light_paths``
     (raw scores) and the oracle. CliError when the probe leaves no prompt to Level-1."""
+    from strata_tools.zoo.seal import check_sealed
     from strata_tools.zoo.suite import load_suite
     from svc_probe.config import ProbeSettings
 
     records = load_suite(split)
     records = random.Random(seed).sample(records, min(prompts, len(records)))
+    check_sealed((r.text for r in records), "the escalation threshold's calibration")
     level1_records = _level1_records(records, ProbeSettings(), zoo)
     scores, oracle = _score_level1(zoo, level1_records, light_paths, options, seed)
     return JudgedLevel1(split, len(records), scores, oracle)
@@ -164,19 +166,18 @@ def _level1_records(records: list[PromptRecord], probe_settings: ProbeSettings,
 
 def _score_level1(zoo: ZooPaths, level1_records: list[tuple[PromptRecord, ProbeResult]], light_paths: list[str],
                   options: ScoringOptions, seed: int) -> tuple[list[float], list[float]]:
-    """Level-1's answers with the generator's default sampling: the light RM's raw scores, and the oracle's."""
-    from strata.models.generation import SamplingConfig, generate
-    from strata.models.loading import load_causal_lm
+    """Level-1's answers, prompted and sampled as the live stack does (``strata_tools.level1``): the light
+    RM's raw scores, and the oracle's."""
+    from strata_tools.level1 import LivePrompting, generate_answers
     from strata_tools.zoo.oracle import judge
-    from svc_generator.config import GeneratorSettings
+    from svc_generator.backends.hf import HfBackend
     from svc_reward.models import RewardModels
 
-    defaults = GeneratorSettings().sampling_defaults()
-    sampling = SamplingConfig(defaults.temperature, defaults.top_p, defaults.max_new_tokens, seed)
-    level1 = load_causal_lm(zoo.level1, device="cpu")
-    answers = generate(level1, [r.text for r, _ in level1_records],
-                       [tuple(n for n, _ in res.directions) for _, res in level1_records], sampling)
+    prompts = [r.text for r, _ in level1_records]
+    prompting = LivePrompting.live(1)
+    answers = generate_answers(HfBackend(str(zoo.level1), "cpu"), prompting, prompts,
+                               [prompting.directions(res) for _, res in level1_records], seed)
     rms = RewardModels(light_paths, None, options)
-    scores = rms.score([r.text for r, _ in level1_records], [a.text for a in answers]).rewards  # raw: fitted on
+    scores = rms.score(prompts, [a.text for a in answers]).rewards  # raw: fitted on
     oracle = [judge(r, a.text).score for (r, _), a in zip(level1_records, answers, strict=True)]
     return scores, oracle

@@ -5,10 +5,11 @@ little about how it ranks what the policy writes: the zoo's RMs rank those pairs
 and Level-1's answers at 0.20 (docs/reward-models.md). This module builds the set the RMs meet live
 and scores an RM on it:
 
-- **The answers** (:func:`policy_answers`): for every prompt of a held-out split, the probe proposes
-  directions and Level-1 and Level-2 each write one answer with the generator's default sampling,
-  as the running stack does; the oracle judges each. Cached on disk by the three models' weights,
-  the split, the seed and the sampling, so a bench run pays the generation once per zoo.
+- **The answers** (:func:`policy_answers`): for every prompt of a held-out split that live Level-1
+  would answer (the probe is not cautious), Level-1 and Level-2 each write one answer prompted and
+  sampled exactly as the running stack does (``strata_tools.level1``); the oracle judges each.
+  Cached on disk by the three models' weights, the split, the seed and the live prompting, so a
+  bench run pays the generation once per zoo.
 - **The figures** (:func:`onpolicy_figures`, pure): Spearman against the oracle on Level-1 answers
   and on Level-2 answers; the bad-case AUC (how well a low reward finds a Level-1 answer the oracle
   scores under ``bad_threshold``: what escalation needs); and the pairwise accuracy on the two
@@ -22,9 +23,9 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from strata_tools.rm.refresh import PAIR_MARGIN, pairwise_accuracy, spearman
 
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 TIERS: tuple[str, ...] = ("level1", "level2")
 BAD_THRESHOLD = 1.5  # an oracle score under this is a bad case (as `strata bench tiers` counts them)
 ANSWERS_SEED = 11
-ANSWERS_FORMAT = "1"  # bump when what an answer set holds changes (part of the cache key)
+TIER_NUMBERS: dict[str, Literal[1, 2]] = {"level1": 1, "level2": 2}
+ANSWERS_FORMAT = "2"  # bump when what an answer set holds changes (part of the cache key)
 
 
 @dataclass(frozen=True)
@@ -119,31 +121,32 @@ def answers_key(model_dirs: Sequence[Path], split: str, seed: int, sampling: Map
 
 def sample_policy_answers(probe_dir: Path, generator_dirs: Mapping[str, Path], records: Sequence[Any], seed: int,
                           progress: bool = True) -> list[PolicyAnswer]:
-    """One answer per tier in ``generator_dirs`` to each record (a ``PromptRecord``), guided by the
-    probe's directions and sampled with the generator's defaults, judged by the oracle."""
+    """One answer per tier in ``generator_dirs`` to each record (a ``PromptRecord``) that live Level-1 would
+    answer (the probe is not cautious about it), prompted and sampled as each tier is live
+    (``strata_tools.level1``), judged by the oracle."""
     from tqdm import tqdm
 
-    from strata.models.generation import SamplingConfig, generate
     from strata.models.loading import load_causal_lm
+    from strata_tools.level1 import LivePrompting, generate_answers
     from strata_tools.zoo.oracle import oracle_score
-    from svc_generator.config import GeneratorSettings
+    from svc_generator.backends.hf import HfBackend
     from svc_probe.config import ProbeSettings
     from svc_probe.core import ProbeRules, probe
 
     probe_settings = ProbeSettings()
-    rules = ProbeRules.of(probe_settings)
-    texts = [record.text for record in records]
-    results = probe(load_causal_lm(probe_dir, device="cpu"), texts, rules, probe_settings.max_prompt_tokens)
-    directions = [tuple(name for name, _ in result.directions) for result in results]
-    defaults = GeneratorSettings().sampling_defaults()
+    results = probe(load_causal_lm(probe_dir, device="cpu"), [record.text for record in records],
+                    ProbeRules.of(probe_settings), probe_settings.max_prompt_tokens)
+    level1 = [(record, result) for record, result in zip(records, results, strict=True) if not result.caution]
+    texts = [record.text for record, _ in level1]
     answers: list[PolicyAnswer] = []
     for offset, (tier, model_dir) in enumerate(tqdm(list(generator_dirs.items()), desc="policy answers", unit="tier",
                                                     leave=False, disable=not progress)):
-        sampling = SamplingConfig(defaults.temperature, defaults.top_p, defaults.max_new_tokens, seed + offset)
-        generations = generate(load_causal_lm(model_dir, device="cpu"), texts, directions, sampling)
-        answers += [PolicyAnswer(record.id, record.text, tier, generation.text, dirs,
+        prompting = LivePrompting.live(TIER_NUMBERS[tier])
+        directions = [prompting.directions(result) for _, result in level1]
+        generations = generate_answers(HfBackend(str(model_dir), "cpu"), prompting, texts, directions, seed + offset)
+        answers += [PolicyAnswer(record.id, record.text, tier, generation.text, forwarded,
                                  oracle_score(record, generation.text))
-                    for record, generation, dirs in zip(records, generations, directions, strict=True)]
+                    for (record, _), forwarded, generation in zip(level1, directions, generations, strict=True)]
     return answers
 
 
@@ -151,17 +154,17 @@ def policy_answers(zoo: Any, split: str = "fresh", seed: int = ANSWERS_SEED, cac
                    limit: int | None = None, progress: bool = True) -> list[PolicyAnswer]:
     """Level-1 and Level-2 answers to every prompt of ``split`` (the first ``limit`` in suite order),
     from the zoo ``zoo`` (``ZooPaths``), cached as JSONL under ``cache_dir`` when given."""
+    from strata_tools.level1 import LivePrompting
     from strata_tools.zoo.suite import load_suite
-    from svc_generator.config import GeneratorSettings
 
     records = load_suite(split)[:limit]
     if not records:
         raise ValueError(f"the suite has no prompts in split {split!r}")
     generators = {"level1": Path(zoo.level1), "level2": Path(zoo.level2)}
-    # What sample_policy_answers samples with (it keeps no rollout dropout), so a key names the answers.
-    sampling = asdict(replace(GeneratorSettings().sampling_defaults(), rollout_dropout=None)) | {
-        "n_prompts": len(records)}
-    key = answers_key([Path(zoo.probe), *generators.values()], split, seed, sampling)
+    # How sample_policy_answers prompts each tier (the live definition), so a key names the answers.
+    prompting = {tier: LivePrompting.live(TIER_NUMBERS[tier]).key() for tier in generators}
+    key = answers_key([Path(zoo.probe), *generators.values()], split, seed,
+                      {"prompting": prompting, "n_prompts": len(records)})
     cache_file = Path(cache_dir) / f"{split}-{key}.jsonl" if cache_dir is not None else None
     if cache_file is not None and cache_file.is_file():
         rows = [json.loads(line) for line in cache_file.read_text(encoding="utf-8").splitlines() if line]
