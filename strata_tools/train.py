@@ -44,9 +44,12 @@ from strata.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
+from strata_tools.intervals import clustered_se
+from strata_tools.level1 import LivePrompting
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
 from strata_tools.zoo.oracle import oracle_score
-from strata_tools.zoo.suite import PromptRecord, load_suite
+from strata_tools.zoo.seal import check_sealed
+from strata_tools.zoo.suite import SEALED_SPLIT, PromptRecord, load_suite, stratified_sample
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,7 @@ class Evaluation:
     mean_oracle: float
     rewards: list[float] = field(default_factory=list)  # per held-out prompt, in a fixed order
     oracle_scores: list[float] = field(default_factory=list)
+    families: list[str] = field(default_factory=list)  # each prompt's paraphrase family: the SE's clusters
 
     @property
     def bad_share(self) -> float:
@@ -151,17 +155,25 @@ class Change:
     """A paired before/after difference over the same held-out prompts (same sampling seeds)."""
 
     mean: float
-    stderr: float  # standard error of the mean paired difference
+    stderr: float  # standard error of the mean paired difference (clustered when clusters is set)
     n: int
+    clusters: int | None = None  # paraphrase families the prompts came from; None: prompts independent
 
     def __str__(self) -> str:
-        return f"{self.mean:+.3f} ± {self.stderr:.3f} (paired SE, n={self.n})"
+        if self.clusters is None:
+            return f"{self.mean:+.3f} ± {self.stderr:.3f} (paired SE, n={self.n})"
+        return (f"{self.mean:+.3f} ± {self.stderr:.3f} (paired SE clustered by family: {self.n} prompts, "
+                f"{self.clusters} families)")
 
 
-def paired_change(before: Sequence[float], after: Sequence[float]) -> Change:
+def paired_change(before: Sequence[float], after: Sequence[float], clusters: Sequence[str] | None = None) -> Change:
+    """After minus before per prompt; its SE clustered by ``clusters`` (each prompt's paraphrase family)
+    when given, since paraphrases of one request are not independent evidence."""
     if len(before) != len(after) or len(before) < 2:
         raise ValueError("a paired change needs two equally long lists of at least 2 scores")
     diffs = [a - b for b, a in zip(before, after, strict=True)]
+    if clusters:
+        return Change(statistics.fmean(diffs), clustered_se(diffs, clusters), len(diffs), len(set(clusters)))
     return Change(statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs)), len(diffs))
 
 
@@ -205,14 +217,14 @@ class TrainSummary:
         """Held-out light-RM reward after minus before, per prompt."""
         if not self.before or not self.after:
             return None
-        return paired_change(self.before.rewards, self.after.rewards)
+        return paired_change(self.before.rewards, self.after.rewards, self.before.families)
 
     @property
     def oracle_change(self) -> Change | None:
         """Held-out oracle score after minus before, per prompt."""
         if not self.before or not self.after:
             return None
-        return paired_change(self.before.oracle_scores, self.after.oracle_scores)
+        return paired_change(self.before.oracle_scores, self.after.oracle_scores, self.before.families)
 
     @property
     def hacking_gap(self) -> Change | None:
@@ -221,7 +233,8 @@ class TrainSummary:
         if not self.before or not self.after:
             return None
         return paired_change([r - o for r, o in zip(self.before.rewards, self.before.oracle_scores, strict=True)],
-                             [r - o for r, o in zip(self.after.rewards, self.after.oracle_scores, strict=True)])
+                             [r - o for r, o in zip(self.after.rewards, self.after.oracle_scores, strict=True)],
+                             self.before.families)
 
     @property
     def reward_oscillation(self) -> Oscillation | None:
@@ -233,8 +246,8 @@ class TrainSummary:
         if not self.before:
             return None
         after = checkpoint.evaluation
-        return (paired_change(self.before.rewards, after.rewards),
-                paired_change(self.before.oracle_scores, after.oracle_scores))
+        return (paired_change(self.before.rewards, after.rewards, self.before.families),
+                paired_change(self.before.oracle_scores, after.oracle_scores, self.before.families))
 
     @property
     def reward_gain(self) -> float | None:
@@ -271,10 +284,18 @@ def round_prompts(records: Sequence[PromptRecord], cursor: int, n: int, sent: Se
     return batch, fresh
 
 
+def held_out_records(n: int, seed: int) -> list[PromptRecord]:
+    """The held-out prompts a trained policy is judged on: ``n`` of the sealed test split's prompts without
+    risk topics (live Level-1 answers those; the risk ones go to Level-2), spread across topics and
+    paraphrase families, drawn by ``seed``."""
+    return stratified_sample([r for r in load_suite(SEALED_SPLIT) if not r.risk], n, seed)
+
+
 def prompt_rounds(options: TrainOptions) -> Iterator[list[PromptRecord]]:
     """The rounds of prompts :func:`train` sends under ``options``, in order (endless): the suite's training
     prompts without risk topics, from a cursor fixed by the seed, mixed by :func:`round_prompts`."""
     records = [r for r in load_suite("train") if not r.risk]
+    check_sealed((r.text for r in records), "the PPO prompt stream")
     cursor = (options.seed * 997) % len(records)
     rng = random.Random(options.seed)
     sent: list[PromptRecord] = []
@@ -307,7 +328,8 @@ def _learner_status(stub: learner_pb2_grpc.LearnerStub) -> learner_pb2.LearnerSt
 
 
 def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], version: int, seed: int = 0) -> Evaluation:
-    """The current policy on held-out prompts: probe directions -> Level-1 generation -> light RM + oracle.
+    """The current policy on held-out prompts, prompted as live Level-1 is: probe directions -> Level-1
+    generation -> light RM + oracle.
 
     Each prompt is sampled with its own fixed seed, the same before and after training (common random
     numbers), so that the difference of two evaluations measures the policy, not the sampling noise.
@@ -315,20 +337,23 @@ def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], ver
     probe = probe_pb2_grpc.ProbeStub(channels["probe"])
     generator = generator_pb2_grpc.GeneratorStub(channels["generator"])
     reward = reward_pb2_grpc.RewardStub(channels["reward"])
+    forward_directions = LivePrompting.live(1).forward_directions
     responses = []
     for i, record in enumerate(records):
-        directions = probe.Directions(probe_pb2.DirectionsRequest(prompt=record.text), timeout=30).directions
-        # Dropout off: this measures the policy as it would be served, not a rollout (R17).
-        sampling = common_pb2.SamplingParams(seed=seed * 100_003 + i, rollout_dropout=0.0)
-        reply = generator.Generate(generator_pb2.GenerateRequest(prompt=record.text, directions=directions,
-                                                                 sampling=sampling), timeout=300)
+        ranked = probe.Directions(probe_pb2.DirectionsRequest(prompt=record.text), timeout=30).directions
+        # As a rollout is prompted live (strata_tools.level1): the directions the probe forwards, and every
+        # sampling field but the seed left to the generator's defaults, rollout dropout included.
+        sampling = common_pb2.SamplingParams(seed=seed * 100_003 + i)
+        reply = generator.Generate(generator_pb2.GenerateRequest(
+            prompt=record.text, directions=ranked[:forward_directions], sampling=sampling), timeout=300)
         responses.append(reply.generations[0].response)
     scores = reward.Score(reward_pb2.ScoreRequest(items=[
         reward_pb2.ScoreItem(prompt=r.text, response=resp) for r, resp in zip(records, responses, strict=True)
     ]), timeout=300).scores
     rewards = [s.reward for s in scores]
     oracle = [oracle_score(r, resp) for r, resp in zip(records, responses, strict=True)]
-    return Evaluation(version, statistics.fmean(rewards), statistics.fmean(oracle), rewards, oracle)
+    return Evaluation(version, statistics.fmean(rewards), statistics.fmean(oracle), rewards, oracle,
+                      [r.family for r in records])
 
 
 @dataclass
@@ -433,7 +458,7 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
     ledger_client = redis_client.connect(settings.redis_address, socket_timeout=30)
     learner = learner_pb2_grpc.LearnerStub(channels["learner"])
     train_records = [r for r in load_suite("train") if not r.risk]
-    eval_records = [r for r in load_suite("eval") if not r.risk][: options.eval_prompts]
+    eval_records = held_out_records(options.eval_prompts, options.seed)
     by_text = {r.text: r for r in train_records}
     try:
         start_version = _learner_status(learner).policy_version

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING
 
 from strata.errors import CliError
 from strata_tools.bench.peers_trl import INSTALL_HINT, ArmResult, PeersJob
-from strata_tools.train import Change, TrainOptions, paired_change, prompt_rounds
+from strata_tools.level1 import LivePrompting
+from strata_tools.train import Change, TrainOptions, held_out_records, paired_change, prompt_rounds
 
 if TYPE_CHECKING:
     from strata.models.loading import LoadedModel
@@ -95,7 +96,7 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
 
 
 def served_directions(zoo: ZooPaths, prompts: Sequence[str]) -> list[list[str]]:
-    """The directions line the stack forwards with each prompt (the zoo probe's top ``forward_directions``)."""
+    """The directions line the stack forwards with each prompt (``strata_tools.level1``)."""
     from strata.models.loading import load_causal_lm
     from svc_probe.config import ProbeSettings
     from svc_probe.core import ProbeRules, probe
@@ -103,12 +104,12 @@ def served_directions(zoo: ZooPaths, prompts: Sequence[str]) -> list[list[str]]:
     settings = ProbeSettings()
     results = probe(load_causal_lm(zoo.probe, device="cpu"), list(prompts), ProbeRules.of(settings),
                     settings.max_prompt_tokens)
-    return [[name for name, _ in r.directions][: settings.forward_directions] for r in results]
+    prompting = LivePrompting.live(1)
+    return [list(prompting.directions(r)) for r in results]
 
 
 def build_job(args: argparse.Namespace, zoo: ZooPaths, work: Path) -> PeersJob:
     """The one recipe every arm trains with: the prompt stream Strata's rounds send, taken in order."""
-    from svc_generator.config import GeneratorSettings
     from svc_learner.config import LearnerSettings
     from svc_reward.config import RewardSettings
 
@@ -123,7 +124,7 @@ def build_job(args: argparse.Namespace, zoo: ZooPaths, work: Path) -> PeersJob:
     while len(prompts) < needed:
         prompts += [r.text for r in next(rounds)]
     prompts = prompts[:needed]
-    sampling = GeneratorSettings().sampling_defaults()
+    sampling = LivePrompting.live(1).sampling
     learner = LearnerSettings()
     return PeersJob(
         policy_dir=str(zoo.policy), light_rm=[str(zoo.light_rm)], strong_rm=str(zoo.strong_rm), prompts=prompts,
@@ -157,16 +158,16 @@ def run_arm(arm: str, job_path: Path, work: Path) -> ArmResult:
 
 def judge(policy_dir: str | Path, records: Sequence[PromptRecord], directions: Sequence[Sequence[str]],
           job: PeersJob, light_rm: Sequence[LoadedModel]) -> Judged:
-    """The policy's answers to ``records`` (served directions, the generator's sampling, one seed for all
+    """The policy's answers to ``records``, prompted as live Level-1 (``strata_tools.level1``, one seed for all
     policies), scored by the light RM (mean over members) and the oracle."""
-    from strata.models.generation import SamplingConfig, generate
-    from strata.models.loading import load_causal_lm
     from strata.models.reward import score_responses
+    from strata_tools.level1 import generate_answers
     from strata_tools.zoo.oracle import oracle_score
+    from svc_generator.backends.hf import HfBackend
 
-    sampling = SamplingConfig(job.temperature, job.top_p, job.max_new_tokens, seed=job.seed + 1)
     texts = [r.text for r in records]
-    answers = [g.text for g in generate(load_causal_lm(policy_dir, device="cpu"), texts, directions, sampling)]
+    answers = [g.text for g in generate_answers(HfBackend(str(policy_dir), "cpu"), LivePrompting.live(1), texts,
+                                                directions, seed=job.seed + 1)]
     per_member = [score_responses(rm, texts, answers, max_length=job.rm_max_length) for rm in light_rm]
     rewards = [sum(scores) / len(scores) for scores in zip(*per_member, strict=True)]
     return Judged(rewards, [oracle_score(r, a) for r, a in zip(records, answers, strict=True)])
@@ -193,34 +194,66 @@ def print_report(results: dict[str, ArmResult], gains: dict[str, tuple[Change, C
             print(f"  {'':<18} {note}")
 
 
-def against_conventional(results: dict[str, ArmResult], judged: dict[str, Judged]) -> list[str]:
-    """The tiered arm beside the conventional one (issue 38): its booked cost per policy update as a share of
-    the conventional arm's (a round may complete more updates than asked for, and the arms' rounds differ),
-    and the two trained policies' held-out oracle scores, paired per prompt."""
+def used_samples(arm: ArmResult, samples_per_update: int) -> int:
+    """Samples the arm's learner consumed: a full batch per update it made (TRL generates what it uses)."""
+    return arm.updates_done * samples_per_update if arm.updates_done else arm.samples
+
+
+def cost_per_used_sample(arm: ArmResult, samples_per_update: int) -> float:
+    """Booked params x tokens per sample the learner consumed: rollouts generated and never trained on
+    (the driver's surplus, skipped-for-staleness samples) are cost without a use."""
+    used = used_samples(arm, samples_per_update)
+    return arm.param_tokens / used if used and arm.param_tokens else float("nan")
+
+
+def generated_per_used(arm: ArmResult, samples_per_update: int) -> float:
+    used = used_samples(arm, samples_per_update)
+    return arm.samples / used if used else float("nan")
+
+
+def against_conventional(results: dict[str, ArmResult], judged: dict[str, Judged], samples_per_update: int,
+                         families: Sequence[str] | None = None) -> list[str]:
+    """The tiered arm beside the conventional one (R27's training headline): its booked cost per sample the
+    learner used as a share of the conventional arm's, and the two trained policies' held-out oracle
+    scores, paired per prompt (SE clustered by paraphrase family when ``families`` is given)."""
     if "tiered" not in results or "conventional" not in results:
         return []
     tiered, conventional = results["tiered"], results["conventional"]
-
-    def per_update(arm: ArmResult) -> float:
-        return arm.param_tokens / arm.updates_done if arm.updates_done else float("nan")
-
-    share = per_update(tiered) / per_update(conventional) if conventional.param_tokens else float("nan")
-    difference = paired_change(judged["conventional"].oracle, judged["tiered"].oracle)
-    return [f"  tiered against conventional (strong RM on every sample): params x tokens per update {share:.2f} "
-            "of its cost; "
-            f"trained policies' held-out oracle, tiered minus conventional {difference.mean:+.3f} ± "
-            f"{difference.stderr:.3f} (paired over {difference.n} prompts)"]
+    share = cost_per_used_sample(tiered, samples_per_update) / cost_per_used_sample(conventional, samples_per_update)
+    difference = paired_change(judged["conventional"].oracle, judged["tiered"].oracle, families)
+    return [f"  tiered against conventional (strong RM on every sample): params x tokens per sample the learner "
+            f"used {share:.2f} of its cost; trained policies' held-out oracle, tiered minus conventional "
+            f"{difference.mean:+.3f} ± {difference.stderr:.3f} (paired over {difference.n} prompts, SE clustered "
+            f"by their {difference.clusters or difference.n} families)"]
 
 
-def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Change]]) -> str:
+def gain_per_cost(arm: ArmResult, oracle_gain: float, job: PeersJob) -> float:
+    """Held-out oracle gain per params x tokens of the rollouts the judged updates used."""
+    return oracle_gain / (cost_per_used_sample(arm, job.samples_per_update) * job.updates * job.samples_per_update)
+
+
+def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Change]], job: PeersJob) -> str:
     strata = next((a for a in ("tiered", "level1") if a in results), None)
     strata_s = results[strata].seconds_per_update() if strata else float("nan")
     trl_s = results["trl"].seconds_per_update() if "trl" in results else float("nan")
     ratio = trl_s / strata_s if strata_s and not math.isnan(strata_s) else float("nan")
-    strata_gain = gains[strata][1].mean if strata else float("nan")
+    strata_gain = gains[strata][1] if strata else None
     trl_gain = gains["trl"][1].mean if "trl" in gains else float("nan")
-    return (f"peers strata_s_per_update={strata_s:.2f} trl_s_per_update={trl_s:.2f} ratio={ratio:.2f} "
-            f"strata_oracle_gain={strata_gain:+.3f} trl_oracle_gain={trl_gain:+.3f}")
+    line = (f"peers strata_s_per_update={strata_s:.2f} trl_s_per_update={trl_s:.2f} ratio={ratio:.2f} "
+            f"strata_oracle_gain={strata_gain.mean if strata_gain else float('nan'):+.3f} "
+            f"strata_oracle_gain_se={strata_gain.stderr if strata_gain else float('nan'):.3f} "
+            f"trl_oracle_gain={trl_gain:+.3f}")
+    if "tiered" in results and "conventional" in results:
+        tiered, conventional = results["tiered"], results["conventional"]
+        cost_ratio = (cost_per_used_sample(tiered, job.samples_per_update)
+                      / cost_per_used_sample(conventional, job.samples_per_update))
+        conventional_gain = gain_per_cost(conventional, gains["conventional"][1].mean, job)
+        gain_ratio = gain_per_cost(tiered, gains["tiered"][1].mean, job) / conventional_gain \
+            if conventional_gain > 0 else float("nan")  # a ratio to a baseline that gained nothing says nothing
+        line += f" cost_per_used_sample_ratio={cost_ratio:.2f} gain_per_cost_ratio={gain_ratio:.2f}"
+    hacking = ",".join(f"{arm}:{rm.mean - oracle.mean:+.3f}" for arm, (rm, oracle) in gains.items())
+    per_used = ",".join(f"{arm}:{generated_per_used(r, job.samples_per_update):.2f}" for arm, r in results.items())
+    return line + f" hacking_gap={hacking} generated_per_used={per_used}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -228,7 +261,6 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
     from strata.models.loading import load_reward_model
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
-    from strata_tools.zoo.suite import load_suite
 
     started = time.monotonic()
     zoo = ensure_zoo(ZooSettings())
@@ -245,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  [{arm}] training ...", flush=True)
             results[arm] = run_arm(arm, job_path, work)
             print(f"  [{arm}] done in {time.monotonic() - arm_started:.0f} s", flush=True)
-        records = [r for r in load_suite("eval") if not r.risk][: args.eval_prompts]
+        records = held_out_records(args.eval_prompts, args.seed)
         directions = served_directions(zoo, [r.text for r in records])
         light_rm = [load_reward_model(d, device="cpu") for d in job.light_rm]
         print(f"  judging {len(arms) + 1} policies on {len(records)} held-out prompts ...", flush=True)
@@ -253,10 +285,12 @@ def run(args: argparse.Namespace) -> int:
         gains, judged = {}, {}
         for arm, result in results.items():
             judged[arm] = after = judge(result.policy_dir, records, directions, job, light_rm)
-            gains[arm] = (paired_change(before.rewards, after.rewards), paired_change(before.oracle, after.oracle))
+            families = [r.family for r in records]
+            gains[arm] = (paired_change(before.rewards, after.rewards, families),
+                          paired_change(before.oracle, after.oracle, families))
         print_report(results, gains, job)
-        for line in against_conventional(results, judged):
+        for line in against_conventional(results, judged, job.samples_per_update, [r.family for r in records]):
             print(line)
     print(f"  {time.monotonic() - started:.0f} s in all")
-    print(last_line(results, gains))
+    print(last_line(results, gains, job))
     return 0

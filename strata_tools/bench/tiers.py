@@ -5,7 +5,7 @@ end) unless external ones are configured; the probe, both generators, the reward
 strong RM) and the scheduler are the real services with the zoo's models, each in its own process
 as deployed (no learner: the policy stays fixed, so every arm meets the same models). On a CPU the
 services share the cores, so device-seconds are each process's CPU seconds (``strata.devicetime``).
-The same held-out prompts (the suite's eval split) go through each live arm in turn. Their mix is a
+The same held-out prompts (the suite's sealed test split, R27) go through each live arm in turn. Their mix is a
 stated parameter: ``--risk-share`` of them are medical or legal (R3 sends those to Level-2 whatever
 the router does). The default, 6 %, follows what is known of real assistant traffic: over 5 % of
 ChatGPT messages are about health (OpenAI, "AI as a Healthcare Ally", January 2026) and 1.2 % of
@@ -18,9 +18,9 @@ risk prompts of the first, so both mixes are read off one live run (the union of
 2. **tiered**: every prompt published to ``strata.prompts.level0``: probe -> Level-1 + light RM ->
    escalation under ``escalation_threshold`` (cautious prompts straight to Level-2);
 3. **tiered + skip**: ``--history`` train-split prompts are submitted through the scheduler first
-   (that history's cost is not the arm's), then the eval prompts through ``SubmitBatch``: the
+   (that history's cost is not the arm's), then the test prompts through ``SubmitBatch``: the
    scheduler may skip a prompt and reuse a known reward (R10-R12);
-4. **the epoch stream**: the eval prompts again through the scheduler, ``--epochs`` passes in all (the
+4. **the epoch stream**: the test prompts again through the scheduler, ``--epochs`` passes in all (the
    third arm is the first), reshuffled each time, as PPO revisits its prompt set: what skipping adds
    to the saving once the prompts have a history of their own, and the skip audit's reuse error.
 
@@ -75,6 +75,7 @@ from strata_tools.bench import tier_eval
 from strata_tools.bench.tier_eval import Answer, ArmFigures, PromptOutcome
 from strata_tools.rm.escalation import ServedThreshold, add_threshold_arguments, resolve_threshold
 from strata_tools.train import Request
+from strata_tools.zoo.suite import stratified_sample
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--history", type=int, default=96,
                         help="train-split prompts submitted through the scheduler before the skip arm")
     parser.add_argument("--epochs", type=int, default=5,
-                        help="passes of the eval prompts through the scheduler, as PPO revisits its prompt set; the "
+                        help="passes of the test prompts through the scheduler, as PPO revisits its prompt set; the "
                              "first is the tiered + skip arm (1: that arm alone)")
     parser.add_argument("--bad-threshold", type=float, default=1.5,
                         help="oracle score under which a Level-1 answer is a bad case")
@@ -155,11 +156,9 @@ def prompt_mixes(records: Sequence[Any], n: int, seed: int, risk_share: float, s
     a prefix of the other's risk prompts and a superset of its safe ones, from one seeded order."""
     if not (0 <= risk_share <= 1 and 0 <= stress_share <= 1):
         raise ValueError("risk shares must be in [0, 1]")
-    rng = random.Random(seed)
-    risky = [r for r in records if r.risk]
-    safe = [r for r in records if not r.risk]
-    rng.shuffle(risky)
-    rng.shuffle(safe)
+    # Each kind in a seeded order spread across topics and paraphrase families, so a prefix is too.
+    risky = stratified_sample([r for r in records if r.risk], len(records), seed)
+    safe = stratified_sample([r for r in records if not r.risk], len(records), seed + 2)
     n = min(n, len(records))
 
     def mix(share: float) -> list[Any]:
@@ -673,18 +672,18 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
 
     from strata.content_store import ContentStore
     from strata_tools.zoo.build import ensure_zoo
-    from strata_tools.zoo.suite import load_suite
+    from strata_tools.zoo.suite import SEALED_SPLIT, load_suite
 
     def progress(line: str) -> None:
         print(line, flush=True)
 
     zoo = ensure_zoo(settings)
-    mixes = prompt_mixes(load_suite("eval"), args.prompts, args.seed, args.risk_share, args.stress_risk_share)
+    mixes = prompt_mixes(load_suite(SEALED_SPLIT), args.prompts, args.seed, args.risk_share, args.stress_risk_share)
     eval_records = mixes.union
     history = pick_prompts(load_suite("train"), args.history, args.seed + 1) if args.history else []
     stress = (f"; stress mix {len(mixes.stress)} ({sum(r.risk for r in mixes.stress)} risk)" if mixes.stress
               else "")
-    progress(f"tiers bench: zoo {zoo.root.name}, {len(eval_records)} eval prompts: default mix "
+    progress(f"tiers bench: zoo {zoo.root.name}, {len(eval_records)} test prompts: default mix "
              f"{len(mixes.default)} ({sum(r.risk for r in mixes.default)} risk){stress}; {len(history)} history "
              "prompts; each service in its own process")
     threshold = resolve_threshold(args, zoo, [str(zoo.light_rm)], args.bad_threshold, args.seed, progress)
@@ -701,7 +700,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
             progress(f"      done in {runs[name].wall_s:.0f} s")
         for epoch in range(2, args.epochs + 1):
             name = epoch_arm(epoch)
-            progress(f"[arm] {name}: the {len(eval_records)} eval prompts again via the scheduler, reshuffled")
+            progress(f"[arm] {name}: the {len(eval_records)} test prompts again via the scheduler, reshuffled")
             run = live.run_arm(name, epoch_order(eval_records, epoch, args.seed), "scheduler", args.timeout, progress)
             runs[name] = in_order_of(eval_records, run)
             progress(f"      done in {run.wall_s:.0f} s")
@@ -791,7 +790,7 @@ def epoch_lines(rows: Sequence[tuple[int, int, ArmFigures]], tiered: ArmFigures,
     """The stream's table: per epoch, what skipping removed and what the saving became beside the tiered arm's."""
     if not rows:
         return []
-    lines = ["the training-shaped stream: the same eval prompts through the scheduler epoch after epoch (fixed "
+    lines = ["the training-shaped stream: the same test prompts through the scheduler epoch after epoch (fixed "
              "policy; skipped prompts cost their encoding and have no answer of their own)",
              f"  {'epoch':>5} {'skipped':>8} {'PxT sav.':>8} {'vs tiered':>9} {'device sav.':>11} {'quality':>8} "
              f"{'L2 share':>8} {'catch':>6}"]
@@ -870,7 +869,7 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
         stress_arms = _report_arms(args.bad_threshold, stress_records, stress_runs, stress_answers,
                                    threshold.value)
         stress_sweep = sweep_figures(stress_arms.replay, stress_arms.baseline, args.bad_threshold)
-        lines += ["", f"stress mix: {len(stress_records)} eval prompts ({sum(r.risk for r in stress_records)} risk), "
+        lines += ["", f"stress mix: {len(stress_records)} test prompts ({sum(r.risk for r in stress_records)} risk), "
                       "read off the same live answers", *arm_table(stress_arms.table),
                   *routing_lines(stress_sweep, stress_arms.oracle_router, stress_arms.tiered)]
         stress_json = {"prompts": len(stress_records), "risk_prompts": sum(r.risk for r in stress_records),
@@ -964,7 +963,7 @@ def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any
     and the headline arm against the article."""
     level1_oracle = [a.level1.oracle for a in answers["tiered"] if a.level1 is not None]
     bad = sum(o < args.bad_threshold for o in level1_oracle)
-    lines = [f"zoo {zoo_hash}; {len(records)} eval prompts ({sum(r.risk for r in records)} risk); "
+    lines = [f"zoo {zoo_hash}; {len(records)} test prompts ({sum(r.risk for r in records)} risk); "
              f"bad case: Level-1 oracle < {args.bad_threshold} ({bad} of {len(level1_oracle)} Level-1 answers, "
              f"mean {statistics.fmean(level1_oracle):.3f}); human review {args.review_seconds:.0f} s per item",
              *arm_table(arms.table), ""]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from safetensors.torch import load_file
@@ -17,7 +18,7 @@ from strata_tools.bench import peers
 from strata_tools.bench.peers_strata import update_seconds
 from strata_tools.bench.peers_trl import ArmResult, group_per_update
 from strata_tools.cli.main import main
-from strata_tools.train import RoundStats
+from strata_tools.train import Change, RoundStats
 from strata_tools.zoo.build import ZooPaths
 
 
@@ -48,17 +49,37 @@ def test_a_missing_trl_is_refused_with_how_to_install_it(monkeypatch: pytest.Mon
     assert peers.check_arguments(_args(arms="tiered,level1")) == ["tiered", "level1"]  # no TRL needed
 
 
-def test_the_tiered_arm_is_set_against_the_conventional_one() -> None:
-    # Per update: 6e10 over 2 updates against 1.2e11 over 1 (a round completed one more update in the first).
-    results = {"tiered": ArmResult("Strata tiered", param_tokens=6.0e10, updates_done=2),
-               "conventional": ArmResult("Strata conventional", param_tokens=1.2e11, updates_done=1)}
+def test_the_tiered_arm_is_set_against_the_conventional_one_per_sample_used() -> None:
+    # Per sample used (8 a batch): 6e10 over 2 updates = 16 samples against 1.2e11 over 1 = 8 samples.
+    results = {"tiered": ArmResult("Strata tiered", param_tokens=6.0e10, updates_done=2, samples=20),
+               "conventional": ArmResult("Strata conventional", param_tokens=1.2e11, updates_done=1, samples=8)}
     judged = {"tiered": peers.Judged([0.0] * 4, [2.0, 3.0, 2.5, 1.0]),
               "conventional": peers.Judged([0.0] * 4, [1.0, 3.0, 2.0, 1.5])}
-    (line,) = peers.against_conventional(results, judged)
-    # Cost 3e10 / 1.2e11; oracle differences +1, 0, +.5, -.5: mean .25, SD .645, SE .645 / 2.
-    assert "params x tokens per update 0.25 of its cost" in line
-    assert "tiered minus conventional +0.250 ± 0.323 (paired over 4 prompts)" in line
-    assert peers.against_conventional({"tiered": results["tiered"]}, judged) == []
+    (line,) = peers.against_conventional(results, judged, 8)
+    # Cost 3.75e9 / 1.5e10; oracle differences +1, 0, +.5, -.5: mean .25, SD .645, SE .645 / 2.
+    assert "params x tokens per sample the learner used 0.25 of its cost" in line
+    assert "tiered minus conventional +0.250 ± 0.323 (paired over 4 prompts, SE clustered by their 4 families)" in line
+    # Two families of two: differences +1, 0 and +.5, -.5; residuals .75 + -.25 = .5 and .25 + -.75 = -.5;
+    # SE = sqrt(2/1 * (.25 + .25)) / 4 = .25.
+    (clustered,) = peers.against_conventional(results, judged, 8, ["a", "a", "b", "b"])
+    assert "+0.250 ± 0.250 (paired over 4 prompts, SE clustered by their 2 families)" in clustered
+    assert peers.against_conventional({"tiered": results["tiered"]}, judged, 8) == []
+    assert peers.generated_per_used(results["tiered"], 8) == 20 / 16
+
+
+def test_the_last_line_carries_the_per_used_sample_figures() -> None:
+    results = {"tiered": ArmResult("Strata tiered", param_tokens=4.0e10, updates_done=2, samples=16),
+               "conventional": ArmResult("Strata conventional", param_tokens=1.6e11, updates_done=2, samples=24)}
+    gains = {"tiered": (Change(0.5, 0.1, 4, 2), Change(0.2, 0.05, 4, 2)),
+             "conventional": (Change(0.3, 0.1, 4, 2), Change(0.1, 0.05, 4, 2))}
+    job = SimpleNamespace(samples_per_update=8, updates=2)
+    line = peers.last_line(results, gains, job)
+    # Cost per used sample 2.5e9 against 1e10; gain per cost (0.2 / 4e10) / (0.1 / 1.6e11) = 8.
+    assert "cost_per_used_sample_ratio=0.25 gain_per_cost_ratio=8.00" in line
+    assert "strata_oracle_gain=+0.200 strata_oracle_gain_se=0.050" in line
+    assert "hacking_gap=tiered:+0.300,conventional:+0.200 generated_per_used=tiered:1.00,conventional:1.50" in line
+    gains["conventional"] = (Change(0.3, 0.1, 4, 2), Change(-0.1, 0.05, 4, 2))
+    assert "gain_per_cost_ratio=nan" in peers.last_line(results, gains, job)  # no ratio to a baseline that lost
 
 
 def test_rounds_are_shared_by_the_updates_they_complete() -> None:
@@ -103,4 +124,7 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
     assert "tiered against conventional (strong RM on every sample)" in out
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"peers strata_s_per_update=\d+\.\d\d trl_s_per_update=\d+\.\d\d ratio=\d+\.\d\d "
-                        r"strata_oracle_gain=[+-]\d\.\d{3} trl_oracle_gain=[+-]\d\.\d{3}", last), last
+                        r"strata_oracle_gain=[+-]\d\.\d{3} strata_oracle_gain_se=\d+\.\d{3} "
+                        r"trl_oracle_gain=[+-]\d\.\d{3} cost_per_used_sample_ratio=\d+\.\d\d "
+                        r"gain_per_cost_ratio=(\S+) hacking_gap=\S+ generated_per_used=tiered:\d+\.\d\d,"
+                        r"conventional:\d+\.\d\d,trl:1\.00", last), last

@@ -20,7 +20,7 @@ TIER1, TIER2 = common_pb2.TIER_LEVEL_1, common_pb2.TIER_LEVEL_2
 
 
 def _record(i: int, risk: bool) -> SimpleNamespace:
-    return SimpleNamespace(text=f"prompt {i}", risk=risk)
+    return SimpleNamespace(text=f"prompt {i}", risk=risk, topic=f"topic {i % 3}", family=f"family {i % 20}")
 
 
 def test_pick_prompts_keeps_the_risk_share_and_is_seeded() -> None:
