@@ -97,11 +97,14 @@ def test_a_small_sources_run_on_the_ci_zoo_judges_every_arm_and_says_why_one_was
     report = json.loads(report_file.read_text())
     arms = {arm["arm"]: arm for arm in report["arms"]}
     assert list(arms) == ["none", "base", "samples", "best_of_n", "perturbed"]
-    assert arms["base"]["n_labels"] == 24  # one Level-1 and one Level-2 answer per prompt
-    assert arms["samples"]["n_added"] == arms["best_of_n"]["n_added"] == 12
-    assert 0 < arms["perturbed"]["n_added"] <= 12
+    # One Level-1 and one Level-2 answer per prompt live Level-1 would answer (the probe not cautious).
+    answered = arms["base"]["n_labels"] // 2
+    assert arms["base"]["n_labels"] == 2 * answered and 0 < answered <= 12
+    assert arms["samples"]["n_added"] == arms["best_of_n"]["n_added"] == answered
+    assert 0 < arms["perturbed"]["n_added"] <= answered
     for name in ("samples", "best_of_n", "perturbed"):
-        assert arms[name]["n_labels"] == 24 + arms[name]["n_added"]
-        assert arms[name]["figures"]["n_level1"] == arms[name]["figures"]["n_level2"] == 24
+        assert arms[name]["n_labels"] == 2 * answered + arms[name]["n_added"]
+        n_level1 = arms[name]["figures"]["n_level1"]
+        assert n_level1 == arms[name]["figures"]["n_level2"] and 0 < n_level1 <= 24
     # The light RM's pick out of two draws, the first being the control's, is rated at least as high.
     assert arms["best_of_n"]["added_light"] >= arms["samples"]["added_light"]
