@@ -58,7 +58,8 @@ RM_COLOR, ORACLE_COLOR = "tab:blue", "tab:orange"  # the same in both panels of 
 # The learner's flags for the zoo's tiny CPU models, which learn at rates real models would not survive
 # (docs/learner.md): the KL penalty on from the first update (the default warm-up spans 100 updates) and
 # a small step, so that the light RM is followed without being gamed (tests/stack/test_train.py).
-CPU_LEARNER_ARGS = ("--learning-rate", "1e-4", "--batch-size", "32", "--minibatch-size", "8",
+CPU_LEARNER_BATCH = 32
+CPU_LEARNER_ARGS = ("--learning-rate", "1e-4", "--batch-size", str(CPU_LEARNER_BATCH), "--minibatch-size", "8",
                     "--kl-coef", "0.2", "--kl-warmup-updates", "0")
 
 
@@ -87,6 +88,10 @@ class TrainOptions:
     repeat_share: float = 0.0
     paraphrase_share: float = 0.0
     eval_every: int = 0              # held-out evaluations every this many updates between before and after (0: none)
+    # The learner's batch (samples a policy update consumes). Set: a round sends no more prompts than it takes to
+    # fill the batches still needed, counting what the learner has accepted (generated / used stays near 1); 0:
+    # every round is full and rounds go on until the learner reaches its version.
+    samples_per_update: int = 0
 
 
 @dataclass
@@ -327,6 +332,17 @@ def _learner_status(stub: learner_pb2_grpc.LearnerStub) -> learner_pb2.LearnerSt
     return stub.Status(learner_pb2.LearnerStatusRequest(), timeout=10)
 
 
+def _wait_for_version(stub: learner_pb2_grpc.LearnerStub, version: int, timeout_s: float,
+                      poll_s: float = 0.5) -> int:
+    """Poll the learner until it reaches ``version`` or ``timeout_s`` passes; the version it reached."""
+    deadline = time.monotonic() + timeout_s
+    reached = int(_learner_status(stub).policy_version)
+    while reached < version and time.monotonic() < deadline:
+        time.sleep(poll_s)  # polling a status the learner exposes: no event says "updated" to this client
+        reached = int(_learner_status(stub).policy_version)
+    return reached
+
+
 def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], version: int, seed: int = 0) -> Evaluation:
     """The current policy on held-out prompts, prompted as live Level-1 is: probe directions -> Level-1
     generation -> light RM + oracle.
@@ -394,12 +410,29 @@ class _Run:
         return evaluation
 
 
-def _run_round(run: _Run, round_index: int, by_text: dict[str, PromptRecord]) -> RoundStats:
-    """Submit one round's prompts, follow their rewards until every request is done (or the round's
-    timeout), and return the round's figures; each request joins the summary with its events."""
+def samples_still_needed(options: TrainOptions, accepted_since_start: int) -> int | None:
+    """Samples the learner still needs to reach ``options.updates``: the batches left, less what it has accepted
+    and not trained on yet. None when the options set no batch size (no bound)."""
+    if options.samples_per_update <= 0:
+        return None
+    return max(0, options.updates * options.samples_per_update - accepted_since_start)
+
+
+def round_size(options: TrainOptions, needed: int | None) -> int:
+    """Prompts the next round sends: a full round, or when the learner's need is known, just enough prompts
+    for it if every one were answered by Level-1 (``n_samples`` each), so generated / used stays near 1."""
+    if needed is None:
+        return options.prompts_per_round
+    return min(options.prompts_per_round, math.ceil(needed / max(1, options.n_samples)))
+
+
+def _run_round(run: _Run, round_index: int, by_text: dict[str, PromptRecord], size: int) -> RoundStats:
+    """Submit one round's prompts (the first ``size`` of the stream's next round), follow their rewards until
+    every request is done (or the round's timeout), and return the round's figures; each request joins the
+    summary with its events."""
     options, store = run.options, run.store
     started = time.monotonic()
-    batch = next(run.rounds)
+    batch = next(run.rounds)[:size]
     reply = scheduler_pb2_grpc.SchedulerStub(run.channels["scheduler"]).SubmitBatch(
         scheduler_pb2.SubmitBatchRequest(requests=[
             scheduler_pb2.SubmitRequest(prompt=r.text, n_samples=options.n_samples) for r in batch]), timeout=120)
@@ -470,10 +503,22 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
         try:
             summary.before = run.checkpoint(start_version)
             last_checkpoint = 0
+            accepted_at_start = int(_learner_status(learner).samples_accepted)
             for round_index in range(options.max_rounds):
                 if summary.end_version - start_version >= options.updates:
                     break
-                stats = _run_round(run, round_index, by_text)
+                status = _learner_status(learner)
+                needed = samples_still_needed(options, int(status.samples_accepted) - accepted_at_start)
+                if needed == 0:
+                    # The learner holds every sample it needs: a round that sends nothing and waits for its
+                    # updates (its seconds are the updates' own, as a round's are).
+                    waited = time.monotonic()
+                    summary.end_version = _wait_for_version(learner, start_version + options.updates,
+                                                            options.round_timeout_s)
+                    stats = RoundStats(round_index, summary.end_version, 0, {}, 0, 0, None, None,
+                                       time.monotonic() - waited)
+                else:
+                    stats = _run_round(run, round_index, by_text, round_size(options, needed))
                 summary.rounds.append(stats)
                 advanced = stats.policy_version - start_version
                 if progress:
@@ -481,6 +526,10 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
                 if checkpoint_due(advanced, last_checkpoint, options.eval_every, options.updates):
                     run.checkpoint(stats.policy_version)
                     last_checkpoint = advanced
+                if needed == 0 and advanced < options.updates:
+                    log.warning("the learner holds the samples of %d updates but reached %d in %.0f s; stopping",
+                                options.updates, advanced, options.round_timeout_s)
+                    break
         finally:
             tail.close()
         last = summary.checkpoints[-1]

@@ -73,7 +73,8 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
                                learner=learner)
     options = TrainOptions(updates=job.updates, prompts_per_round=job.prompts_per_round, n_samples=job.n_samples,
                            eval_prompts=2, report_dir=work / "reports", seed=job.seed,
-                           repeat_share=job.repeat_share, paraphrase_share=job.paraphrase_share)
+                           repeat_share=job.repeat_share, paraphrase_share=job.paraphrase_share,
+                           samples_per_update=job.samples_per_update)
     with bench_infra(StrataSettings(), work.name, f"peers-{arm}") as infra:
         client = redis_client.connect(infra.redis_address)
         before = ledger.read_stages(client)

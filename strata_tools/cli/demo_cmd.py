@@ -59,6 +59,7 @@ from strata_tools.stack import control
 from strata_tools.stack.spec import default_services
 from strata_tools.train import (
     CPU_LEARNER_ARGS,
+    CPU_LEARNER_BATCH,
     Addresses,
     Request,
     RoundStats,
@@ -232,7 +233,8 @@ def _train(settings: StrataSettings, args: argparse.Namespace) -> TrainSummary:
     options = TrainOptions(updates=args.updates, prompts_per_round=args.prompts_per_round,
                            n_samples=args.n_samples, eval_prompts=args.eval_prompts,
                            report_dir=settings.state_dir / "reports", repeat_share=args.repeat_share,
-                           paraphrase_share=args.paraphrase_share, eval_every=args.eval_every)
+                           paraphrase_share=args.paraphrase_share, eval_every=args.eval_every,
+                           samples_per_update=CPU_LEARNER_BATCH)
     try:
         return train(settings, options, Addresses(), functools.partial(_show_round, bar, args.updates))
     except grpc.RpcError as exc:
