@@ -20,7 +20,8 @@ oracle; Spearman against the oracle per tier, the bad-case AUC on Level-1 answer
 accuracy on (Level-1, Level-2) answers to one prompt. Targets (issue 37): light Level-1 Spearman
 >= 0.55, Level-2 >= 0.5, bad-case AUC >= 0.85, pairwise accuracy >= 0.75.
 Last line: ``rm spearman=<fresh> latency_ratio=<y> light_match=<z> onpolicy_l1= onpolicy_l2= bad_auc=
-pair_acc=``, the last four for the served light RM.
+pair_acc= onpolicy_l1_lo= onpolicy_l1_hi= bad_auc_lo= bad_auc_hi=``, the on-policy figures for the served
+light RM on the sealed test split by default, with 95 % intervals from a bootstrap over paraphrase families.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +39,7 @@ from strata.contract.template import RM_MAX_LENGTH
 
 if TYPE_CHECKING:  # torch: imported by a run, not by `strata bench --help`
     from strata.models.loading import LoadedModel
+    from strata_tools.intervals import Interval
     from strata_tools.rm.onpolicy import OnPolicyFigures
 
 SPEARMAN_TARGET = 0.91
@@ -62,10 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=int, default=RM_MAX_LENGTH,
                         help="tokens per (prompt, response); an RM never reads more than its model_max_length")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
-    parser.add_argument("--onpolicy-split", default="fresh", choices=("eval", "fresh"),
-                        help="held-out split whose prompts the policy answers for the on-policy figures")
+    parser.add_argument("--onpolicy-split", default="test", choices=("test", "fresh", "eval"),
+                        help="held-out split whose prompts the policy answers for the on-policy figures: the sealed "
+                             "test split (default; nothing was chosen on it), fresh (validation: where recipes are "
+                             "chosen) or eval")
     parser.add_argument("--onpolicy-prompts", type=int, default=None,
-                        help="answer only the split's first N prompts (default: all; the fresh split has 280)")
+                        help="answer a seeded sample of N of the split's prompts, spread over topics and families "
+                             "(default: all; the test split has 280)")
 
 
 def _light_members(spec: str, settings: Any) -> list[Path]:
@@ -142,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     cache_dir = Path(settings.cache_dir).expanduser() / "rm" / "logits"
     sets, metrics = _rank_agreement(args, rms, cache_dir)
     light_match = _prompt_match(args, rms)
-    light_figures = _onpolicy(args, zoo, settings, rms, cache_dir)
+    light_figures, light_intervals = _onpolicy(args, zoo, settings, rms, cache_dir)
     ratio = _latency(args, rms, sets["eval"])
     spearman = metrics["spearman/strong_fresh"]
     print(f"targets: fresh spearman {_verdict(spearman, SPEARMAN_TARGET)}, latency ratio "
@@ -151,9 +157,12 @@ def run(args: argparse.Namespace) -> int:
           f"L2 spearman {_verdict(light_figures.spearman_level2, ONPOLICY_L2_TARGET)}, bad AUC "
           f"{_verdict(light_figures.bad_auc, BAD_AUC_TARGET)}, pair accuracy "
           f"{_verdict(light_figures.pair_accuracy, PAIR_ACCURACY_TARGET)}")
+    l1, auc = light_intervals
     print(f"rm spearman={spearman:.3f} latency_ratio={ratio:.1f} light_match={light_match:.3f} "
           f"onpolicy_l1={light_figures.spearman_level1:.3f} onpolicy_l2={light_figures.spearman_level2:.3f} "
-          f"bad_auc={light_figures.bad_auc:.3f} pair_acc={light_figures.pair_accuracy:.3f}")
+          f"bad_auc={light_figures.bad_auc:.3f} pair_acc={light_figures.pair_accuracy:.3f} "
+          f"onpolicy_l1_lo={l1.low:.3f} onpolicy_l1_hi={l1.high:.3f} "
+          f"bad_auc_lo={auc.low:.3f} bad_auc_hi={auc.high:.3f}")
     return 0
 
 
@@ -216,8 +225,9 @@ def _prompt_match(args: argparse.Namespace, rms: _RewardModels) -> float:
 
 
 def _onpolicy(args: argparse.Namespace, zoo: Any, settings: Any, rms: _RewardModels, cache_dir: Path
-              ) -> OnPolicyFigures:
-    """Both RMs on the policy's own answers (R24), printed as a table; the light RM's figures."""
+              ) -> tuple[OnPolicyFigures, tuple[Interval, Interval]]:
+    """Both RMs on the policy's own answers (R24), printed as a table; the light RM's figures, and its Level-1
+    Spearman's and bad-case AUC's 95 % intervals from a bootstrap over paraphrase families."""
     from strata.errors import CliError
     from strata.models.reward import expected_reward
     from strata_tools.rm.lifecycle import mean_rewards, score_logits
@@ -231,9 +241,10 @@ def _onpolicy(args: argparse.Namespace, zoo: Any, settings: Any, rms: _RewardMod
     onpolicy = {
         "strong": onpolicy_figures(answers, expected_reward(score_logits(
             rms.strong, answer_prompts, answer_texts, args.max_length, "strong on-policy", cache_dir)).tolist()),
-        "light": onpolicy_figures(answers, mean_rewards(rms.lights, answer_prompts, answer_texts, args.max_length,
-                                                        "light on-policy", args.temperature)),
     }
+    light_rewards = mean_rewards(rms.lights, answer_prompts, answer_texts, args.max_length, "light on-policy",
+                                 args.temperature)
+    onpolicy["light"] = onpolicy_figures(answers, light_rewards)
     light_figures = onpolicy["light"]
     print(f"on the policy's answers ({args.onpolicy_split} split, {light_figures.n_level1} prompts; oracle < "
           f"{BAD_THRESHOLD:g}: {light_figures.n_bad} bad Level-1 answers; {light_figures.n_pairs} (Level-1, Level-2) "
@@ -242,7 +253,27 @@ def _onpolicy(args: argparse.Namespace, zoo: Any, settings: Any, rms: _RewardMod
     for name, figures in onpolicy.items():
         print(f"{name:8s} {figures.spearman_level1:12.3f} {figures.spearman_level2:12.3f} {figures.bad_auc:8.3f} "
               f"{figures.pair_accuracy:9.3f}")
-    return light_figures
+    intervals = onpolicy_intervals(answers, light_rewards)
+    print(f"light, 95 % intervals (bootstrap over {intervals[0].clusters} paraphrase families): L1 spearman "
+          f"{intervals[0]}, bad AUC {intervals[1]}")
+    return light_figures, intervals
+
+
+def onpolicy_intervals(answers: Sequence[Any], rewards: Sequence[float], seed: int = 0,
+                       draws: int = 1000) -> tuple[Interval, Interval]:
+    """Level-1 Spearman and bad-case AUC of ``rewards`` on ``answers`` (``PolicyAnswer``), each with a 95 %
+    interval from resampling whole paraphrase families (a prompt id is ``<family>#<k>``)."""
+    from strata_tools.intervals import cluster_bootstrap
+    from strata_tools.rm.onpolicy import onpolicy_figures
+
+    families = [a.prompt_id.rsplit("#", 1)[0] for a in answers]
+
+    def figure(name: str) -> Callable[[Sequence[int]], float]:
+        return lambda idx: float(getattr(onpolicy_figures([answers[i] for i in idx], [rewards[i] for i in idx]),
+                                         name))
+
+    return (cluster_bootstrap(figure("spearman_level1"), families, seed, draws),
+            cluster_bootstrap(figure("bad_auc"), families, seed, draws))
 
 
 def _latency(args: argparse.Namespace, rms: _RewardModels, eval_set: tuple[list[str], list[str], list[float]]

@@ -73,6 +73,7 @@ from typing import Any
 from strata import ledger, redis_client, rpc
 from strata_tools.bench import tier_eval
 from strata_tools.bench.tier_eval import Answer, ArmFigures, PromptOutcome
+from strata_tools.intervals import Interval, cluster_bootstrap
 from strata_tools.rm.escalation import ServedThreshold, add_threshold_arguments, resolve_threshold
 from strata_tools.train import Request
 from strata_tools.zoo.suite import stratified_sample
@@ -583,11 +584,47 @@ class Headline:
         return headline_line(self.arm, self.apgr, self.sweep.ceiling_share)
 
 
-def headline_line(arm: ArmFigures, apgr: float | None, ceiling_share: float | None) -> str:
-    """The bench's last line (and the demo's headline): params-x-tokens saving first, device-seconds beside."""
-    return (f"tiers saving={_num(arm.param_token_saving)} device_saving={_num(arm.saving)} "
+def headline_line(arm: ArmFigures, apgr: float | None, ceiling_share: float | None,
+                  intervals: HeadlineIntervals | None = None) -> str:
+    """The bench's last line (and the demo's headline): params-x-tokens saving first, device-seconds beside;
+    with ``intervals``, the saving's and the quality ratio's 95 % bounds (bootstrap over families)."""
+    line = (f"tiers saving={_num(arm.param_token_saving)} device_saving={_num(arm.saving)} "
             f"quality_ratio={_num(arm.quality_ratio)} bad_case_catch={_num(arm.bad_case_catch)} "
             f"level2_share={arm.level2_share:.3f} apgr={_num(apgr)} ceiling_share_of_saving={_num(ceiling_share)}")
+    if intervals is not None:
+        line += (f" saving_lo={intervals.saving.low:.3f} saving_hi={intervals.saving.high:.3f} "
+                 f"quality_ratio_lo={intervals.quality_ratio.low:.3f} "
+                 f"quality_ratio_hi={intervals.quality_ratio.high:.3f}")
+    return line
+
+
+@dataclass(frozen=True)
+class HeadlineIntervals:
+    saving: Interval          # params x tokens saving against all-Level-2
+    quality_ratio: Interval   # mean oracle against all-Level-2's, on the prompts with an answer of their own
+
+
+def headline_intervals(name: str, own: Sequence[Answers], baseline: Sequence[Answers], hashes: Sequence[str],
+                       risks: Sequence[bool], families: Sequence[str], bad_threshold: float, seed: int = 0,
+                       draws: int = 500) -> HeadlineIntervals:
+    """The headline arm's saving and quality ratio, each with a 95 % interval from resampling whole paraphrase
+    families of the prompts (arm and baseline resampled together: the comparison stays paired)."""
+    def figures(idx: Sequence[int]) -> ArmFigures:
+        drawn = [f"{hashes[i]}#{k}" for k, i in enumerate(idx)]  # a family drawn twice: two distinct prompts
+        level2, base = baseline_figures(drawn, [baseline[i] for i in idx], [risks[i] for i in idx], bad_threshold)
+        return live_figures(name, [own[i] for i in idx], drawn, level2, bad_threshold, base)
+
+    def stat(field: str) -> Callable[[Sequence[int]], float]:
+        def value(idx: Sequence[int]) -> float:
+            try:
+                got = getattr(figures(idx), field)
+            except ValueError:  # a draw of skipped prompts only: no quality to compare
+                return float("nan")
+            return float("nan") if got is None else float(got)
+        return value
+
+    return HeadlineIntervals(cluster_bootstrap(stat("param_token_saving"), families, seed, draws),
+                             cluster_bootstrap(stat("quality_ratio"), families, seed, draws))
 
 
 def headline_of(name: str, own: Sequence[Answers], baseline: Sequence[Answers], hashes: Sequence[str],
@@ -717,7 +754,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     print("\n".join(report["lines"]))
     print(f"figures: {out / 'tiers.json'}   curve: {out / 'tiers.png'}")
     head = report["headline"]
-    print(headline_line(head, report["apgr"], report["ceiling_share"]))
+    print(headline_line(head, report["apgr"], report["ceiling_share"], report["intervals"]))
     return 0
 
 
@@ -893,8 +930,14 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
         "stages": {name: [dataclasses.asdict(s) for s in run.stages] for name, run in union_runs.items()},
         "wall_s": {name: run.wall_s for name, run in union_runs.items()},
     }
+    headline_name = HEADLINE_ARM if answers.get(HEADLINE_ARM) is not None else "tiered"
+    intervals = headline_intervals(headline_name, answers[headline_name], answers["all-Level-2"],
+                                   [r.prompt_hash for r in runs["all-Level-2"].requests], [r.risk for r in records],
+                                   [r.family for r in records], args.bad_threshold, args.seed)
+    figures["headline_intervals"] = dataclasses.asdict(intervals)
     return {"lines": lines, "json": figures, "sweep": sweep.arms, "ceiling": sweep.ceiling, "marks": marks,
-            "headline": arms.headline, "apgr": sweep.route_llm["apgr"], "ceiling_share": sweep.ceiling_share}
+            "headline": arms.headline, "apgr": sweep.route_llm["apgr"], "ceiling_share": sweep.ceiling_share,
+            "intervals": intervals}
 
 
 def _report_arms(bad_threshold: float, records: Sequence[Any], runs: dict[str, ArmRun],

@@ -152,12 +152,15 @@ def sample_policy_answers(probe_dir: Path, generator_dirs: Mapping[str, Path], r
 
 def policy_answers(zoo: Any, split: str = "fresh", seed: int = ANSWERS_SEED, cache_dir: Path | None = None,
                    limit: int | None = None, progress: bool = True) -> list[PolicyAnswer]:
-    """Level-1 and Level-2 answers to every prompt of ``split`` (the first ``limit`` in suite order),
-    from the zoo ``zoo`` (``ZooPaths``), cached as JSONL under ``cache_dir`` when given."""
+    """Level-1 and Level-2 answers to every prompt of ``split`` that live Level-1 would answer (``limit``: a
+    seeded sample of that many, spread over topics and families), from the zoo ``zoo`` (``ZooPaths``), cached as
+    JSONL under ``cache_dir`` when given."""
     from strata_tools.level1 import LivePrompting
-    from strata_tools.zoo.suite import load_suite
+    from strata_tools.zoo.suite import load_suite, stratified_sample
 
-    records = load_suite(split)[:limit]
+    records = load_suite(split)
+    if limit is not None:
+        records = stratified_sample(records, limit, seed)
     if not records:
         raise ValueError(f"the suite has no prompts in split {split!r}")
     generators = {"level1": Path(zoo.level1), "level2": Path(zoo.level2)}

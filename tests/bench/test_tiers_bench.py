@@ -300,3 +300,29 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     assert figures["epochs"][0]["param_token_saving"] == pytest.approx(skip_arm["param_token_saving"])
     assert all(0 <= e["skipped"] <= 8 and e["prompts"] == 8 for e in figures["epochs"])
     assert figures["audits"]["scored"] <= figures["audits"]["audits"]
+
+
+def test_the_headline_carries_intervals_from_resampling_whole_families() -> None:
+    def l2(oracle: float) -> Answer:
+        return Answer(oracle, 3.0, 10.0, 100.0)
+
+    # Two families of two prompts. Family "x": the arm keeps both at Level-1 for 6 params x tokens each,
+    # quality 3 against the baseline's 4; family "y": both escalated, paying 5 + 100 for the baseline's quality.
+    baseline = [tiers.Answers(None, l2(o), False, 0.0, (0.0, 0.0)) for o in (4.0, 4.0, 2.0, 2.0)]
+    own = [tiers.Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),
+           tiers.Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),
+           tiers.Answers(Answer(1.0, 2.0, 1.0, 4.0), l2(2.0), True, 0.0, (0.1, 1.0)),
+           tiers.Answers(Answer(1.0, 2.0, 1.0, 4.0), l2(2.0), True, 0.0, (0.1, 1.0))]
+    intervals = tiers.headline_intervals("own", own, baseline, list("abcd"), [False] * 4, ["x", "x", "y", "y"],
+                                         1.5, seed=1, draws=200)
+    # Whole sample: cost 6 + 6 + 105 + 105 = 222 against 400 (saving 0.445); quality 10 / 12.
+    assert intervals.saving.estimate == pytest.approx(1 - 222 / 400)
+    assert intervals.quality_ratio.estimate == pytest.approx(10 / 12)
+    # A resample holds x twice (saving 0.94, quality 0.75), y twice (-0.05, 1.0) or both: the bounds are those.
+    assert intervals.saving.low == pytest.approx(1 - 210 / 200) and intervals.saving.high == pytest.approx(0.94)
+    assert intervals.quality_ratio.low == pytest.approx(0.75) and intervals.quality_ratio.high == pytest.approx(1.0)
+    assert intervals.saving.clusters == 2
+    line = tiers.headline_line(tiers.live_figures("own", own, list("abcd"), [b.level2 for b in baseline], 1.5,
+                                                  tiers.baseline_figures(list("abcd"), baseline, [False] * 4,
+                                                                         1.5)[1]), 0.7, 0.5, intervals)
+    assert line.endswith("saving_lo=-0.050 saving_hi=0.940 quality_ratio_lo=0.750 quality_ratio_hi=1.000")

@@ -43,14 +43,21 @@ def test_bench_rm_compares_the_served_light_rm_with_its_teacher(
     assert re.search(r"^fresh \(\d+ pairs\): light vs strong spearman=", out, re.MULTILINE)
     assert re.search(r"^prompt match on \d+ eval prompt swaps: light [01]\.\d{3}, strong [01]\.\d{3}", out,
                      re.MULTILINE)
-    # Both RMs on the policy's own answers: 40 fresh prompts, one Level-1 and one Level-2 answer each.
-    assert re.search(r"^on the policy's answers \(fresh split, 40 prompts;", out, re.MULTILINE)
+    # Both RMs on the policy's own answers: of 40 test prompts, those live Level-1 answers, one Level-1 and one
+    # Level-2 answer each.
+    answered = re.search(r"^on the policy's answers \(test split, (\d+) prompts;", out, re.MULTILINE)
+    assert answered and 0 < int(answered.group(1)) <= 40
     assert re.search(r"^strong +-?[01]\.\d{3} +-?[01]\.\d{3} ", out, re.MULTILINE)
     last = out.strip().splitlines()[-1]
     figure = r"(-?[01]\.\d{3}|nan)"
     assert re.fullmatch(rf"rm spearman=-?[01]\.\d{{3}} latency_ratio=\d+\.\d light_match=[01]\.\d{{3}} "
-                        rf"onpolicy_l1={figure} onpolicy_l2={figure} bad_auc={figure} pair_acc={figure}", last), last
+                        rf"onpolicy_l1={figure} onpolicy_l2={figure} bad_auc={figure} pair_acc={figure} "
+                        rf"onpolicy_l1_lo={figure} onpolicy_l1_hi={figure} bad_auc_lo={figure} bad_auc_hi={figure}",
+                        last), last
     fields = dict(item.split("=") for item in last.split()[1:])
+    for name in ("onpolicy_l1", "bad_auc"):
+        low, value, high = (float(fields[f"{name}{end}"]) for end in ("_lo", "", "_hi"))
+        assert low <= value <= high or "nan" in (fields[f"{name}_lo"], fields[name]), (name, low, value, high)
     assert float(fields["latency_ratio"]) > 1.0  # the grown strong RM costs more than its student
     assert main(["bench", "rm", "--light", str(zoo.rm_light), "--distill"]) == 2  # one or the other
     assert main(["bench", "rm", "--temperature", "0"]) == 2
