@@ -575,13 +575,14 @@ class Headline:
     sweep: SweepFigures
     oracle_router: ArmFigures
     replayed: int                     # prompts of the replay: skipped ones have no answer of their own
+    intervals: HeadlineIntervals | None = None  # bootstrap over paraphrase families, when they were given
 
     @property
     def apgr(self) -> float | None:
         return self.sweep.route_llm["apgr"]
 
     def line(self) -> str:
-        return headline_line(self.arm, self.apgr, self.sweep.ceiling_share)
+        return headline_line(self.arm, self.apgr, self.sweep.ceiling_share, self.intervals)
 
 
 def headline_line(arm: ArmFigures, apgr: float | None, ceiling_share: float | None,
@@ -628,7 +629,8 @@ def headline_intervals(name: str, own: Sequence[Answers], baseline: Sequence[Ans
 
 
 def headline_of(name: str, own: Sequence[Answers], baseline: Sequence[Answers], hashes: Sequence[str],
-                risks: Sequence[bool], bad_threshold: float, level2_samples: int = 1) -> Headline:
+                risks: Sequence[bool], bad_threshold: float, level2_samples: int = 1,
+                families: Sequence[str] | None = None) -> Headline:
     """The headline of a run whose requests got ``own`` answers, against ``baseline`` (the same prompts,
     ``hashes``, through all-Level-2, ``level2_samples`` samples each). Skipped prompts cost their encoding
     and are left out of the quality mean and of the replay; the replay's baseline is all-Level-2 on the
@@ -661,7 +663,10 @@ def headline_of(name: str, own: Sequence[Answers], baseline: Sequence[Answers], 
     oracle_arm = tier_eval.compare(tier_eval.evaluate("oracle router (replay)", replay,
                                                       tier_eval.oracle_router(replay, bad_threshold), bad_threshold),
                                    replay_base)
-    return Headline(base, arm, sweep_figures(replay, replay_base, bad_threshold), oracle_arm, len(replay))
+    intervals = None if families is None else headline_intervals(name, own, baseline, hashes, risks, families,
+                                                                 bad_threshold)
+    return Headline(base, arm, sweep_figures(replay, replay_base, bad_threshold), oracle_arm, len(replay),
+                    intervals)
 
 
 # -- report -------------------------------------------------------------------------------------------

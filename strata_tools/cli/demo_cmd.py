@@ -298,7 +298,8 @@ def measure_headline(settings: StrataSettings, summary: TrainSummary, args: argp
     try:
         own, base, _ = baseline_answers(settings, chosen, args.n_samples, args.timeout, progress)
         return headline_of("this run (tiered + skip, live)", own, base, [r.prompt_hash for r in chosen],
-                           [r.record.risk for r in chosen], BAD_THRESHOLD, level2_samples=args.n_samples)
+                           [r.record.risk for r in chosen], BAD_THRESHOLD, level2_samples=args.n_samples,
+                           families=[r.record.family for r in chosen])
     except Exception as exc:  # the training's report still prints; the headline says why it is missing
         log.warning("the headline's baseline pass failed", exc_info=True)
         progress(f"no headline: the baseline pass failed ({type(exc).__name__}: {exc})")
@@ -310,8 +311,9 @@ def headline_lines(headline: Headline, n_samples: int) -> list[str]:
     arm = headline.arm
     # The replay holds the prompts not skipped: the run's Level-2 share among them, for the ceiling's row.
     replayed_share = dataclasses.replace(arm, level2_share=arm.level2_share * arm.prompts / headline.replayed)
-    return [f"headline: this run's own traffic against all-Level-2 ({n_samples} Level-2 samples a prompt, the "
-            f"conventional rollout) on the same {arm.prompts} prompts, sent again after training; the "
+    return [f"headline: this run's own traffic against all-Level-2 ({n_samples} Level-2 samples a prompt: the "
+            f"article's baseline, not the conventional rollout of the policy) on the same {arm.prompts} prompts, "
+            f"sent again after training; 95 % bounds from resampling paraphrase families; the "
             f"{headline.replayed} not skipped are replayed for the router's figures (an escalation: one Level-2 "
             "sample)",
             *arm_table([headline.baseline, arm]),
