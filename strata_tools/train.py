@@ -332,15 +332,25 @@ def _learner_status(stub: learner_pb2_grpc.LearnerStub) -> learner_pb2.LearnerSt
     return stub.Status(learner_pb2.LearnerStatusRequest(), timeout=10)
 
 
-def _wait_for_version(stub: learner_pb2_grpc.LearnerStub, version: int, timeout_s: float,
+def _still_needed(stub: learner_pb2_grpc.LearnerStub, options: TrainOptions, start_version: int) -> int | None:
+    status = _learner_status(stub)
+    return samples_still_needed(options, int(status.policy_version) - start_version,
+                                int(status.metrics.get("samples/pending", 0)))
+
+
+def _wait_for_learner(stub: learner_pb2_grpc.LearnerStub, options: TrainOptions, start_version: int,
                       poll_s: float = 0.5) -> int:
-    """Poll the learner until it reaches ``version`` or ``timeout_s`` passes; the version it reached."""
-    deadline = time.monotonic() + timeout_s
-    reached = int(_learner_status(stub).policy_version)
-    while reached < version and time.monotonic() < deadline:
+    """Poll the learner until it reaches its last version, or holds too few samples to (some it held went stale
+    while they waited: the driver sends more), or ``round_timeout_s`` passes; the version it reached."""
+    deadline = time.monotonic() + options.round_timeout_s
+    while True:
+        status = _learner_status(stub)
+        advanced = int(status.policy_version) - start_version
+        pending = int(status.metrics.get("samples/pending", 0))
+        if advanced >= options.updates or samples_still_needed(options, advanced, pending) \
+                or time.monotonic() >= deadline:
+            return int(status.policy_version)
         time.sleep(poll_s)  # polling a status the learner exposes: no event says "updated" to this client
-        reached = int(_learner_status(stub).policy_version)
-    return reached
 
 
 def evaluate(channels: dict[str, grpc.Channel], records: list[PromptRecord], version: int, seed: int = 0) -> Evaluation:
@@ -410,12 +420,13 @@ class _Run:
         return evaluation
 
 
-def samples_still_needed(options: TrainOptions, accepted_since_start: int) -> int | None:
-    """Samples the learner still needs to reach ``options.updates``: the batches left, less what it has accepted
-    and not trained on yet. None when the options set no batch size (no bound)."""
+def samples_still_needed(options: TrainOptions, advanced: int, pending: int) -> int | None:
+    """Samples the learner still needs to reach ``options.updates`` once it has made ``advanced`` of them: the
+    batches left, less the ``pending`` samples it holds and has not trained on yet. None when the options set
+    no batch size (no bound)."""
     if options.samples_per_update <= 0:
         return None
-    return max(0, options.updates * options.samples_per_update - accepted_since_start)
+    return max(0, (options.updates - advanced) * options.samples_per_update - pending)
 
 
 def round_size(options: TrainOptions, needed: int | None) -> int:
@@ -503,18 +514,15 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
         try:
             summary.before = run.checkpoint(start_version)
             last_checkpoint = 0
-            accepted_at_start = int(_learner_status(learner).samples_accepted)
             for round_index in range(options.max_rounds):
                 if summary.end_version - start_version >= options.updates:
                     break
-                status = _learner_status(learner)
-                needed = samples_still_needed(options, int(status.samples_accepted) - accepted_at_start)
+                needed = _still_needed(learner, options, start_version)
                 if needed == 0:
                     # The learner holds every sample it needs: a round that sends nothing and waits for its
                     # updates (its seconds are the updates' own, as a round's are).
                     waited = time.monotonic()
-                    summary.end_version = _wait_for_version(learner, start_version + options.updates,
-                                                            options.round_timeout_s)
+                    summary.end_version = _wait_for_learner(learner, options, start_version)
                     stats = RoundStats(round_index, summary.end_version, 0, {}, 0, 0, None, None,
                                        time.monotonic() - waited)
                 else:
@@ -526,7 +534,7 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
                 if checkpoint_due(advanced, last_checkpoint, options.eval_every, options.updates):
                     run.checkpoint(stats.policy_version)
                     last_checkpoint = advanced
-                if needed == 0 and advanced < options.updates:
+                if needed == 0 and advanced < options.updates and stats.seconds >= options.round_timeout_s:
                     log.warning("the learner holds the samples of %d updates but reached %d in %.0f s; stopping",
                                 options.updates, advanced, options.round_timeout_s)
                     break

@@ -171,10 +171,12 @@ def test_the_driver_sends_no_more_prompts_than_the_learner_still_needs() -> None
 
     bounded = TrainOptions(updates=3, prompts_per_round=16, n_samples=4, samples_per_update=32)
     # 3 batches of 32 = 96 samples; a full round is 16 prompts = 64 samples.
-    assert samples_still_needed(bounded, 0) == 96 and round_size(bounded, 96) == 16
-    assert samples_still_needed(bounded, 70) == 26 and round_size(bounded, 26) == 7  # ceil(26 / 4)
-    assert samples_still_needed(bounded, 96) == 0 and round_size(bounded, 0) == 0
-    assert samples_still_needed(bounded, 120) == 0  # accepted past the need (a redelivery): nothing more
+    assert samples_still_needed(bounded, 0, 0) == 96 and round_size(bounded, 96) == 16
+    assert samples_still_needed(bounded, 0, 70) == 26 and round_size(bounded, 26) == 7  # ceil(26 / 4)
+    assert samples_still_needed(bounded, 2, 6) == 26  # two updates made: one batch left, 6 samples held
+    assert samples_still_needed(bounded, 0, 96) == 0 and round_size(bounded, 0) == 0
+    assert samples_still_needed(bounded, 1, 80) == 0  # held past the need: nothing more
+    assert samples_still_needed(bounded, 3, 0) == 0
     # No batch size given: no bound, every round is full (the behaviour before the bound).
     unbounded = TrainOptions(updates=3, prompts_per_round=16, n_samples=4)
-    assert samples_still_needed(unbounded, 500) is None and round_size(unbounded, None) == 16
+    assert samples_still_needed(unbounded, 0, 500) is None and round_size(unbounded, None) == 16
