@@ -332,8 +332,22 @@ def _learner_status(stub: learner_pb2_grpc.LearnerStub) -> learner_pb2.LearnerSt
     return stub.Status(learner_pb2.LearnerStatusRequest(), timeout=10)
 
 
-def _still_needed(stub: learner_pb2_grpc.LearnerStub, options: TrainOptions, start_version: int) -> int | None:
+def learner_seen(status: learner_pb2.LearnerStatus) -> int:
+    """Reward events the learner has read, whatever it made of them (its samples/<outcome> counts)."""
+    return int(sum(v for k, v in status.metrics.items() if k.startswith("samples/") and k != "samples/pending"))
+
+
+def _still_needed(stub: learner_pb2_grpc.LearnerStub, options: TrainOptions, start_version: int, seen_at_start: int,
+                  driver_seen: int, poll_s: float = 0.2) -> int | None:
+    """What the learner still needs, once it has read the reward events the driver saw (it reads the same
+    topic, a little behind): counted before, its pending samples would miss the last round's and the driver
+    would send a round too many. Waits at most 30 s for it to catch up."""
+    deadline = time.monotonic() + 30.0
     status = _learner_status(stub)
+    while options.samples_per_update > 0 and learner_seen(status) - seen_at_start < driver_seen \
+            and time.monotonic() < deadline:
+        time.sleep(poll_s)  # polling a status the learner exposes: no event says "read up to here"
+        status = _learner_status(stub)
     return samples_still_needed(options, int(status.policy_version) - start_version,
                                 int(status.metrics.get("samples/pending", 0)))
 
@@ -514,10 +528,12 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
         try:
             summary.before = run.checkpoint(start_version)
             last_checkpoint = 0
+            seen_at_start = learner_seen(_learner_status(learner))
             for round_index in range(options.max_rounds):
                 if summary.end_version - start_version >= options.updates:
                     break
-                needed = _still_needed(learner, options, start_version)
+                needed = _still_needed(learner, options, start_version, seen_at_start,
+                                       sum(len(r.events) for r in summary.requests))
                 if needed == 0:
                     # The learner holds every sample it needs: a round that sends nothing and waits for its
                     # updates (its seconds are the updates' own, as a round's are).

@@ -180,3 +180,13 @@ def test_the_driver_sends_no_more_prompts_than_the_learner_still_needs() -> None
     # No batch size given: no bound, every round is full (the behaviour before the bound).
     unbounded = TrainOptions(updates=3, prompts_per_round=16, n_samples=4)
     assert samples_still_needed(unbounded, 0, 500) is None and round_size(unbounded, None) == 16
+
+
+def test_the_learner_has_seen_every_event_it_counted_whatever_it_made_of_it() -> None:
+    from strata.v1 import learner_pb2
+    from strata_tools.train import learner_seen
+
+    status = learner_pb2.LearnerStatus(metrics={"samples/accepted": 30.0, "samples/skipped_tier": 4.0,
+                                                "samples/skipped_reused": 2.0, "samples/pending": 12.0,
+                                                "losses/policy_loss": 0.3})
+    assert learner_seen(status) == 36  # pending is a state, not events read; losses are not counts
