@@ -207,8 +207,11 @@ def cost_per_used_sample(arm: ArmResult, samples_per_update: int) -> float:
 
 
 def generated_per_used(arm: ArmResult, samples_per_update: int) -> float:
+    """The policy's rollouts generated per sample its learner used: the driver's surplus (Level-2's samples,
+    which the learner does not train on under train_tiers=1, are cost booked apart, not surplus)."""
     used = used_samples(arm, samples_per_update)
-    return arm.samples / used if used else float("nan")
+    generated = arm.samples if arm.policy_samples is None else arm.policy_samples
+    return generated / used if used else float("nan")
 
 
 def against_conventional(results: dict[str, ArmResult], judged: dict[str, Judged], samples_per_update: int,

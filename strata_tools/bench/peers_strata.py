@@ -93,6 +93,7 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
         update_seconds=updates,
         generation_seconds=[sum(s.device_seconds for s in generation)],
         samples=sum(s.items for s in generation),
+        policy_samples=sum(s.items for s in generation if s.tier == 1),
         train_seconds=sum(r.seconds for r in summary.rounds),
         peak_rss_mb=peak_rss_mb(),
         param_tokens=sum(s.param_tokens for s in spent),

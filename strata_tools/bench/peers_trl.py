@@ -87,6 +87,7 @@ class ArmResult:
     policy_dir: str = ""
     notes: list[str] = field(default_factory=list)
     updates_done: int = 0               # policy updates the booked cost paid for (a round may complete more)
+    policy_samples: int | None = None   # rollouts the policy itself generated (Strata: Level-1); None: all are
 
     def seconds_per_update(self, warmup: int = 1) -> float:
         """Median over updates, the first ``warmup`` left out (model loading, first-call allocations)."""

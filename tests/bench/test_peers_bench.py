@@ -65,6 +65,8 @@ def test_the_tiered_arm_is_set_against_the_conventional_one_per_sample_used() ->
     assert "+0.250 ± 0.250 (paired over 4 prompts, SE clustered by their 2 families)" in clustered
     assert peers.against_conventional({"tiered": results["tiered"]}, judged, 8) == []
     assert peers.generated_per_used(results["tiered"], 8) == 20 / 16
+    # Level-2's samples are booked cost, not the driver's surplus: only the policy's own count.
+    assert peers.generated_per_used(ArmResult("x", updates_done=2, samples=40, policy_samples=16), 8) == 1.0
 
 
 def test_the_last_line_carries_the_per_used_sample_figures() -> None:
