@@ -596,6 +596,8 @@ def headline_line(arm: ArmFigures, apgr: float | None, ceiling_share: float | No
         line += (f" saving_lo={intervals.saving.low:.3f} saving_hi={intervals.saving.high:.3f} "
                  f"quality_ratio_lo={intervals.quality_ratio.low:.3f} "
                  f"quality_ratio_hi={intervals.quality_ratio.high:.3f}")
+        if intervals.apgr is not None:
+            line += f" apgr_lo={intervals.apgr.low:.3f} apgr_hi={intervals.apgr.high:.3f}"
     return line
 
 
@@ -603,6 +605,25 @@ def headline_line(arm: ArmFigures, apgr: float | None, ceiling_share: float | No
 class HeadlineIntervals:
     saving: Interval          # params x tokens saving against all-Level-2
     quality_ratio: Interval   # mean oracle against all-Level-2's, on the prompts with an answer of their own
+    apgr: Interval | None = None  # the replayed threshold sweep's APGR (bench tiers)
+
+
+def apgr_interval(replay: Sequence[PromptOutcome], families: Sequence[str], bad_threshold: float, seed: int = 0,
+                  draws: int = 300) -> Interval:
+    """The replayed threshold sweep's APGR with a 95 % interval from resampling whole paraphrase families
+    (each draw re-sweeps the drawn prompts against their own all-Level-2 baseline)."""
+    def value(idx: Sequence[int]) -> float:
+        drawn = [dataclasses.replace(replay[i], prompt_hash=f"{replay[i].prompt_hash}#{k}")
+                 for k, i in enumerate(idx)]
+        base = tier_eval.all_level2(drawn, bad_threshold)
+        arms = tier_eval.sweep(drawn, bad_threshold, tier_eval.compare(base, base))
+        points = [(a.level2_share, a.mean_oracle) for a in arms]
+        weak, strong = arms[0].mean_oracle, base.mean_oracle
+        if strong == weak or len({p[0] for p in points}) < 2:
+            return float("nan")
+        return tier_eval.apgr(points, weak, strong)
+
+    return cluster_bootstrap(value, families, seed, draws)
 
 
 def headline_intervals(name: str, own: Sequence[Answers], baseline: Sequence[Answers], hashes: Sequence[str],
@@ -936,9 +957,11 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
         "wall_s": {name: run.wall_s for name, run in union_runs.items()},
     }
     headline_name = HEADLINE_ARM if answers.get(HEADLINE_ARM) is not None else "tiered"
-    intervals = headline_intervals(headline_name, answers[headline_name], answers["all-Level-2"],
-                                   [r.prompt_hash for r in runs["all-Level-2"].requests], [r.risk for r in records],
-                                   [r.family for r in records], args.bad_threshold, args.seed)
+    intervals = dataclasses.replace(
+        headline_intervals(headline_name, answers[headline_name], answers["all-Level-2"],
+                           [r.prompt_hash for r in runs["all-Level-2"].requests], [r.risk for r in records],
+                           [r.family for r in records], args.bad_threshold, args.seed),
+        apgr=apgr_interval(arms.replay, [r.family for r in records], args.bad_threshold, args.seed))
     figures["headline_intervals"] = dataclasses.asdict(intervals)
     return {"lines": lines, "json": figures, "sweep": sweep.arms, "ceiling": sweep.ceiling, "marks": marks,
             "headline": arms.headline, "apgr": sweep.route_llm["apgr"], "ceiling_share": sweep.ceiling_share,

@@ -12,7 +12,7 @@ import pytest
 
 from strata.config import StrataSettings
 from strata.v1 import common_pb2
-from strata_tools.bench import tiers
+from strata_tools.bench import tier_eval, tiers
 from strata_tools.bench.tier_eval import Answer, all_level2, compare
 from strata_tools.bench.tier_eval import PromptOutcome as Outcome
 
@@ -326,3 +326,21 @@ def test_the_headline_carries_intervals_from_resampling_whole_families() -> None
                                                   tiers.baseline_figures(list("abcd"), baseline, [False] * 4,
                                                                          1.5)[1]), 0.7, 0.5, intervals)
     assert line.endswith("saving_lo=-0.050 saving_hi=0.940 quality_ratio_lo=0.750 quality_ratio_hi=1.000")
+
+
+def test_the_apgr_interval_resamples_families_and_holds_the_estimate() -> None:
+    # Four families of two prompts; the light RM ranks bad Level-1 answers lowest except in family "d".
+    def outcome(h: str, l1_oracle: float, rm: float, l2_oracle: float) -> Outcome:
+        return Outcome(h, Answer(l1_oracle, rm, 1.0, 10.0), Answer(l2_oracle, 4.0, 5.0, 100.0))
+
+    replay = [outcome("a1", 1.0, 1.0, 4.0), outcome("a2", 1.2, 1.1, 4.0), outcome("b1", 3.0, 3.0, 3.2),
+              outcome("b2", 3.1, 3.2, 3.3), outcome("c1", 2.0, 2.0, 3.5), outcome("c2", 2.2, 2.1, 3.4),
+              outcome("d1", 1.0, 3.9, 4.0), outcome("d2", 4.0, 1.5, 3.0)]
+    families = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    interval = tiers.apgr_interval(replay, families, 1.5, seed=2, draws=200)
+    base = tier_eval.all_level2(replay, 1.5)
+    arms = tier_eval.sweep(replay, 1.5, tier_eval.compare(base, base))
+    expected = tier_eval.apgr([(a.level2_share, a.mean_oracle) for a in arms], arms[0].mean_oracle, base.mean_oracle)
+    assert interval.estimate == pytest.approx(expected) and interval.clusters == 4
+    assert interval.low <= interval.estimate <= interval.high and interval.low < interval.high
+    assert tiers.apgr_interval(replay, families, 1.5, seed=2, draws=200) == interval
