@@ -61,12 +61,12 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
                "minibatch_size": job.minibatch_size, "update_epochs": job.epochs, "kl_coef": job.kl_coef,
                "kl_warmup_updates": 0, "clip_coef": job.clip_coef, "max_grad_norm": job.max_grad_norm,
                "adam_eps": job.adam_eps, "seed": job.seed}
-    plain = arm != "tiered"
     if arm == "conventional" and not job.strong_rm:
         raise ValueError("the conventional arm needs the job's strong_rm")
     # The conventional arm serves the strong RM where the light one would be: every sample pays its cost,
     # booked with its parameters (svc_reward books what the members it scored with weigh).
     scorer = job.strong_rm if arm == "conventional" else ",".join(job.light_rm)
+    plain = arm != "tiered"
     overrides = StackOverrides(scheduler=PLAIN_SCHEDULER if plain else {},
                                # rm_watch off: a promotion on an external Kafka must not swap the arm's RM.
                                reward={"light_rm": scorer, "rm_watch": False, **(PLAIN_REWARD if plain else {})},
@@ -92,8 +92,7 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
         name=f"Strata {arm}",
         update_seconds=updates,
         generation_seconds=[sum(s.device_seconds for s in generation)],
-        samples=sum(s.items for s in generation),
-        policy_samples=sum(s.items for s in generation if s.tier == 1),
+        samples=sum(s.items for s in generation), policy_samples=sum(s.items for s in generation if s.tier == 1),
         train_seconds=sum(r.seconds for r in summary.rounds),
         peak_rss_mb=peak_rss_mb(),
         param_tokens=sum(s.param_tokens for s in spent),

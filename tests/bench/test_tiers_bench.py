@@ -91,7 +91,9 @@ def test_live_figures_cost_skips_their_encoding_and_leave_them_out_of_quality() 
 
 
 LINE = re.compile(r"tiers saving=(\S+) device_saving=(\S+) quality_ratio=(\S+) bad_case_catch=(\S+) "
-                  r"level2_share=(\d\.\d{3}) apgr=(\S+) ceiling_share_of_saving=(\S+)")
+                  r"level2_share=(\d\.\d{3}) apgr=(\S+) ceiling_share_of_saving=(\S+)"
+                  r"(?: saving_lo=(\S+) saving_hi=(\S+) quality_ratio_lo=(\S+) quality_ratio_hi=(\S+))?"
+                  r"(?: apgr_lo=(\S+) apgr_hi=(\S+))?")
 
 
 def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_prompts() -> None:
@@ -292,6 +294,10 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     skip_arm = arms["tiered + skip (live)"]
     assert float(match.group(5)) == pytest.approx(skip_arm["level2_share"], abs=1e-3)
     assert float(match.group(1)) == pytest.approx(skip_arm["param_token_saving"], abs=1e-3)
+    # The headline's bounds (bootstrap over paraphrase families) hold its figures.
+    assert None not in match.group(8, 9, 10, 11, 12, 13), last
+    assert float(match.group(8)) <= float(match.group(1)) <= float(match.group(9))
+    assert float(match.group(10)) <= float(match.group(3)) <= float(match.group(11))
     # The stress mix is read off the same live run: more risk prompts, the union of both mixes ran.
     assert figures["stress"]["risk_prompts"] > figures["risk_prompts"]
     assert figures["live_prompts"] > figures["prompts"] == 8 and "stress mix:" in out
