@@ -94,7 +94,7 @@ STRESS_RISK_SHARE = 0.25  # the suite's own share, kept as a stress row
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompts", type=int, default=96, help="eval-split prompts per arm (risk ones included)")
+    parser.add_argument("--prompts", type=int, default=96, help="test-split prompts per arm (risk ones included)")
     parser.add_argument("--risk-share", type=float, default=DEFAULT_RISK_SHARE,
                         help="share of medical and legal prompts in the mix (real traffic: ~6 %%, docs/tiers.md)")
     parser.add_argument("--stress-risk-share", type=float, default=STRESS_RISK_SHARE,
