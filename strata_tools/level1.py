@@ -62,12 +62,6 @@ class LivePrompting:
         return {"tier": self.tier, "forward_directions": self.forward_directions,
                 **{k: v for k, v in asdict(self.sampling).items() if k != "seed"}}
 
-    def describe(self) -> str:
-        dropout = self.sampling.rollout_dropout
-        return (f"Level-{self.tier} as served: {self.forward_directions} direction(s) forwarded, temperature "
-                f"{self.sampling.temperature:g}, top_p {self.sampling.top_p:g}, {self.sampling.max_new_tokens} new "
-                f"tokens, rollout dropout {'off' if not dropout else f'{dropout:g}'}")
-
 
 def generate_answers(backend: HfBackend, prompting: LivePrompting, prompts: Sequence[str],
                      directions: Sequence[Sequence[str]], seed: int) -> list[GenerationOutput]:

@@ -89,7 +89,7 @@ class TrainOptions:
     paraphrase_share: float = 0.0
     eval_every: int = 0              # held-out evaluations every this many updates between before and after (0: none)
     # The learner's batch (samples a policy update consumes). Set: a round sends no more prompts than it takes to
-    # fill the batches still needed, counting what the learner has accepted (generated / used stays near 1); 0:
+    # fill the batches still needed, counting the samples the learner holds (generated / used stays near 1); 0:
     # every round is full and rounds go on until the learner reaches its version.
     samples_per_update: int = 0
 
