@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from strata.sampling import Sampling
@@ -61,6 +62,18 @@ class LivePrompting:
         """What decides the answers (for a cache key or a report): directions forwarded and sampling."""
         return {"tier": self.tier, "forward_directions": self.forward_directions,
                 **{k: v for k, v in asdict(self.sampling).items() if k != "seed"}}
+
+
+def probe_prompts(probe_dir: str | Path, prompts: Sequence[str]) -> list[ProbeResult]:
+    """The probe's results for ``prompts`` from the model in ``probe_dir``, under the live probe's settings
+    (rules and prompt length, ``STRATA_*`` environment included): what the probe worker would decide."""
+    from strata.models.loading import load_causal_lm
+    from svc_probe.config import ProbeSettings
+    from svc_probe.core import ProbeRules, probe
+
+    settings = ProbeSettings()
+    return probe(load_causal_lm(probe_dir, device="cpu"), list(prompts), ProbeRules.of(settings),
+                 settings.max_prompt_tokens)
 
 
 def generate_answers(backend: HfBackend, prompting: LivePrompting, prompts: Sequence[str],

@@ -97,15 +97,10 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
 
 def served_directions(zoo: ZooPaths, prompts: Sequence[str]) -> list[list[str]]:
     """The directions line the stack forwards with each prompt (``strata_tools.level1``)."""
-    from strata.models.loading import load_causal_lm
-    from svc_probe.config import ProbeSettings
-    from svc_probe.core import ProbeRules, probe
+    from strata_tools.level1 import probe_prompts
 
-    settings = ProbeSettings()
-    results = probe(load_causal_lm(zoo.probe, device="cpu"), list(prompts), ProbeRules.of(settings),
-                    settings.max_prompt_tokens)
     prompting = LivePrompting.live(1)
-    return [list(prompting.directions(r)) for r in results]
+    return [list(prompting.directions(r)) for r in probe_prompts(zoo.probe, prompts)]
 
 
 def build_job(args: argparse.Namespace, zoo: ZooPaths, work: Path) -> PeersJob:

@@ -22,7 +22,6 @@ from strata.errors import CliError
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run
     from strata_tools.zoo.build import ZooPaths
     from strata_tools.zoo.suite import PromptRecord
-    from svc_probe.config import ProbeSettings
     from svc_probe.core import ProbeResult
     from svc_reward.calibrate import OperatingPoint
     from svc_reward.models import ScoringOptions
@@ -127,12 +126,11 @@ def judge_level1(zoo: ZooPaths, split: str, prompts: int, seed: int, light_paths
     (raw scores) and the oracle. CliError when the probe leaves no prompt to Level-1."""
     from strata_tools.zoo.seal import check_sealed
     from strata_tools.zoo.suite import load_suite
-    from svc_probe.config import ProbeSettings
 
     records = load_suite(split)
     records = random.Random(seed).sample(records, min(prompts, len(records)))
     check_sealed((r.text for r in records), "the escalation threshold's calibration")
-    level1_records = _level1_records(records, ProbeSettings(), zoo)
+    level1_records = _level1_records(records, zoo)
     scores, oracle = _score_level1(zoo, level1_records, light_paths, options, seed)
     return JudgedLevel1(split, len(records), scores, oracle)
 
@@ -149,15 +147,11 @@ def choose_threshold(judged: JudgedLevel1, bad_threshold: float, target_catch: f
     return ChosenThreshold(chosen, target_catch, bad_threshold, sum(bad), operating_point(judged.scores, bad, chosen))
 
 
-def _level1_records(records: list[PromptRecord], probe_settings: ProbeSettings,
-                    zoo: ZooPaths) -> list[tuple[PromptRecord, ProbeResult]]:
+def _level1_records(records: list[PromptRecord], zoo: ZooPaths) -> list[tuple[PromptRecord, ProbeResult]]:
     """The prompts the zoo's probe leaves to Level-1 (not cautious), each with its probe result."""
-    from strata.models.loading import load_causal_lm
-    from svc_probe.core import ProbeRules, probe
+    from strata_tools.level1 import probe_prompts
 
-    rules = ProbeRules.of(probe_settings)
-    probe_lm = load_causal_lm(zoo.probe, device="cpu")
-    results = probe(probe_lm, [r.text for r in records], rules, probe_settings.max_prompt_tokens)
+    results = probe_prompts(zoo.probe, [r.text for r in records])
     level1_records = [(r, res) for r, res in zip(records, results, strict=True) if not res.caution]
     if not level1_records:
         raise CliError("the probe sends every prompt to Level-2; no Level-1 answer to measure")

@@ -126,16 +126,11 @@ def sample_policy_answers(probe_dir: Path, generator_dirs: Mapping[str, Path], r
     (``strata_tools.level1``), judged by the oracle."""
     from tqdm import tqdm
 
-    from strata.models.loading import load_causal_lm
-    from strata_tools.level1 import LivePrompting, generate_answers
+    from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
     from strata_tools.zoo.oracle import oracle_score
     from svc_generator.backends.hf import HfBackend
-    from svc_probe.config import ProbeSettings
-    from svc_probe.core import ProbeRules, probe
 
-    probe_settings = ProbeSettings()
-    results = probe(load_causal_lm(probe_dir, device="cpu"), [record.text for record in records],
-                    ProbeRules.of(probe_settings), probe_settings.max_prompt_tokens)
+    results = probe_prompts(probe_dir, [record.text for record in records])
     level1 = [(record, result) for record, result in zip(records, results, strict=True) if not result.caution]
     texts = [record.text for record, _ in level1]
     answers: list[PolicyAnswer] = []
