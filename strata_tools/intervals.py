@@ -54,6 +54,14 @@ def cluster_bootstrap(statistic: Callable[[Sequence[int]], float], clusters: Seq
     """A percentile interval for ``statistic`` (a function of item indices into the data it closes over):
     each draw resamples whole clusters with replacement and passes the items of the drawn clusters, with
     repeats. Draws whose statistic is ``nan`` (a resample without both kinds, say) are left out."""
+    [interval] = cluster_bootstraps(lambda idx: (statistic(idx),), clusters, seed, draws, level)
+    return interval
+
+
+def cluster_bootstraps(statistics: Callable[[Sequence[int]], Sequence[float]], clusters: Sequence[Hashable],
+                       seed: int = 0, draws: int = BOOTSTRAP_DRAWS, level: float = LEVEL) -> list[Interval]:
+    """:func:`cluster_bootstrap` for several statistics computed together (``statistics`` returns one value
+    per statistic): one set of draws, each evaluated once, an interval per statistic."""
     if not 0 < level < 1:
         raise ValueError("level must be in (0, 1)")
     members: dict[Hashable, list[int]] = {}
@@ -61,12 +69,17 @@ def cluster_bootstrap(statistic: Callable[[Sequence[int]], float], clusters: Seq
         members.setdefault(cluster, []).append(index)
     groups = list(members.values())
     rng = random.Random(seed)
-    values = sorted(v for v in (statistic([i for g in rng.choices(groups, k=len(groups)) for i in g])
-                                for _ in range(draws)) if not math.isnan(v))
-    estimate = statistic(list(range(len(clusters))))
+    drawn = [statistics([i for g in rng.choices(groups, k=len(groups)) for i in g]) for _ in range(draws)]
+    estimates = statistics(list(range(len(clusters))))
+    return [_percentile_interval(estimate, [d[k] for d in drawn], level, len(groups))
+            for k, estimate in enumerate(estimates)]
+
+
+def _percentile_interval(estimate: float, drawn: Sequence[float], level: float, clusters: int) -> Interval:
+    values = sorted(v for v in drawn if not math.isnan(v))
     if not values:
-        return Interval(estimate, float("nan"), float("nan"), len(groups))
+        return Interval(estimate, float("nan"), float("nan"), clusters)
     tail = (1 - level) / 2
     low = values[min(len(values) - 1, math.floor(tail * len(values)))]
     high = values[min(len(values) - 1, math.ceil((1 - tail) * len(values)) - 1)]
-    return Interval(estimate, low, high, len(groups))
+    return Interval(estimate, low, high, clusters)

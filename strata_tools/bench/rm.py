@@ -30,7 +30,7 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -263,17 +263,17 @@ def onpolicy_intervals(answers: Sequence[Any], rewards: Sequence[float], seed: i
                        draws: int = 1000) -> tuple[Interval, Interval]:
     """Level-1 Spearman and bad-case AUC of ``rewards`` on ``answers`` (``PolicyAnswer``), each with a 95 %
     interval from resampling whole paraphrase families (a prompt id is ``<family>#<k>``)."""
-    from strata_tools.intervals import cluster_bootstrap
+    from strata_tools.intervals import cluster_bootstraps
     from strata_tools.rm.onpolicy import onpolicy_figures
 
     families = [a.prompt_id.rsplit("#", 1)[0] for a in answers]
 
-    def figure(name: str) -> Callable[[Sequence[int]], float]:
-        return lambda idx: float(getattr(onpolicy_figures([answers[i] for i in idx], [rewards[i] for i in idx]),
-                                         name))
+    def values(idx: Sequence[int]) -> tuple[float, float]:
+        figures = onpolicy_figures([answers[i] for i in idx], [rewards[i] for i in idx])
+        return figures.spearman_level1, figures.bad_auc
 
-    return (cluster_bootstrap(figure("spearman_level1"), families, seed, draws),
-            cluster_bootstrap(figure("bad_auc"), families, seed, draws))
+    spearman_level1, bad_auc = cluster_bootstraps(values, families, seed, draws)
+    return spearman_level1, bad_auc
 
 
 def _latency(args: argparse.Namespace, rms: _RewardModels, eval_set: tuple[list[str], list[str], list[float]]

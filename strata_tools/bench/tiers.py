@@ -73,7 +73,7 @@ from typing import Any
 from strata import ledger, redis_client, rpc
 from strata_tools.bench import tier_eval
 from strata_tools.bench.tier_eval import Answer, ArmFigures, PromptOutcome
-from strata_tools.intervals import Interval, cluster_bootstrap
+from strata_tools.intervals import Interval, cluster_bootstrap, cluster_bootstraps
 from strata_tools.rm.escalation import ServedThreshold, add_threshold_arguments, resolve_threshold
 from strata_tools.train import Request
 from strata_tools.zoo.suite import stratified_sample
@@ -631,22 +631,19 @@ def headline_intervals(name: str, own: Sequence[Answers], baseline: Sequence[Ans
                        draws: int = 500) -> HeadlineIntervals:
     """The headline arm's saving and quality ratio, each with a 95 % interval from resampling whole paraphrase
     families of the prompts (arm and baseline resampled together: the comparison stays paired)."""
-    def figures(idx: Sequence[int]) -> ArmFigures:
+    def values(idx: Sequence[int]) -> tuple[float, float]:
         drawn = [f"{hashes[i]}#{k}" for k, i in enumerate(idx)]  # a family drawn twice: two distinct prompts
-        level2, base = baseline_figures(drawn, [baseline[i] for i in idx], [risks[i] for i in idx], bad_threshold)
-        return live_figures(name, [own[i] for i in idx], drawn, level2, bad_threshold, base)
+        try:
+            level2, base = baseline_figures(drawn, [baseline[i] for i in idx], [risks[i] for i in idx],
+                                            bad_threshold)
+            arm = live_figures(name, [own[i] for i in idx], drawn, level2, bad_threshold, base)
+        except ValueError:  # a draw of skipped prompts only: no quality to compare
+            return float("nan"), float("nan")
+        saving, quality_ratio = arm.param_token_saving, arm.quality_ratio
+        return (float("nan") if saving is None else saving, float("nan") if quality_ratio is None else quality_ratio)
 
-    def stat(field: str) -> Callable[[Sequence[int]], float]:
-        def value(idx: Sequence[int]) -> float:
-            try:
-                got = getattr(figures(idx), field)
-            except ValueError:  # a draw of skipped prompts only: no quality to compare
-                return float("nan")
-            return float("nan") if got is None else float(got)
-        return value
-
-    return HeadlineIntervals(cluster_bootstrap(stat("param_token_saving"), families, seed, draws),
-                             cluster_bootstrap(stat("quality_ratio"), families, seed, draws))
+    saving, quality_ratio = cluster_bootstraps(values, families, seed, draws)
+    return HeadlineIntervals(saving, quality_ratio)
 
 
 def headline_of(name: str, own: Sequence[Answers], baseline: Sequence[Answers], hashes: Sequence[str],
