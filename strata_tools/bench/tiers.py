@@ -616,12 +616,9 @@ def apgr_interval(replay: Sequence[PromptOutcome], families: Sequence[str], bad_
         drawn = [dataclasses.replace(replay[i], prompt_hash=f"{replay[i].prompt_hash}#{k}")
                  for k, i in enumerate(idx)]
         base = tier_eval.all_level2(drawn, bad_threshold)
-        arms = tier_eval.sweep(drawn, bad_threshold, tier_eval.compare(base, base))
-        points = [(a.level2_share, a.mean_oracle) for a in arms]
-        weak, strong = arms[0].mean_oracle, base.mean_oracle
-        if strong == weak or len({p[0] for p in points}) < 2:
-            return float("nan")
-        return tier_eval.apgr(points, weak, strong)
+        apgr = route_llm_figures(tier_eval.sweep(drawn, bad_threshold, tier_eval.compare(base, base)),
+                                 base.mean_oracle)["apgr"]
+        return float("nan") if apgr is None else apgr
 
     return cluster_bootstrap(value, families, seed, draws)
 
@@ -1010,18 +1007,24 @@ def _replayed_arms(replay: list[PromptOutcome], threshold: float, tiered_share: 
     return [replayed, keep, random_arm, oracle_arm]
 
 
+def route_llm_figures(sweep: Sequence[ArmFigures], strong: float) -> dict[str, float | None]:
+    """RouteLLM's APGR and CPT(50 %), CPT(80 %) of a threshold sweep (Level-2 share ascending) whose strong end is
+    ``strong``; None each when the curve is flat (weak = strong, or one share)."""
+    points = [(a.level2_share, a.mean_oracle) for a in sweep]
+    weak = sweep[0].mean_oracle
+    if strong == weak or len({p[0] for p in points}) < 2:
+        return {"apgr": None, "cpt50": None, "cpt80": None}
+    return {"apgr": tier_eval.apgr(points, weak, strong), "cpt50": tier_eval.cpt(points, weak, strong, 0.5),
+            "cpt80": tier_eval.cpt(points, weak, strong, 0.8)}
+
+
 def sweep_figures(replay: Sequence[PromptOutcome], baseline: ArmFigures, bad_threshold: float) -> SweepFigures:
     """The threshold sweep over ``replay``, its RouteLLM figures (None when the curve is flat) and the ceiling;
     ``baseline`` is all-Level-2 on the replay's prompts."""
     sweep = tier_eval.sweep(replay, bad_threshold, baseline)
-    points = [(a.level2_share, a.mean_oracle) for a in sweep]
     weak, strong = sweep[0].mean_oracle, baseline.mean_oracle
-    route_llm: dict[str, float | None] = {"apgr": None, "cpt50": None, "cpt80": None}
-    if strong != weak and len({p[0] for p in points}) > 1:
-        route_llm = {"apgr": tier_eval.apgr(points, weak, strong), "cpt50": tier_eval.cpt(points, weak, strong, 0.5),
-                     "cpt80": tier_eval.cpt(points, weak, strong, 0.8)}
     best = tier_eval.ceiling(replay, bad_threshold, baseline)
-    return SweepFigures(sweep, weak, strong, route_llm, best,
+    return SweepFigures(sweep, weak, strong, route_llm_figures(sweep, strong), best,
                          tier_eval.share_of_ceiling_saving(sweep, best, TARGET_QUALITY_RATIO))
 
 
