@@ -209,6 +209,12 @@ def generated_per_used(arm: ArmResult, samples_per_update: int) -> float:
     return generated / used if used else float("nan")
 
 
+def tiered_cost_ratio(results: dict[str, ArmResult], samples_per_update: int) -> float:
+    """The tiered arm's cost per used sample as a share of the conventional arm's."""
+    return (cost_per_used_sample(results["tiered"], samples_per_update)
+            / cost_per_used_sample(results["conventional"], samples_per_update))
+
+
 def against_conventional(results: dict[str, ArmResult], judged: dict[str, Judged], samples_per_update: int,
                          families: Sequence[str] | None = None) -> list[str]:
     """The tiered arm beside the conventional one (R27's training headline): its booked cost per sample the
@@ -216,8 +222,7 @@ def against_conventional(results: dict[str, ArmResult], judged: dict[str, Judged
     scores, paired per prompt (SE clustered by paraphrase family when ``families`` is given)."""
     if "tiered" not in results or "conventional" not in results:
         return []
-    tiered, conventional = results["tiered"], results["conventional"]
-    share = cost_per_used_sample(tiered, samples_per_update) / cost_per_used_sample(conventional, samples_per_update)
+    share = tiered_cost_ratio(results, samples_per_update)
     difference = paired_change(judged["conventional"].oracle, judged["tiered"].oracle, families)
     return [f"  tiered against conventional (strong RM on every sample): params x tokens per sample the learner "
             f"used {share:.2f} of its cost; trained policies' held-out oracle, tiered minus conventional "
@@ -242,11 +247,9 @@ def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Chan
             f"strata_oracle_gain_se={strata_gain.stderr if strata_gain else float('nan'):.3f} "
             f"trl_oracle_gain={trl_gain:+.3f}")
     if "tiered" in results and "conventional" in results:
-        tiered, conventional = results["tiered"], results["conventional"]
-        cost_ratio = (cost_per_used_sample(tiered, job.samples_per_update)
-                      / cost_per_used_sample(conventional, job.samples_per_update))
-        conventional_gain = gain_per_cost(conventional, gains["conventional"][1].mean, job)
-        gain_ratio = gain_per_cost(tiered, gains["tiered"][1].mean, job) / conventional_gain \
+        cost_ratio = tiered_cost_ratio(results, job.samples_per_update)
+        conventional_gain = gain_per_cost(results["conventional"], gains["conventional"][1].mean, job)
+        gain_ratio = gain_per_cost(results["tiered"], gains["tiered"][1].mean, job) / conventional_gain \
             if conventional_gain > 0 else float("nan")  # a ratio to a baseline that gained nothing says nothing
         line += f" cost_per_used_sample_ratio={cost_ratio:.2f} gain_per_cost_ratio={gain_ratio:.2f}"
     hacking = ",".join(f"{arm}:{rm.mean - oracle.mean:+.3f}" for arm, (rm, oracle) in gains.items())
@@ -281,13 +284,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"  judging {len(arms) + 1} policies on {len(records)} held-out prompts ...", flush=True)
         before = judge(job.policy_dir, records, directions, job, light_rm)
         gains, judged = {}, {}
+        families = [r.family for r in records]
         for arm, result in results.items():
             judged[arm] = after = judge(result.policy_dir, records, directions, job, light_rm)
-            families = [r.family for r in records]
             gains[arm] = (paired_change(before.rewards, after.rewards, families),
                           paired_change(before.oracle, after.oracle, families))
         print_report(results, gains, job)
-        for line in against_conventional(results, judged, job.samples_per_update, [r.family for r in records]):
+        for line in against_conventional(results, judged, job.samples_per_update, families):
             print(line)
     print(f"  {time.monotonic() - started:.0f} s in all")
     print(last_line(results, gains, job))
