@@ -42,6 +42,9 @@ class PromptOutcome:
     level2: Answer
     risk: bool = False
     human_seconds: float = 0.0
+    # A cautious prompt's Level-1 answer, generated to measure but never served: RouteLLM's 0 % end needs
+    # every prompt's weak answer.
+    unrouted_level1: Answer | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,32 @@ class ArmFigures:
     saving: float | None = None
     param_token_saving: float | None = None
     quality_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class ExpectedScores:
+    """A prompt's expected oracle score per tier: the mean over several sampled answers of each."""
+
+    level1: float
+    level2: float
+    samples: int  # answers per tier behind each mean
+
+
+def with_expected(outcomes: Sequence[PromptOutcome], expected: Mapping[str, ExpectedScores]) -> list[PromptOutcome]:
+    """``outcomes`` with every answer's oracle score replaced by its prompt's expectation (costs and RM scores
+    stay the live ones), and each cautious prompt given its unrouted Level-1 answer (expected score, no cost:
+    RouteLLM's axis counts calls)."""
+    missing = [o.prompt_hash for o in outcomes if o.prompt_hash not in expected]
+    if missing:
+        raise ValueError(f"{len(missing)} prompts have no expected scores, e.g. {missing[0][:12]}")
+    out = []
+    for o in outcomes:
+        e = expected[o.prompt_hash]
+        level1 = None if o.level1 is None else dataclasses.replace(o.level1, oracle=e.level1)
+        unrouted = Answer(e.level1, math.nan, 0.0, 0.0) if o.level1 is None else None
+        out.append(dataclasses.replace(o, level1=level1, level2=dataclasses.replace(o.level2, oracle=e.level2),
+                                       unrouted_level1=unrouted))
+    return out
 
 
 def _check_outcomes(outcomes: Sequence[PromptOutcome]) -> set[str]:
@@ -218,19 +247,26 @@ def sweep(
 
 
 def ceiling(outcomes: Sequence[PromptOutcome], bad_threshold: float, baseline: ArmFigures) -> list[ArmFigures]:
-    """The best quality any router reaches at each Level-2 share, compared to ``baseline``, by share ascending.
+    """The best quality any router reaches for its cost, compared to ``baseline``, by Level-2 share ascending.
 
-    Escalating k prompts changes the quality mean by the sum of their oracle gains (Level-2 minus Level-1),
-    so the k prompts of largest gain are the best k to escalate: no router, however its scores are made,
-    does better on these answers at that share.
+    Escalating a prompt adds its Level-2 answer's cost and its oracle gain (Level-2 minus Level-1); taking the
+    prompts in order of gain per unit of that cost gives, at each cost, the most quality a router can buy with
+    it (the greedy order is optimal for the fractional problem, so no router's whole prompts do better than
+    the curve through these points). Pass expected scores (several samples per prompt and tier, see
+    ``bench tiers``) and the ceiling is of expected quality, not of one lucky sample.
     """
     _check_outcomes(outcomes)
-    by_gain = sorted((o for o in outcomes if o.level1 is not None),
-                     key=lambda o: (o.level1.oracle - o.level2.oracle, o.prompt_hash))  # type: ignore[union-attr]
+
+    def value(o: PromptOutcome) -> float:
+        assert o.level1 is not None
+        gain = o.level2.oracle - o.level1.oracle
+        return gain / o.level2.param_tokens if o.level2.param_tokens > 0 else math.copysign(math.inf, gain)
+
+    by_value = sorted((o for o in outcomes if o.level1 is not None), key=lambda o: (-value(o), o.prompt_hash))
     return [
-        compare(evaluate(f"ceiling k={k}", outcomes, frozenset(o.prompt_hash for o in by_gain[:k]), bad_threshold),
+        compare(evaluate(f"ceiling k={k}", outcomes, frozenset(o.prompt_hash for o in by_value[:k]), bad_threshold),
                 baseline)
-        for k in range(len(by_gain) + 1)
+        for k in range(len(by_value) + 1)
     ]
 
 
@@ -247,16 +283,18 @@ def best_saving_at(arms: Sequence[ArmFigures], quality_ratio: float) -> float | 
     return max(savings, default=None)
 
 
-def share_of_ceiling_saving(router_arms: Sequence[ArmFigures], ceiling_arms: Sequence[ArmFigures],
+def share_of_ceiling_saving(router: ArmFigures, ceiling_arms: Sequence[ArmFigures],
                             quality_ratio: float) -> float | None:
-    """The router's best params-x-tokens saving at quality >= ``quality_ratio`` as a share of the ceiling's
-    at that quality. 0 when the router never reaches the quality but the ceiling saves; None when the
-    ceiling itself saves nothing there (no share to take)."""
+    """The router's params-x-tokens saving at its operating point (one arm, its threshold chosen beforehand, not
+    the best of a sweep picked after the fact) as a share of the ceiling's best saving at quality >=
+    ``quality_ratio``: 0 when the router falls short of that quality; None when the ceiling itself saves
+    nothing there (no share to take)."""
     ceiling_saving = best_saving_at(ceiling_arms, quality_ratio)
     if ceiling_saving is None or ceiling_saving <= 0:
         return None
-    router_saving = best_saving_at(router_arms, quality_ratio)
-    return 0.0 if router_saving is None else router_saving / ceiling_saving
+    if router.quality_ratio is None or router.quality_ratio < quality_ratio or router.param_token_saving is None:
+        return 0.0
+    return router.param_token_saving / ceiling_saving
 
 
 def pgr(quality: float, weak: float, strong: float) -> float:
@@ -296,6 +334,39 @@ def cpt(points: Sequence[tuple[float, float]], weak: float, strong: float, targe
         if p0 < target_pgr <= p1:
             return s0 + (target_pgr - p0) / (p1 - p0) * (s1 - s0)
     return None
+
+
+def route_llm_curve(outcomes: Sequence[PromptOutcome]) -> list[tuple[float, float]]:
+    """The whole router on RouteLLM's axis: (share of all prompts at Level-2, mean oracle), from every prompt
+    answered by Level-1 (0 %) to every prompt at Level-2 (100 %). The router escalates cautious prompts first
+    (the probe's caution outranks any score), then the others by ascending Level-1 RM score, equal scores
+    together, as one threshold moves over them. Every cautious prompt needs its ``unrouted_level1`` answer."""
+    _check_outcomes(outcomes)
+    missing = sum(o.level1 is None and o.unrouted_level1 is None for o in outcomes)
+    if missing:
+        raise ValueError(f"{missing} cautious prompts have no Level-1 answer: RouteLLM's 0 % end needs one each")
+
+    def weak(o: PromptOutcome) -> Answer:
+        answer = o.level1 if o.level1 is not None else o.unrouted_level1
+        assert answer is not None
+        return answer
+
+    n = len(outcomes)
+    quality = sum(weak(o).oracle for o in outcomes)
+    points = [(0.0, quality / n)]
+    escalated = 0
+    groups: list[list[PromptOutcome]] = [[o for o in outcomes if o.level1 is None]]
+    for _, group in itertools.groupby(sorted((o for o in outcomes if o.level1 is not None),
+                                             key=lambda o: o.level1.rm),  # type: ignore[union-attr]
+                                      key=lambda o: o.level1.rm):  # type: ignore[union-attr]
+        groups.append(list(group))
+    for group in groups:
+        if not group:
+            continue
+        escalated += len(group)
+        quality += sum(o.level2.oracle - weak(o).oracle for o in group)
+        points.append((escalated / n, quality / n))
+    return points
 
 
 def _compared(arm: ArmFigures) -> tuple[float, float, float]:

@@ -24,6 +24,11 @@ risk prompts of the first, so both mixes are read off one live run (the union of
    third arm is the first), reshuffled each time, as PPO revisits its prompt set: what skipping adds
    to the saving once the prompts have a history of their own, and the skip audit's reuse error.
 
+Before the arms, ``WARM_UP_PROMPTS`` train prompts go through each route unmeasured (a cold service's
+first batches are no arm's cost), and the first two arms run in halves, A B B A (all-Level-2,
+tiered, tiered, all-Level-2), so a drift of the machine over the run weighs on both alike; the skip
+arm runs last, after its history, on warm services.
+
 Each arm's cost is what every stage booked in the cost ledger (``strata.ledger``) between its
 start and end, per prompt from the ledger's (prompt, request) records: encoder, probe, generation
 per tier, each RM call, human review (seconds per annotation, apart from device time). Quality is
@@ -33,22 +38,32 @@ oracle scores under ``--bad-threshold``; the catch rate is the share of them esc
 Replayed arms (as RouteLLM's evaluation replays cached answers): each prompt's Level-1 answer from
 the tiered arm and its Level-2 answer from the all-Level-2 arm, with their measured costs and RM
 scores: the *random router* at the tiered arm's Level-2 share (mean of 200 draws), the *oracle
-router* (escalate exactly the bad cases), *keep the better* of both answers by RM score, and a
-threshold sweep (the cost-quality curve; APGR, CPT(50%), CPT(80%)). Cautious prompts stay at
-Level-2 under every router, so the comparison isolates the escalation rule.
+router* (escalate exactly the bad cases), *keep the better* of both answers by RM score. Cautious
+prompts stay at Level-2 under every router, so the comparison isolates the escalation rule.
+
+The router's figures are read off *expected* scores: ``--expected-samples`` (4) answers per prompt and
+tier, sampled as the live tiers are (``strata_tools.level1``) apart from the live arms, each prompt's
+oracle score the mean of its tier's samples (one sample's luck would rank the ceiling). On them: the
+threshold sweep; RouteLLM's APGR, CPT(50%) and CPT(80%) of the whole router over its 0-100 % axis of
+Level-2 calls (cautious prompts first, then the light-RM threshold; every prompt's Level-1 answer
+starts the axis, cautious ones included), with a bootstrap interval over paraphrase families; the
+*ceiling*, escalating the prompts of largest expected gain per unit of Level-2 cost first (no router
+buys more quality for the same cost on these answers); and the router's share of the ceiling's saving
+at its operating point, the threshold served (calibrated on the validation split), not the best
+threshold of the sweep picked after the fact.
 
 The services run with one intra-op thread each (``OMP_NUM_THREADS=1``): a second OpenMP thread
 spins while it waits, and on a shared CPU its spinning would be booked as the service's CPU seconds.
 
 Cost is compared in params x tokens first (stable across runs and machines; device-seconds of
 overhead-bound tiny models on a shared CPU move by +-10 points), device-seconds beside it. The router
-is also judged against the ceiling: its best params-x-tokens saving at quality >= 0.95 (any threshold
-of the sweep) as a share of the ceiling's saving at that quality.
+is also judged against the ceiling: its params-x-tokens saving at its operating point (0 when its
+quality is under 0.95) as a share of the ceiling's best saving at quality >= 0.95.
 
 Writes ``tiers.json`` (every figure, the stress mix under ``"stress"``) and ``tiers.png`` (the curve)
 under ``--out``. Last line, for the default mix's *tiered + skip* arm: ``tiers saving=<PxT fraction>
 device_saving=<fraction> quality_ratio=<x> bad_case_catch=<fraction> level2_share=<fraction> apgr=<x>
-ceiling_share_of_saving=<fraction>``.
+ceiling_share_of_saving=<fraction>`` (the router figures on expected scores, see below).
 """
 
 from __future__ import annotations
@@ -64,7 +79,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +106,10 @@ THRESHOLD_GRID = (1.0, 2.0, 2.2, 2.4, 2.6, 2.8, 3.0, 3.2, 3.4)
 # January 2026) and 1.2 % of LMSYS-Chat-1M dialogues; legal has no public figure (docs/tiers.md).
 DEFAULT_RISK_SHARE = 0.06
 STRESS_RISK_SHARE = 0.25  # the suite's own share, kept as a stress row
+# Train prompts through each route before the measured arms: a cold service's first batches are no arm's cost.
+WARM_UP_PROMPTS = 4
+# Answers per prompt and tier behind an expected score: one sample's luck would rank the ceiling (R27).
+EXPECTED_SAMPLES = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,6 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="oracle score under which a Level-1 answer is a bad case")
     add_threshold_arguments(parser)
     parser.add_argument("--review-seconds", type=float, default=60.0, help="human seconds per annotation")
+    parser.add_argument("--expected-samples", type=int, default=EXPECTED_SAMPLES,
+                        help="answers per prompt and tier behind the router's expected-quality figures (sweep, "
+                             "ceiling, APGR); sampled as live, apart from the live arms")
     parser.add_argument("--seed", type=int, default=0, help="prompt sample and sampling seeds")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds an arm may take")
     parser.add_argument("--out", type=Path, default=None, help="directory for tiers.json and tiers.png "
@@ -608,16 +630,17 @@ class HeadlineIntervals:
     apgr: Interval | None = None  # the replayed threshold sweep's APGR (bench tiers)
 
 
-def apgr_interval(replay: Sequence[PromptOutcome], families: Sequence[str], bad_threshold: float, seed: int = 0,
-                  draws: int = 300) -> Interval:
-    """The replayed threshold sweep's APGR with a 95 % interval from resampling whole paraphrase families
-    (each draw re-sweeps the drawn prompts against their own all-Level-2 baseline)."""
+def apgr_interval(replay: Sequence[PromptOutcome], families: Sequence[str], seed: int = 0,
+                  draws: int = 300) -> Interval | None:
+    """RouteLLM's APGR of the whole router with a 95 % interval from resampling whole paraphrase families (each
+    draw re-traces the curve on the drawn prompts); None when the replay has no APGR."""
+    if route_llm_figures(replay)["apgr"] is None:
+        return None
+
     def value(idx: Sequence[int]) -> float:
         drawn = [dataclasses.replace(replay[i], prompt_hash=f"{replay[i].prompt_hash}#{k}")
                  for k, i in enumerate(idx)]
-        base = tier_eval.all_level2(drawn, bad_threshold)
-        apgr = route_llm_figures(tier_eval.sweep(drawn, bad_threshold, tier_eval.compare(base, base)),
-                                 base.mean_oracle)["apgr"]
+        apgr = route_llm_figures(drawn)["apgr"]
         return float("nan") if apgr is None else apgr
 
     return cluster_bootstrap(value, families, seed, draws)
@@ -645,11 +668,14 @@ def headline_intervals(name: str, own: Sequence[Answers], baseline: Sequence[Ans
 
 def headline_of(name: str, own: Sequence[Answers], baseline: Sequence[Answers], hashes: Sequence[str],
                 risks: Sequence[bool], bad_threshold: float, level2_samples: int = 1,
-                families: Sequence[str] | None = None) -> Headline:
+                families: Sequence[str] | None = None,
+                expected: Mapping[str, tier_eval.ExpectedScores] | None = None) -> Headline:
     """The headline of a run whose requests got ``own`` answers, against ``baseline`` (the same prompts,
     ``hashes``, through all-Level-2, ``level2_samples`` samples each). Skipped prompts cost their encoding
     and are left out of the quality mean and of the replay; the replay's baseline is all-Level-2 on the
-    prompts it keeps, and a replayed escalation pays for one Level-2 sample, as a live one does."""
+    prompts it keeps, and a replayed escalation pays for one Level-2 sample, as a live one does. With
+    ``expected`` scores by prompt hash (:func:`expected_scores`), the router's figures (sweep, ceiling, APGR)
+    are of expected quality; the live arms' figures stay what the run served."""
     if not (len(own) == len(baseline) == len(hashes) == len(risks)) or not hashes:
         raise ValueError("headline_of needs one own answer, one baseline answer, a hash and a risk flag per prompt")
     if level2_samples < 1:
@@ -673,15 +699,63 @@ def headline_of(name: str, own: Sequence[Answers], baseline: Sequence[Answers], 
     for i in kept:
         answer, human = escalation(i)
         replay.append(PromptOutcome(hashes[i], own[i].level1, answer, risks[i], human_seconds=human))
+    served = frozenset(hashes[i] for i in kept if own[i].escalated)
     _, replay_base = baseline_figures([hashes[i] for i in kept], [baseline[i] for i in kept],
                                       [risks[i] for i in kept], bad_threshold)
+    if expected is not None:
+        replay, replay_base = expected_replay(replay, replay_base, expected)
     oracle_arm = tier_eval.compare(tier_eval.evaluate("oracle router (replay)", replay,
                                                       tier_eval.oracle_router(replay, bad_threshold), bad_threshold),
                                    replay_base)
-    intervals = None if families is None else headline_intervals(name, own, baseline, hashes, risks, families,
-                                                                 bad_threshold)
-    return Headline(base, arm, sweep_figures(replay, replay_base, bad_threshold), oracle_arm, len(replay),
-                    intervals)
+    intervals = None
+    if families is not None:
+        intervals = dataclasses.replace(
+            headline_intervals(name, own, baseline, hashes, risks, families, bad_threshold),
+            apgr=apgr_interval(replay, [families[i] for i in kept]))
+    return Headline(base, arm, sweep_figures(replay, replay_base, bad_threshold, served, expected is not None),
+                    oracle_arm, len(replay), intervals)
+
+
+def expected_replay(replay: Sequence[PromptOutcome], baseline: ArmFigures,
+                    expected: Mapping[str, tier_eval.ExpectedScores]) -> tuple[list[PromptOutcome], ArmFigures]:
+    """``replay`` and its all-Level-2 ``baseline`` with expected scores: the baseline keeps its costs, its quality
+    becomes the expected Level-2 mean."""
+    scored = tier_eval.with_expected(replay, expected)
+    mean = statistics.fmean(o.level2.oracle for o in scored)
+    return scored, tier_eval.compare(dataclasses.replace(baseline, mean_oracle=mean),
+                                     dataclasses.replace(baseline, mean_oracle=mean))
+
+
+def expected_scores(zoo: Any, records: Sequence[Any], samples: int, seed: int,
+                    progress: Callable[[str], None] = print) -> dict[str, tier_eval.ExpectedScores]:
+    """Each record's expected oracle score at Level-1 and at Level-2 (by prompt hash): ``samples`` answers per
+    tier, prompted and sampled as the live tiers are (``strata_tools.level1``): Level-1 with the directions the
+    probe forwards, cautious prompts included (RouteLLM's 0 % end), Level-2 as the all-Level-2 arm sends it
+    (no directions)."""
+    from strata.hashing import content_hash
+    from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
+    from strata_tools.zoo.oracle import oracle_score
+    from svc_generator.backends.hf import HfBackend
+
+    if samples < 1:
+        raise ValueError("samples must be >= 1")
+    texts = [r.text for r in records]
+    probed = probe_prompts(zoo.probe, texts)
+    level1, level2 = LivePrompting.live(1), LivePrompting.live(2)
+    directions: dict[int, list[tuple[str, ...]]] = {1: [level1.directions(p) for p in probed],
+                                                     2: [() for _ in records]}
+    means: dict[int, list[float]] = {}
+    for tier, prompting, model in ((1, level1, zoo.level1), (2, level2, zoo.level2)):
+        progress(f"expected quality: {samples} Level-{tier} answers to each of {len(records)} prompts, sampled as live")
+        backend = HfBackend(str(model), "cpu")
+        totals = [0.0] * len(records)
+        for k in range(samples):
+            outputs = generate_answers(backend, prompting, texts, directions[tier], seed + 1000 * k + tier)
+            for i, (record, output) in enumerate(zip(records, outputs, strict=True)):
+                totals[i] += oracle_score(record, output.text)
+        means[tier] = [t / samples for t in totals]
+    return {content_hash(r.text): tier_eval.ExpectedScores(l1, l2, samples)
+            for r, l1, l2 in zip(records, means[1], means[2], strict=True)}
 
 
 # -- report -------------------------------------------------------------------------------------------
@@ -714,6 +788,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--prompts must be >= 4 and --history >= 0")
     if args.epochs < 1:
         raise CliError("--epochs must be >= 1 (1: the tiered + skip arm alone, no later passes)")
+    if args.expected_samples < 1:
+        raise CliError("--expected-samples must be >= 1")
     if not (0 <= args.risk_share <= 1 and 0 <= args.stress_risk_share <= 1):
         raise CliError("--risk-share and --stress-risk-share must be in [0, 1]")
     run_id = uuid.uuid4().hex[:8]
@@ -748,8 +824,18 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
                      reward_env={"STRATA_ESCALATION_THRESHOLD": repr(threshold.value)})
     runs: dict[str, ArmRun] = {}
     with live.started():
-        for name, records, route in (("all-Level-2", eval_records, "level2"), ("tiered", eval_records, "level0"),
-                                     ("history", history, "scheduler"), (HEADLINE_ARM, eval_records, "scheduler")):
+        taken = {r.id for r in history}
+        warm_up = [r for r in pick_prompts(load_suite("train"), 2 * WARM_UP_PROMPTS, args.seed + 2)
+                   if r.id not in taken][:WARM_UP_PROMPTS]
+        for route in ("level2", "level0"):  # cold services pay their first batches here, in no arm's cost
+            progress(f"[warm-up] {len(warm_up)} train prompts via {route} (not measured)")
+            live.run_arm(f"warm-up {route}", warm_up, route, args.timeout, progress)
+        for name, half, part, route in alternated_order(eval_records):
+            progress(f"[arm] {name}, part {part} of 2: {len(half)} prompts via {route}")
+            run = live.run_arm(name, half, route, args.timeout, progress, tag=f"{run_id}-{route}-{part}")
+            runs[name] = run if name not in runs else merged(runs[name], run)
+            progress(f"      done in {run.wall_s:.0f} s")
+        for name, records, route in (("history", history, "scheduler"), (HEADLINE_ARM, eval_records, "scheduler")):
             if not records:
                 continue
             progress(f"[arm] {name}: {len(records)} prompts via {route}")
@@ -767,7 +853,8 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     answers = {name: [answers_of(r, client, store) for r in run.requests] for name, run in runs.items()
                if name != "history"}
     client.close()
-    report = build_report(args, zoo.root.name, mixes, runs, answers, threshold, audits)
+    expected = expected_scores(zoo, eval_records, args.expected_samples, args.seed, progress)
+    report = build_report(args, zoo.root.name, mixes, runs, answers, threshold, expected, audits)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tiers.json").write_text(json.dumps(report["json"], indent=2))
     tier_eval.plot_curve(out / "tiers.png", report["sweep"], report["marks"], report["ceiling"])
@@ -776,6 +863,29 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     head = report["headline"]
     print(headline_line(head, report["apgr"], report["ceiling_share"], report["intervals"]))
     return 0
+
+
+def alternated_order(records: Sequence[Any]) -> list[tuple[str, list[Any], int, str]]:
+    """The all-Level-2 and tiered arms in halves, A B B A (arm, half of ``records``, part, route): each arm
+    runs once early and once late, so a drift of the machine over the run (warming caches, a neighbour's
+    load) weighs on both arms alike, not on whichever ran first."""
+    cut = len(records) // 2
+    first, second = list(records[:cut]), list(records[cut:])
+    return [("all-Level-2", first, 1, "level2"), ("tiered", first, 1, "level0"),
+            ("tiered", second, 2, "level0"), ("all-Level-2", second, 2, "level2")]
+
+
+def merged(first: ArmRun, second: ArmRun) -> ArmRun:
+    """One arm run in two parts: requests in order, stage costs summed by (stage, tier), walls added."""
+    totals: dict[tuple[str, int], ledger.StageCost] = {}
+    for stage in [*first.stages, *second.stages]:
+        key = (stage.stage, stage.tier)
+        seen = totals.get(key)
+        totals[key] = stage if seen is None else ledger.StageCost(
+            stage.stage, stage.tier, seen.items + stage.items, seen.tokens + stage.tokens,
+            seen.device_seconds + stage.device_seconds, seen.param_tokens + stage.param_tokens,
+            seen.human_seconds + stage.human_seconds)
+    return ArmRun(first.name, [*first.requests, *second.requests], list(totals.values()), first.wall_s + second.wall_s)
 
 
 # -- the epoch stream ---------------------------------------------------------------------------------
@@ -891,7 +1001,10 @@ class SweepFigures:
     strong: float
     route_llm: dict[str, float | None]
     ceiling: list[ArmFigures]
-    ceiling_share: float | None       # the sweep's best PxT saving at the target quality / the ceiling's
+    ceiling_share: float | None       # the served router's PxT saving / the ceiling's best at the target quality
+    router: ArmFigures                # the served router (its live escalations) on the replay
+    replay: list[PromptOutcome]       # what the figures were read off
+    expected: bool = False            # scores are expectations over several samples per prompt and tier
 
 
 def subset(union: Sequence[Any], chosen: Sequence[Any], runs: dict[str, ArmRun], answers: dict[str, list[Answers]]
@@ -908,13 +1021,13 @@ def subset(union: Sequence[Any], chosen: Sequence[Any], runs: dict[str, ArmRun],
 
 def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, union_runs: dict[str, ArmRun],
                  union_answers: dict[str, list[Answers]], threshold: ServedThreshold,
-                 audits: Audits | None = None) -> dict[str, Any]:
+                 expected: Mapping[str, tier_eval.ExpectedScores], audits: Audits | None = None) -> dict[str, Any]:
     """The printed lines, the JSON figures, and the sweep, ceiling, marks and headline arm of the curve
     (the default mix's), the epoch stream's rows, with the stress mix's figures read off the same live
     answers."""
     records, runs, answers = subset(mixes.union, mixes.default, union_runs, union_answers)
     arms = _report_arms(args.bad_threshold, records, runs, answers, threshold.value)
-    sweep = sweep_figures(arms.replay, arms.baseline, args.bad_threshold)
+    sweep = _expected_sweep(arms, answers, expected, args.bad_threshold)
     lines = [f"escalation threshold served: {threshold.source}",
              *_report_lines(args, zoo_hash, records, union_runs, answers, arms, sweep)]
     epochs = epoch_figures(answers, [o.prompt_hash for o in arms.replay], [o.level2 for o in arms.replay],
@@ -925,7 +1038,7 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
         stress_records, stress_runs, stress_answers = subset(mixes.union, mixes.stress, union_runs, union_answers)
         stress_arms = _report_arms(args.bad_threshold, stress_records, stress_runs, stress_answers,
                                    threshold.value)
-        stress_sweep = sweep_figures(stress_arms.replay, stress_arms.baseline, args.bad_threshold)
+        stress_sweep = _expected_sweep(stress_arms, stress_answers, expected, args.bad_threshold)
         lines += ["", f"stress mix: {len(stress_records)} test prompts ({sum(r.risk for r in stress_records)} risk), "
                       "read off the same live answers", *arm_table(stress_arms.table),
                   *routing_lines(stress_sweep, stress_arms.oracle_router, stress_arms.tiered)]
@@ -955,11 +1068,20 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
         headline_intervals(headline_name, answers[headline_name], answers["all-Level-2"],
                            [r.prompt_hash for r in runs["all-Level-2"].requests], [r.risk for r in records],
                            [r.family for r in records], args.bad_threshold, args.seed),
-        apgr=apgr_interval(arms.replay, [r.family for r in records], args.bad_threshold, args.seed))
+        apgr=apgr_interval(sweep.replay, [r.family for r in records], args.seed))
     figures["headline_intervals"] = dataclasses.asdict(intervals)
     return {"lines": lines, "json": figures, "sweep": sweep.arms, "ceiling": sweep.ceiling, "marks": marks,
             "headline": arms.headline, "apgr": sweep.route_llm["apgr"], "ceiling_share": sweep.ceiling_share,
             "intervals": intervals}
+
+
+def _expected_sweep(arms: _ReportArms, answers: dict[str, list[Answers]],
+                    expected: Mapping[str, tier_eval.ExpectedScores], bad_threshold: float) -> SweepFigures:
+    """The router's figures on the replay with expected scores; its operating point: the live tiered arm's
+    escalations (the served threshold, calibrated on the validation split)."""
+    served = frozenset(o.prompt_hash for o, a in zip(arms.replay, answers["tiered"], strict=True) if a.escalated)
+    replay, baseline = expected_replay(arms.replay, arms.baseline, expected)
+    return sweep_figures(replay, baseline, bad_threshold, served, expected=True)
 
 
 def _report_arms(bad_threshold: float, records: Sequence[Any], runs: dict[str, ArmRun],
@@ -1007,25 +1129,36 @@ def _replayed_arms(replay: list[PromptOutcome], threshold: float, tiered_share: 
     return [replayed, keep, random_arm, oracle_arm]
 
 
-def route_llm_figures(sweep: Sequence[ArmFigures], strong: float) -> dict[str, float | None]:
-    """RouteLLM's APGR and CPT(50 %), CPT(80 %) of a threshold sweep (Level-2 share ascending) whose strong end is
-    ``strong``; None each when the curve is flat (weak = strong, or one share)."""
-    points = [(a.level2_share, a.mean_oracle) for a in sweep]
-    weak = sweep[0].mean_oracle
-    if strong == weak or len({p[0] for p in points}) < 2:
-        return {"apgr": None, "cpt50": None, "cpt80": None}
+def route_llm_figures(replay: Sequence[PromptOutcome]) -> dict[str, float | None]:
+    """RouteLLM's APGR, CPT(50 %) and CPT(80 %) of the whole router (probe caution, then the light-RM threshold)
+    on its 0-100 % axis of Level-2 calls (``tier_eval.route_llm_curve``), with the curve's ends as weak and
+    strong; None each when a cautious prompt has no Level-1 answer to start the axis from, or the curve is
+    flat (weak = strong)."""
+    none: dict[str, float | None] = {"apgr": None, "cpt50": None, "cpt80": None, "weak": None, "strong": None}
+    try:
+        points = tier_eval.route_llm_curve(replay)
+    except ValueError:
+        return none
+    weak, strong = points[0][1], points[-1][1]
+    if strong == weak:
+        return {**none, "weak": weak, "strong": strong}
     return {"apgr": tier_eval.apgr(points, weak, strong), "cpt50": tier_eval.cpt(points, weak, strong, 0.5),
-            "cpt80": tier_eval.cpt(points, weak, strong, 0.8)}
+            "cpt80": tier_eval.cpt(points, weak, strong, 0.8), "weak": weak, "strong": strong}
 
 
-def sweep_figures(replay: Sequence[PromptOutcome], baseline: ArmFigures, bad_threshold: float) -> SweepFigures:
-    """The threshold sweep over ``replay``, its RouteLLM figures (None when the curve is flat) and the ceiling;
-    ``baseline`` is all-Level-2 on the replay's prompts."""
+def sweep_figures(replay: Sequence[PromptOutcome], baseline: ArmFigures, bad_threshold: float,
+                  served: Collection[str], expected: bool = False) -> SweepFigures:
+    """The threshold sweep over ``replay``, RouteLLM's figures of the whole router, the ceiling, and the router's
+    share of the ceiling's saving at its operating point: the prompts it escalated live (``served``, under a
+    threshold calibrated on the validation split); ``baseline`` is all-Level-2 on the replay's prompts.
+    ``expected``: the replay's scores are expectations (``tier_eval.with_expected``), as the figures then are."""
     sweep = tier_eval.sweep(replay, bad_threshold, baseline)
-    weak, strong = sweep[0].mean_oracle, baseline.mean_oracle
     best = tier_eval.ceiling(replay, bad_threshold, baseline)
-    return SweepFigures(sweep, weak, strong, route_llm_figures(sweep, strong), best,
-                         tier_eval.share_of_ceiling_saving(sweep, best, TARGET_QUALITY_RATIO))
+    router = tier_eval.compare(tier_eval.evaluate("served router", replay, frozenset(served), bad_threshold),
+                               baseline)
+    return SweepFigures(sweep, sweep[0].mean_oracle, baseline.mean_oracle, route_llm_figures(replay), best,
+                        tier_eval.share_of_ceiling_saving(router, best, TARGET_QUALITY_RATIO), router, list(replay),
+                        expected)
 
 
 def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any], runs: dict[str, ArmRun],
@@ -1068,12 +1201,21 @@ def routing_lines(sweep: SweepFigures, oracle_arm: ArmFigures, router_arm: ArmFi
     route_llm = sweep.route_llm
     router = tier_eval.best_saving_at(sweep.arms, TARGET_QUALITY_RATIO)
     best = tier_eval.best_saving_at(sweep.ceiling, TARGET_QUALITY_RATIO)
-    return [f"RouteLLM figures of the threshold sweep (Level-1 light-RM score; weak {sweep.weak:.3f}, strong "
-            f"{sweep.strong:.3f}): APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
-            f"CPT(80%) {_pct(route_llm['cpt80'])}",
+    scores = "expected scores" if sweep.expected else "one sample per prompt and tier"
+    if route_llm["apgr"] is None:
+        route_line = ("RouteLLM figures: none (the axis starts with every prompt at Level-1, and cautious prompts have "
+                      "no Level-1 answer here; `strata bench tiers` samples them)")
+    else:
+        route_line = (f"RouteLLM figures of the whole router over 0-100 % Level-2 calls ({scores}; weak "
+                      f"{_num(route_llm['weak'])}, strong {_num(route_llm['strong'])}): "
+                      f"APGR {_num(route_llm['apgr'])}, CPT(50%) {_pct(route_llm['cpt50'])}, "
+                      f"CPT(80%) {_pct(route_llm['cpt80'])}")
+    return [route_line,
             *ceiling_lines(sweep.ceiling, oracle_arm, router_arm, router_label),
-            f"params x tokens saving at quality >= {TARGET_QUALITY_RATIO}: router (best threshold) {_pct(router)}, "
-            f"ceiling {_pct(best)}: {_num(sweep.ceiling_share)} of the ceiling's"]
+            f"params x tokens saving at quality >= {TARGET_QUALITY_RATIO} ({scores}): the served router "
+            f"{_pct(sweep.router.param_token_saving)} at quality {_num(sweep.router.quality_ratio)} (best threshold of "
+            f"the sweep, chosen after the fact: {_pct(router)}), ceiling {_pct(best)}: {_num(sweep.ceiling_share)} "
+            "of the ceiling's"]
 
 
 def _threshold_lines(replay: list[PromptOutcome], bad_threshold: float, baseline: ArmFigures,
@@ -1097,8 +1239,8 @@ def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures, router_arm
     """What the best router possible on these answers reaches: at the lowest share, at the target, at the
     oracle router's share, at the served router's (when given), and the cheapest at the target quality."""
     floor = best[0]
-    lines = [f"ceiling (any router, escalating the prompts of largest oracle gain first; cautious prompts are "
-             f"Level-2, so the share starts at {_pct(floor.level2_share)}):",
+    lines = [f"ceiling (any router, escalating the prompts of largest oracle gain per Level-2 cost first; cautious "
+             f"prompts are Level-2, so the share starts at {_pct(floor.level2_share)}):",
              f"  {'':<30} {'L2 share':>8} {'saving':>7} {'PxT sav.':>8} {'quality':>8}"]
 
     def row(label: str, a: ArmFigures) -> str:

@@ -7,6 +7,7 @@ import pytest
 from strata_tools.bench.tier_eval import (
     Answer,
     ArmFigures,
+    ExpectedScores,
     PromptOutcome,
     all_level2,
     apgr,
@@ -21,10 +22,12 @@ from strata_tools.bench.tier_eval import (
     plot_curve,
     random_router,
     random_router_figures,
+    route_llm_curve,
     share_of_ceiling_saving,
     sweep,
     threshold_router,
     to_json,
+    with_expected,
 )
 
 BAD = 3.0
@@ -165,19 +168,64 @@ def test_ceiling_escalates_largest_gains_first() -> None:
     assert cheapest_reaching(arms, 1.1) is None
 
 
-def test_router_saving_as_a_share_of_the_ceilings() -> None:
-    router, best = sweep(OUTCOMES, BAD, BASE), ceiling(OUTCOMES, BAD, BASE)
-    # Params x tokens: Level-1 5, Level-2 100, baseline 500.  Both curves at share .2: 4 * 5 + 100 = 120
-    # (saving .76, quality 3.1 / 3.6); share .4 (b escalated): 220 (saving .56, 3.7 / 3.6).
-    assert best_saving_at(router, 1.0) == pytest.approx(0.56)
-    assert best_saving_at(router, 0.8) == pytest.approx(0.76)
-    # At quality >= 1 the threshold router escalates b first, as the ceiling does: all of its saving.
-    assert share_of_ceiling_saving(router, best, 1.0) == pytest.approx(1.0)
-    # 3.8 / 3.6 = 1.056 needs a and b escalated (saving .36): the router never gets there, the ceiling does.
-    assert best_saving_at(router, 1.05) is None
-    assert share_of_ceiling_saving(router, best, 1.05) == 0.0
+def test_the_ceiling_buys_gain_per_unit_of_cost_first() -> None:
+    # b gains 3 for 300 params x tokens (0.01 per unit), a gains .5 for 10 (0.05): a first, though b gains more.
+    outcomes = [PromptOutcome("a", Answer(4.0, 0.9, 1.0, 5.0), Answer(4.5, 0.9, 1.0, 10.0)),
+                PromptOutcome("b", Answer(1.0, 0.2, 1.0, 5.0), Answer(4.0, 0.7, 1.0, 300.0))]
+    base = all_level2(outcomes, BAD)
+    arms = ceiling(outcomes, BAD, base)
+    assert [a.param_tokens for a in arms] == pytest.approx([10.0, 20.0, 320.0])
+    assert [a.mean_oracle for a in arms] == pytest.approx([2.5, 2.75, 4.25])
+
+
+def test_router_saving_at_its_operating_point_as_a_share_of_the_ceilings() -> None:
+    best = ceiling(OUTCOMES, BAD, BASE)
+    # Params x tokens: Level-1 5, Level-2 100, baseline 500.  b escalated: 4 * 5 + 2 * 100 = 220 (saving .56,
+    # quality 3.7 / 3.6), the ceiling's cheapest arm at quality >= 1: all of its saving.
+    served = compare(evaluate("served", OUTCOMES, {"b"}, BAD), BASE)
+    assert best_saving_at(best, 1.0) == pytest.approx(0.56)
+    assert share_of_ceiling_saving(served, best, 1.0) == pytest.approx(1.0)
+    # b and c escalated: 320 (saving .36) at quality 3.6 / 3.6: .36 / .56 of the ceiling's saving.
+    both = compare(evaluate("served", OUTCOMES, {"b", "c"}, BAD), BASE)
+    assert share_of_ceiling_saving(both, best, 1.0) == pytest.approx(0.36 / 0.56)
+    # Escalating nothing saves most but falls short of the quality (3.1 / 3.6): no share.
+    nothing = compare(evaluate("served", OUTCOMES, set(), BAD), BASE)
+    assert share_of_ceiling_saving(nothing, best, 1.0) == 0.0
     # Nothing reaches 1.1: there is no ceiling saving to take a share of.
-    assert share_of_ceiling_saving(router, best, 1.1) is None
+    assert share_of_ceiling_saving(served, best, 1.1) is None
+
+
+def test_the_route_llm_curve_spans_every_call_from_weak_to_strong() -> None:
+    # e is cautious; its unrouted Level-1 answer scores 2.  All at Level-1: 4 + 1 + 2 + 3.5 + 2 = 12.5 (2.5).
+    # The router escalates e first (+3 -> 3.1), then by RM score b (+3 -> 3.7), c (-.5), d (-.5), a (+.5 -> 3.6).
+    outcomes = [*OUTCOMES[:4], PromptOutcome("e", None, OUTCOMES[4].level2, unrouted_level1=Answer(2.0, 0.0, 0, 0))]
+    points = route_llm_curve(outcomes)
+    assert [s for s, _ in points] == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    assert [q for _, q in points] == pytest.approx([2.5, 3.1, 3.7, 3.6, 3.5, 3.6])
+    # RouteLLM's APGR: (trapezoid area of quality over the calls axis - weak) / (strong - weak), the area
+    # .2 * (2.8 + 3.4 + 3.65 + 3.55 + 3.55) = 3.39 -> (3.39 - 2.5) / 1.1.
+    assert apgr(points, 2.5, 3.6) == pytest.approx((3.39 - 2.5) / 1.1)
+    # Equal RM scores move together, as one threshold passes them.
+    tied = [PromptOutcome(h, Answer(1.0, 0.5, 0, 0), Answer(3.0, 0.5, 0, 0)) for h in "xyz"]
+    tied[2] = PromptOutcome("z", Answer(1.0, 0.7, 0, 0), Answer(3.0, 0.5, 0, 0))
+    assert [x for point in route_llm_curve(tied) for x in point] == pytest.approx([0, 1, 2 / 3, 7 / 3, 1, 3])
+    with pytest.raises(ValueError, match="cautious"):
+        route_llm_curve(OUTCOMES)
+
+
+def test_expected_scores_replace_the_one_sample_and_start_the_axis() -> None:
+    expected = {h: ExpectedScores(1.5, 3.5, 4) for h in "abcde"}
+    scored = with_expected(OUTCOMES, expected)
+    assert all(o.level2.oracle == 3.5 for o in scored)
+    assert [o.level1.oracle for o in scored[:4]] == [1.5] * 4  # type: ignore[union-attr]
+    # Costs and RM scores stay the live ones; the cautious prompt's Level-1 answer exists only to measure.
+    assert [o.level1.rm for o in scored[:4]] == [o.level1.rm for o in OUTCOMES[:4]]  # type: ignore[union-attr]
+    unrouted = scored[4].unrouted_level1
+    assert scored[4].level1 is None and unrouted is not None
+    assert (unrouted.oracle, unrouted.device_seconds, unrouted.param_tokens) == (1.5, 0.0, 0.0)
+    assert route_llm_curve(scored)[0] == (0.0, 1.5)
+    with pytest.raises(ValueError, match="no expected scores"):
+        with_expected(OUTCOMES, {"a": expected["a"]})
 
 
 def test_pgr_apgr_cpt_linear_and_concave() -> None:

@@ -129,6 +129,20 @@ def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_pr
     two = tiers.headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5, level2_samples=2)
     assert two.oracle_router.param_tokens == pytest.approx(5 + (5 + 50) + 100)
     assert two.baseline.param_tokens == head.baseline.param_tokens  # the baseline itself is what it booked
+    # One sample per prompt, the cautious prompt d has no Level-1 answer: no RouteLLM figures.
+    assert head.apgr is None and not head.sweep.expected
+    # The served router is what the run escalated (b): its saving against the ceiling's at quality >= .95.
+    assert head.sweep.router.level2_share == pytest.approx(2 / 3)
+    # Expected scores (several samples a prompt) replace the one sample and start the axis at d's Level-1.
+    expected = {h: tier_eval.ExpectedScores(l1, l2_mean, 4) for h, l1, l2_mean in
+                (("a", 3.0, 3.5), ("b", 1.5, 3.5), ("c", 2.0, 3.0), ("d", 1.0, 3.0))}
+    scored = tiers.headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5,
+                               expected=expected)
+    assert scored.sweep.expected and scored.sweep.strong == pytest.approx(10 / 3)
+    # All at Level-1: (3 + 1.5 + 1) / 3; d first (+2), then b (+2), then a (+.5): APGR from that curve.
+    points = [(0.0, 5.5 / 3), (1 / 3, 7.5 / 3), (2 / 3, 9.5 / 3), (1.0, 10 / 3)]
+    assert scored.apgr == pytest.approx(tier_eval.apgr(points, 5.5 / 3, 10 / 3))
+    assert scored.arm == head.arm  # the live arm's own figures stay what the run served
     with pytest.raises(ValueError, match="without a Level-2 answer"):
         tiers.headline_of("own", own, [*baseline[:3], own[0]], list("abcd"), [False] * 4, 1.5)
     with pytest.raises(ValueError, match="every prompt was skipped"):
@@ -283,10 +297,16 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     assert ("probe", 0) in stages["tiered"] and ("encoder", 0) in stages["tiered + skip"]
     assert ("encoder", 0) not in stages["tiered"]
     assert tiered["saving"] == pytest.approx(1 - tiered["device_seconds"] / baseline["device_seconds"])
-    # The ceiling bounds every replayed router: at the oracle router's share it is at least as good.
-    oracle = arms["oracle router (replay)"]
-    best = min(figures["ceiling"], key=lambda a: abs(a["level2_share"] - oracle["level2_share"]))
-    assert best["mean_oracle"] >= oracle["mean_oracle"] - 1e-9
+    # The ceiling (expected quality, gain per cost) bounds every threshold of the sweep on the same expected
+    # scores: at each threshold's cost, the ceiling's curve is at least as good.
+    ceiling = [(a["param_tokens"], a["mean_oracle"]) for a in figures["ceiling"]]
+    for arm in figures["sweep"]:
+        below = max((c for c in ceiling if c[0] <= arm["param_tokens"] + 1e-6), key=lambda c: c[0])
+        above = min((c for c in ceiling if c[0] >= arm["param_tokens"] - 1e-6), key=lambda c: c[0])
+        reach = below[1] if above[0] == below[0] else below[1] + (above[1] - below[1]) * (
+            (arm["param_tokens"] - below[0]) / (above[0] - below[0]))
+        assert reach >= arm["mean_oracle"] - 1e-9, (arm, below, above)
+    assert figures["route_llm"]["weak"] is not None and figures["route_llm"]["apgr"] is not None
     assert "ceiling (any router" in out
     last = out.strip().splitlines()[-1]
     match = LINE.fullmatch(last)
@@ -343,10 +363,29 @@ def test_the_apgr_interval_resamples_families_and_holds_the_estimate() -> None:
               outcome("b2", 3.1, 3.2, 3.3), outcome("c1", 2.0, 2.0, 3.5), outcome("c2", 2.2, 2.1, 3.4),
               outcome("d1", 1.0, 3.9, 4.0), outcome("d2", 4.0, 1.5, 3.0)]
     families = ["a", "a", "b", "b", "c", "c", "d", "d"]
-    interval = tiers.apgr_interval(replay, families, 1.5, seed=2, draws=200)
-    base = tier_eval.all_level2(replay, 1.5)
-    arms = tier_eval.sweep(replay, 1.5, tier_eval.compare(base, base))
-    expected = tier_eval.apgr([(a.level2_share, a.mean_oracle) for a in arms], arms[0].mean_oracle, base.mean_oracle)
+    interval = tiers.apgr_interval(replay, families, seed=2, draws=200)
+    assert interval is not None
+    points = tier_eval.route_llm_curve(replay)
+    expected = tier_eval.apgr(points, points[0][1], points[-1][1])
     assert interval.estimate == pytest.approx(expected) and interval.clusters == 4
     assert interval.low <= interval.estimate <= interval.high and interval.low < interval.high
-    assert tiers.apgr_interval(replay, families, 1.5, seed=2, draws=200) == interval
+    assert tiers.apgr_interval(replay, families, seed=2, draws=200) == interval
+    # A cautious prompt without a Level-1 answer leaves RouteLLM's axis without its 0 % end: no APGR.
+    assert tiers.apgr_interval([*replay, Outcome("e1", None, Answer(4.0, 4.0, 5.0, 100.0))],
+                               [*families, "e"]) is None
+
+
+def test_the_first_two_arms_alternate_and_their_halves_merge() -> None:
+    from strata.ledger import StageCost
+
+    order = tiers.alternated_order(list(range(5)))
+    assert [(name, part) for name, _, part, _ in order] == [("all-Level-2", 1), ("tiered", 1), ("tiered", 2),
+                                                             ("all-Level-2", 2)]
+    assert order[0][1] == order[1][1] == [0, 1] and order[2][1] == order[3][1] == [2, 3, 4]
+    first = tiers.ArmRun("tiered", ["r0"], [StageCost("generate", 1, 2, 10, 1.0, 50.0)], 3.0)  # type: ignore[list-item]
+    second = tiers.ArmRun("tiered", ["r1"], [StageCost("generate", 1, 1, 5, 0.5, 25.0),  # type: ignore[list-item]
+                                             StageCost("probe", 0, 1, 4, 0.1, 8.0)], 2.0)
+    both = tiers.merged(first, second)
+    assert both.requests == ["r0", "r1"] and both.wall_s == 5.0
+    assert {(s.stage, s.items, s.tokens, s.param_tokens) for s in both.stages} == {("generate", 3, 15, 75.0),
+                                                                                 ("probe", 1, 4, 8.0)}
