@@ -4,8 +4,9 @@ A held-out set of 64 prompts drawn from 40 paraphrase families carries less evid
 prompts, and an audit stream that judges one prompt five times carries less than five prompts. The
 standard errors here treat a cluster (a paraphrase family, a prompt) as the unit of evidence:
 
-- :func:`clustered_se`: the cluster-robust standard error of a mean (the CR1 sandwich estimator with its
-  small-sample factor G/(G-1)); with one item per cluster it is the usual SE (up to that factor);
+- :func:`clustered_se` (the runtime library's, which the scheduler's skip audit uses too): the
+  cluster-robust standard error of a mean (the CR1 sandwich estimator with its small-sample factor
+  G/(G-1)); with one item per cluster it is the usual SE (up to that factor);
 - :func:`cluster_bootstrap`: a percentile interval for any statistic, resampling whole clusters.
 
 Pure: no I/O, no numpy.
@@ -15,27 +16,15 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from strata.intervals import clustered_se
+
+__all__ = ["BOOTSTRAP_DRAWS", "LEVEL", "Interval", "cluster_bootstrap", "cluster_bootstraps", "clustered_se"]
+
 BOOTSTRAP_DRAWS = 2000
 LEVEL = 0.95
-
-
-def clustered_se(values: Sequence[float], clusters: Sequence[Hashable]) -> float:
-    """Standard error of ``mean(values)`` with items grouped by ``clusters`` (same length): the sum of each
-    cluster's residuals, squared, over n², times G/(G-1). ``nan`` with fewer than two clusters."""
-    if len(values) != len(clusters):
-        raise ValueError(f"one cluster per value: {len(values)} values, {len(clusters)} clusters")
-    mean = statistics.fmean(values)
-    sums: dict[Hashable, float] = {}
-    for value, cluster in zip(values, clusters, strict=True):
-        sums[cluster] = sums.get(cluster, 0.0) + (value - mean)
-    g, n = len(sums), len(values)
-    if g < 2:
-        return float("nan")
-    return math.sqrt(g / (g - 1) * sum(s * s for s in sums.values())) / n
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from redis.retry import Retry
 
 from strata import redis_client
 from strata.content_store import StoreUnavailableError
+from strata.intervals import clustered_se
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.routing import VersionState, audit_erred
 from svc_scheduler.stats import Aging, RewardObservation, RewardStats, apply_reward, marks_high_uncertainty
@@ -101,7 +102,7 @@ class AuditSummary:
     reuse_mae: float | None  # mean |fresh mean reward - reused reward| over the scored audits
     precision: float | None  # share of scored audits within the tolerance
     tolerance: float
-    reuse_mae_ci95: float | None = None  # half-width of the MAE's 95 % interval (normal, over audits; >= 2)
+    reuse_mae_ci95: float | None = None  # half-width of the MAE's 95 % interval (clustered by prompt; >= 2)
 
     def describe(self) -> str:
         """One line for reports: how many skips were audited and how right their reused rewards were."""
@@ -112,22 +113,29 @@ class AuditSummary:
                 f"{self.reuse_mae:.3f}{interval}, precision {self.precision:.1%} (within {self.tolerance:g})")
 
 
-def mean_ci95(values: Sequence[float]) -> float | None:
-    """Half-width of the normal 95 % interval of ``values``' mean; None below two values. Pure."""
+def mean_ci95(values: Sequence[float], clusters: Sequence[str] | None = None) -> float | None:
+    """Half-width of the normal 95 % interval of ``values``' mean; with ``clusters`` (one per value), the
+    cluster-robust one: audits of one prompt share its neighbours and its policy, so they count as one piece
+    of evidence, not several. None below two values (or two clusters). Pure."""
     if len(values) < 2:
         return None
-    return 1.96 * statistics.stdev(values) / math.sqrt(len(values))
+    if clusters is None:
+        return 1.96 * statistics.stdev(values) / math.sqrt(len(values))
+    se = clustered_se(values, clusters)
+    return None if math.isnan(se) else 1.96 * se
 
 
-def summarise_audits(records: Sequence[tuple[float, int, float]], tolerance: float) -> AuditSummary:
-    """(reused, fresh count, fresh sum) per audit -> the summary. Pure."""
-    errors = [abs(total / n - reused) for reused, n, total in records if n > 0]
+def summarise_audits(records: Sequence[tuple[str, float, int, float]], tolerance: float) -> AuditSummary:
+    """(prompt hash, reused, fresh count, fresh sum) per audit -> the summary, its interval clustered by prompt.
+    Pure."""
+    scored = [(prompt, abs(total / n - reused)) for prompt, reused, n, total in records if n > 0]
+    errors = [e for _, e in scored]
     return AuditSummary(
         audits=len(records), scored=len(errors),
         reuse_mae=sum(errors) / len(errors) if errors else None,
         precision=sum(e <= tolerance for e in errors) / len(errors) if errors else None,
         tolerance=tolerance,
-        reuse_mae_ci95=mean_ci95(errors),
+        reuse_mae_ci95=mean_ci95(errors, [prompt for prompt, _ in scored]),
     )
 
 
@@ -377,6 +385,11 @@ class SchedulerStore:
     def _audit_key(self, prompt_hash: str, request_id: str) -> str:
         return f"{self._s.redis_prefix}:audit:{prompt_hash}:{request_id}"
 
+    def _audited_prompt(self, key: str | bytes) -> str:
+        """The prompt hash of an audit's key (the prefix may hold colons; a hash and a request id do not)."""
+        text = key.decode() if isinstance(key, bytes) else key
+        return text[len(f"{self._s.redis_prefix}:audit:"):].split(":", 1)[0]
+
     def _erred_donors(self, audit: Sequence[Any], reward: float) -> dict[str, float | None]:
         """When ``reward`` completes this audit (its raw hash fields) and it erred: the neighbours it reused,
         each with its similarity to the prompt (None: an audit recorded without them); else nothing."""
@@ -428,7 +441,8 @@ class SchedulerStore:
                 for key in keys:
                     pipe.hmget(key, "reused", "n", "sum")
                 rows = pipe.execute() if keys else []
-        records = [(float(r[0]), int(r[1]), float(r[2])) for r in rows if r[0] is not None]
+        records = [(self._audited_prompt(key), float(r[0]), int(r[1]), float(r[2]))
+                   for key, r in zip(keys, rows, strict=True) if r[0] is not None]
         return summarise_audits(records, self._s.audit_tolerance)
 
     def update_versions(self, policy_version: int | None = None, rm_version: str = "", at: float = 0.0) -> None:

@@ -65,11 +65,14 @@ probe would roll out the bench's prompts and its reward service would score them
    loaded from ``--compare-encoder DIR``; the same stream is routed with it at the floor its card
    re-measured, and with the off-the-shelf encoder at that floor (what the floor alone does).
 
-Last line: ``scheduler trigger_reduction= reuse_mae= greso_trigger_reduction= r10_ceiling= live_skip_rate=
-live_reuse_mae= live_audits=`` (the live fields ``nan`` without ``--live``; ``live_audits`` counts the scored
-audits) ``r11_ceiling= ... level2_share= bad_caught=`` and, with ``--compare-cluster-marking``,
-``flipped_level2_share= flipped_bad_caught=``, with ``--compare-encoder`` ``tuned_trigger_reduction=
-tuned_reuse_mae=``.
+Last line: ``scheduler trigger_reduction= reuse_mae= greso_trigger_reduction= r10_reference= live_skip_rate=
+live_reuse_mae= live_audits= live_reuse_mae_lo= live_reuse_mae_hi=`` (the live fields ``nan`` without ``--live``;
+``live_audits`` counts the scored audits; the bounds are the live error's 95 % interval, clustered by prompt)
+``r11_reference= ... level2_share= bad_caught=``. ``r10_reference``/``r11_reference`` (once ``r10_ceiling``/
+``r11_ceiling``) are the perfect chooser's reduction among prompts whose true variance is under R10's/R11's
+bound: a reference, not a bound, since a rule whose variance estimate errs low may skip more. With
+``--compare-cluster-marking`` it adds ``flipped_level2_share= flipped_bad_caught=``, with ``--compare-encoder``
+``tuned_trigger_reduction= tuned_reuse_mae=``.
 """
 
 from __future__ import annotations
@@ -1075,9 +1078,11 @@ def _print_ceiling(args: argparse.Namespace, settings: SchedulerSettings, ceilin
         for bound, which in ((None, ""), (settings.high_variance_threshold, "R11"),
                              (settings.low_variance_threshold, "R10")):
             most, mae = ceiling.reduction(of_family, args.reuse_budget, bound)
-            name = label if bound is None else f"  prompts varying < {bound:g} ({which})"
+            name = label if bound is None else f"  prompts varying < {bound:g} ({which} ref.)"
             print(f"  {name:<34} trigger reduction {most:.3f} at reuse MAE {mae:.3f} "
                   f"({most * audit_kept:.3f} after auditing {settings.audit_share:.0%})")
+    print("  (the R10/R11 rows are references, not bounds: they keep the prompts whose *true* variance is under "
+          "the rule's bound, which no rule knows; a rule whose variance estimate errs low can skip more)")
 
 
 def _print_r11(settings: SchedulerSettings, measured: _Measured) -> None:
@@ -1241,12 +1246,15 @@ def _print_last_line(args: argparse.Namespace, settings: SchedulerSettings, meas
     live_rate = "nan" if live is None else f"{live.skip_rate:.3f}"
     live_mae = "nan" if live is None or live.audit_mae is None else f"{live.audit_mae:.3f}"
     live_audits = "nan" if live is None else str(live.audits_scored)
-    r10_ceiling, _ = measured.ceiling.reduction(True, args.reuse_budget, settings.low_variance_threshold)
-    r11_ceiling, _ = measured.ceiling.reduction(True, args.reuse_budget, settings.high_variance_threshold)
+    r10_reference, _ = measured.ceiling.reduction(True, args.reuse_budget, settings.low_variance_threshold)
+    r11_reference, _ = measured.ceiling.reduction(True, args.reuse_budget, settings.high_variance_threshold)
+    live_bounds = ("nan", "nan") if live is None or live.audit_mae is None or live.audit_mae_ci95 is None else (
+        f"{live.audit_mae - live.audit_mae_ci95:.3f}", f"{live.audit_mae + live.audit_mae_ci95:.3f}")
     print(f"scheduler trigger_reduction={reduction:.3f} reuse_mae={knn.mae:.3f} "
-          f"greso_trigger_reduction={greso_reduction:.3f} r10_ceiling={r10_ceiling * audit_kept:.3f} "
+          f"greso_trigger_reduction={greso_reduction:.3f} r10_reference={r10_reference * audit_kept:.3f} "
           f"live_skip_rate={live_rate} live_reuse_mae={live_mae} live_audits={live_audits} "
-          f"r11_ceiling={r11_ceiling * audit_kept:.3f} "
+          f"live_reuse_mae_lo={live_bounds[0]} live_reuse_mae_hi={live_bounds[1]} "
+          f"r11_reference={r11_reference * audit_kept:.3f} "
           f"{latency_fields(measured.latency)} level2_share={knn.level2_share:.3f} "
           f"bad_caught={knn.bad_caught:.3f}"
           + ("" if flipped is None else f" flipped_level2_share={flipped.level2_share:.3f} "
