@@ -332,9 +332,19 @@ def _learner_status(stub: learner_pb2_grpc.LearnerStub) -> learner_pb2.LearnerSt
     return stub.Status(learner_pb2.LearnerStatusRequest(), timeout=10)
 
 
+def learner_holds(status: learner_pb2.LearnerStatus) -> int:
+    """Samples the learner holds towards versions it has not reached: pending, and taken into an update (the
+    running one included) that no version holds yet. Counting pending alone, the batch in training would
+    look missing for the update's duration, and the driver would send a round too many."""
+    return int(status.metrics.get("samples/pending", 0)) + int(status.metrics.get("samples/unversioned", 0))
+
+
 def learner_seen(status: learner_pb2.LearnerStatus) -> int:
-    """Reward events the learner has read, whatever it made of them (its samples/<outcome> counts)."""
-    return int(sum(v for k, v in status.metrics.items() if k.startswith("samples/") and k != "samples/pending"))
+    """Reward events the learner has read, whatever it made of them (its samples/<outcome> counts; the states
+    pending and unversioned and the last update's fractions are not events)."""
+    return int(sum(v for k, v in status.metrics.items()
+                   if k.startswith("samples/") and k not in ("samples/pending", "samples/unversioned")
+                   and not k.endswith("_fraction")))
 
 
 def _still_needed(stub: learner_pb2_grpc.LearnerStub, options: TrainOptions, start_version: int, seen_at_start: int,
@@ -348,8 +358,7 @@ def _still_needed(stub: learner_pb2_grpc.LearnerStub, options: TrainOptions, sta
             and time.monotonic() < deadline:
         time.sleep(poll_s)  # polling a status the learner exposes: no event says "read up to here"
         status = _learner_status(stub)
-    return samples_still_needed(options, int(status.policy_version) - start_version,
-                                int(status.metrics.get("samples/pending", 0)))
+    return samples_still_needed(options, int(status.policy_version) - start_version, learner_holds(status))
 
 
 def _wait_for_learner(stub: learner_pb2_grpc.LearnerStub, options: TrainOptions, start_version: int,
@@ -360,8 +369,7 @@ def _wait_for_learner(stub: learner_pb2_grpc.LearnerStub, options: TrainOptions,
     while True:
         status = _learner_status(stub)
         advanced = int(status.policy_version) - start_version
-        pending = int(status.metrics.get("samples/pending", 0))
-        if advanced >= options.updates or samples_still_needed(options, advanced, pending) \
+        if advanced >= options.updates or samples_still_needed(options, advanced, learner_holds(status)) \
                 or time.monotonic() >= deadline:
             return int(status.policy_version)
         time.sleep(poll_s)  # polling a status the learner exposes: no event says "updated" to this client

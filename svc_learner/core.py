@@ -138,6 +138,8 @@ class LearnerStatus:
     counts: Mapping[str, int]  # Outcome value -> events
     pending: int
     sync_seconds: float | None  # last measured publish -> first rollout on the new version
+    # Samples taken into updates (the running one included) that no version holds yet: used, not pending.
+    unversioned: int = 0
 
 
 class WeightSync:
@@ -227,6 +229,7 @@ class LearnerEngine:
         self._applied = checkpoint.applied
         self._last_metrics: dict[str, float] = dict(checkpoint.metrics)
         self._pending: list[Sample] = []
+        self._unversioned = 0  # samples taken into updates since the last version was written
         self._pending_keys: set[str] = set()
         self._recent_keys: OrderedDict[str, None] = OrderedDict()
         self._unsaved_keys: list[str] = []
@@ -457,6 +460,7 @@ class LearnerEngine:
             if len(self._pending) < size:
                 return None
             samples, self._pending = self._pending[:size], self._pending[size:]
+            self._unversioned += size
             for sample in samples:
                 self._pending_keys.discard(sample.key)
             # Next offset not applied per partition: the lowest still pending, else everything seen.
@@ -530,6 +534,7 @@ class LearnerEngine:
         pruned = prune_checkpoints(self.settings.checkpoint_dir, self.settings.keep_checkpoints)
         with self._lock:
             self.version, self._checkpoint, self._checkpoint_step = version, info, step
+            self._unversioned = 0
             keys, self._unsaved_keys = tuple(self._unsaved_keys), []
             for old in [v for v in self._behaviour_cache if v < version - self.settings.max_staleness]:
                 del self._behaviour_cache[old]
@@ -553,4 +558,5 @@ class LearnerEngine:
                 counts=dict(self._counts),
                 pending=len(self._pending),
                 sync_seconds=self.sync.last_seconds,
+                unversioned=self._unversioned,
             )

@@ -17,6 +17,7 @@ def status_to_proto(status: LearnerStatus) -> learner_pb2.LearnerStatus:
     metrics = dict(status.metrics)
     metrics.update({f"samples/{outcome}": float(count) for outcome, count in status.counts.items()})
     metrics["samples/pending"] = float(status.pending)
+    metrics["samples/unversioned"] = float(status.unversioned)
     return learner_pb2.LearnerStatus(
         policy_version=status.policy_version,
         step=status.step,

@@ -188,5 +188,19 @@ def test_the_learner_has_seen_every_event_it_counted_whatever_it_made_of_it() ->
 
     status = learner_pb2.LearnerStatus(metrics={"samples/accepted": 30.0, "samples/skipped_tier": 4.0,
                                                 "samples/skipped_reused": 2.0, "samples/pending": 12.0,
+                                                "samples/unversioned": 32.0, "samples/off_policy_fraction": 0.9,
                                                 "losses/policy_loss": 0.3})
-    assert learner_seen(status) == 36  # pending is a state, not events read; losses are not counts
+    # pending and unversioned are states, not events read; fractions and losses are not counts.
+    assert learner_seen(status) == 36
+
+
+def test_a_batch_in_training_is_held_not_missing() -> None:
+    from strata.v1 import learner_pb2
+    from strata_tools.train import learner_holds, samples_still_needed
+
+    # Mid-update: the batch left the pending list, and no version holds it yet.
+    options = TrainOptions(updates=8, prompts_per_round=16, n_samples=2, samples_per_update=32)
+    status = learner_pb2.LearnerStatus(policy_version=7, metrics={"samples/pending": 0.0,
+                                                                   "samples/unversioned": 32.0})
+    assert learner_holds(status) == 32
+    assert samples_still_needed(options, 7, learner_holds(status)) == 0  # pending alone would ask for 32 more

@@ -59,6 +59,20 @@ def test_applied_offsets_stop_at_the_first_sample_still_pending(policy_dir: Path
     assert engine.update() is None  # one sample pending: no batch
 
 
+def test_samples_taken_into_updates_are_unversioned_until_a_version_holds_them(policy_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    engine = engine_for(policy_dir, tmp_path, checkpoint_every_updates=2)
+    for offset in (5, 6, 7, 8):
+        engine.offer(sample(0, offset))
+    assert (engine.status().pending, engine.status().unversioned) == (4, 0)
+    first = engine.update()
+    assert first is not None and first.checkpoint is None  # one update of two before a version is written
+    assert (engine.status().pending, engine.status().unversioned, engine.version) == (2, 2, 0)
+    second = engine.update()
+    assert second is not None and second.checkpoint is not None
+    assert (engine.status().pending, engine.status().unversioned, engine.version) == (0, 0, 1)
+
+
 def test_pending_samples_that_became_stale_are_dropped_when_the_batch_forms(policy_dir: Path, tmp_path: Path) -> None:
     engine = engine_for(policy_dir, tmp_path, max_staleness=0, keep_checkpoints=1)
     for offset in (5, 6, 7):
