@@ -1057,6 +1057,7 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
         "review_seconds": args.review_seconds, "arms": [tier_eval.to_json(a) for a in arms.table],
         "sweep": [tier_eval.to_json(a) for a in sweep.arms], "ceiling": [tier_eval.to_json(a) for a in sweep.ceiling],
         "route_llm": sweep.route_llm, "ceiling_share_of_saving": sweep.ceiling_share, "article": ARTICLE,
+        "expected_samples": args.expected_samples, "served_router": tier_eval.to_json(sweep.router),
         "risk_share": args.risk_share, "stress": stress_json, "live_prompts": len(mixes.union),
         "epochs": [{"epoch": e, "skipped": skipped, **tier_eval.to_json(a)} for e, skipped, a in epochs],
         "audits": None if audits is None else dataclasses.asdict(audits),
