@@ -397,41 +397,49 @@ class LearnerEngine:
             taken = self._take_batch()
             if taken is None:
                 return None
-            samples, next_offsets = taken
-            batch, off_policy = self._collate(samples)
-            level2_rows = torch.tensor([s.behaviour == LEVEL2 for s in samples])  # (B,)
-            groups = {LEVEL2: level2_rows} if level2_rows.any() else None  # -> off_policy/level2_is_weight_mean
-            started = time.perf_counter()
-            self.policy.start_value_at(batch.scores.float().mean().item())
-            metrics = ppo_update(self.policy, self.reference, self.optimizer, batch, self.ppo_config, self.step,
-                                 row_groups=groups)  # fmt: skip
-            elapsed = time.perf_counter() - started
-            tokens = int(batch.attention_mask.sum().item())
-            metrics.update({
-                "perf/update_seconds": elapsed,
-                "perf/tokens_per_second": tokens * self.ppo_config.update_epochs / max(elapsed, 1e-9),
-                "perf/batch_tokens": float(tokens),
-                "samples/off_policy_fraction": off_policy / len(samples),
-                "samples/level2_fraction": level2_rows.float().mean().item(),
-            })  # fmt: skip
-            keys = [s.key for s in samples]
-            with self._lock:
-                self.step += 1
-                self._applied = self._applied.after_batch(sample_batch_id(keys), next_offsets)
-                self._unsaved_keys.extend(keys)
-                for key in keys:
-                    self._recent_keys[key] = None
-                while len(self._recent_keys) > RECENT_KEYS_BATCHES * self.settings.batch_size:
-                    self._recent_keys.popitem(last=False)
-                self._last_metrics = dict(metrics)
-                step = self.step
-            log.info("update %d: %d samples (%d off-policy), mean reward %.3f, kl %.4f, eps %.3f, %.2f s", step,
-                     len(samples), off_policy, metrics["charts/mean_reward"], metrics["charts/kl"],
-                     metrics["charts/clip_epsilon"], elapsed)  # fmt: skip
-            checkpoint = None
-            if step - self._checkpoint_step >= self.settings.checkpoint_every_updates:
-                checkpoint = self._write_checkpoint()
-            return UpdateResult(step, metrics, len(samples), off_policy, checkpoint)
+            try:
+                return self._train_on(*taken)
+            except BaseException:
+                with self._lock:  # the batch is lost, not held: the driver must not wait for it
+                    self._unversioned = max(0, self._unversioned - len(taken[0]))
+                raise
+
+    def _train_on(self, samples: list[Sample], next_offsets: dict[tuple[str, int], int]) -> UpdateResult:
+        """The PPO update on ``samples`` taken off the pending list (caller holds the model lock)."""
+        batch, off_policy = self._collate(samples)
+        level2_rows = torch.tensor([s.behaviour == LEVEL2 for s in samples])  # (B,)
+        groups = {LEVEL2: level2_rows} if level2_rows.any() else None  # -> off_policy/level2_is_weight_mean
+        started = time.perf_counter()
+        self.policy.start_value_at(batch.scores.float().mean().item())
+        metrics = ppo_update(self.policy, self.reference, self.optimizer, batch, self.ppo_config, self.step,
+                             row_groups=groups)  # fmt: skip
+        elapsed = time.perf_counter() - started
+        tokens = int(batch.attention_mask.sum().item())
+        metrics.update({
+            "perf/update_seconds": elapsed,
+            "perf/tokens_per_second": tokens * self.ppo_config.update_epochs / max(elapsed, 1e-9),
+            "perf/batch_tokens": float(tokens),
+            "samples/off_policy_fraction": off_policy / len(samples),
+            "samples/level2_fraction": level2_rows.float().mean().item(),
+        })  # fmt: skip
+        keys = [s.key for s in samples]
+        with self._lock:
+            self.step += 1
+            self._applied = self._applied.after_batch(sample_batch_id(keys), next_offsets)
+            self._unsaved_keys.extend(keys)
+            for key in keys:
+                self._recent_keys[key] = None
+            while len(self._recent_keys) > RECENT_KEYS_BATCHES * self.settings.batch_size:
+                self._recent_keys.popitem(last=False)
+            self._last_metrics = dict(metrics)
+            step = self.step
+        log.info("update %d: %d samples (%d off-policy), mean reward %.3f, kl %.4f, eps %.3f, %.2f s", step,
+                 len(samples), off_policy, metrics["charts/mean_reward"], metrics["charts/kl"],
+                 metrics["charts/clip_epsilon"], elapsed)  # fmt: skip
+        checkpoint = None
+        if step - self._checkpoint_step >= self.settings.checkpoint_every_updates:
+            checkpoint = self._write_checkpoint()
+        return UpdateResult(step, metrics, len(samples), off_policy, checkpoint)
 
     def checkpoint_now(self) -> tuple[NewCheckpoint | None, CheckpointInfo]:
         """Write the current weights as a new version if they changed since the last checkpoint.

@@ -67,26 +67,28 @@ class ArmFigures:
 
 @dataclass(frozen=True)
 class ExpectedScores:
-    """A prompt's expected oracle score per tier: the mean over several sampled answers of each."""
+    """A prompt's expected oracle score at Level-2 (the mean over several sampled answers) and, for a cautious
+    prompt, at Level-1 (None otherwise: the router judges the Level-1 answer it sees, so that answer stays)."""
 
-    level1: float
     level2: float
     samples: int  # answers per tier behind each mean
+    level1: float | None = None
 
 
 def with_expected(outcomes: Sequence[PromptOutcome], expected: Mapping[str, ExpectedScores]) -> list[PromptOutcome]:
-    """``outcomes`` with every answer's oracle score replaced by its prompt's expectation (costs and RM scores
-    stay the live ones), and each cautious prompt given its unrouted Level-1 answer (expected score, no cost:
-    RouteLLM's axis counts calls)."""
-    missing = [o.prompt_hash for o in outcomes if o.prompt_hash not in expected]
+    """``outcomes`` with each Level-2 answer's oracle score replaced by its prompt's expectation (the router
+    escalates before it sees Level-2's answer, so that answer's luck is no router's doing), and each cautious
+    prompt given its unrouted Level-1 answer (expected score, no cost: RouteLLM's axis counts calls). The
+    Level-1 answers stay the ones served: the router saw each and its light-RM score. Costs stay the live ones."""
+    missing = [o.prompt_hash for o in outcomes if o.prompt_hash not in expected
+               or (o.level1 is None and expected[o.prompt_hash].level1 is None)]
     if missing:
         raise ValueError(f"{len(missing)} prompts have no expected scores, e.g. {missing[0][:12]}")
     out = []
     for o in outcomes:
         e = expected[o.prompt_hash]
-        level1 = None if o.level1 is None else dataclasses.replace(o.level1, oracle=e.level1)
-        unrouted = Answer(e.level1, math.nan, 0.0, 0.0) if o.level1 is None else None
-        out.append(dataclasses.replace(o, level1=level1, level2=dataclasses.replace(o.level2, oracle=e.level2),
+        unrouted = None if o.level1 is not None else Answer(e.level1, math.nan, 0.0, 0.0)  # type: ignore[arg-type]
+        out.append(dataclasses.replace(o, level2=dataclasses.replace(o.level2, oracle=e.level2),
                                        unrouted_level1=unrouted))
     return out
 
@@ -250,10 +252,10 @@ def ceiling(outcomes: Sequence[PromptOutcome], bad_threshold: float, baseline: A
     """The best quality any router reaches for its cost, compared to ``baseline``, by Level-2 share ascending.
 
     Escalating a prompt adds its Level-2 answer's cost and its oracle gain (Level-2 minus Level-1); taking the
-    prompts in order of gain per unit of that cost gives, at each cost, the most quality a router can buy with
-    it (the greedy order is optimal for the fractional problem, so no router's whole prompts do better than
-    the curve through these points). Pass expected scores (several samples per prompt and tier, see
-    ``bench tiers``) and the ceiling is of expected quality, not of one lucky sample.
+    prompts in order of gain per unit of that cost is optimal for the fractional problem, so the line between
+    consecutive points bounds what any router's set of prompts reaches for its cost (the points themselves
+    need not: read savings off the line, :func:`ceiling_saving_at`). Given expected Level-2 scores
+    (``with_expected``), Level-2's luck is out of it.
     """
     _check_outcomes(outcomes)
 
@@ -283,13 +285,28 @@ def best_saving_at(arms: Sequence[ArmFigures], quality_ratio: float) -> float | 
     return max(savings, default=None)
 
 
+def ceiling_saving_at(ceiling_arms: Sequence[ArmFigures], quality_ratio: float) -> float | None:
+    """The most params-x-tokens saving any router reaches at quality >= ``quality_ratio``: read off the line
+    between the ceiling's points (in its order, cost rising), where the quality first reaches the target,
+    which bounds every set of prompts, unlike the points alone; None when the ceiling never reaches it."""
+    for before, after in itertools.pairwise([None, *ceiling_arms]):
+        assert after is not None
+        if after.quality_ratio is None or after.param_token_saving is None or after.quality_ratio < quality_ratio:
+            continue
+        if before is None or before.quality_ratio is None or before.param_token_saving is None:
+            return after.param_token_saving
+        share = (quality_ratio - before.quality_ratio) / (after.quality_ratio - before.quality_ratio)
+        return before.param_token_saving + share * (after.param_token_saving - before.param_token_saving)
+    return None
+
+
 def share_of_ceiling_saving(router: ArmFigures, ceiling_arms: Sequence[ArmFigures],
                             quality_ratio: float) -> float | None:
     """The router's params-x-tokens saving at its operating point (one arm, its threshold chosen beforehand, not
-    the best of a sweep picked after the fact) as a share of the ceiling's best saving at quality >=
-    ``quality_ratio``: 0 when the router falls short of that quality; None when the ceiling itself saves
-    nothing there (no share to take)."""
-    ceiling_saving = best_saving_at(ceiling_arms, quality_ratio)
+    the best of a sweep picked after the fact) as a share of the most any router saves at quality >=
+    ``quality_ratio`` (:func:`ceiling_saving_at`): 0 when the router falls short of that quality; None when
+    the ceiling itself saves nothing there (no share to take)."""
+    ceiling_saving = ceiling_saving_at(ceiling_arms, quality_ratio)
     if ceiling_saving is None or ceiling_saving <= 0:
         return None
     if router.quality_ratio is None or router.quality_ratio < quality_ratio or router.param_token_saving is None:

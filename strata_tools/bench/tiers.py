@@ -41,16 +41,18 @@ scores: the *random router* at the tiered arm's Level-2 share (mean of 200 draws
 router* (escalate exactly the bad cases), *keep the better* of both answers by RM score. Cautious
 prompts stay at Level-2 under every router, so the comparison isolates the escalation rule.
 
-The router's figures are read off *expected* scores: ``--expected-samples`` (4) answers per prompt and
-tier, sampled as the live tiers are (``strata_tools.level1``) apart from the live arms, each prompt's
-oracle score the mean of its tier's samples (one sample's luck would rank the ceiling). On them: the
-threshold sweep; RouteLLM's APGR, CPT(50%) and CPT(80%) of the whole router over its 0-100 % axis of
-Level-2 calls (cautious prompts first, then the light-RM threshold; every prompt's Level-1 answer
-starts the axis, cautious ones included), with a bootstrap interval over paraphrase families; the
-*ceiling*, escalating the prompts of largest expected gain per unit of Level-2 cost first (no router
-buys more quality for the same cost on these answers); and the router's share of the ceiling's saving
-at its operating point, the threshold served (calibrated on the validation split), not the best
-threshold of the sweep picked after the fact.
+The router's figures are read off *expected* Level-2 scores: ``--expected-samples`` (4) Level-2 answers
+per prompt, sampled as the live tier is (``strata_tools.level1``) apart from the live arms, each
+prompt's Level-2 oracle score their mean (the router escalates before it sees Level-2's answer, so
+that answer's luck is no router's doing, and one lucky sample would rank the ceiling); each Level-1
+answer stays the one served, which the router judged. Cautious prompts get as many Level-1 answers,
+for the measurement only. On them: the threshold sweep; RouteLLM's APGR, CPT(50%) and CPT(80%) of the
+whole router over its 0-100 % axis of Level-2 calls (cautious prompts first, then the light-RM
+threshold), with a bootstrap interval over paraphrase families; the *ceiling*, escalating the prompts
+of largest gain per unit of Level-2 cost first, whose line between points no router's set of prompts
+passes at the same cost; and the router's share of the ceiling's saving at its operating point, the
+threshold served (calibrated on the validation split), not the best threshold of the sweep picked
+after the fact.
 
 The services run with one intra-op thread each (``OMP_NUM_THREADS=1``): a second OpenMP thread
 spins while it waits, and on a shared CPU its spinning would be booked as the service's CPU seconds.
@@ -58,12 +60,13 @@ spins while it waits, and on a shared CPU its spinning would be booked as the se
 Cost is compared in params x tokens first (stable across runs and machines; device-seconds of
 overhead-bound tiny models on a shared CPU move by +-10 points), device-seconds beside it. The router
 is also judged against the ceiling: its params-x-tokens saving at its operating point (0 when its
-quality is under 0.95) as a share of the ceiling's best saving at quality >= 0.95.
+quality is under 0.95) as a share of the most any router saves at quality >= 0.95 (read off the
+ceiling's line).
 
 Writes ``tiers.json`` (every figure, the stress mix under ``"stress"``) and ``tiers.png`` (the curve)
 under ``--out``. Last line, for the default mix's *tiered + skip* arm: ``tiers saving=<PxT fraction>
 device_saving=<fraction> quality_ratio=<x> bad_case_catch=<fraction> level2_share=<fraction> apgr=<x>
-ceiling_share_of_saving=<fraction>`` (the router figures on expected scores, see below).
+ceiling_share_of_saving=<fraction>`` (the router's figures read as the paragraphs above say).
 """
 
 from __future__ import annotations
@@ -214,9 +217,10 @@ class ArmRunner:
         self.scheduler_address = scheduler_address
 
     def run_arm(self, name: str, records: Sequence[Any], route: str, timeout_s: float,
-                progress: Callable[[str], None], n_samples: int = 1, tag: str = "") -> ArmRun:
+                progress: Callable[[str], None], n_samples: int = 1, tag: str = "", first_index: int = 0) -> ArmRun:
         """Send ``records`` through one arm (route: level2 | level0 | scheduler) and wait for every final;
-        ``n_samples`` rollouts per prompt."""
+        ``n_samples`` rollouts per prompt. Prompt ``i`` is sampled with the seed of position ``first_index + i``,
+        so an arm run in parts samples as it would whole, paired with the other arms prompt by prompt."""
 
         from strata.bus import topics
         from strata.bus.tail import TailReader
@@ -234,9 +238,9 @@ class ArmRunner:
         started = time.monotonic()
         try:
             if route == "scheduler":
-                self._submit(requests, n)
+                self._submit(requests, n, first_index)
             else:
-                self._publish(requests, route, store, n)
+                self._publish(requests, route, store, n, first_index)
             refused = [r for r in requests if r.decision == "refused"]
             if refused:
                 raise RuntimeError(f"{name}: the scheduler refused {len(refused)} prompts (see the log)")
@@ -271,7 +275,8 @@ class ArmRunner:
                 raise TimeoutError(f"{booked} of {scored} scored samples booked in the ledger after 60 s")
             time.sleep(0.2)
 
-    def _publish(self, requests: Sequence[Request], route: str, store: Any, n_samples: int = 1) -> None:
+    def _publish(self, requests: Sequence[Request], route: str, store: Any, n_samples: int = 1,
+                 first_index: int = 0) -> None:
         from strata.bus import Publisher, topics
         from strata.v1 import common_pb2, events_pb2
 
@@ -286,7 +291,7 @@ class ArmRunner:
                     tier=common_pb2.TIER_LEVEL_2 if level2 else common_pb2.TIER_LEVEL_0,
                     decision=common_pb2.DECISION_LEVEL_2 if level2 else common_pb2.DECISION_LEVEL_1,
                     reason="bench tiers: all-Level-2 arm" if level2 else "bench tiers: tiered arm",
-                    sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + i),
+                    sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + first_index + i),
                 )
                 routed.submitted_at.GetCurrentTime()
                 routed.routed_at.GetCurrentTime()
@@ -296,7 +301,7 @@ class ArmRunner:
         finally:
             publisher.close()
 
-    def _submit(self, requests: Sequence[Request], n_samples: int = 1) -> None:
+    def _submit(self, requests: Sequence[Request], n_samples: int = 1, first_index: int = 0) -> None:
 
         from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -308,7 +313,7 @@ class ArmRunner:
                 reply = stub.SubmitBatch(scheduler_pb2.SubmitBatchRequest(requests=[
                     scheduler_pb2.SubmitRequest(
                         prompt=r.record.text, n_samples=n_samples, request_id=r.request_id,
-                        sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + start + j))
+                        sampling=common_pb2.SamplingParams(seed=self.seed * 100_003 + first_index + start + j))
                     for j, r in enumerate(chunk)
                 ]), timeout=300)
                 for request, result in zip(chunk, reply.results, strict=True):
@@ -627,7 +632,7 @@ def headline_line(arm: ArmFigures, apgr: float | None, ceiling_share: float | No
 class HeadlineIntervals:
     saving: Interval          # params x tokens saving against all-Level-2
     quality_ratio: Interval   # mean oracle against all-Level-2's, on the prompts with an answer of their own
-    apgr: Interval | None = None  # the replayed threshold sweep's APGR (bench tiers)
+    apgr: Interval | None = None  # RouteLLM's APGR of the whole router, over 0-100 % of Level-2 calls
 
 
 def apgr_interval(replay: Sequence[PromptOutcome], families: Sequence[str], seed: int = 0,
@@ -728,10 +733,10 @@ def expected_replay(replay: Sequence[PromptOutcome], baseline: ArmFigures,
 
 def expected_scores(zoo: Any, records: Sequence[Any], samples: int, seed: int,
                     progress: Callable[[str], None] = print) -> dict[str, tier_eval.ExpectedScores]:
-    """Each record's expected oracle score at Level-1 and at Level-2 (by prompt hash): ``samples`` answers per
-    tier, prompted and sampled as the live tiers are (``strata_tools.level1``): Level-1 with the directions the
-    probe forwards, cautious prompts included (RouteLLM's 0 % end), Level-2 as the all-Level-2 arm sends it
-    (no directions)."""
+    """Each record's expected oracle score at Level-2 and, where the probe is cautious, at Level-1 (by prompt
+    hash): ``samples`` answers per tier, prompted and sampled as the live tiers are (``strata_tools.level1``):
+    Level-2 as the all-Level-2 arm sends it (no directions), Level-1 with the directions the probe forwards.
+    Level-1 answers to prompts the router judges are not sampled again: it judged the one it saw."""
     from strata.hashing import content_hash
     from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
     from strata_tools.zoo.oracle import oracle_score
@@ -739,23 +744,30 @@ def expected_scores(zoo: Any, records: Sequence[Any], samples: int, seed: int,
 
     if samples < 1:
         raise ValueError("samples must be >= 1")
-    texts = [r.text for r in records]
-    probed = probe_prompts(zoo.probe, texts)
-    level1, level2 = LivePrompting.live(1), LivePrompting.live(2)
-    directions: dict[int, list[tuple[str, ...]]] = {1: [level1.directions(p) for p in probed],
-                                                     2: [() for _ in records]}
-    means: dict[int, list[float]] = {}
-    for tier, prompting, model in ((1, level1, zoo.level1), (2, level2, zoo.level2)):
-        progress(f"expected quality: {samples} Level-{tier} answers to each of {len(records)} prompts, sampled as live")
+    probed = probe_prompts(zoo.probe, [r.text for r in records])
+    level1 = LivePrompting.live(1)
+    cautious = [i for i, p in enumerate(probed) if p.caution]
+
+    def mean_scores(tier: int, prompting: LivePrompting, model: Path, chosen: Sequence[int],
+                    directions: Sequence[tuple[str, ...]]) -> list[float]:
+        progress(f"expected quality: {samples} Level-{tier} answers to each of {len(chosen)} prompts, sampled as "
+                 "live")
+        if not chosen:
+            return []
         backend = HfBackend(str(model), "cpu")
-        totals = [0.0] * len(records)
+        texts = [records[i].text for i in chosen]
+        totals = [0.0] * len(chosen)
         for k in range(samples):
-            outputs = generate_answers(backend, prompting, texts, directions[tier], seed + 1000 * k + tier)
-            for i, (record, output) in enumerate(zip(records, outputs, strict=True)):
-                totals[i] += oracle_score(record, output.text)
-        means[tier] = [t / samples for t in totals]
-    return {content_hash(r.text): tier_eval.ExpectedScores(l1, l2, samples)
-            for r, l1, l2 in zip(records, means[1], means[2], strict=True)}
+            outputs = generate_answers(backend, prompting, texts, directions, seed + 1000 * k + tier)
+            for j, output in enumerate(outputs):
+                totals[j] += oracle_score(records[chosen[j]], output.text)
+        return [t / samples for t in totals]
+
+    level2 = mean_scores(2, LivePrompting.live(2), Path(zoo.level2), range(len(records)), [() for _ in records])
+    unrouted = dict(zip(cautious, mean_scores(1, level1, Path(zoo.level1), cautious,
+                                              [level1.directions(probed[i]) for i in cautious]), strict=True))
+    return {content_hash(r.text): tier_eval.ExpectedScores(level2[i], samples, unrouted.get(i))
+            for i, r in enumerate(records)}
 
 
 # -- report -------------------------------------------------------------------------------------------
@@ -830,9 +842,10 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
         for route in ("level2", "level0"):  # cold services pay their first batches here, in no arm's cost
             progress(f"[warm-up] {len(warm_up)} train prompts via {route} (not measured)")
             live.run_arm(f"warm-up {route}", warm_up, route, args.timeout, progress)
-        for name, half, part, route in alternated_order(eval_records):
+        for name, half, part, route, first in alternated_order(eval_records):
             progress(f"[arm] {name}, part {part} of 2: {len(half)} prompts via {route}")
-            run = live.run_arm(name, half, route, args.timeout, progress, tag=f"{run_id}-{route}-{part}")
+            run = live.run_arm(name, half, route, args.timeout, progress, tag=f"{run_id}-{route}-{part}",
+                               first_index=first)
             runs[name] = run if name not in runs else merged(runs[name], run)
             progress(f"      done in {run.wall_s:.0f} s")
         for name, records, route in (("history", history, "scheduler"), (HEADLINE_ARM, eval_records, "scheduler")):
@@ -865,14 +878,15 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     return 0
 
 
-def alternated_order(records: Sequence[Any]) -> list[tuple[str, list[Any], int, str]]:
-    """The all-Level-2 and tiered arms in halves, A B B A (arm, half of ``records``, part, route): each arm
+def alternated_order(records: Sequence[Any]) -> list[tuple[str, list[Any], int, str, int]]:
+    """The all-Level-2 and tiered arms in halves, A B B A (arm, half of ``records``, part, route, the half's
+    first index in ``records``): each arm
     runs once early and once late, so a drift of the machine over the run (warming caches, a neighbour's
     load) weighs on both arms alike, not on whichever ran first."""
     cut = len(records) // 2
     first, second = list(records[:cut]), list(records[cut:])
-    return [("all-Level-2", first, 1, "level2"), ("tiered", first, 1, "level0"),
-            ("tiered", second, 2, "level0"), ("all-Level-2", second, 2, "level2")]
+    return [("all-Level-2", first, 1, "level2", 0), ("tiered", first, 1, "level0", 0),
+            ("tiered", second, 2, "level0", cut), ("all-Level-2", second, 2, "level2", cut)]
 
 
 def merged(first: ArmRun, second: ArmRun) -> ArmRun:
@@ -1046,10 +1060,12 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
                        "arms": [tier_eval.to_json(a) for a in stress_arms.table],
                        "ceiling": [tier_eval.to_json(a) for a in stress_sweep.ceiling],
                        "route_llm": stress_sweep.route_llm, "ceiling_share_of_saving": stress_sweep.ceiling_share}
-    marks = {"all-Level-2": arms.baseline, "tiered": arms.tiered, "random router": arms.random_router,
-             "oracle router": arms.oracle_router}
+    # The curve and ceiling are of expected Level-2 scores; the live and replayed arms of one sample each.
+    marks = {"all-Level-2": arms.baseline, "served router (expected)": sweep.router,
+             "tiered (one sample)": arms.tiered, "random router (one sample)": arms.random_router,
+             "oracle router (one sample)": arms.oracle_router}
     if answers.get(HEADLINE_ARM) is not None:
-        marks[HEADLINE_ARM] = arms.headline
+        marks[f"{HEADLINE_ARM} (one sample)"] = arms.headline
     figures = {
         "zoo": zoo_hash, "prompts": len(records), "risk_prompts": sum(r.risk for r in records),
         "bad_threshold": args.bad_threshold, "escalation_threshold": arms.threshold,
@@ -1196,13 +1212,13 @@ def _report_lines(args: argparse.Namespace, zoo_hash: str, records: Sequence[Any
 
 def routing_lines(sweep: SweepFigures, oracle_arm: ArmFigures, router_arm: ArmFigures,
                   router_label: str = "the tiered arm's") -> list[str]:
-    """The router against the literature's yardsticks: RouteLLM's figures of its sweep, the ceiling of any
-    router (beside the oracle router's and ``router_arm``'s shares), and its best saving at the target
-    quality as a share of the ceiling's."""
+    """The router against the literature's yardsticks: RouteLLM's figures of the whole router, the ceiling of
+    any router (beside the oracle router's and ``router_arm``'s shares), and the served router's saving as a
+    share of the most any router saves at the target quality."""
     route_llm = sweep.route_llm
     router = tier_eval.best_saving_at(sweep.arms, TARGET_QUALITY_RATIO)
-    best = tier_eval.best_saving_at(sweep.ceiling, TARGET_QUALITY_RATIO)
-    scores = "expected scores" if sweep.expected else "one sample per prompt and tier"
+    best = tier_eval.ceiling_saving_at(sweep.ceiling, TARGET_QUALITY_RATIO)
+    scores = "expected Level-2 scores" if sweep.expected else "one sample per prompt and tier"
     if route_llm["apgr"] is None:
         route_line = ("RouteLLM figures: none (the axis starts with every prompt at Level-1, and cautious prompts have "
                       "no Level-1 answer here; `strata bench tiers` samples them)")

@@ -69,8 +69,13 @@ def test_bench_runs_through_kafka_and_prints_both_rules(infra: StrataSettings, z
                          r"flipped_level2_share=(\d\.\d{3}) flipped_bad_caught=(\d\.\d{3}|nan)", last)
     assert match, last
     assert float(match.group(4)) <= float(match.group(10))  # R10 allows less than R11 does
-    if match.group(8) != "nan":  # the live error's interval (clustered by prompt) holds it
-        assert float(match.group(8)) <= float(match.group(6)) <= float(match.group(9))
+    # The live error's bounds are the report's clustered 95 % interval around it.
+    interval = re.search(r"audit reuse error (\d\.\d{3}) ± (\d\.\d{3}) \(95 %\)", out)
+    if interval:
+        assert float(match.group(8)) == pytest.approx(float(interval.group(1)) - float(interval.group(2)), abs=2e-3)
+        assert float(match.group(9)) == pytest.approx(float(interval.group(1)) + float(interval.group(2)), abs=2e-3)
+    else:
+        assert match.group(8) == match.group(9) == "nan"
     assert float(match.group(1)) == pytest.approx(1 - rollouts / submitted, abs=1e-3)
     assert float(match.group(5)) == pytest.approx(int(live.group(4)) / 21, abs=1e-3)
     audits = re.search(r"fresh light/strong-RM rewards of (\d+) of (\d+) audited skips", out)

@@ -13,6 +13,7 @@ from strata_tools.bench.tier_eval import (
     apgr,
     best_saving_at,
     ceiling,
+    ceiling_saving_at,
     cheapest_reaching,
     compare,
     cpt,
@@ -180,14 +181,16 @@ def test_the_ceiling_buys_gain_per_unit_of_cost_first() -> None:
 
 def test_router_saving_at_its_operating_point_as_a_share_of_the_ceilings() -> None:
     best = ceiling(OUTCOMES, BAD, BASE)
-    # Params x tokens: Level-1 5, Level-2 100, baseline 500.  b escalated: 4 * 5 + 2 * 100 = 220 (saving .56,
-    # quality 3.7 / 3.6), the ceiling's cheapest arm at quality >= 1: all of its saving.
-    served = compare(evaluate("served", OUTCOMES, {"b"}, BAD), BASE)
+    # Params x tokens: Level-1 5, Level-2 100, baseline 500.  The ceiling's line from k=0 (120, quality
+    # 3.1 / 3.6) to k=1 (b escalated: 220, 3.7 / 3.6) reaches quality 1 five sixths of the way: 203.33, saving
+    # 1 - 203.33 / 500 = .5933, more than its point at b (.56).
     assert best_saving_at(best, 1.0) == pytest.approx(0.56)
-    assert share_of_ceiling_saving(served, best, 1.0) == pytest.approx(1.0)
-    # b and c escalated: 320 (saving .36) at quality 3.6 / 3.6: .36 / .56 of the ceiling's saving.
+    assert ceiling_saving_at(best, 1.0) == pytest.approx(1 - (120 + 100 * 5 / 6) / 500)
+    served = compare(evaluate("served", OUTCOMES, {"b"}, BAD), BASE)
+    assert share_of_ceiling_saving(served, best, 1.0) == pytest.approx(0.56 / (1 - (120 + 100 * 5 / 6) / 500))
+    # b and c escalated: 320 (saving .36) at quality 3.6 / 3.6.
     both = compare(evaluate("served", OUTCOMES, {"b", "c"}, BAD), BASE)
-    assert share_of_ceiling_saving(both, best, 1.0) == pytest.approx(0.36 / 0.56)
+    assert share_of_ceiling_saving(both, best, 1.0) == pytest.approx(0.36 / (1 - (120 + 100 * 5 / 6) / 500))
     # Escalating nothing saves most but falls short of the quality (3.1 / 3.6): no share.
     nothing = compare(evaluate("served", OUTCOMES, set(), BAD), BASE)
     assert share_of_ceiling_saving(nothing, best, 1.0) == 0.0
@@ -213,19 +216,42 @@ def test_the_route_llm_curve_spans_every_call_from_weak_to_strong() -> None:
         route_llm_curve(OUTCOMES)
 
 
-def test_expected_scores_replace_the_one_sample_and_start_the_axis() -> None:
-    expected = {h: ExpectedScores(1.5, 3.5, 4) for h in "abcde"}
+def test_expected_scores_replace_level2s_luck_and_start_the_axis() -> None:
+    expected = {h: ExpectedScores(3.5, 4) for h in "abcd"} | {"e": ExpectedScores(3.5, 4, level1=1.5)}
     scored = with_expected(OUTCOMES, expected)
     assert all(o.level2.oracle == 3.5 for o in scored)
-    assert [o.level1.oracle for o in scored[:4]] == [1.5] * 4  # type: ignore[union-attr]
-    # Costs and RM scores stay the live ones; the cautious prompt's Level-1 answer exists only to measure.
-    assert [o.level1.rm for o in scored[:4]] == [o.level1.rm for o in OUTCOMES[:4]]  # type: ignore[union-attr]
-    unrouted = scored[4].unrouted_level1
+    # The Level-1 answers stay the ones the router saw and scored; costs stay the live ones.
+    assert [o.level1 for o in scored[:4]] == [o.level1 for o in OUTCOMES[:4]]
+    assert [o.level2.param_tokens for o in scored] == [o.level2.param_tokens for o in OUTCOMES]
+    unrouted = scored[4].unrouted_level1  # the cautious prompt's Level-1 answer exists only to measure
     assert scored[4].level1 is None and unrouted is not None
     assert (unrouted.oracle, unrouted.device_seconds, unrouted.param_tokens) == (1.5, 0.0, 0.0)
-    assert route_llm_curve(scored)[0] == (0.0, 1.5)
+    # All at Level-1: 4 + 1 + 2 + 3.5 + 1.5 = 12 over 5.
+    assert route_llm_curve(scored)[0] == (0.0, pytest.approx(2.4))
     with pytest.raises(ValueError, match="no expected scores"):
         with_expected(OUTCOMES, {"a": expected["a"]})
+    with pytest.raises(ValueError, match="no expected scores"):  # a cautious prompt needs its Level-1 mean
+        with_expected(OUTCOMES, {**expected, "e": ExpectedScores(3.5, 4)})
+
+
+def test_the_ceilings_saving_is_read_off_its_line_which_bounds_every_router() -> None:
+    # a gains 10 for 10 params x tokens, b 1 for .5, c nothing for 10; Level-1 costs 1 each, baseline 20.5.
+    outcomes = [PromptOutcome("a", Answer(0.0, 0.1, 0, 1.0), Answer(10.0, 0.0, 0, 10.0)),
+                PromptOutcome("b", Answer(0.0, 0.2, 0, 1.0), Answer(1.0, 0.0, 0, 0.5)),
+                PromptOutcome("c", Answer(5.0, 0.3, 0, 1.0), Answer(5.0, 0.0, 0, 10.0))]
+    base = all_level2(outcomes, BAD)
+    best = ceiling(outcomes, BAD, base)
+    target = 15.5 / 16  # escalating a alone reaches quality 15 / 16 of all-Level-2's 16: not enough here
+    served = compare(evaluate("served", outcomes, {"a"}, BAD), base)
+    # The greedy order (b, then a) overshoots: its point after a saves 1 - 13.5 / 20.5, but the line between
+    # the points reaches the target for less; the points alone would let a router beat the "ceiling".
+    line = ceiling_saving_at(best, target)
+    assert line is not None and line >= best_saving_at(best, target)  # type: ignore[operator]
+    assert share_of_ceiling_saving(served, best, 15 / 16) <= 1.0  # type: ignore[operator]
+    for k in ("a", "b", "c", "ab", "ac", "bc", "abc"):
+        arm = compare(evaluate(k, outcomes, set(k), BAD), base)
+        reached = ceiling_saving_at(best, arm.quality_ratio)  # type: ignore[arg-type]
+        assert reached is not None and arm.param_token_saving <= reached + 1e-12, k  # type: ignore[operator]
 
 
 def test_pgr_apgr_cpt_linear_and_concave() -> None:

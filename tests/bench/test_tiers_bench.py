@@ -133,15 +133,16 @@ def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_pr
     assert head.apgr is None and not head.sweep.expected
     # The served router is what the run escalated (b): its saving against the ceiling's at quality >= .95.
     assert head.sweep.router.level2_share == pytest.approx(2 / 3)
-    # Expected scores (several samples a prompt) replace the one sample and start the axis at d's Level-1.
-    expected = {h: tier_eval.ExpectedScores(l1, l2_mean, 4) for h, l1, l2_mean in
-                (("a", 3.0, 3.5), ("b", 1.5, 3.5), ("c", 2.0, 3.0), ("d", 1.0, 3.0))}
+    # Expected Level-2 scores (several samples a prompt) replace Level-2's one sample; the Level-1 answers the
+    # router saw stay, and cautious d's expected Level-1 score starts the axis.
+    expected = {"a": tier_eval.ExpectedScores(3.5, 4), "b": tier_eval.ExpectedScores(3.5, 4),
+                "c": tier_eval.ExpectedScores(3.0, 4), "d": tier_eval.ExpectedScores(3.0, 4, level1=1.0)}
     scored = tiers.headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5,
                                expected=expected)
     assert scored.sweep.expected and scored.sweep.strong == pytest.approx(10 / 3)
-    # All at Level-1: (3 + 1.5 + 1) / 3; d first (+2), then b (+2), then a (+.5): APGR from that curve.
-    points = [(0.0, 5.5 / 3), (1 / 3, 7.5 / 3), (2 / 3, 9.5 / 3), (1.0, 10 / 3)]
-    assert scored.apgr == pytest.approx(tier_eval.apgr(points, 5.5 / 3, 10 / 3))
+    # All at Level-1: (3 + 1 + 1) / 3; d first (+2), then b by its light-RM score (+2.5), then a (+.5).
+    points = [(0.0, 5 / 3), (1 / 3, 7 / 3), (2 / 3, 9.5 / 3), (1.0, 10 / 3)]
+    assert scored.apgr == pytest.approx(tier_eval.apgr(points, 5 / 3, 10 / 3))
     assert scored.arm == head.arm  # the live arm's own figures stay what the run served
     with pytest.raises(ValueError, match="without a Level-2 answer"):
         tiers.headline_of("own", own, [*baseline[:3], own[0]], list("abcd"), [False] * 4, 1.5)
@@ -379,9 +380,11 @@ def test_the_first_two_arms_alternate_and_their_halves_merge() -> None:
     from strata.ledger import StageCost
 
     order = tiers.alternated_order(list(range(5)))
-    assert [(name, part) for name, _, part, _ in order] == [("all-Level-2", 1), ("tiered", 1), ("tiered", 2),
+    assert [(name, part) for name, _, part, _, _ in order] == [("all-Level-2", 1), ("tiered", 1), ("tiered", 2),
                                                              ("all-Level-2", 2)]
     assert order[0][1] == order[1][1] == [0, 1] and order[2][1] == order[3][1] == [2, 3, 4]
+    # Each half is seeded from its place in the whole list: the arms stay paired prompt by prompt.
+    assert [first for *_, first in order] == [0, 0, 2, 2]
     first = tiers.ArmRun("tiered", ["r0"], [StageCost("generate", 1, 2, 10, 1.0, 50.0)], 3.0)  # type: ignore[list-item]
     second = tiers.ArmRun("tiered", ["r1"], [StageCost("generate", 1, 1, 5, 0.5, 25.0),  # type: ignore[list-item]
                                              StageCost("probe", 0, 1, 4, 0.1, 8.0)], 2.0)
