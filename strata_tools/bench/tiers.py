@@ -836,12 +836,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
                      reward_env={"STRATA_ESCALATION_THRESHOLD": repr(threshold.value)})
     runs: dict[str, ArmRun] = {}
     with live.started():
-        taken = {r.id for r in history}
-        warm_up = [r for r in pick_prompts(load_suite("train"), 2 * WARM_UP_PROMPTS, args.seed + 2)
-                   if r.id not in taken][:WARM_UP_PROMPTS]
-        for route in ("level2", "level0"):  # cold services pay their first batches here, in no arm's cost
-            progress(f"[warm-up] {len(warm_up)} train prompts via {route} (not measured)")
-            live.run_arm(f"warm-up {route}", warm_up, route, args.timeout, progress)
+        warm_up(live, history, args, progress)
         for name, half, part, route, first in alternated_order(eval_records):
             progress(f"[arm] {name}, part {part} of 2: {len(half)} prompts via {route}")
             run = live.run_arm(name, half, route, args.timeout, progress, tag=f"{run_id}-{route}-{part}",
@@ -876,6 +871,20 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     head = report["headline"]
     print(headline_line(head, report["apgr"], report["ceiling_share"], report["intervals"]))
     return 0
+
+
+def warm_up(live: LiveTiers, history: Sequence[Any], args: argparse.Namespace,
+            progress: Callable[[str], None]) -> None:
+    """``WARM_UP_PROMPTS`` train prompts (none of the history's) through each route, unmeasured: cold services
+    pay their first batches here, in no arm's cost."""
+    from strata_tools.zoo.suite import load_suite
+
+    taken = {r.id for r in history}
+    prompts = [r for r in pick_prompts(load_suite("train"), 2 * WARM_UP_PROMPTS, args.seed + 2)
+               if r.id not in taken][:WARM_UP_PROMPTS]
+    for route in ("level2", "level0"):
+        progress(f"[warm-up] {len(prompts)} train prompts via {route} (not measured)")
+        live.run_arm(f"warm-up {route}", prompts, route, args.timeout, progress)
 
 
 def alternated_order(records: Sequence[Any]) -> list[tuple[str, list[Any], int, str, int]]:
