@@ -92,6 +92,9 @@ class TrainOptions:
     # fill the batches still needed, counting the samples the learner holds (generated / used stays near 1); 0:
     # every round is full and rounds go on until the learner reaches its version.
     samples_per_update: int = 0
+    # With a batch size set, the samples the learner holds plus those a round sends stay within this many of its
+    # batches: more would wait past the learner's staleness bound (max_staleness, 2 by default) and be dropped.
+    max_batches_ahead: int = 2
 
 
 @dataclass
@@ -349,27 +352,28 @@ def learner_seen(status: learner_pb2.LearnerStatus) -> int:
 
 def _still_needed(stub: learner_pb2_grpc.LearnerStub, options: TrainOptions, start_version: int, seen_at_start: int,
                   driver_seen: int, poll_s: float = 0.2) -> int | None:
-    """What the learner still needs, once it has read the reward events the driver saw (it reads the same
-    topic, a little behind): counted before, its pending samples would miss the last round's and the driver
-    would send a round too many. Waits at most 30 s for it to catch up."""
+    """What the next round may send (:func:`samples_to_send`), once the learner has read the reward events the
+    driver saw (it reads the same topic, a little behind): counted before, its pending samples would miss the
+    last round's and the driver would send a round too many. Waits at most 30 s for it to catch up."""
     deadline = time.monotonic() + 30.0
     status = _learner_status(stub)
     while options.samples_per_update > 0 and learner_seen(status) - seen_at_start < driver_seen \
             and time.monotonic() < deadline:
         time.sleep(poll_s)  # polling a status the learner exposes: no event says "read up to here"
         status = _learner_status(stub)
-    return samples_still_needed(options, int(status.policy_version) - start_version, learner_holds(status))
+    return samples_to_send(options, int(status.policy_version) - start_version, learner_holds(status))
 
 
 def _wait_for_learner(stub: learner_pb2_grpc.LearnerStub, options: TrainOptions, start_version: int,
                       poll_s: float = 0.5) -> int:
-    """Poll the learner until it reaches its last version, or holds too few samples to (some it held went stale
-    while they waited: the driver sends more), or ``round_timeout_s`` passes; the version it reached."""
+    """Poll the learner until it reaches its last version, or there are samples to send (it holds too few to
+    reach its version, and fewer than ``max_batches_ahead`` batches), or ``round_timeout_s`` passes; the version
+    it reached."""
     deadline = time.monotonic() + options.round_timeout_s
     while True:
         status = _learner_status(stub)
         advanced = int(status.policy_version) - start_version
-        if advanced >= options.updates or samples_still_needed(options, advanced, learner_holds(status)) \
+        if advanced >= options.updates or samples_to_send(options, advanced, learner_holds(status)) \
                 or time.monotonic() >= deadline:
             return int(status.policy_version)
         time.sleep(poll_s)  # polling a status the learner exposes: no event says "updated" to this client
@@ -449,6 +453,16 @@ def samples_still_needed(options: TrainOptions, advanced: int, pending: int) -> 
     if options.samples_per_update <= 0:
         return None
     return max(0, (options.updates - advanced) * options.samples_per_update - pending)
+
+
+def samples_to_send(options: TrainOptions, advanced: int, held: int) -> int | None:
+    """What the next round may send: what the learner still needs (:func:`samples_still_needed`), within
+    ``max_batches_ahead`` batches of what it holds, so that no sample waits past the learner's staleness bound
+    and is dropped unused. None when the options set no batch size (no bound)."""
+    needed = samples_still_needed(options, advanced, held)
+    if needed is None:
+        return None
+    return max(0, min(needed, options.max_batches_ahead * options.samples_per_update - held))
 
 
 def round_size(options: TrainOptions, needed: int | None) -> int:
@@ -543,8 +557,8 @@ def train(settings: StrataSettings, options: TrainOptions, addresses: Addresses 
                 needed = _still_needed(learner, options, start_version, seen_at_start,
                                        sum(len(r.events) for r in summary.requests))
                 if needed == 0:
-                    # The learner holds every sample it needs: a round that sends nothing and waits for its
-                    # updates (its seconds are the updates' own, as a round's are).
+                    # The learner holds every sample it needs, or as many as it can take before they go stale: a
+                    # round that sends nothing and waits for its updates (its seconds are the updates' own).
                     waited = time.monotonic()
                     summary.end_version = _wait_for_learner(learner, options, start_version)
                     stats = RoundStats(round_index, summary.end_version, 0, {}, 0, 0, None, None,

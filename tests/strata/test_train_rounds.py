@@ -204,3 +204,19 @@ def test_a_batch_in_training_is_held_not_missing() -> None:
                                                                    "samples/unversioned": 32.0})
     assert learner_holds(status) == 32
     assert samples_still_needed(options, 7, learner_holds(status)) == 0  # pending alone would ask for 32 more
+
+
+def test_the_driver_sends_no_more_than_the_learner_can_take_before_it_goes_stale() -> None:
+    from strata_tools.train import samples_to_send
+
+    options = TrainOptions(updates=8, prompts_per_round=16, n_samples=2, samples_per_update=32)
+    assert options.max_batches_ahead == 2
+    # Nothing held: two batches' worth, though the learner needs eight.
+    assert samples_to_send(options, 0, 0) == 64
+    # A slow learner still holds 48 (one batch and a half): 16 more keep it within two batches.
+    assert samples_to_send(options, 3, 48) == 16
+    # It holds two batches: nothing until it trains on one.
+    assert samples_to_send(options, 3, 64) == 0
+    # Near the end the need is smaller than the room: only the need.
+    assert samples_to_send(options, 7, 16) == 16 and samples_to_send(options, 8, 0) == 0
+    assert samples_to_send(TrainOptions(updates=3), 0, 500) is None  # no batch size: no bound
