@@ -128,6 +128,17 @@ class UpdateResult:
     checkpoint: NewCheckpoint | None  # set when this update closed a policy version
 
 
+def check_same_lineage(checkpoint: Path, saved: Mapping[str, Any], starting: Mapping[str, Any]) -> None:
+    """Refuse to resume a checkpoint that continues another initial policy (``initial_policy`` in the learner
+    config, where both name one): its weights are another model's, every sample of this one's generators would
+    be stale against its version, and nothing would train. Pure."""
+    before, now = saved.get("initial_policy"), starting.get("initial_policy")
+    if before and now and str(before) != str(now):
+        raise ValueError(f"the latest checkpoint {checkpoint} continues the policy {before}, but this learner starts "
+                         f"from {now}: give it a checkpoint dir of its own (a fresh state dir, or "
+                         "STRATA_CHECKPOINT_DIR), or move the old checkpoints aside")
+
+
 @dataclass(frozen=True)
 class LearnerStatus:
     policy_version: int
@@ -285,6 +296,7 @@ class LearnerEngine:
         latest = latest_checkpoint(settings.checkpoint_dir)
         if latest is not None:
             loaded = load_checkpoint(latest, settings.device, settings.dtype)
+            check_same_lineage(latest, loaded.info.learner_config, learner_config)
             log.info("resuming from %s (version %d, step %d)", latest, loaded.info.version, loaded.info.step)
             return cls(settings, loaded.policy, reference, tokenizer, loaded.info, loaded.optimizer_state,
                        learner_config, level2_model_path, level2_tokenizer)  # fmt: skip

@@ -132,3 +132,15 @@ def test_a_reward_that_is_not_a_number_never_reaches_a_batch(reward: float) -> N
     event = events_pb2.RewardScored(response_hash="r", tier=common_pb2.TIER_LEVEL_1, final=True, reward=reward,
                                     scorer=common_pb2.SCORER_LIGHT)
     assert skip_reason(event, frozenset({1})) is Outcome.UNUSABLE
+
+
+def test_a_checkpoint_of_another_initial_policy_is_refused_with_the_fix(policy_dir: Path, tmp_path: Path) -> None:
+    settings = LearnerSettings(policy_model_path=policy_dir, checkpoint_dir=tmp_path / "ckpt", device="cpu",
+                               batch_size=2, minibatch_size=2, update_epochs=1)
+    first = {"initial_policy": "/zoo/default/level1"}
+    LearnerEngine.start(settings, policy_dir, extra_config=first)
+    # The same initial policy resumes; another one (a zoo preset switched on the same state) is refused.
+    assert LearnerEngine.start(settings, policy_dir, extra_config=first).version == 0
+    with pytest.raises(ValueError, match=r"continues the policy /zoo/default/level1.*starts from /zoo/ci/level1.*"
+                                         r"checkpoint dir of its own"):
+        LearnerEngine.start(settings, policy_dir, extra_config={"initial_policy": "/zoo/ci/level1"})
