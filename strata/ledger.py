@@ -278,6 +278,15 @@ def subtract(after: Sequence[StageCost], before: Sequence[StageCost]) -> list[St
     return out
 
 
+def add(first: Sequence[StageCost], second: Sequence[StageCost]) -> list[StageCost]:
+    """Two spans' charges together, stage by stage (an arm run in parts)."""
+    totals = {(s.stage, s.tier): s for s in first}
+    for s in second:
+        a = totals.get((s.stage, s.tier), StageCost(s.stage, s.tier))
+        totals[(s.stage, s.tier)] = replace(s, **{name: getattr(a, name) + getattr(s, name) for name in METRICS})
+    return list(totals.values())
+
+
 _TIER_LABEL = {0: "-", 1: "Level-1", 2: "Level-2"}
 
 

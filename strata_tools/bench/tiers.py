@@ -726,9 +726,8 @@ def expected_replay(replay: Sequence[PromptOutcome], baseline: ArmFigures,
     """``replay`` and its all-Level-2 ``baseline`` with expected scores: the baseline keeps its costs, its quality
     becomes the expected Level-2 mean."""
     scored = tier_eval.with_expected(replay, expected)
-    mean = statistics.fmean(o.level2.oracle for o in scored)
-    return scored, tier_eval.compare(dataclasses.replace(baseline, mean_oracle=mean),
-                                     dataclasses.replace(baseline, mean_oracle=mean))
+    rescored = dataclasses.replace(baseline, mean_oracle=statistics.fmean(o.level2.oracle for o in scored))
+    return scored, tier_eval.compare(rescored, rescored)
 
 
 def expected_scores(zoo: Any, records: Sequence[Any], samples: int, seed: int,
@@ -900,15 +899,8 @@ def alternated_order(records: Sequence[Any]) -> list[tuple[str, list[Any], int, 
 
 def merged(first: ArmRun, second: ArmRun) -> ArmRun:
     """One arm run in two parts: requests in order, stage costs summed by (stage, tier), walls added."""
-    totals: dict[tuple[str, int], ledger.StageCost] = {}
-    for stage in [*first.stages, *second.stages]:
-        key = (stage.stage, stage.tier)
-        seen = totals.get(key)
-        totals[key] = stage if seen is None else ledger.StageCost(
-            stage.stage, stage.tier, seen.items + stage.items, seen.tokens + stage.tokens,
-            seen.device_seconds + stage.device_seconds, seen.param_tokens + stage.param_tokens,
-            seen.human_seconds + stage.human_seconds)
-    return ArmRun(first.name, [*first.requests, *second.requests], list(totals.values()), first.wall_s + second.wall_s)
+    return ArmRun(first.name, [*first.requests, *second.requests], ledger.add(first.stages, second.stages),
+                  first.wall_s + second.wall_s)
 
 
 # -- the epoch stream ---------------------------------------------------------------------------------
@@ -1020,8 +1012,7 @@ class SweepFigures:
     """The replayed threshold sweep, the RouteLLM figures of its curve, and the ceiling of any router."""
 
     arms: list[ArmFigures]
-    weak: float
-    strong: float
+    strong: float                     # all-Level-2's quality on the replay (RouteLLM's ends: ``route_llm``)
     route_llm: dict[str, float | None]
     ceiling: list[ArmFigures]
     ceiling_share: float | None       # the served router's PxT saving / the ceiling's best at the target quality
@@ -1182,7 +1173,7 @@ def sweep_figures(replay: Sequence[PromptOutcome], baseline: ArmFigures, bad_thr
     best = tier_eval.ceiling(replay, bad_threshold, baseline)
     router = tier_eval.compare(tier_eval.evaluate("served router", replay, frozenset(served), bad_threshold),
                                baseline)
-    return SweepFigures(sweep, sweep[0].mean_oracle, baseline.mean_oracle, route_llm_figures(replay), best,
+    return SweepFigures(sweep, baseline.mean_oracle, route_llm_figures(replay), best,
                         tier_eval.share_of_ceiling_saving(router, best, TARGET_QUALITY_RATIO), router, list(replay),
                         expected)
 
