@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -121,15 +122,36 @@ def halt(pid: int, pid_file: Path, timeout_s: float, kill: bool = False) -> str:
     return how
 
 
+_HANDED_OUT_BLOCKS: set[int] = set()
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The range the kernel draws outgoing connections' local ports from (Linux's default if unread)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
-    """The first of ``count`` consecutive ports that nothing listens on right now."""
+    """The first of ``count`` consecutive ports that nothing listens on right now.
+
+    Drawn below the kernel's ephemeral range: a block inside it can lose a port to any outgoing
+    connection (the first broker's own clients) before the last node binds it. Blocks handed out
+    earlier in this process are avoided too, since their owners may not have bound them yet."""
+    low, _ = ephemeral_port_range()
+    first, last = 10000, max(10000 + count, low - count)
+    rng = random.Random()
     for _ in range(attempts):
-        base = free_port(host)
-        if base + count > 65535:
+        base = rng.randrange(first, last)
+        block = set(range(base, base + count))
+        if block & _HANDED_OUT_BLOCKS:
             continue
-        if all(_bindable(host, port) for port in range(base, base + count)):
+        if all(_bindable(host, port) for port in block):
+            _HANDED_OUT_BLOCKS.update(block)
             return base
-    raise InfraError(f"found no {count} consecutive free ports on {host}")
+    raise InfraError(f"found no {count} consecutive free ports on {host} below {low}")
 
 
 def _bindable(host: str, port: int) -> bool:
