@@ -174,8 +174,10 @@ class SchedulerSettings(StrataSettings):
     risk_keywords_legal: tuple[str, ...] = Field(risk.LEGAL_KEYWORDS, description="legal risk keywords")
     risk_exemplars_medical: tuple[str, ...] = Field(risk.MEDICAL_EXEMPLARS, description="medical exemplars")
     risk_exemplars_legal: tuple[str, ...] = Field(risk.LEGAL_EXEMPLARS, description="legal exemplars")
+    # Chosen on the suite's validation split by `strata bench risk` for the default encoder (at most 1 % of
+    # other prompts flagged); the keywords never name a validation or test subject, so this floor carries them.
     risk_exemplar_min_similarity: float = Field(
-        0.65, ge=-1, le=1, description="cosine to a risk exemplar at or above which a prompt is high-risk"
+        0.217, ge=-1, le=1, description="cosine to a risk exemplar at or above which a prompt is high-risk"
     )
 
     # -- input bounds ---------------------------------------------------------------------------------

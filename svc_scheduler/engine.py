@@ -112,6 +112,17 @@ class SchedulerStats:
     audit_similarity_floors: int = 0  # per-neighbour similarity floors those audits raised
 
 
+def encode_exemplars(settings: SchedulerSettings, encoder: Encoder) -> dict[str, np.ndarray]:
+    """Topic -> (E, D) vectors of its risk exemplars (R3), in the encoder's current vector space."""
+    exemplars = {"medical": settings.risk_exemplars_medical, "legal": settings.risk_exemplars_legal}
+    return {topic: encoder.encode(list(texts)) for topic, texts in exemplars.items() if texts}
+
+
+def exemplar_similarity(exemplars: dict[str, np.ndarray], vector: np.ndarray) -> dict[str, float]:
+    """Topic -> the prompt's highest cosine with that topic's exemplars (vectors are unit length)."""
+    return {topic: float((matrix @ vector).max()) for topic, matrix in exemplars.items()}
+
+
 class SchedulerEngine:
     def __init__(
         self,
@@ -142,9 +153,7 @@ class SchedulerEngine:
         self._pending_lock = threading.Lock()
 
     def _encode_exemplars(self) -> dict[str, np.ndarray]:
-        """Topic -> (E, D) vectors of its risk exemplars (R12), in the encoder's current vector space."""
-        exemplars = {"medical": self.settings.risk_exemplars_medical, "legal": self.settings.risk_exemplars_legal}
-        return {topic: self.encoder.encode(list(texts)) for topic, texts in exemplars.items() if texts}
+        return encode_exemplars(self.settings, self.encoder)
 
     # -- index life cycle ------------------------------------------------------------------------------
 
@@ -188,8 +197,7 @@ class SchedulerEngine:
     # -- decisions -------------------------------------------------------------------------------------
 
     def _risk(self, text: str, vector: np.ndarray) -> RiskMatch | None:
-        similarity = {topic: float((matrix @ vector).max()) for topic, matrix in self._exemplars.items()}
-        return detect_risk(text, similarity, self.settings)
+        return detect_risk(text, exemplar_similarity(self._exemplars, vector), self.settings)
 
     def route(self, prompts: Sequence[str]) -> list[Routed]:
         """Decide for ``prompts`` (steps 1-3); publishes nothing."""

@@ -20,6 +20,7 @@ BENCHES: dict[str, str] = {
     "level0": "strata_tools.bench.level0",
     "generator": "strata_tools.bench.generator",
     "scheduler": "strata_tools.bench.scheduler",
+    "risk": "strata_tools.bench.risk",
     "learner": "strata_tools.bench.learner",
     "rm": "strata_tools.bench.rm",
     "tiers": "strata_tools.bench.tiers",
