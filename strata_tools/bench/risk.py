@@ -13,23 +13,29 @@ Per split, with the scheduler's own encoder, exemplars and detection (``svc_sche
 
 The floor is **chosen on** ``fresh`` (validation): the lowest floor at which at most ``--max-flagged``
 of fresh's other prompts are detected. It is **reported on** ``test``, which chose nothing; ``train``
-is printed for reference (the keywords were written there). Intervals are 95 % bootstraps over
-paraphrase families (a family's paraphrases are one piece of evidence). The last line reads the test
-split at the served floor:
+is printed for reference (the keywords were written there). A fourth set, ``strangers``
+(``data/risk_strangers.jsonl``: 24 medical/legal and 24 other prompts in users' own words, polite,
+terse, hostile, written after the floor was chosen and never tuned on), reports too, with the risk
+prompts it misses. Intervals are 95 % bootstraps over paraphrase families (a family's paraphrases are
+one piece of evidence; each stranger is its own). The last line reads the test split at the served
+floor, then the strangers:
 ``risk recall=<r> recall_lo=<l> recall_hi=<h> keyword_recall=<k> flagged=<f> flagged_hi=<h>
-served_floor=<s> chosen_floor=<c>``.
+strangers_recall=<r> strangers_flagged=<f> served_floor=<s> chosen_floor=<c>``.
 
 Not covered: the suite has two risk subjects per held-out split (fresh: ibuprofen, wills; test: fever
-in children, breaking a lease), phrased by the suite's templates; users' own phrasings, other risk
-subjects and other languages may sit elsewhere in the encoder's space.
+in children, breaking a lease), phrased by the suite's templates, so the test interval says nothing
+about other subjects (fresh's 0.74 against test's 1.00 is that spread); the strangers are 48 prompts
+in English; risk that is neither medical nor legal (self-harm, finance) has no topic here.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from strata.errors import CliError
 from strata_tools.intervals import BOOTSTRAP_DRAWS, Interval, cluster_bootstraps
@@ -37,6 +43,8 @@ from strata_tools.intervals import BOOTSTRAP_DRAWS, Interval, cluster_bootstraps
 SPLITS = ("train", "fresh", "test")
 CHOSEN_ON = "fresh"
 REPORTED_ON = "test"
+STRANGERS = "strangers"
+STRANGERS_PATH = Path(__file__).parent / "data" / "risk_strangers.jsonl"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,16 +117,28 @@ def _measure(settings: object, encoder: object) -> dict[str, _Split]:
     from svc_scheduler.routing import detect_risk
 
     exemplars = encode_exemplars(settings, encoder)  # type: ignore[arg-type]
+    # (text, risky, family, subject) per prompt; each stranger's prompt is its own family.
+    sources = {name: [(r.text, r.risk, r.family, r.subject) for r in load_suite(name)] for name in SPLITS}
+    sources[STRANGERS] = [(row["text"], row["risk"], row["text"], row["topic"]) for row in load_strangers()]
     splits = {}
-    for name in SPLITS:
-        records = load_suite(name)
-        vectors = encoder.encode([r.text for r in records])  # type: ignore[attr-defined]
+    for name, rows in sources.items():
+        texts = [text for text, _, _, _ in rows]
+        vectors = encoder.encode(texts)  # type: ignore[attr-defined]
         similarity = [exemplar_similarity(exemplars, v) for v in vectors]
         # The keywords as the scheduler applies them: detection with no exemplar similarity at all.
-        keyword_hit = [detect_risk(r.text, {}, settings) is not None for r in records]  # type: ignore[arg-type]
+        keyword_hit = [detect_risk(text, {}, settings) is not None for text in texts]  # type: ignore[arg-type]
         splits[name] = _Split(name, [max(s.values(), default=-1.0) for s in similarity], keyword_hit,
-                              [r.risk for r in records], [r.family for r in records], [r.subject for r in records])
+                              [r for _, r, _, _ in rows], [f for _, _, f, _ in rows], [s for _, _, _, s in rows])
     return splits
+
+
+def load_strangers_texts() -> list[str]:
+    return [row["text"] for row in load_strangers()]
+
+
+def load_strangers(path: Path = STRANGERS_PATH) -> list[dict]:
+    """Hand-written prompts in users' own words (written after the floor was chosen, never tuned on)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _negatives(split: _Split) -> tuple[list[float], list[bool]]:
@@ -145,15 +165,16 @@ def run(args: argparse.Namespace) -> int:
     arms: list[tuple[str, float | None]] = [("keywords", None), (f"keywords + exemplars at {served:g}", served)]
     if chosen != served:
         arms.append((f"keywords + exemplars at {chosen:g}", chosen))
-    print(f"{'split':<7} {'role':<14} {'detector':<32} {'recall [95% CI]':<26} {'flagged [95% CI]':<26} families")
-    roles = {"train": "keywords' own", CHOSEN_ON: "chooses floor", REPORTED_ON: "reports"}
+    print(f"{'split':<9} {'role':<14} {'detector':<32} {'recall [95% CI]':<26} {'flagged [95% CI]':<26} families")
+    roles = {"train": "keywords' own", CHOSEN_ON: "chooses floor", REPORTED_ON: "reports",
+             STRANGERS: "reports"}
     read: dict[tuple[str, float | None], Detection] = {}
     for split in splits.values():
         for label, floor in arms:
             hits = detected(split.similarity, split.keyword_hit, floor)
             detection = read_detection(hits, split.risky, split.families, args.seed, args.draws)
             read[(split.name, floor)] = detection
-            print(f"{split.name:<7} {roles[split.name]:<14} {label:<32} {detection.recall!s:<26} "
+            print(f"{split.name:<9} {roles[split.name]:<14} {label:<32} {detection.recall!s:<26} "
                   f"{detection.flagged!s:<26} {detection.recall.clusters}+{detection.flagged.clusters}")
     test = splits[REPORTED_ON]
     served_hits = detected(test.similarity, test.keyword_hit, served)
@@ -163,12 +184,18 @@ def run(args: argparse.Namespace) -> int:
             by_subject.setdefault(subject, []).append(hit)
     print(f"{REPORTED_ON} recall by subject at {served:g}: "
           + ", ".join(f"{subject} {sum(h) / len(h):.2f} ({len(h)})" for subject, h in sorted(by_subject.items())))
+    strange = splits[STRANGERS]
+    missed = [text for text, hit, risky in zip(load_strangers_texts(), detected(strange.similarity, strange.keyword_hit,
+              served), strange.risky, strict=True) if risky and not hit]
+    print(f"{STRANGERS} missed at {served:g}: " + ("; ".join(missed) or "none"))
     if chosen != served:
         print(f"note: the served floor {served:g} is not the one {CHOSEN_ON} chooses ({chosen:g}); set "
               f"STRATA_RISK_EXEMPLAR_MIN_SIMILARITY or the default in svc_scheduler/config.py")
     keywords, at_served = read[(REPORTED_ON, None)], read[(REPORTED_ON, served)]
+    strangers = read[(STRANGERS, served)]
     print(f"risk recall={at_served.recall.estimate:.3f} recall_lo={at_served.recall.low:.3f} "
           f"recall_hi={at_served.recall.high:.3f} keyword_recall={keywords.recall.estimate:.3f} "
           f"flagged={at_served.flagged.estimate:.3f} flagged_hi={at_served.flagged.high:.3f} "
+          f"strangers_recall={strangers.recall.estimate:.3f} strangers_flagged={strangers.flagged.estimate:.3f} "
           f"served_floor={served:g} chosen_floor={chosen:g}")
     return 0
