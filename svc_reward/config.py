@@ -39,7 +39,11 @@ class RewardSettings(StrataSettings):
     temperature: float = Field(
         1.0, gt=0, description="scoring temperature on the RM's score bins; < 1 sharpens (R8 suggests 0.3)"
     )
-    aggregation: Literal["mean", "median"] = Field("mean", description="how ensemble members are combined (R8)")
+    aggregation: Literal["mean", "median", "min", "lcb"] = Field(
+        "mean", description="how ensemble members are combined (R8): mean, median, or conservatively (issue 61) "
+        "min, or lcb = mean - aggregation_spread_k x the members' spread"
+    )
+    aggregation_spread_k: float = Field(1.0, ge=0, description="the spread's weight in the lcb aggregation")
     annotate_level2: bool = Field(True, description="request human annotation for Level-2 samples (R3)")
     annotate_level1_share: float = Field(
         0.05, ge=0, le=1, description="share of Level-1 answers also sent to the annotators, drawn by response hash: "
@@ -62,6 +66,23 @@ class RewardSettings(StrataSettings):
     review_seconds_per_item: float = Field(
         60.0, ge=0, description="human seconds one annotation costs, booked in the ledger apart from device time"
     )
+    # -- live audit (issue 61, svc_reward/audit.py) -------------------------------------------------------
+    audit_level1_share: float = Field(
+        0.05, ge=0, le=1, description="share of Level-1 answers (escalated or not, drawn by response hash) also "
+        "scored by the strong RM: the live hacking gap, catch and false-pass estimates; booked as rm_strong at "
+        "tier 1. 0: off (and off where no strong RM is loaded)"
+    )
+    audit_bad_below: float = Field(
+        1.5, ge=0, le=5, description="an audited answer whose strong-RM reward is under this counts as bad"
+    )
+    hacking_gap_bound: float = Field(
+        0.25, ge=0, description="the hacking alarm fires when the light-minus-strong gap grew by more than this "
+        "(one-sided 95 %) from the first audited policy versions to the newest"
+    )
+    hacking_min_audits: int = Field(
+        30, ge=2, description="audits a window of policy versions needs before its gap is compared"
+    )
+    audit_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long a policy version's audit tally is kept")
     light_rm_version: str | None = Field(None, description="version label of the light RM; unset = from checksum")
     strong_rm_version: str | None = Field(None, description="version label of the strong RM; unset = from checksum")
     max_items_per_request: int = Field(256, ge=1, description="largest Score request")

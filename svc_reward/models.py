@@ -53,12 +53,13 @@ class ScoringOptions:
     aggregation: str
     batch_size: int
     max_length: int
+    spread_k: float = 1.0  # the spread's weight under the lcb aggregation
 
     @classmethod
     def of(cls, settings: RewardSettings) -> ScoringOptions:
         """The service's settings (or their defaults, as a tool reads them)."""
         return cls(settings.device, settings.dtype, settings.temperature, settings.aggregation,
-                   settings.score_batch_size, settings.max_length)
+                   settings.score_batch_size, settings.max_length, settings.aggregation_spread_k)
 
 
 @dataclass
@@ -153,7 +154,7 @@ class RewardModels:
                 member_rewards.append(tempered_reward(logits, self._options.temperature))
                 if i == 0:
                     tokens = lengths  # as the first member read them (the ledger's)
-            rewards, spreads = aggregate(member_rewards, self._options.aggregation)
+            rewards, spreads = aggregate(member_rewards, self._options.aggregation, self._options.spread_k)
             seconds = self._clock() - started
         charges = self._charges(scorer, tokens, seconds, strong)
         raw = rewards.tolist()

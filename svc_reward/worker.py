@@ -15,11 +15,11 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 from kafka.producer.future import FutureRecordMetadata
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from strata import ledger, risk
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
@@ -27,6 +27,8 @@ from strata.content_store import ContentNotFoundError, ContentStore
 from strata.contract.identity import request_identity, sample_identity
 from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
+from svc_reward import audit_store
+from svc_reward.audit import AuditTally, estimates, hacking_alarm, sampled_for_audit, windows
 from svc_reward.config import RewardSettings
 from svc_reward.decide import decide, escalation_threshold, sampled_for_annotation
 from svc_reward.models import RewardModels
@@ -38,6 +40,13 @@ REWARDS = Histogram("strata_reward_score", "Rewards produced (0-5)", ["tier", "s
 ESCALATIONS = Counter("strata_reward_escalations_total", "Level-1 prompts escalated to Level-2 (R3)")
 UNSAFE = Counter("strata_reward_unsafe_total", "Responses flagged for unsafe advice (R12)", ["tier", "kind"])
 SCORE_SECONDS = Histogram("strata_reward_score_batch_seconds", "RM scoring time per batch", ["tier"])
+AUDITS = Counter("strata_reward_audits_total", "Level-1 answers also scored by the strong RM (the live audit)")
+AUDIT_GAP = Gauge("strata_reward_audit_hacking_gap", "Light minus strong RM reward on the newest audited versions")
+AUDIT_GAP_DRIFT = Gauge("strata_reward_audit_hacking_gap_drift",
+                        "The hacking gap's growth from the first audited versions to the newest")
+AUDIT_CATCH = Gauge("strata_reward_audit_catch", "Escalated share of the audited answers the strong RM calls bad")
+AUDIT_FALSE_PASS = Gauge("strata_reward_audit_false_pass", "Bad share (strong RM) of the audited answers passed")
+HACKING_ALARM = Gauge("strata_reward_hacking_alarm", "1 while the live hacking alarm fires")
 
 
 
@@ -67,6 +76,7 @@ class _Emitted:
     futures: list[FutureRecordMetadata]
     final: bool
     annotated: bool
+    escalate: bool  # the rule sent this answer's prompt to Level-2 (published now or by an earlier sample)
     escalation: str | None  # the escalation key, when this rollout escalated its prompt
 
 
@@ -78,6 +88,7 @@ class RewardWorker:
         self._store = store
         self._redis = client
         self._publisher = publisher
+        self._alarm: str | None = None
 
     def handle_batch(self, deliveries: list[Delivery[events_pb2.RolloutGenerated]]) -> None:
         # Redis in one round trip each: which samples are done, which prompts already escalated, the texts.
@@ -101,6 +112,7 @@ class RewardWorker:
         escalated = set(escalated_before)  # ... and every key no later sample may escalate again
         finals: list[int] = []
         charges: list[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]] = []
+        audits: dict[int, AuditTally] = {}  # policy version -> this batch's audited answers
         for tier, events in by_tier.items():
             try:
                 texts = self._store.get_texts([e.prompt_hash for e in events] + [e.response_hash for e in events])
@@ -116,9 +128,10 @@ class RewardWorker:
                     raise PoisonMessageError(f"the reward model scored response {event.response_hash[:12]} "
                                              f"{reward} (spread {spread}): not a finite number")
             scorer = common_pb2.SCORER_STRONG if tier == 2 and self._models.has_strong else common_pb2.SCORER_LIGHT
+            audited = self._audit_scores(tier, events, prompts, responses)
             calibrated: Sequence[float | None] = scores.calibrated or [None] * len(events)
-            for event, response, reward, spread, charge, cal in zip(events, responses, scores.rewards, scores.spreads,
-                                                                    scores.charges, calibrated, strict=True):
+            for i, (event, response, reward, spread, charge, cal) in enumerate(zip(
+                    events, responses, scores.rewards, scores.spreads, scores.charges, calibrated, strict=True)):
                 unsafe = risk.detect_unsafe_advice(response) if self._settings.flag_unsafe else None
                 if unsafe is not None:
                     UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
@@ -133,7 +146,13 @@ class RewardWorker:
                 # Booked as human review once the batch is acknowledged.
                 review = ([ledger.Charge("human_review", tier, human_seconds=self._settings.review_seconds_per_item)]
                           if emitted.annotated else [])
-                charges.append((event, [charge, *review]))
+                booked = [charge, *review]
+                if i in audited:
+                    strong, strong_charge = audited[i]
+                    booked.append(strong_charge)
+                    one = AuditTally.of(reward, strong, emitted.escalate, self._settings.audit_bad_below)
+                    audits[event.policy_version] = audits.get(event.policy_version, AuditTally()) + one
+                charges.append((event, booked))
         self._publisher.wait(futures)
         for key in escalations:  # acknowledged: now claim, so that no later sample escalates again
             if self._redis.set(key, b"1", nx=True, ex=self._settings.content_ttl_s):
@@ -149,7 +168,49 @@ class RewardWorker:
                     pipe.hincrby(ledger.COUNTS_KEY, f"final_tier{tier}", 1)
                 for event, booked in charges:
                     ledger.book(self._redis, event.prompt_hash, event.request_id, booked, ttl, pipe=pipe)
+                audit_store.add_to(pipe, audits, self._settings.audit_ttl_s)
                 pipe.execute()
+            if audits:
+                AUDITS.inc(sum(t.n for t in audits.values()))
+                self._watch_hacking()
+
+    def _audit_scores(self, tier: int, events: Sequence[events_pb2.RolloutGenerated], prompts: Sequence[str],
+                      responses: Sequence[str]) -> dict[int, tuple[float, ledger.Charge]]:
+        """Index in ``events`` -> (strong-RM reward, its charge at tier 1) for the audited Level-1 answers."""
+        share = self._settings.audit_level1_share
+        if tier != 1 or share <= 0 or not self._models.has_strong:
+            return {}
+        chosen = [i for i, e in enumerate(events) if sampled_for_audit(e.response_hash, share)]
+        if not chosen:
+            return {}
+        scores = self._models.score([prompts[i] for i in chosen], [responses[i] for i in chosen], strong=True)
+        found = {}
+        for i, reward, charge in zip(chosen, scores.rewards, scores.charges, strict=True):
+            if math.isfinite(reward):  # a non-finite strong score audits nothing; the light one decides
+                found[i] = (reward, replace(charge, tier=1))
+        return found
+
+    def _watch_hacking(self) -> None:
+        """The live estimates as gauges; the alarm logged when it starts and when it stops."""
+        s = self._settings
+        baseline, current = windows(audit_store.read_versions(self._redis), s.hacking_min_audits)
+        if current is None:
+            return
+        now = estimates(current.tally)
+        AUDIT_GAP.set(now.gap)
+        AUDIT_CATCH.set(now.catch.estimate)
+        AUDIT_FALSE_PASS.set(now.false_pass.estimate)
+        before = estimates(baseline.tally) if baseline is not None else None
+        if before is not None:
+            AUDIT_GAP_DRIFT.set(now.gap - before.gap)
+        alarm = hacking_alarm(before, now, s.hacking_gap_bound)
+        HACKING_ALARM.set(1 if alarm else 0)
+        if alarm and not self._alarm:
+            log.warning("hacking alarm (policy %s against %s): %s", current.versions,
+                        baseline.versions if baseline else "-", alarm)
+        elif self._alarm and not alarm:
+            log.info("hacking alarm cleared (policy %s): gap %+.3f", current.versions, now.gap)
+        self._alarm = alarm
 
     def _emit(self, tier: int, event: events_pb2.RolloutGenerated, score: _ItemScore, unsafe: bool,
               escalated: Collection[str]) -> _Emitted:
@@ -208,4 +269,4 @@ class RewardWorker:
                  tier, event.prompt_hash[:12], event.response_hash[:12], reward,
                  None if score.calibrated is None else round(score.calibrated, 3), version, outcome.final,
                  outcome.escalate, unsafe)
-        return _Emitted(futures, outcome.final, outcome.annotate, key if escalates else None)
+        return _Emitted(futures, outcome.final, outcome.annotate, outcome.escalate, key if escalates else None)

@@ -343,6 +343,7 @@ class _Snapshot:
     skipping: list[str]
     rollout_log: int
     annotation: list[str]
+    audit: list[str]  # the reward service's live audit: hacking gap, catch, false pass, the alarm
 
 
 def _snapshot(settings: StrataSettings, desk: SimulatedDesk) -> _Snapshot:
@@ -354,7 +355,8 @@ def _snapshot(settings: StrataSettings, desk: SimulatedDesk) -> _Snapshot:
         cost, skipping = ledger.read(client), skip_lines(client)
     finally:
         client.close()
-    return _Snapshot(cost, skipping, rollout_log_size(settings), annotation_lines(Addresses().annotation, desk))
+    return _Snapshot(cost, skipping, rollout_log_size(settings), annotation_lines(Addresses().annotation, desk),
+                     control.live_audit_lines(settings))
 
 
 def _print_report(settings: StrataSettings, summary: TrainSummary, snapshot: _Snapshot,
@@ -380,6 +382,7 @@ def _print_report(settings: StrataSettings, summary: TrainSummary, snapshot: _Sn
               f"hacking gap (RM change - oracle change) {summary.hacking_gap}; bad cases (oracle < "
               f"{BAD_THRESHOLD:g}) {summary.before.bad_share:.1%} -> {summary.after.bad_share:.1%}")
         print("\n".join("      " + line for line in checkpoint_lines(summary)))
+    print("\n".join("      " + line for line in snapshot.audit))
     if summary.reward_oscillation is not None:
         print(f"      reward oscillation (rounds' mean light-RM reward): {summary.reward_oscillation}")
     print(f"      rollout log: {snapshot.rollout_log} records (prompt hash, response hash, reward)")
@@ -397,6 +400,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--eval-every and --headline-prompts must be >= 0 (0: off)")
     # The demo uses the zoo's small preset unless told otherwise (the default preset takes ~15 min).
     os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
+    # A few hundred Level-1 answers: the live audit needs a larger share than a long run's 5 % to hold two
+    # windows of audits (the first policy versions and the newest) and compare their hacking gaps.
+    os.environ.setdefault("STRATA_AUDIT_LEVEL1_SHARE", "0.25")
+    os.environ.setdefault("STRATA_HACKING_MIN_AUDITS", "20")
     settings = StrataSettings()
     check_reward_choice(settings, args.light_rm, args.rm_temperature)
     started = time.monotonic()

@@ -17,7 +17,7 @@ from strata.config import add_settings_flags, settings_from_flags
 if TYPE_CHECKING:
     from strata_tools.diagnose.settings import DiagnoseSettings
 
-CHECK_NAMES = ("rm-noise", "shift", "rm-overfit", "memory", "repetition", "annotators")
+CHECK_NAMES = ("rm-noise", "shift", "rm-overfit", "memory", "repetition", "annotators", "hacking")
 HELP = {
     "rm-noise": "score the same responses repeatedly; ALARM when the spread is high (cure: R8 ensemble/temperature)",
     "shift": "mean log-prob of recent rollouts under the current policy; ALARM under -150 (cure: KL warm-up)",
@@ -27,6 +27,8 @@ HELP = {
     "repetition": "the same prompt rolled out N times; ALARM over 40%% identical (cure: temperature/top-p)",
     "annotators": "annotator drift from svc_annotation: ALARM when any annotator drifts from the gold items "
                   "(cure: re-brief, review since the alarm item; R18)",
+    "hacking": "the live audit's hacking gap (light minus strong RM on the same Level-1 answers): ALARM when it "
+               "grew past hacking_gap_bound since the first audited policy versions (cure: re-distil, lcb, escalate)",
     "all": "every check in one table; non-zero exit on any ALARM",
     "exporter": "serve stack-wide metrics (consumer lag, tier mix, cost per tier, escalations) for Prometheus",
 }

@@ -84,6 +84,8 @@ def _status(args: argparse.Namespace) -> int:
     if all(r.lag is None for r in rows):
         print(f"lag: unknown (Kafka at {settings.kafka_address} did not answer, or no consumer group has committed "
               "yet); `strata infra status` checks Kafka and Redis")
+    for line in control.live_audit_lines(settings):
+        print(line)
     return 0 if all(r.healthy for r in rows) else 1
 
 

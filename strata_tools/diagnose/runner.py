@@ -14,10 +14,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
+import redis
 
 from strata import redis_client
 from strata.errors import CliError
-from strata_tools.diagnose import annotators, memory, repetition, rm_noise, rm_overfit, shift, sources
+from strata_tools.diagnose import annotators, hacking, memory, repetition, rm_noise, rm_overfit, shift, sources
 from strata_tools.diagnose.items import Pair, load_pairs, suite_pairs
 from strata_tools.diagnose.settings import DiagnoseSettings
 from strata_tools.diagnose.verdict import CheckResult, Verdict, error_result
@@ -145,6 +146,19 @@ def run_annotators(settings: DiagnoseSettings) -> CheckResult:
     return annotators.evaluate(status.annotators)
 
 
+def run_hacking(settings: DiagnoseSettings) -> CheckResult:
+    from svc_reward import audit_store
+    from svc_reward.config import RewardSettings
+
+    reward = RewardSettings()  # the reward service's thresholds, as it reads them from the environment
+    client = redis_client.connect(settings.redis_address, socket_timeout=10)
+    try:
+        by_version = audit_store.read_versions(client)
+    finally:
+        client.close()
+    return hacking.evaluate(by_version, reward.hacking_gap_bound, reward.hacking_min_audits)
+
+
 CHECKS: dict[str, tuple[Callable[[DiagnoseSettings], CheckResult], str]] = {
     rm_noise.NAME: (run_rm_noise, rm_noise.CURE),
     shift.NAME: (run_shift, shift.CURE),
@@ -152,6 +166,7 @@ CHECKS: dict[str, tuple[Callable[[DiagnoseSettings], CheckResult], str]] = {
     memory.NAME: (run_memory, memory.CURE),
     repetition.NAME: (run_repetition, repetition.CURE),
     annotators.NAME: (run_annotators, annotators.CURE),
+    hacking.NAME: (run_hacking, hacking.CURE),
 }
 
 
@@ -162,7 +177,7 @@ def run_check(name: str, settings: DiagnoseSettings) -> CheckResult:
         return run(settings)
     except grpc.RpcError as exc:
         return error_result(name, cure, f"gRPC {exc.code().name}: {exc.details()}")  # type: ignore[attr-defined]
-    except (CliError, OSError, LookupError, ValueError, RuntimeError) as exc:
+    except (CliError, OSError, LookupError, ValueError, RuntimeError, redis.RedisError) as exc:
         log.debug("check %s failed", name, exc_info=True)
         return error_result(name, cure, f"{type(exc).__name__}: {exc}")
 

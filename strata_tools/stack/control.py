@@ -130,3 +130,23 @@ def logs(settings: StrataSettings, service: str | None, lines: int, follow: bool
         raise InfraError(f"no log at {missing[0]} (known: {', '.join(p.stem for p in directory.glob('*.log'))})")
     argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), *map(str, files)]
     return subprocess.call(argv)
+
+
+def live_audit_lines(settings: StrataSettings) -> list[str]:
+    """The reward service's live audit (hacking gap, catch, false pass, the alarm) as report lines, read
+    from Redis with the reward service's thresholds (``STRATA_HACKING_*`` as it reads them)."""
+    import redis
+
+    from strata import redis_client
+    from svc_reward import audit_store
+    from svc_reward.audit import describe, windows
+    from svc_reward.config import RewardSettings
+
+    reward = RewardSettings()
+    try:
+        client = redis_client.connect(settings.redis_address, socket_timeout=5, socket_connect_timeout=3)
+        by_version = audit_store.read_versions(client)
+    except redis.RedisError as exc:
+        return [f"live audit: Redis at {settings.redis_address} did not answer ({type(exc).__name__}: {exc})"]
+    baseline, current = windows(by_version, reward.hacking_min_audits)
+    return describe(baseline, current, reward.hacking_gap_bound, reward.hacking_min_audits)

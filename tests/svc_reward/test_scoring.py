@@ -101,3 +101,17 @@ def test_the_level1_annotation_draw_is_stable_and_near_its_share() -> None:
     assert drawn == [sampled_for_annotation(h, 0.2) for h in hashes]  # a redelivery draws the same
     assert 0.17 < sum(drawn) / len(drawn) < 0.23
     assert all(sampled_for_annotation(h, 0.3) for h, d in zip(hashes, drawn, strict=True) if d)  # nested shares
+
+
+def test_conservative_aggregations_lower_the_reward_where_members_disagree() -> None:
+    members = [torch.tensor([1.0, 4.0]), torch.tensor([2.0, 4.0]), torch.tensor([6.0, 4.0])]
+    low, _ = aggregate(members, "min")
+    assert low.tolist() == [1.0, 4.0]
+    mean, spread = aggregate(members, "mean")
+    lcb, lcb_spread = aggregate(members, "lcb", spread_k=0.5)
+    assert lcb[0].item() == pytest.approx(mean[0].item() - 0.5 * spread[0].item())
+    assert lcb[1].item() == 4.0  # agreement costs nothing
+    assert lcb_spread.tolist() == spread.tolist()
+    assert aggregate([torch.tensor([5.0]), torch.tensor([0.0])], "lcb", spread_k=3.0)[0].item() == 0.0  # not < 0
+    single, _ = aggregate(members[:1], "lcb", spread_k=2.0)
+    assert single.tolist() == [1.0, 4.0]

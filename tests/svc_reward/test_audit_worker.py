@@ -1,0 +1,95 @@
+"""The reward worker's live audit against real Redis: audited Level-1 answers are scored by the strong RM,
+tallied per policy version once (a redelivery adds nothing), and their strong scoring is booked at tier 1."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+
+from strata import ledger
+from strata.bus import Delivery, topics
+from strata.content_store import ContentStore
+from strata.v1 import common_pb2, events_pb2
+from svc_reward import audit_store
+from svc_reward.audit import AuditTally
+from svc_reward.config import RewardSettings
+from svc_reward.models import Scores
+from svc_reward.worker import RewardWorker
+
+pytestmark = pytest.mark.integration
+
+LIGHT, STRONG = 3.5, 1.0  # the light RM passes every answer the strong one calls bad
+
+
+class TwoJudges:
+    has_strong = True
+
+    def __init__(self) -> None:
+        self.strong_calls = 0
+
+    def score(self, prompts, responses, strong=False) -> Scores:
+        if strong:
+            self.strong_calls += len(responses)
+            return Scores([STRONG] * len(responses), [0.0] * len(responses), "strong-test",
+                          [ledger.Charge("rm_strong", 2, 10, 0.01, 100.0)] * len(responses))
+        return Scores([LIGHT] * len(responses), [0.0] * len(responses), "light-test",
+                      [ledger.Charge("rm_light", 1, 10, 0.001, 10.0)] * len(responses))
+
+
+class Publisher:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, object]] = []
+
+    def publish(self, topic, message):
+        self.published.append((topic.name, message))
+
+    def wait(self, futures) -> None:
+        pass
+
+
+def rollouts(store: ContentStore, n: int, version: int) -> list[events_pb2.RolloutGenerated]:
+    prompt = store.put(f"How do tides work? {uuid.uuid4()}")
+    request = f"req-{uuid.uuid4().hex[:8]}"
+    return [events_pb2.RolloutGenerated(prompt_hash=prompt, response_hash=store.put(f"Moon {i} {uuid.uuid4()}"),
+                                        tier=common_pb2.TIER_LEVEL_1, request_id=request, sample_index=i,
+                                        policy_version=version)
+            for i in range(n)]
+
+
+def strong_items_at_tier_1(client) -> float:
+    return sum(c.items for c in ledger.read_stages(client) if (c.stage, c.tier) == ("rm_strong", 1))
+
+
+def test_audited_answers_are_tallied_once_per_version_and_booked_at_tier_1(infra, redis_client) -> None:
+    store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
+    version = random.randrange(10**6, 10**9)  # a version no other test writes
+    settings = RewardSettings(**infra.model_dump(), audit_level1_share=1.0, escalation_threshold=2.0,
+                              escalate_on_caution=False, annotate_level1_share=0.0)
+    models = TwoJudges()
+    worker = RewardWorker(settings, models, store, redis_client, Publisher())  # type: ignore[arg-type]
+    events = rollouts(store, 4, version)
+    deliveries = [Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)]
+    strong_tier1_before = strong_items_at_tier_1(redis_client)
+
+    worker.handle_batch(deliveries)
+    worker.handle_batch(deliveries)  # redelivered: done keys skip it, the tally does not move
+
+    stored = AuditTally.from_fields(redis_client.hgetall(audit_store.tally_key(version)))
+    assert stored.n == 4 and models.strong_calls == 4
+    assert stored.gap_sum == pytest.approx(4 * (LIGHT - STRONG))
+    assert (stored.bad, stored.passed, stored.passed_bad, stored.bad_escalated) == (4, 4, 4, 0)
+    assert version in [v for v, _ in audit_store.read_versions(redis_client)]
+    assert strong_items_at_tier_1(redis_client) == strong_tier1_before + 4
+
+
+def test_no_audit_without_a_share_or_a_strong_rm(infra, redis_client) -> None:
+    store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
+    version = random.randrange(10**6, 10**9)
+    models = TwoJudges()
+    worker = RewardWorker(RewardSettings(**infra.model_dump(), audit_level1_share=0.0), models, store,
+                          redis_client, Publisher())  # type: ignore[arg-type]
+    events = rollouts(store, 3, version)
+    worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
+    assert models.strong_calls == 0 and not redis_client.exists(audit_store.tally_key(version))
