@@ -134,8 +134,16 @@ def consumer_lags(cluster: KafkaTarget, groups: Iterable[str], client_id: str = 
             committed = {tp: meta for tp, meta in (offsets.get(group) or {}).items() if meta.offset >= 0}
             if not committed:
                 continue
+            # kafka-python lists offsets only for partitions in its metadata cache and leaves the others out
+            # of the answer: load each topic's partitions first.
+            for topic in sorted({tp.topic for tp in committed}):
+                consumer.partitions_for_topic(topic)
             ends = consumer.end_offsets(list(committed))
             for tp, meta in committed.items():
+                if tp not in ends:  # the broker gave no end offset (kafka-python leaves it out): unknown
+                    log.debug("no end offset for %s[%d]: group %s's lag there is unknown", tp.topic, tp.partition,
+                              group)
+                    continue
                 key = (group, tp.topic)
                 lags[key] = lags.get(key, 0) + max(0, ends[tp] - meta.offset)
     finally:

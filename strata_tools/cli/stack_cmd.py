@@ -81,9 +81,12 @@ def _status(args: argparse.Namespace) -> int:
         print(f"{row.name:<14} {row.pid or '-'!s:>7} {row.port:>6} {row.state:<9} "
               f"{'SERVING' if row.healthy else 'down':<8} {row.restarts:>8} {row.hung_kills:>5} "
               f"{'-' if row.lag is None else row.lag:>6}")
-    if all(r.lag is None for r in rows):
-        print(f"lag: unknown (Kafka at {settings.kafka_address} did not answer, or no consumer group has committed "
-              "yet); `strata infra status` checks Kafka and Redis")
+    errors = {r.lag_error for r in rows if r.lag_error}
+    if errors:
+        print(f"lag: unknown: reading consumer offsets from Kafka at {settings.kafka_address} failed "
+              f"({'; '.join(sorted(errors))}); `strata infra status` checks Kafka and Redis")
+    elif all(r.lag is None for r in rows):
+        print("lag: unknown (no consumer group has committed yet)")
     for line in control.live_audit_lines(settings):
         print(line)
     return 0 if all(r.healthy for r in rows) else 1

@@ -32,6 +32,7 @@ class ServiceStatus:
     restarts: int
     lag: int | None       # consumer lag summed over the service's groups (None: unknown)
     hung_kills: int = 0   # restarts because it stopped answering its health checks
+    lag_error: str | None = None  # why no lag could be read, when Kafka's answer failed
 
 
 def _pid_file(settings: StrataSettings) -> Path:
@@ -87,21 +88,21 @@ def stop(settings: StrataSettings, timeout_s: float = 90.0) -> bool:
     return True
 
 
-def _lags(settings: StrataSettings, groups: set[str]) -> dict[str, int]:
-    """group -> events not yet committed, over all its topics; empty when Kafka does not answer (said once,
-    by `strata status`, rather than in kafka-python's line per failed connection)."""
+def _lags(settings: StrataSettings, groups: set[str]) -> tuple[dict[str, int], str | None]:
+    """(group -> events not yet committed over all its topics, why none could be read): the error is
+    said once, by `strata status`, rather than in kafka-python's line per failed connection."""
     from strata.bus.admin import consumer_lags
     from strata.telemetry import quiet_kafka_logs
 
     try:
         with quiet_kafka_logs():
             per_topic = consumer_lags(settings, sorted(groups), "strata-status", timeout_ms=5000)
-    except Exception:  # a status line without lags beats no status line
-        return {}
+    except Exception as exc:  # a status line without lags, and the reason, beats no status line
+        return {}, f"{type(exc).__name__}: {exc}"
     lags: dict[str, int] = {}
     for (group, _topic), lag in per_topic.items():
         lags[group] = lags.get(group, 0) + lag
-    return lags
+    return lags, None
 
 
 def status(settings: StrataSettings, services: list[ServiceSpec] | None = None) -> list[ServiceStatus]:
@@ -111,14 +112,14 @@ def status(settings: StrataSettings, services: list[ServiceSpec] | None = None) 
     except (OSError, ValueError, KeyError):
         state = {}
     running = supervisor_pid(settings) is not None
-    lags = _lags(settings, {g for s in services for g in s.consumer_groups})
+    lags, lag_error = _lags(settings, {g for s in services for g in s.consumer_groups})
     rows = []
     for spec in services:
         st = state.get(spec.name, {}) if running else {}
         group_lags = [lags[g] for g in spec.consumer_groups if g in lags]
         rows.append(ServiceStatus(spec.name, st.get("pid"), spec.port, st.get("state", "-"), health(spec.port),
                                   int(st.get("restarts", 0)), sum(group_lags) if group_lags else None,
-                                  int(st.get("hung_kills", 0))))
+                                  int(st.get("hung_kills", 0)), lag_error))
     return rows
 
 
