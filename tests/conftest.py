@@ -45,6 +45,47 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+def _processes_under(path: Path) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process whose command line names ``path`` (Kafka, Redis,
+    Sentinels and services a fixture started with a state dir there)."""
+    from strata_tools.infra.process import process_cmdline
+
+    marker = str(path)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            cmdline = process_cmdline(int(entry.name))
+            if marker in cmdline:
+                found.append((int(entry.name), cmdline))
+    return found
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Every process a fixture started is stopped by its teardown: one left behind fails the session
+    (after it is killed, so that it does not outlive CI), named with its command line."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or not Path("/proc").is_dir():
+        return
+    try:
+        basetemp = factory.getbasetemp()
+    except (OSError, ValueError):
+        return
+    leaked = _processes_under(basetemp)
+    if not leaked:
+        return
+    from strata_tools.infra.process import kill_pid
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+    for pid, cmdline in leaked:
+        kill_pid(pid)
+        if reporter is not None:
+            reporter.write_line(f"LEFT RUNNING by a test fixture, now killed: pid {pid}: {cmdline[:300]}", red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def _testcontainers_settings(stack: list) -> StrataSettings:
     """Kafka (one KRaft node) and Redis in containers, from the images compose.yaml runs
     (``STRATA_TEST_KAFKA_IMAGE``, ``STRATA_TEST_REDIS_IMAGE``): the official ones, or the stand-ins
