@@ -3,12 +3,37 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TypeVar
 
 from strata.config import StrataSettings
 
 S = TypeVar("S", bound=StrataSettings)
+
+KEPT_LOG_RUNS = 5  # per bench: the newest runs' service logs survive the purge of their state dirs
+
+
+def keep_logs(run_state_dir: Path, reports: Path, bench: str, run_id: str, keep: int = KEPT_LOG_RUNS) -> Path | None:
+    """Copy a bench run's logs (the services', Kafka's and Redis') out of its state dir before it is purged,
+    to ``reports/logs/<bench>-<run_id>/``, and drop all but the newest ``keep`` runs of that bench.
+    The copy, or None when the run wrote no logs. Logs hold hashes and rewards only (R14)."""
+    # The services' logs, Kafka's and Redis' (never their data: Kafka's segments are *.log files too).
+    patterns = ("logs/**/*", "kafka/**/logs/*", "kafka/**/*.out", "redis/**/*.log", "redis/**/*.out",
+                "sentinel*/**/*.log")
+    logs = sorted({f for pattern in patterns for f in run_state_dir.glob(pattern) if f.is_file()})
+    if not logs:
+        return None
+    target = reports / "logs" / f"{bench}-{run_id}"
+    for f in logs:
+        copy = target / f.relative_to(run_state_dir)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, copy)
+    runs = sorted((d for d in target.parent.glob(f"{bench}-*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    for old in runs[:-keep] if keep > 0 else runs:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
 
 
 def _start_infra(settings: StrataSettings) -> None:
@@ -39,12 +64,11 @@ def bench_infra(settings: S, run_id: str, bench: str, cluster: bool = False) -> 
     (STRATA_KAFKA_BOOTSTRAP / STRATA_REDIS_URL) are used as they are; the events stay there.
     ``cluster``: three brokers (topics replicated 3 times, 2 in sync) and a Redis primary with a
     replica and three Sentinels, each on a block of free ports."""
-    import shutil
-
     from strata_tools.infra import down
     from strata_tools.infra.process import free_port, free_port_block
 
     own = settings.kafka_managed or settings.redis_managed
+    reports = settings.state_dir / "reports"
     if own:
         state_dir = settings.state_dir / f"bench-{bench}-{run_id}"
         settings = settings.model_copy(update={
@@ -66,5 +90,8 @@ def bench_infra(settings: S, run_id: str, bench: str, cluster: bool = False) -> 
     finally:
         if own:
             with contextlib.suppress(Exception):  # best effort: the state dir goes anyway
-                down(settings, purge=True)
+                down(settings, purge=False)
+            with contextlib.suppress(OSError):
+                if (kept := keep_logs(settings.state_dir, reports, bench, run_id)) is not None:
+                    print(f"{bench} bench: logs of this run kept in {kept}", flush=True)
             shutil.rmtree(settings.state_dir, ignore_errors=True)
