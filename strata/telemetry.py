@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -92,6 +93,29 @@ def setup_logging(level: str | int = "INFO", json_lines: bool = False, debug_rol
     root.setLevel(level if isinstance(level, int) else level.upper())
     # kafka-python is chatty at INFO (every connection and rebalance step).
     logging.getLogger("kafka").setLevel(max(root.level, logging.WARNING))
+    if not _stderr_is_terminal():
+        quiet_progress_bars()
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def quiet_progress_bars() -> None:
+    """No progress bars or per-model weight-load reports where no person watches a terminal (a service's
+    log file, CI, a pipe): tqdm's, Hugging Face's (read from the environment when they are imported,
+    switched off directly when already imported) and transformers' load report of unused or missing
+    weights, which our zoo models print by design (a reward head on a causal LM's weights)."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    logging.getLogger("transformers.utils.loading_report").setLevel(logging.ERROR)
 
 
 @contextmanager
