@@ -135,10 +135,18 @@ def down(settings: StrataSettings, purge: bool = False) -> list[str]:
         shape = recorded_shape(settings)
         settings = settings.model_copy(update={key: max(getattr(settings, key), shape.get(key, 0))
                                                for key in SHAPE_FIELDS})
-        if settings.kafka_managed and kafka_broker.stop(settings):
-            stopped.append("kafka")
-        if settings.redis_managed and redis_server.stop(settings):
-            stopped.append("redis")
+        # Each goes whatever the other did: a broker that fails to stop must not leave Redis running.
+        failures: list[Exception] = []
+        for name, managed, stop in (("kafka", settings.kafka_managed, kafka_broker.stop),
+                                    ("redis", settings.redis_managed, redis_server.stop)):
+            try:
+                if managed and stop(settings):
+                    stopped.append(name)
+            except Exception as exc:  # re-raised below, once the other one is stopped too
+                log.error("stopping %s failed: %s", name, exc)
+                failures.append(exc)
+        if failures:
+            raise failures[0]
         if purge:
             for sub in ("kafka", "redis"):
                 shutil.rmtree(settings.state_dir / sub, ignore_errors=True)
