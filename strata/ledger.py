@@ -53,6 +53,7 @@ class Charge:
     param_tokens: float = 0.0
     human_seconds: float = 0.0
     items: int = 1
+    params: float = 0.0  # parameters of the model that did the work (its ensemble's, summed); 0 for people
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -68,6 +69,7 @@ class StageCost:
     device_seconds: float = 0.0
     param_tokens: float = 0.0
     human_seconds: float = 0.0
+    params: float = 0.0  # the size of the model booked last at this stage (0: unknown, an older ledger)
 
     @property
     def seconds_per_token(self) -> float | None:
@@ -141,7 +143,8 @@ class CostSummary:
 def charge_generation(tier: int, params: int, prompt_tokens: int, response_tokens: int,
                       device_seconds: float) -> Charge:
     # The forward pass reads the prompt once and each new token once (with the KV cache).
-    return Charge("generate", tier, response_tokens, device_seconds, float(params) * (prompt_tokens + response_tokens))
+    return Charge("generate", tier, response_tokens, device_seconds, float(params) * (prompt_tokens + response_tokens),
+                  params=float(params))
 
 
 def split_by_tokens(total_seconds: float, tokens: Sequence[int]) -> list[float]:
@@ -175,6 +178,9 @@ def book(client: redis.Redis, prompt_hash: str, request_id: str, charges: Iterab
             else:
                 target.hincrbyfloat(stage_key, name, value)
                 target.hincrbyfloat(request_key, f"{c.stage}:{c.tier}:{name}", value)
+        if c.params:  # a size, not a sum: the newest booking's (a promoted RM version may differ in size)
+            target.hset(stage_key, "params", c.params)
+            target.hset(request_key, f"{c.stage}:{c.tier}:params", c.params)
         target.expire(request_key, ttl_s)
     if own:
         target.execute()
@@ -189,7 +195,7 @@ _COUNTED = ("items", "tokens")  # integers; the other metrics are floats
 
 def _stage_cost(stage: str, tier: int, raw: Mapping[str, str]) -> StageCost:
     metrics: dict[str, Any] = {name: (int if name in _COUNTED else float)(raw.get(name, 0)) for name in METRICS}
-    return StageCost(stage, tier, **metrics)
+    return StageCost(stage, tier, **metrics, params=float(raw.get("params", 0)))
 
 
 def _text(value: bytes | str) -> str:
@@ -283,7 +289,8 @@ def add(first: Sequence[StageCost], second: Sequence[StageCost]) -> list[StageCo
     totals = {(s.stage, s.tier): s for s in first}
     for s in second:
         a = totals.get((s.stage, s.tier), StageCost(s.stage, s.tier))
-        totals[(s.stage, s.tier)] = replace(s, **{name: getattr(a, name) + getattr(s, name) for name in METRICS})
+        totals[(s.stage, s.tier)] = replace(s, params=s.params or a.params,
+                                            **{name: getattr(a, name) + getattr(s, name) for name in METRICS})
     return list(totals.values())
 
 

@@ -72,7 +72,8 @@ class ProbeWorker:
         if self._redis is not None:
             with self._redis.pipeline(transaction=True) as pipe:
                 for delivery, result, share in zip(deliveries, results, seconds, strict=True):
-                    charge = ledger.Charge("probe", 0, result.tokens, share, float(self._n_params) * result.tokens)
+                    charge = ledger.Charge("probe", 0, result.tokens, share, float(self._n_params) * result.tokens,
+                                           params=float(self._n_params))
                     ledger.book(self._redis, delivery.message.prompt_hash, delivery.message.request_id, [charge],
                                 self._ledger_ttl_s, pipe=pipe)
                 pipe.execute()

@@ -167,5 +167,5 @@ class RewardModels:
         """Each item's share of the batch's time by its tokens, as read by the RM (truncated)."""
         params = sum(m.n_params for m in scorer.members)
         stage, tier = ("rm_strong", 2) if strong else ("rm_light", 1)
-        return [ledger.Charge(stage, tier, n, share, float(params) * n, items=len(scorer.members))
+        return [ledger.Charge(stage, tier, n, share, float(params) * n, items=len(scorer.members), params=float(params))
                 for n, share in zip(tokens, ledger.split_by_tokens(seconds, tokens), strict=True)]

@@ -215,7 +215,8 @@ class SchedulerEngine:
                                     state.cluster_marks.get(h), state.distrusts.get(h),
                                     state.similarity_floors.get(h)) for h, sim in row]
             decision = decide(digest, neighbours, self._risk(text, vector), now, state.versions, self.settings)
-            charge = ledger.Charge("encoder", 0, n, share, float(self.encoder.n_params) * n)
+            charge = ledger.Charge("encoder", 0, n, share, float(self.encoder.n_params) * n,
+                                   params=float(self.encoder.n_params))
             routed.append(Routed(digest, vector, decision, state.versions, charge))
         DECISION_SECONDS.observe(time.perf_counter() - started)
         return routed

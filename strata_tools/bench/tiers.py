@@ -92,6 +92,7 @@ from strata import ledger, redis_client, rpc
 from strata_tools.bench import tier_eval
 from strata_tools.bench.tier_eval import Answer, ArmFigures, PromptOutcome
 from strata_tools.intervals import Interval, cluster_bootstrap, cluster_bootstraps
+from strata_tools.pricing import PriceAs, parse_price_as, reprice
 from strata_tools.rm.escalation import ServedThreshold, add_threshold_arguments, resolve_threshold
 from strata_tools.train import Request
 from strata_tools.zoo.suite import stratified_sample
@@ -135,6 +136,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ceiling, APGR); sampled as live, apart from the live arms")
     parser.add_argument("--seed", type=int, default=0, help="prompt sample and sampling seeds")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds an arm may take")
+    parser.add_argument("--price-as", default=None, metavar="SIZES",
+                        help="also print the arms' params x tokens at these model sizes, a labelled projection of "
+                             "the same measured work: a preset (article, deployment) or role=params pairs "
+                             "(strata report --help)")
     parser.add_argument("--out", type=Path, default=None, help="directory for tiers.json and tiers.png "
                         "(default: <state dir>/reports)")
 
@@ -795,6 +800,11 @@ def run(args: argparse.Namespace) -> int:
     from strata.errors import CliError
     from strata_tools.bench.infra import bench_infra
 
+    if args.price_as is not None:
+        try:
+            parse_price_as(args.price_as)
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
     if args.prompts < 4 or args.history < 0:
         raise CliError("--prompts must be >= 4 and --history >= 0")
     if args.epochs < 1:
@@ -1044,6 +1054,8 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
     sweep = _expected_sweep(arms, answers, expected, args.bad_threshold)
     lines = [f"escalation threshold served: {threshold.source}",
              *_report_lines(args, zoo_hash, records, union_runs, answers, arms, sweep)]
+    if args.price_as is not None:
+        lines += price_lines(union_runs, parse_price_as(args.price_as))
     epochs = epoch_figures(answers, [o.prompt_hash for o in arms.replay], [o.level2 for o in arms.replay],
                            args.bad_threshold, arms.baseline)
     lines += epoch_lines(epochs, arms.tiered, audits)
@@ -1277,6 +1289,26 @@ def ceiling_lines(best: Sequence[ArmFigures], oracle_arm: ArmFigures, router_arm
     cheapest = tier_eval.cheapest_reaching(best, TARGET_QUALITY_RATIO)
     lines.append(row(f"cheapest at quality >= {TARGET_QUALITY_RATIO}", cheapest) if cheapest
                  else f"  quality >= {TARGET_QUALITY_RATIO}: unreachable by any router")
+    return lines
+
+
+def price_lines(runs: Mapping[str, ArmRun], price: PriceAs, baseline_arm: str = "all-Level-2") -> list[str]:
+    """Each arm's params x tokens summed over its stages, measured and at ``price``'s sizes, and its saving
+    against the all-Level-2 arm both ways: the same decisions and tokens, another cost structure."""
+    lines = [price.describe()]
+    base = runs.get(baseline_arm)
+    if base is None:
+        return [*lines, f"  no {baseline_arm} arm in this run: nothing to compare with"]
+    measured_base = sum(s.param_tokens for s in base.stages)
+    priced_base = sum(s.param_tokens for s in reprice(base.stages, price)[0])
+    for name, run in runs.items():
+        if name.startswith(f"{HEADLINE_ARM}, epoch"):
+            continue
+        priced, unpriced = reprice(run.stages, price)
+        measured_total, priced_total = sum(s.param_tokens for s in run.stages), sum(s.param_tokens for s in priced)
+        note = f" (left at measured cost: {', '.join(unpriced)})" if unpriced else ""
+        lines.append(f"  {name:<22} measured {measured_total:.3g} ({_pct(1 - measured_total / measured_base)} saved)"
+                     f"   at these sizes {priced_total:.3g} ({_pct(1 - priced_total / priced_base)} saved){note}")
     return lines
 
 

@@ -51,8 +51,10 @@ from strata_tools.bench.tiers import (
     routing_lines,
 )
 from strata_tools.cli.progress import redraw
+from strata_tools.cli.report_cmd import price_option
 from strata_tools.infra import InfraError
 from strata_tools.infra import up as infra_up
+from strata_tools.pricing import PriceAs
 from strata_tools.rm.escalation import add_threshold_arguments, resolve_threshold
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
 from strata_tools.stack import control
@@ -104,6 +106,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rm-temperature", type=float, default=None,
                         help="svc_reward's scoring temperature on the RM's score bins (default 1; R8 suggests 0.3)")
     add_threshold_arguments(parser)
+    parser.add_argument("--price-as", default=None, metavar="SIZES",
+                        help="also price the run's measured decisions and tokens at these model sizes, a labelled "
+                             "projection beside the measured ledger: a preset (article, deployment) or "
+                             "role=params pairs (strata report --help)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the services")
     parser.add_argument("--refresh", action=argparse.BooleanOptionalAction, default=True,
                         help="end with one `strata rm refresh` turn on the desk's labels (promotes a better light RM "
@@ -360,20 +366,22 @@ def _snapshot(settings: StrataSettings, desk: SimulatedDesk) -> _Snapshot:
 
 
 def _print_report(settings: StrataSettings, summary: TrainSummary, snapshot: _Snapshot,
-                  headline: Headline | None, n_samples: int) -> None:
+                  headline: Headline | None, n_samples: int, price: PriceAs | None = None) -> None:
     """[5/6]: tier decisions, skips, the training's costs, the held-out change, the rollout log, the desk's
     figures, the curves, and the headline against the measured baseline."""
     print("[5/6] report", flush=True)
     with rpc.channel(Addresses().scheduler) as channel:
         stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=10)
 
-    from strata_tools.cli.report_cmd import summary_lines
+    from strata_tools.cli.report_cmd import projection_lines, summary_lines
 
     print("      decisions: "
           + ", ".join(f"{k.removeprefix('DECISION_').lower()}={v}" for k, v in sorted(stats.decisions.items()))
           + f"   index size: {stats.index_size}")
     print("\n".join("      " + line for line in snapshot.skipping))
     print("\n".join("      " + line for line in summary_lines(snapshot.cost)))
+    if price is not None:
+        print("\n".join("      " + line for line in projection_lines(snapshot.cost, price)))
     if summary.before and summary.after:
         print(f"      held-out ({len(summary.before.rewards)} prompts, policy v{summary.start_version} -> "
               f"v{summary.end_version}): light-RM reward {summary.before.mean_reward:.3f} -> "
@@ -398,6 +406,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--repeat-share and --paraphrase-share must be >= 0 and sum to at most 1")
     if args.eval_every < 0 or args.headline_prompts < 0:
         raise CliError("--eval-every and --headline-prompts must be >= 0 (0: off)")
+    price = price_option(args.price_as)
     # The demo uses the zoo's small preset unless told otherwise (the default preset takes ~15 min).
     os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
     # A few hundred Level-1 answers: the live audit needs a larger share than a long run's 5 % to hold two
@@ -419,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
             headline = measure_headline(settings, summary, args, lambda line: print("     ", line, flush=True))
     finally:
         desk.stop()
-    _print_report(settings, summary, snapshot, headline, args.n_samples)
+    _print_report(settings, summary, snapshot, headline, args.n_samples, price)
     if args.refresh:
         refresh_turn(settings)
     print(f"done in {time.monotonic() - started:.0f} s. The stack keeps running: `strata status`, "
