@@ -18,6 +18,7 @@ from prometheus_client import Counter
 
 from strata import ledger
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
+from strata.confidence import logprob_summary
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.contract.identity import request_identity
 from strata.contract.tiers import TIER_ENUM
@@ -157,6 +158,8 @@ class GeneratorWorker:
             )
             event.routed_at.CopyFrom(job.routed.routed_at)
             event.generated_at.GetCurrentTime()
+            if (confidence := logprob_summary(output.logprobs)) is not None:
+                event.response_logprob_mean, event.response_logprob_min = confidence.mean, confidence.min
             if claim(self._redis, job.key, event.SerializeToString(), self._settings.content_ttl_s,
                      self._settings.redis_wait_replicas, self._settings.redis_wait_timeout_ms):
                 charge = ledger.charge_generation(self._settings.tier, self._n_params, output.prompt_tokens,

@@ -28,6 +28,15 @@ def sampled_for_annotation(response_hash: str, share: float) -> bool:
     return stable_fraction(f"annotate:{response_hash}") < share
 
 
+@dataclass(frozen=True)
+class RuleVerdict:
+    """The learned escalation rule's judgment of one Level-1 answer (``svc_reward.escalation_rule``)."""
+
+    escalate: bool
+    probability: float  # P(bad)
+    threshold: float
+
+
 # The brief's threshold (R3), served where neither the settings nor the light RM's calibration give one.
 BRIEF_ESCALATION_THRESHOLD = 3.2
 
@@ -58,14 +67,15 @@ def describe_threshold(setting: float | None, calibrated_scale: bool, stored: fl
 
 def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_on_caution: bool = True,
            annotate_level2: bool = True, unsafe: bool = False, await_annotation: bool = False,
-           sampled: bool = False, raw: float | None = None) -> Outcome:
+           sampled: bool = False, raw: float | None = None, rule: RuleVerdict | None = None) -> Outcome:
     """``tier`` is 1 or 2 (the generator tier that produced the sample); ``unsafe``: the response gives
     unsafe advice (R12), so a Level-1 answer is never final and a Level-2 one goes to a human.
     ``await_annotation``: a Level-2 reward sent to a human is not final; svc_annotation publishes the
     final one (the human's score, or this reward past its deadline). ``sampled``: a Level-1 answer
     drawn for annotation (``sampled_for_annotation``): a human scores it for the reward models' data,
     and its routing is what it would have been, never waiting on that score. ``raw``: given when
-    ``reward`` is the light RM's calibrated score, the raw one it came from (named in the reason only)."""
+    ``reward`` is the light RM's calibrated score, the raw one it came from (named in the reason only).
+    ``rule``: the learned escalation rule's verdict, which replaces the threshold where it could judge."""
     if tier == 2:
         reason = "level-2 sample, unsafe advice" if unsafe else "level-2 sample"
         annotate = annotate_level2 or unsafe
@@ -78,8 +88,14 @@ def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_o
               else f"light RM calibrated reward {reward:.2f} (raw {raw:.2f})")
     if unsafe:
         return Outcome(False, True, sampled, "unsafe advice in the response" + sample_note)
-    if reward < threshold:
+    if rule is not None:
+        verdict = f"escalation rule P(bad) {rule.probability:.3f} {'>=' if rule.escalate else '<'} {rule.threshold:.3f}"
+        if rule.escalate:
+            return Outcome(False, True, sampled, f"{verdict} ({scored})" + sample_note)
+    elif reward < threshold:
         return Outcome(False, True, sampled, f"{scored} < {threshold}" + sample_note)
     if caution and escalate_on_caution:
         return Outcome(False, True, sampled, "probe flagged caution" + sample_note)
+    if rule is not None:
+        return Outcome(True, False, sampled, f"{verdict} ({scored})" + sample_note)
     return Outcome(True, False, sampled, f"{scored} >= {threshold}" + sample_note)

@@ -23,7 +23,8 @@ from strata.devicetime import device_clock
 from strata.models.loading import LoadedModel, load_reward_model
 from strata.models.reward import reward_logits_and_lengths
 from svc_reward.calibrate import ScoreCalibration
-from svc_reward.calibration_store import calibration_path, read_calibration
+from svc_reward.calibration_store import calibration_path, read_calibration, read_rule, rule_path
+from svc_reward.escalation_rule import EscalationRule
 from svc_reward.scoring import aggregate, tempered_reward
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class Scores:
     charges: list[ledger.Charge]  # each item's cost, every ensemble member included (R4)
     calibrated: list[float] | None = None  # rewards on the oracle's scale: light RM with a calibration only
     calibrated_threshold: float | None = None  # the escalation threshold stored with that calibration
+    rule: EscalationRule | None = None  # the learned escalation rule stored with the light RM that scored
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class _Scorer:
     members: list[LoadedModel]
     version: str
     calibration: ScoreCalibration | None = None  # light RM only, fitted for these weights
+    rule: EscalationRule | None = None  # light RM only: the learned escalation rule fitted for these weights
 
 
 def served_calibration(paths: Sequence[str], options: ScoringOptions) -> ScoreCalibration | None:
@@ -99,6 +102,27 @@ def served_calibration(paths: Sequence[str], options: ScoringOptions) -> ScoreCa
     return calibration
 
 
+def served_rule(paths: Sequence[str]) -> EscalationRule | None:
+    """The escalation rule stored with the light RM ``paths`` (first member's directory), if it was fitted
+    for exactly these weights; otherwise None (the threshold decides), with a warning saying why."""
+    directory = paths[0]
+    try:
+        rule = read_rule(directory)
+        if rule is None:
+            return None
+        checksum = weights_checksum(paths)
+    except (OSError, ValueError) as exc:  # a bad file must not stop the service: the threshold decides
+        log.warning("escalation rule %s not usable, escalating on the threshold: %s", rule_path(directory), exc)
+        return None
+    if rule.checksum != checksum:
+        log.warning("escalation rule in %s was fitted for %s, weights are %s: escalating on the threshold",
+                    directory, rule.checksum[:12] or "unknown weights", checksum[:12])
+        return None
+    log.info("light RM escalation rule from %s: %s, escalating at P(bad) >= %.3f", directory,
+             ", ".join(rule.features), rule.threshold)
+    return rule
+
+
 class RewardModels:
     def __init__(self, light_paths: Sequence[str], strong_path: str | None, options: ScoringOptions,
                  light_version: str | None = None, strong_version: str | None = None) -> None:
@@ -112,7 +136,9 @@ class RewardModels:
         members = [load_reward_model(p, device=self._options.device, dtype=self._options.dtype) for p in paths]
         if version is None:
             version = "+".join(version_id(prefix, weights_checksum([p])) for p in paths)
-        return _Scorer(members, version, served_calibration(paths, self._options) if prefix == "light" else None)
+        if prefix != "light":
+            return _Scorer(members, version)
+        return _Scorer(members, version, served_calibration(paths, self._options), served_rule(paths))
 
     @property
     def light_version(self) -> str:
@@ -161,7 +187,7 @@ class RewardModels:
         calibration = scorer.calibration
         calibrated = calibration.apply_all(raw) if calibration is not None else None
         return Scores(raw, spreads.tolist(), scorer.version, charges, calibrated,
-                      calibration.escalation_threshold if calibration is not None else None)
+                      calibration.escalation_threshold if calibration is not None else None, scorer.rule)
 
     def _charges(self, scorer: _Scorer, tokens: list[int], seconds: float, strong: bool) -> list[ledger.Charge]:
         """Each item's share of the batch's time by its tokens, as read by the RM (truncated)."""

@@ -30,7 +30,8 @@ from strata.v1 import common_pb2, events_pb2
 from svc_reward import audit_store
 from svc_reward.audit import AuditTally, estimates, hacking_alarm, sampled_for_audit, windows
 from svc_reward.config import RewardSettings
-from svc_reward.decide import decide, escalation_threshold, sampled_for_annotation
+from svc_reward.decide import RuleVerdict, decide, escalation_threshold, sampled_for_annotation
+from svc_reward.escalation_rule import EscalationRule, Signals, features
 from svc_reward.models import RewardModels
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,24 @@ HACKING_ALARM = Gauge("strata_reward_hacking_alarm", "1 while the live hacking a
 
 
 
+def rule_verdict(rule: EscalationRule | None, event: events_pb2.RolloutGenerated, reward: float, spread: float,
+                 response: str) -> RuleVerdict | None:
+    """The served escalation rule's verdict on one Level-1 answer; None without a rule, or when the event
+    lacks a signal the rule needs (the threshold then decides)."""
+    if rule is None:
+        return None
+    signals = Signals(
+        reward, spread,
+        event.response_logprob_mean if event.HasField("response_logprob_mean") else None,
+        event.response_logprob_min if event.HasField("response_logprob_min") else None,
+        event.response_tokens, event.sampling.max_new_tokens if event.sampling.HasField("max_new_tokens") else 0,
+        response)
+    probability = rule.probability(features(signals))
+    if probability is None:
+        return None
+    return RuleVerdict(probability >= rule.threshold, probability, rule.threshold)
+
+
 def done_key(event: events_pb2.RolloutGenerated) -> str:
     sample = sample_identity(event.prompt_hash, event.response_hash, event.request_id, event.sample_index)
     return f"strata:reward:done:{event.tier}:{sample}"
@@ -67,6 +86,7 @@ class _ItemScore:
     scorer: int  # common_pb2.Scorer
     calibrated: float | None = None  # on the oracle's scale, when the light RM that scored it has a calibration
     calibrated_threshold: float | None = None  # the escalation threshold stored with that calibration
+    rule: RuleVerdict | None = None  # the learned escalation rule's verdict, where one is served and could judge
 
 
 @dataclass(frozen=True)
@@ -135,7 +155,8 @@ class RewardWorker:
                 unsafe = risk.detect_unsafe_advice(response) if self._settings.flag_unsafe else None
                 if unsafe is not None:
                     UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
-                item = _ItemScore(reward, spread, scores.version, scorer, cal, scores.calibrated_threshold)
+                verdict = rule_verdict(scores.rule, event, reward, spread, response) if tier == 1 else None
+                item = _ItemScore(reward, spread, scores.version, scorer, cal, scores.calibrated_threshold, verdict)
                 emitted = self._emit(tier, event, item, unsafe is not None, escalated)
                 futures.extend(emitted.futures)
                 if emitted.final:
@@ -228,7 +249,7 @@ class RewardWorker:
                          s.escalate_on_caution, s.annotate_level2, unsafe=unsafe,
                          await_annotation=bool(s.await_annotation),  # resolved at start (level2_humans)
                          sampled=tier == 1 and sampled_for_annotation(event.response_hash, s.annotate_level1_share),
-                         raw=None if calibrated is None else reward)
+                         raw=None if calibrated is None else reward, rule=score.rule)
         scored = events_pb2.RewardScored(
             prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
             policy_version=event.policy_version, rm_version=version, reward=reward, reward_std=spread,

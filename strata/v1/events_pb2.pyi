@@ -41,7 +41,7 @@ class PromptRouted(_message.Message):
     def __init__(self, prompt_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., decision: _Optional[_Union[_common_pb2.Decision, str]] = ..., reason: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., n_samples: _Optional[int] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., request_id: _Optional[str] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RolloutGenerated(_message.Message):
-    __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "model_id", "sample_index", "prompt_tokens", "response_tokens", "device_seconds", "sampling", "directions", "caution", "escalated_from", "request_id", "routed_at", "generated_at")
+    __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "model_id", "sample_index", "prompt_tokens", "response_tokens", "device_seconds", "sampling", "directions", "caution", "escalated_from", "request_id", "routed_at", "generated_at", "response_logprob_mean", "response_logprob_min")
     PROMPT_HASH_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_HASH_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,8 @@ class RolloutGenerated(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROUTED_AT_FIELD_NUMBER: _ClassVar[int]
     GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_LOGPROB_MEAN_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_LOGPROB_MIN_FIELD_NUMBER: _ClassVar[int]
     prompt_hash: str
     response_hash: str
     tier: _common_pb2.Tier
@@ -74,7 +76,9 @@ class RolloutGenerated(_message.Message):
     request_id: str
     routed_at: _timestamp_pb2.Timestamp
     generated_at: _timestamp_pb2.Timestamp
-    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., model_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., response_tokens: _Optional[int] = ..., device_seconds: _Optional[float] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., request_id: _Optional[str] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    response_logprob_mean: float
+    response_logprob_min: float
+    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., model_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., response_tokens: _Optional[int] = ..., device_seconds: _Optional[float] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., request_id: _Optional[str] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., response_logprob_mean: _Optional[float] = ..., response_logprob_min: _Optional[float] = ...) -> None: ...
 
 class RewardScored(_message.Message):
     __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "rm_version", "reward", "reward_std", "scorer", "final", "escalated", "unsafe", "sample_index", "response_tokens", "request_id", "generated_at", "scored_at", "directions", "annotator_id", "awaiting_annotation")

@@ -59,6 +59,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  "RM registry: svc_reward serves it when it loads that RM")
     escalation.add_argument("--json", action="store_true", help="machine-readable output")
     escalation.set_defaults(func=run_escalation)
+    rule = sub.add_parser("rule", help="a learned escalation rule on several signals (issue 61), beside the threshold")
+    rule.add_argument("--split", default="fresh", choices=("fresh", "train"),
+                      help="the prompts it is fitted and cross-validated on (fresh: the validation split)")
+    rule.add_argument("--prompts", type=int, default=280, help="prompts to answer (risk ones included)")
+    rule.add_argument("--bad-threshold", type=float, default=1.5,
+                      help="oracle score under which a Level-1 answer is a bad case")
+    rule.add_argument("--target-catch", type=float, default=0.9, help="share of bad answers the rule escalates")
+    rule.add_argument("--folds", type=int, default=5, help="cross-validation folds, split by paraphrase family")
+    rule.add_argument("--l2", type=float, default=1.0, help="L2 penalty of the logistic regression")
+    rule.add_argument("--seed", type=int, default=0)
+    rule.add_argument("--light-rm", default=None, metavar="DIR[,DIR...]",
+                      help="light RM whose rule this is, several directories for an ensemble (default: the zoo's)")
+    rule.add_argument("--write", action="store_true",
+                      help="store the rule with the light RM (its first directory): svc_reward then escalates by "
+                           "it whenever it serves that RM, and by the threshold where an answer lacks a signal")
+    rule.add_argument("--json", action="store_true", help="machine-readable output")
+    rule.set_defaults(func=run_rule)
     unsafe = sub.add_parser("unsafe", help="the unsafe-advice detector against the oracle on the suite's answers")
     unsafe.add_argument("--split", default="fresh", choices=("fresh", "eval", "train", "all"),
                         help="prompts whose answers are judged")
@@ -292,3 +309,63 @@ def _escalation_json(args: argparse.Namespace, measured: _Escalation, fitted: _C
         "mae_calibrated_cross_validated": fitted.mae_cross_validated,
         "written": written[0] if written else None, "registered": written[1] if written else None,
     }
+
+
+def run_rule(args: argparse.Namespace) -> int:
+    """Fit the escalation rule on the split's Level-1 answers (prompted and scored as live), report what each
+    signal buys out of fold against the light RM's score alone, and --write it beside the light RM."""
+    from strata.config import StrataSettings
+    from strata.contract.checksums import weights_checksum
+    from strata_tools.rm.escalation import judge_level1
+    from strata_tools.zoo.build import ensure_zoo
+    from svc_reward.calibration_store import write_rule
+    from svc_reward.config import RewardSettings
+    from svc_reward.escalation_rule import evaluate_rule, fit_rule
+    from svc_reward.models import ScoringOptions
+
+    if args.prompts < 20 or not 0 < args.target_catch <= 1 or args.folds < 2:
+        raise CliError("--prompts must be >= 20, --target-catch in (0, 1] and --folds >= 2")
+    zoo = ensure_zoo(StrataSettings())
+    light_paths = [p.strip() for p in args.light_rm.split(",") if p.strip()] if args.light_rm else [str(zoo.light_rm)]
+    options = dataclasses.replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
+    judged = judge_level1(zoo, args.split, args.prompts, args.seed, light_paths, options)
+    bad = judged.bad(args.bad_threshold)
+    try:
+        report = evaluate_rule(judged.features, bad, judged.families, args.target_catch, args.folds, args.l2, args.seed)
+        rule = fit_rule(judged.features, bad, args.target_catch, l2=args.l2)
+    except ValueError as exc:
+        raise CliError(f"{exc} ({sum(bad)} bad of {len(bad)} answers on {args.split}): more --prompts") from exc
+    rule = dataclasses.replace(rule, checksum=weights_checksum(light_paths), fitted={
+        "split": args.split, "answers": len(bad), "bad": sum(bad), "bad_threshold": args.bad_threshold,
+        "folds": report.folds, "light_auc": report.light_auc, "combined_auc": report.combined_auc,
+        "light_escalated": report.light_escalated, "combined_escalated": report.combined_escalated})
+    path = None
+    if args.write:
+        try:
+            path = str(write_rule(light_paths[0], rule))
+        except OSError as exc:
+            raise CliError(f"cannot write the rule into {light_paths[0]} ({exc.strerror}): give --light-rm a "
+                           "writable copy of the RM") from exc
+    if args.json:
+        print(json.dumps({"zoo": zoo.root.name, "rule": rule.to_dict(), "single_auc": dict(report.single),
+                          "written": path}, indent=2))
+        return 0
+    print(f"zoo {zoo.root.name}: {len(bad)} Level-1 answers of the {args.split} split, {sum(bad)} bad "
+          f"(oracle < {args.bad_threshold:g}); out of fold, {report.folds} folds split by paraphrase family")
+    print("signal alone (AUC as a detector of bad answers, either direction):")
+    for name, value in report.single.items():
+        print(f"  {name:<16} {'-' if value is None else f'{value:.3f}'}")
+    print(f"light RM score alone: AUC {_num(report.light_auc)}, escalates {_pct(report.light_escalated)} to catch "
+          f"{args.target_catch:.0%}")
+    print(f"rule on {', '.join(rule.features)}: AUC {_num(report.combined_auc)}, escalates "
+          f"{_pct(report.combined_escalated)} to catch {args.target_catch:.0%}")
+    weights = ", ".join(f"{n} {w:+.2f}" for n, w in zip(rule.features, rule.weights, strict=True))
+    print(f"fitted on all answers: weights per standard deviation {weights}; escalates at P(bad) >= "
+          f"{rule.threshold:.3f}")
+    print(f"rule written to {path}: svc_reward escalates by it when it serves this light RM" if path else
+          "not written (--write stores it beside the light RM)")
+    return 0
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -14,7 +14,7 @@ import argparse
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from strata.errors import CliError
@@ -35,6 +35,10 @@ class JudgedLevel1:
     prompts: int                 # prompts sampled from the split
     scores: list[float]          # the light RM's raw reward of each Level-1 answer
     oracle: list[float]          # the oracle's score of that answer
+    # Each answer's escalation features as the reward service computes them live (svc_reward.escalation_rule),
+    # and its prompt's paraphrase family (folds of a cross-validation split by family).
+    features: list[dict[str, float | None]] = field(default_factory=list)
+    families: list[str] = field(default_factory=list)
 
     def bad(self, bad_threshold: float) -> list[bool]:
         """Whether the oracle scores each answer under ``bad_threshold`` (a bad case)."""
@@ -131,8 +135,8 @@ def judge_level1(zoo: ZooPaths, split: str, prompts: int, seed: int, light_paths
     records = random.Random(seed).sample(records, min(prompts, len(records)))
     check_sealed((r.text for r in records), "the escalation threshold's calibration")
     level1_records = _level1_records(records, zoo)
-    scores, oracle = _score_level1(zoo, level1_records, light_paths, options, seed)
-    return JudgedLevel1(split, len(records), scores, oracle)
+    scores, oracle, features = _score_level1(zoo, level1_records, light_paths, options, seed)
+    return JudgedLevel1(split, len(records), scores, oracle, features, [r.family for r, _ in level1_records])
 
 
 def choose_threshold(judged: JudgedLevel1, bad_threshold: float, target_catch: float) -> ChosenThreshold:
@@ -159,12 +163,16 @@ def _level1_records(records: list[PromptRecord], zoo: ZooPaths) -> list[tuple[Pr
 
 
 def _score_level1(zoo: ZooPaths, level1_records: list[tuple[PromptRecord, ProbeResult]], light_paths: list[str],
-                  options: ScoringOptions, seed: int) -> tuple[list[float], list[float]]:
+                  options: ScoringOptions, seed: int
+                  ) -> tuple[list[float], list[float], list[dict[str, float | None]]]:
     """Level-1's answers, prompted and sampled as the live stack does (``strata_tools.level1``): the light
-    RM's raw scores, and the oracle's."""
+    RM's raw scores, the oracle's, and each answer's escalation features as the reward service reads them
+    from the rollout event (the generator's log-probabilities, the members' spread, the answer's form)."""
+    from strata.confidence import logprob_summary
     from strata_tools.level1 import LivePrompting, generate_answers
     from strata_tools.zoo.oracle import judge
     from svc_generator.backends.hf import HfBackend
+    from svc_reward.escalation_rule import Signals, features
     from svc_reward.models import RewardModels
 
     prompts = [r.text for r, _ in level1_records]
@@ -172,6 +180,12 @@ def _score_level1(zoo: ZooPaths, level1_records: list[tuple[PromptRecord, ProbeR
     answers = generate_answers(HfBackend(str(zoo.level1), "cpu"), prompting, prompts,
                                [prompting.directions(res) for _, res in level1_records], seed)
     rms = RewardModels(light_paths, None, options)
-    scores = rms.score(prompts, [a.text for a in answers]).rewards  # raw: fitted on
+    scored = rms.score(prompts, [a.text for a in answers])  # raw: fitted on
     oracle = [judge(r, a.text).score for (r, _), a in zip(level1_records, answers, strict=True)]
-    return scores, oracle
+    rows = []
+    for answer, reward, spread in zip(answers, scored.rewards, scored.spreads, strict=True):
+        confidence = logprob_summary(answer.logprobs)
+        rows.append(features(Signals(reward, spread, confidence.mean if confidence else None,
+                                     confidence.min if confidence else None, len(answer.token_ids),
+                                     prompting.sampling.max_new_tokens or 0, answer.text)))
+    return scored.rewards, oracle, rows

@@ -22,6 +22,9 @@ class GenerationOutput:
     token_ids: tuple[int, ...]        # response token ids as generated (EOS included when it came)
     prompt_tokens: int                # tokens of the templated prompt
     finished: bool                    # stopped by EOS rather than by max_new_tokens
+    # Each response token's log-probability under the model's own distribution (its logits before
+    # temperature and top-p), one per token id; empty where the backend does not report them.
+    logprobs: tuple[float, ...] = ()
 
 
 class Backend(Protocol):

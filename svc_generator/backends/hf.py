@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from strata.models.loading import LoadedModel, from_pretrained, load_causal_lm
 from strata.models.prompts import PromptFormat, cut_at_stop, stop_token_ids
@@ -88,6 +88,35 @@ def rollout_dropout(model: torch.nn.Module, p: float | None) -> Iterator[None]:
             module.train(training)
 
 
+class SampledTokenLogprobs(LogitsProcessor):
+    """Records each sampled token's log-probability under the model's own distribution.
+
+    ``generate`` runs a caller's processors before its sampling warpers, so the scores seen here are the
+    model's logits, before temperature and top-p (a test pins it). The token drawn from step t's scores is
+    the last input id at step t + 1, and the final step's is read from the returned sequences
+    (:meth:`per_token`). One (B, V) tensor is held, not the whole run's logits."""
+
+    def __init__(self) -> None:
+        self._previous: torch.Tensor | None = None  # (B, V) log-softmax of the latest step's scores
+        self._steps: list[torch.Tensor] = []        # (B,) per step whose token is known
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._previous is not None:
+            self._steps.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._previous = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def per_token(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T_new) log-probabilities of ``new_tokens`` (the generated part of the sequences)."""
+        if self._previous is not None and new_tokens.shape[1] > len(self._steps):
+            last = new_tokens[:, len(self._steps):len(self._steps) + 1]
+            self._steps.append(self._previous.gather(1, last).squeeze(1))
+            self._previous = None
+        if not self._steps:
+            return torch.zeros((new_tokens.shape[0], 0))
+        return torch.stack(self._steps, dim=1)[:, : new_tokens.shape[1]]
+
+
 class HfBackend:
     def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto") -> None:
         self._lm: LoadedModel = load_causal_lm(model_path, device=device, dtype=dtype)
@@ -139,6 +168,7 @@ class HfBackend:
         prompt_lengths = batch["attention_mask"].sum(dim=1).tolist()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
+        recorder = SampledTokenLogprobs()
         with rollout_dropout(model, sampling.rollout_dropout):
             generated = model.generate(
                 **batch,
@@ -149,12 +179,15 @@ class HfBackend:
                 top_k=0,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=list(self.stop_ids),
+                logits_processor=LogitsProcessorList([recorder]),
             )  # (B, T_prompt + T_new)
-        new_tokens = generated[:, batch["input_ids"].shape[1]:].tolist()  # (B, T_new)
+        generated_part = generated[:, batch["input_ids"].shape[1]:]  # (B, T_new)
+        logprobs = recorder.per_token(generated_part).tolist()
         stops, pad = set(self.stop_ids), tokenizer.pad_token_id
         results = []
-        for row, prompt_length in zip(new_tokens, prompt_lengths, strict=True):
+        for row, prompt_length, row_logprobs in zip(generated_part.tolist(), prompt_lengths, logprobs, strict=True):
             row, finished = cut_at_stop(row, stops)
             text = tokenizer.decode([t for t in row if t not in stops and t != pad], skip_special_tokens=True).strip()
-            results.append(GenerationOutput(text, tuple(row), int(prompt_length), finished))
+            results.append(GenerationOutput(text, tuple(row), int(prompt_length), finished,
+                                            tuple(row_logprobs[: len(row)])))
         return results
