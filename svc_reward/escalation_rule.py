@@ -195,43 +195,66 @@ def fit_rule(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool], ta
 
 @dataclass(frozen=True)
 class RuleReport:
-    """What each signal buys, out of fold: AUC as a detector of bad answers, and the share escalated to
-    catch the target share of them."""
+    """What each signal buys, out of fold. AUCs are read within each test fold and averaged (weighted by
+    its answers): pooling folds would rank one fold's probabilities against another's, whose intercepts
+    differ with the folds' bad-answer rates. Catch and escalated share: each fold's threshold is chosen on
+    the other folds for the target catch and applied to it, as a rule fitted on one set meets the next."""
 
-    single: Mapping[str, float | None]           # each feature alone (oriented to its better direction)
+    single: Mapping[str, float | None]           # each feature alone, whole set (either direction)
     light_auc: float | None                       # the light RM's score alone (the served threshold's)
-    combined_auc: float | None                    # the rule, cross-validated by group
-    light_escalated: float | None                 # share escalated at the target catch: score alone
-    combined_escalated: float | None              # ... the rule
+    combined_auc: float | None                    # the rule
+    light_catch: float | None
+    light_escalated: float | None
+    combined_catch: float | None
+    combined_escalated: float | None
     folds: int
 
 
-def _escalated_at_catch(scores: Sequence[float], bad: Sequence[bool], target_catch: float) -> float | None:
-    """Share escalated when escalating the highest scores until ``target_catch`` of the bad are caught."""
-    if not any(bad):
-        return None
-    cut = threshold_for_catch(scores, bad, target_catch)
-    return sum(s >= cut for s in scores) / len(scores)
+def _fold_figures(train_scores: Sequence[float], train_bad: Sequence[bool], test_scores: Sequence[float],
+                  test_bad: Sequence[bool], target_catch: float) -> tuple[float | None, int, int, int]:
+    """(AUC on the test fold, bad caught, bad, escalated) at the threshold the training folds choose."""
+    cut = threshold_for_catch(train_scores, train_bad, target_catch)
+    escalated = [s >= cut for s in test_scores]
+    caught = sum(e for e, b in zip(escalated, test_bad, strict=True) if b)
+    return auc(test_scores, test_bad), caught, sum(test_bad), sum(escalated)
 
 
 def evaluate_rule(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool], groups: Sequence[Hashable],
                   target_catch: float, folds: int = 5, l2: float = 1.0, seed: int = 0) -> RuleReport:
     """Out-of-fold figures: folds split by ``groups`` (paraphrase families), so no family is in both the fit
-    and the test of a fold."""
+    and the test of a fold. The light score is judged the same way (its threshold chosen on the other folds)."""
     distinct = sorted(set(groups), key=str)
-    rng = np.random.default_rng(seed)
-    fold_of = {g: i % folds for i, g in enumerate(rng.permutation(len(distinct)))}
-    fold = [fold_of[distinct.index(g)] for g in groups]
-    out_of_fold = [0.0] * len(rows)
+    order = np.random.default_rng(seed).permutation(len(distinct))
+    fold_of_group = {distinct[j]: i % folds for i, j in enumerate(order)}
+    fold = [fold_of_group[g] for g in groups]
+    light = [-(r["light"] or 0.0) for r in rows]  # a lower reward is more likely bad
+    sums = {"light": [0.0, 0, 0, 0, 0], "rule": [0.0, 0, 0, 0, 0]}  # AUC x n, n, caught, bad, escalated
     for k in range(folds):
         train = [i for i, f in enumerate(fold) if f != k]
         test = [i for i, f in enumerate(fold) if f == k]
-        if not test:
+        train_bad, test_bad = [bad[i] for i in train], [bad[i] for i in test]
+        if not test or not any(train_bad) or all(train_bad):
             continue
-        rule = fit_rule([rows[i] for i in train], [bad[i] for i in train], target_catch, l2=l2)
-        for i in test:
-            out_of_fold[i] = rule.probability(rows[i]) or 0.0
-    light = [-(r["light"] or 0.0) for r in rows]  # a lower reward is more likely bad
+        rule = fit_rule([rows[i] for i in train], train_bad, target_catch, l2=l2)
+        probability = [rule.probability(r) or 0.0 for r in rows]
+        for name, scores in (("light", light), ("rule", probability)):
+            a, caught, n_bad, escalated = _fold_figures([scores[i] for i in train], train_bad,
+                                                        [scores[i] for i in test], test_bad, target_catch)
+            total = sums[name]
+            if a is not None:
+                total[0] += a * len(test)
+                total[1] += len(test)
+            total[2] += caught
+            total[3] += n_bad
+            total[4] += escalated
+    evaluated = sum(1 for k in range(folds) if any(f == k for f in fold))
+
+    def read(name: str) -> tuple[float | None, float | None, float | None]:
+        weighted, n, caught, n_bad, escalated = sums[name]
+        answers = sum(1 for f in fold if f < folds)
+        return (weighted / n if n else None, caught / n_bad if n_bad else None,
+                escalated / answers if answers else None)
+
     single: dict[str, float | None] = {}
     for name in FEATURES:
         values = [r.get(name) for r in rows]
@@ -240,5 +263,35 @@ def evaluate_rule(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool
             continue
         a = auc([float(v) for v in values], bad)  # type: ignore[arg-type]
         single[name] = None if a is None else max(a, 1 - a)
-    return RuleReport(single, auc(light, bad), auc(out_of_fold, bad), _escalated_at_catch(light, bad, target_catch),
-                      _escalated_at_catch(out_of_fold, bad, target_catch), folds)
+    light_auc, light_catch, light_escalated = read("light")
+    rule_auc, rule_catch, rule_escalated = read("rule")
+    return RuleReport(single, light_auc, rule_auc, light_catch, light_escalated, rule_catch, rule_escalated,
+                      evaluated)
+
+
+def select_features(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool], groups: Sequence[Hashable],
+                    target_catch: float, folds: int = 5, l2: float = 1.0, seed: int = 0,
+                    min_gain: float = 0.005) -> tuple[list[str], list[tuple[str, float]]]:
+    """Forward selection on the out-of-fold AUC: start from the light score, add the feature that raises it
+    most while it rises by ``min_gain`` or more (a signal that does not carry across families stays out).
+    The features chosen, and each step's (feature added, AUC)."""
+    def oof_auc(names: Sequence[str]) -> float:
+        sub = [{n: r.get(n) for n in names} for r in rows]
+        found = evaluate_rule(sub, bad, groups, target_catch, folds, l2, seed).combined_auc
+        return -1.0 if found is None else found
+
+    available = [n for n in FEATURES if all(r.get(n) is not None for r in rows)]
+    chosen = ["light"]
+    best = oof_auc(chosen)
+    steps = [("light", best)]
+    while True:
+        candidates = [(oof_auc([*chosen, n]), n) for n in available if n not in chosen]
+        if not candidates:
+            break
+        score, name = max(candidates)
+        if score < best + min_gain:
+            break
+        chosen.append(name)
+        best = score
+        steps.append((name, score))
+    return chosen, steps

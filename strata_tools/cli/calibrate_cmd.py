@@ -68,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rule.add_argument("--target-catch", type=float, default=0.9, help="share of bad answers the rule escalates")
     rule.add_argument("--folds", type=int, default=5, help="cross-validation folds, split by paraphrase family")
     rule.add_argument("--l2", type=float, default=1.0, help="L2 penalty of the logistic regression")
+    rule.add_argument("--all-features", action="store_true",
+                      help="fit on every signal; default: forward selection from the light score, keeping a "
+                           "signal only where it raises the out-of-fold AUC")
     rule.add_argument("--seed", type=int, default=0)
     rule.add_argument("--light-rm", default=None, metavar="DIR[,DIR...]",
                       help="light RM whose rule this is, several directories for an ensemble (default: the zoo's)")
@@ -320,7 +323,7 @@ def run_rule(args: argparse.Namespace) -> int:
     from strata_tools.zoo.build import ensure_zoo
     from svc_reward.calibration_store import write_rule
     from svc_reward.config import RewardSettings
-    from svc_reward.escalation_rule import evaluate_rule, fit_rule
+    from svc_reward.escalation_rule import FEATURES, evaluate_rule, fit_rule, select_features
     from svc_reward.models import ScoringOptions
 
     if args.prompts < 20 or not 0 < args.target_catch <= 1 or args.folds < 2:
@@ -331,14 +334,22 @@ def run_rule(args: argparse.Namespace) -> int:
     judged = judge_level1(zoo, args.split, args.prompts, args.seed, light_paths, options)
     bad = judged.bad(args.bad_threshold)
     try:
-        report = evaluate_rule(judged.features, bad, judged.families, args.target_catch, args.folds, args.l2, args.seed)
-        rule = fit_rule(judged.features, bad, args.target_catch, l2=args.l2)
+        steps: list[tuple[str, float]] = []
+        names = list(FEATURES)
+        if not args.all_features:
+            names, steps = select_features(judged.features, bad, judged.families, args.target_catch, args.folds,
+                                           args.l2, args.seed)
+        rows = [{n: r.get(n) for n in names} for r in judged.features]
+        report = evaluate_rule(rows, bad, judged.families, args.target_catch, args.folds, args.l2, args.seed)
+        rule = fit_rule(rows, bad, args.target_catch, l2=args.l2)
     except ValueError as exc:
         raise CliError(f"{exc} ({sum(bad)} bad of {len(bad)} answers on {args.split}): more --prompts") from exc
     rule = dataclasses.replace(rule, checksum=weights_checksum(light_paths), fitted={
         "split": args.split, "answers": len(bad), "bad": sum(bad), "bad_threshold": args.bad_threshold,
         "folds": report.folds, "light_auc": report.light_auc, "combined_auc": report.combined_auc,
-        "light_escalated": report.light_escalated, "combined_escalated": report.combined_escalated})
+        "light_catch": report.light_catch, "light_escalated": report.light_escalated,
+        "combined_catch": report.combined_catch, "combined_escalated": report.combined_escalated,
+        "selection": [list(step) for step in steps]})
     path = None
     if args.write:
         try:
@@ -355,10 +366,13 @@ def run_rule(args: argparse.Namespace) -> int:
     print("signal alone (AUC as a detector of bad answers, either direction):")
     for name, value in report.single.items():
         print(f"  {name:<16} {'-' if value is None else f'{value:.3f}'}")
-    print(f"light RM score alone: AUC {_num(report.light_auc)}, escalates {_pct(report.light_escalated)} to catch "
-          f"{args.target_catch:.0%}")
-    print(f"rule on {', '.join(rule.features)}: AUC {_num(report.combined_auc)}, escalates "
-          f"{_pct(report.combined_escalated)} to catch {args.target_catch:.0%}")
+    if steps:
+        print("forward selection (out-of-fold AUC): " + " -> ".join(f"+{n} {a:.3f}" for n, a in steps))
+    print(f"out of fold, the threshold of each fold chosen on the others for a {args.target_catch:.0%} catch:")
+    print(f"  light RM score alone: AUC {_num(report.light_auc)}, catches {_pct(report.light_catch)}, escalates "
+          f"{_pct(report.light_escalated)}")
+    print(f"  rule on {', '.join(rule.features)}: AUC {_num(report.combined_auc)}, catches "
+          f"{_pct(report.combined_catch)}, escalates {_pct(report.combined_escalated)}")
     weights = ", ".join(f"{n} {w:+.2f}" for n, w in zip(rule.features, rule.weights, strict=True))
     print(f"fitted on all answers: weights per standard deviation {weights}; escalates at P(bad) >= "
           f"{rule.threshold:.3f}")

@@ -119,3 +119,13 @@ def test_the_worker_reads_the_signals_from_the_event() -> None:
     event.response_logprob_mean, event.response_logprob_min = -0.7, -2.0
     assert not rule_verdict(rule, event, 3.6, 0.0, "an answer of a few words").escalate
     assert rule_verdict(None, event, 2.5, 0.0, "x") is None
+
+
+def test_forward_selection_keeps_the_signal_that_carries_and_leaves_noise_out() -> None:
+    from svc_reward.escalation_rule import select_features
+
+    rows, bad, groups = constructed()
+    chosen, steps = select_features(rows, bad, groups, target_catch=0.9)
+    assert chosen[:2] == ["light", "logprob_min"] or chosen[:2] == ["light", "logprob_mean"]
+    assert "repetition" not in chosen and "distinct_words" not in chosen
+    assert [a for _, a in steps] == sorted(a for _, a in steps)  # each step raised the AUC
