@@ -28,8 +28,8 @@ class ProbeSettings(StrataSettings):
     top_k: int = Field(3, ge=1, description="directions returned per prompt (R1: 3)")
     forward_directions: int = Field(
         1, ge=0, description="of the top_k directions, how many the probe forwards with each prompt: the generator's "
-        "Directions: line (the API still returns top_k). On the default zoo three lower Level-1's oracle mean by "
-        "0.155 +- 0.040 against none, one by 0.034 +- 0.038 (strata bench level0, docs/tiers.md)")
+        "Directions: line (the API still returns top_k). Three directions lowered Level-1's oracle mean on the default "
+        "zoo where one did not (strata bench level0; its run is in docs/results.md)")
     min_confidence: float = Field(
         0.3, ge=0, le=1, description="below this top-direction probability the probe is cautious (low confidence)"
     )

@@ -18,7 +18,7 @@ rollout, for baselines). Otherwise the rules, in order:
    variance over ``high_variance_threshold``                                   -> Level-2 (R11).
 5. **Known reward of the neighbourhood**: at least ``min_low_variance_neighbours`` of the k
    neighbours are *usable* and have a variance under ``low_variance_threshold`` -> skip, reuse (R10).
-   **Close paraphrases** (``min_close_paraphrases``, off by default): a prompt with no usable
+   **Close paraphrases** (``min_close_paraphrases``, 3 by default; 0: off): a prompt with no usable
    history of its own whose ``min_close_paraphrases`` usable low-variance neighbours at cosine
    ``close_similarity`` or more agree (means within ``close_agreement``) -> skip, reuse theirs.
 6. Otherwise                                                                    -> Level-0 probe, then Level-1.

@@ -9,7 +9,7 @@ the scheduler (probe, generators, reward models) are simulated, because generati
    the scheduler service runs in this process as in deployment
    (gRPC server on a free local port, encoder, FAISS index, Redis, the Kafka statistics worker in a
    fresh consumer group, keys under a fresh Redis prefix, so a run never sees an earlier run's data).
-   Every suite prompt (all splits, 8 topics x subjects x intents, 7 paraphrases per family) is
+   Every suite prompt but the sealed test split's (8 topics x subjects x intents, 7 paraphrases per family) is
    submitted ``--passes`` times in shuffled order, ``--batch`` prompts per ``SubmitBatch`` call, with
    ``n_samples=--n-samples``; each response gives the decision (skip with a reused reward, Level-1,
    Level-2).

@@ -14,7 +14,8 @@ Each stage is timed alone with ``time.perf_counter`` on the same inputs, in turn
   forward, Kafka publish and acknowledgement.
 
 Prints a table per path: stage, p50 and p99 in ms, share of the summed p50s. Models: the zoo's
-(``STRATA_ZOO_PRESET``). docs/performance.md holds the tables and what was done about them.
+(``STRATA_ZOO_PRESET``). docs/performance.md says what was done about them; the tables are in
+docs/results.md.
 """
 
 from __future__ import annotations
