@@ -20,13 +20,25 @@ transaction with the rollout's done key, so a redelivered rollout is counted onc
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from strata.hashing import stable_fraction
 
 # One-sided 95 %: the alarm fires when the gap's lower bound passes the bound, not on noise.
 ALARM_Z = 1.645
+
+
+def strong_calls_bad(strong: float, bad_below: float | None, threshold: float,
+                     on_threshold_scale: Callable[[float], float] | None = None) -> bool:
+    """Whether the strong RM's reward marks an audited answer bad: under ``bad_below`` where one is set;
+    else under the escalation threshold the light RM's rule is served with (``threshold``), the strong
+    score mapped onto that threshold's scale (``on_threshold_scale``: the light RM's calibration, when the
+    threshold is on the calibrated scale): "the strong RM's own score would have escalated it". The light
+    RM is distilled onto the strong RM's scale, so their raw scores compare."""
+    if bad_below is not None:
+        return strong < bad_below
+    return (on_threshold_scale(strong) if on_threshold_scale is not None else strong) < threshold
 
 
 def sampled_for_audit(response_hash: str, share: float) -> bool:
@@ -51,9 +63,8 @@ class AuditTally:
     passed_bad: int = 0
 
     @staticmethod
-    def of(light: float, strong: float, escalated: bool, bad_below: float) -> AuditTally:
-        """One audited answer's contribution."""
-        bad = strong < bad_below
+    def of(light: float, strong: float, escalated: bool, bad: bool) -> AuditTally:
+        """One audited answer's contribution; ``bad``: the strong RM's judgment of it (``strong_calls_bad``)."""
         gap = light - strong
         return AuditTally(1, light, strong, gap, gap * gap, int(bad), int(bad and escalated), int(not escalated),
                           int(bad and not escalated))

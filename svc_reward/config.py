@@ -72,8 +72,10 @@ class RewardSettings(StrataSettings):
         "scored by the strong RM: the live hacking gap, catch and false-pass estimates; booked as rm_strong at "
         "tier 1. 0: off (and off where no strong RM is loaded)"
     )
-    audit_bad_below: float = Field(
-        1.5, ge=0, le=5, description="an audited answer whose strong-RM reward is under this counts as bad"
+    audit_bad_below: float | None = Field(
+        None, ge=0, le=5, description="an audited answer whose strong-RM reward is under this counts as bad (the "
+        "catch and false-pass estimates); unset: under the escalation threshold served with the light RM, the "
+        "strong score read on that threshold's scale (the strong RM's own score would have escalated it)"
     )
     hacking_gap_bound: float = Field(
         0.25, ge=0, description="the hacking alarm fires when the light-minus-strong gap grew by more than this "

@@ -28,7 +28,7 @@ from strata.contract.identity import request_identity, sample_identity
 from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
 from svc_reward import audit_store
-from svc_reward.audit import AuditTally, estimates, hacking_alarm, sampled_for_audit, windows
+from svc_reward.audit import AuditTally, estimates, hacking_alarm, sampled_for_audit, strong_calls_bad, windows
 from svc_reward.config import RewardSettings
 from svc_reward.decide import RuleVerdict, decide, escalation_threshold, sampled_for_annotation
 from svc_reward.escalation_rule import EscalationRule, Signals, features
@@ -171,7 +171,7 @@ class RewardWorker:
                 if i in audited:
                     strong, strong_charge = audited[i]
                     booked.append(strong_charge)
-                    one = AuditTally.of(reward, strong, emitted.escalate, self._settings.audit_bad_below)
+                    one = AuditTally.of(reward, strong, emitted.escalate, self._strong_calls_bad(strong, item))
                     audits[event.policy_version] = audits.get(event.policy_version, AuditTally()) + one
                 charges.append((event, booked))
         self._publisher.wait(futures)
@@ -210,6 +210,14 @@ class RewardWorker:
             if math.isfinite(reward):  # a non-finite strong score audits nothing; the light one decides
                 found[i] = (reward, replace(charge, tier=1))
         return found
+
+    def _strong_calls_bad(self, strong: float, item: _ItemScore) -> bool:
+        s = self._settings
+        calibrated = s.use_calibration and item.calibrated is not None
+        threshold = escalation_threshold(s.escalation_threshold, item.calibrated_threshold if calibrated else None)
+        calibration = self._models.light_calibration if calibrated else None
+        return strong_calls_bad(strong, s.audit_bad_below, threshold,
+                                calibration.apply if calibration is not None else None)
 
     def _watch_hacking(self) -> None:
         """The live estimates as gauges; the alarm logged when it starts and when it stops."""

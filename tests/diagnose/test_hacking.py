@@ -14,7 +14,7 @@ def stream(gaps: list[float], per_version: int = 10) -> list[tuple[int, AuditTal
         tally = AuditTally()
         for i in range(per_version):
             strong = 1.0 + 0.3 * i
-            tally = tally + AuditTally.of(strong + gap + (0.2 if i % 2 else -0.2), strong, i % 3 == 0, 1.5)
+            tally = tally + AuditTally.of(strong + gap + (0.2 if i % 2 else -0.2), strong, i % 3 == 0, strong < 1.5)
         out.append((version, tally))
     return out
 

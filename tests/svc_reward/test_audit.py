@@ -24,7 +24,7 @@ def test_the_audit_draw_is_fixed_by_the_hash_and_takes_its_share() -> None:
 def test_estimates_on_a_constructed_tally() -> None:
     # (light, strong, escalated): two bad answers (strong < 1.5), one of them escalated; three passed.
     answers = [(3.0, 1.0, True), (3.5, 1.2, False), (4.0, 3.0, False), (2.0, 2.5, True), (4.5, 4.0, False)]
-    tally = sum((AuditTally.of(lt, st, esc, bad_below=1.5) for lt, st, esc in answers), AuditTally())
+    tally = sum((AuditTally.of(lt, st, esc, st < 1.5) for lt, st, esc in answers), AuditTally())
     found = estimates(tally)
     gaps = [lt - st for lt, st, _ in answers]
     assert found.audits == 5
@@ -37,7 +37,7 @@ def test_estimates_on_a_constructed_tally() -> None:
 
 
 def test_a_tally_reads_back_from_redis_fields() -> None:
-    tally = AuditTally.of(3.0, 1.0, True, 1.5) + AuditTally.of(2.0, 2.5, False, 1.5)
+    tally = AuditTally.of(3.0, 1.0, True, True) + AuditTally.of(2.0, 2.5, False, False)
     stored = {k.encode(): str(v).encode() for k, v in tally.fields().items()}
     assert AuditTally.from_fields(stored) == tally
     assert AuditTally.from_fields({}) == AuditTally()
@@ -56,7 +56,7 @@ def _stream(gap_at: list[float], per_version: int, seed: int = 0) -> list[tuple[
         tally = AuditTally()
         for _ in range(per_version):
             strong = rng.uniform(1.0, 4.0)
-            tally = tally + AuditTally.of(strong + gap + rng.gauss(0, 0.4), strong, False, 1.5)
+            tally = tally + AuditTally.of(strong + gap + rng.gauss(0, 0.4), strong, False, strong < 1.5)
         versions.append((version, tally))
     return versions
 
@@ -106,3 +106,14 @@ def test_the_description_says_what_is_known() -> None:
     assert "policy v26-v29" in lines[0] and "FIRES" in lines[-1]
     baseline, current = windows(_stream([0.6] * 30, per_version=8), min_audits=30)
     assert describe(baseline, current, 0.25, 30)[-1].endswith("hacking alarm quiet")
+
+
+def test_the_strong_rm_calls_bad_on_the_served_threshold_unless_a_line_is_set() -> None:
+    from svc_reward.audit import strong_calls_bad
+
+    assert strong_calls_bad(2.0, None, threshold=2.7)          # the strong score would have escalated it
+    assert not strong_calls_bad(3.0, None, threshold=2.7)
+    assert strong_calls_bad(2.0, 2.5, threshold=9.9)           # a set line wins
+    # A calibrated threshold: the strong score is read on the calibration's scale first.
+    assert strong_calls_bad(2.0, None, threshold=1.5, on_threshold_scale=lambda s: s - 1.0)
+    assert not strong_calls_bad(2.0, None, threshold=1.5, on_threshold_scale=lambda s: s - 0.2)
