@@ -235,7 +235,7 @@ def _train(settings: StrataSettings, args: argparse.Namespace) -> TrainSummary:
     simulated annotators score at the same time)."""
     print(f"[4/6] training: suite prompts -> scheduler -> tiers -> rewards -> PPO ({args.updates} updates; "
           f"held-out prompts scored every {args.eval_every or args.updates} updates)", flush=True)
-    bar = tqdm(total=args.updates, desc="      policy updates", unit="update", disable=None)
+    bar = tqdm(total=args.updates, desc="      policy updates", unit="update")
     options = TrainOptions(updates=args.updates, prompts_per_round=args.prompts_per_round,
                            n_samples=args.n_samples, eval_prompts=args.eval_prompts,
                            report_dir=settings.state_dir / "reports", repeat_share=args.repeat_share,

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
                            max_rounds=args.max_rounds, report_dir=args.report_dir or settings.state_dir / "reports",
                            eval_every=args.eval_every)
     addresses = Addresses(**{name: getattr(args, f"{name}_address") for name in vars(Addresses())})
-    bar = tqdm(total=args.updates, desc="policy updates", unit="update", disable=None)
+    bar = tqdm(total=args.updates, desc="policy updates", unit="update")
 
     def progress(stats: RoundStats, advanced: int) -> None:
         bar.n = min(advanced, args.updates)

@@ -357,8 +357,7 @@ def _fit_light_members(options: DistillOptions, zoo: Any, strong: Any, strong_pa
         cfg = DistillConfig(steps=steps, batch_size=options.batch_size, lr=lr, temperature=options.temperature,
                             max_length=options.max_length, seed=options.seed + member)
         model.config.pad_token_id = strong.tokenizer.pad_token_id
-        with tqdm(total=cfg.steps, desc=f"light RM {member + 1}/{options.members}", unit="step", leave=False,
-                  disable=None) as bar:
+        with tqdm(total=cfg.steps, desc=f"light RM {member + 1}/{options.members}", unit="step", leave=False) as bar:
             def report(step: int, loss: float, bar: Any = bar) -> None:
                 bar.update(1)
                 if step % 20 == 0:

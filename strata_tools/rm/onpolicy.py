@@ -135,7 +135,7 @@ def sample_policy_answers(probe_dir: Path, generator_dirs: Mapping[str, Path], r
     texts = [record.text for record, _ in level1]
     answers: list[PolicyAnswer] = []
     for offset, (tier, model_dir) in enumerate(tqdm(list(generator_dirs.items()), desc="policy answers", unit="tier",
-                                                    leave=False, disable=True if not progress else None)):
+                                                    leave=False, disable=not progress)):
         prompting = LivePrompting.live(TIER_NUMBERS[tier])
         directions = [prompting.directions(result) for _, result in level1]
         generations = generate_answers(HfBackend(str(model_dir), "cpu"), prompting, texts, directions, seed + offset)

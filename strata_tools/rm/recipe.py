@@ -138,7 +138,7 @@ def score_in_length_order(rm: Any, prompts: Sequence[str], responses: Sequence[s
     from strata.models.reward import reward_logits
     from strata_tools.rm.distill import in_length_order
 
-    with tqdm(total=len(prompts), desc=desc, unit="pair", leave=False, disable=True if not progress else None) as bar:
+    with tqdm(total=len(prompts), desc=desc, unit="pair", leave=False, disable=not progress) as bar:
         return in_length_order(lambda p, r: reward_logits(rm, p, r, batch_size, max_length), prompts, responses,
                                chunk=256, on_chunk=bar.update)
 

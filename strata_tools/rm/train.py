@@ -150,7 +150,7 @@ def train_reward_model(
     match_optimizer = make_optimizer(trained, cfg, head, head_lr_scale) if matcher is not None else None
     model.train()
     loss_ema = float("nan")
-    bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False, disable=None)
+    bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False)
     for step in bar:
         start = rng.randrange(len(units) - window + 1)
         chosen = units[start : start + window]

@@ -406,7 +406,7 @@ class ZooBuilder:
             ("rm_light", self.paths.rm_light, self._rm_light),
         ]
         started = time.perf_counter()
-        bar = tqdm(stages, desc="strata zoo", unit="stage", disable=True if not self.progress else None)
+        bar = tqdm(stages, desc="strata zoo", unit="stage", disable=not self.progress)
         for role, out, run in bar:
             bar.set_postfix(stage=role)
             if (out / ZOO_INFO_FILE).is_file():
@@ -607,7 +607,7 @@ class ZooBuilder:
                                 temperature=cfg.rm_light_temperature, max_length=cfg.rm_max_length, seed=cfg.seed)
         texts = [format_rm_input(p, r) for p, r in zip(prompts, responses, strict=True)]
         with tqdm(total=distill.steps, desc="rm_light (distilling)", unit="step", leave=False,
-                  disable=True if not self.progress else None) as bar:
+                  disable=not self.progress) as bar:
             loss = train_light(student, teacher.tokenizer, texts, teacher_logits, distill,
                                lambda step, kl: bar.update(1))
         student.config.problem_type = "single_label_classification"

@@ -64,7 +64,7 @@ def train_causal_lm(model: GPT2LMHeadModel, stream: torch.Tensor, block_size: in
     optimizer = make_optimizer(model, cfg)
     model.train()
     loss_ema = float("nan")
-    bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False, disable=None)
+    bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False)
     for step in bar:
         starts = torch.randint(0, len(stream) - block_size - 1, (cfg.batch_size,), generator=generator)
         x = torch.stack([stream[s : s + block_size] for s in starts.tolist()])  # (B, T)
