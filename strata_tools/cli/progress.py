@@ -13,6 +13,9 @@ from tqdm import tqdm
 
 
 def redraw(bar: tqdm) -> None:
-    """Draw ``bar`` again unless it drew less than its ``mininterval`` ago."""
+    """Draw ``bar`` again unless it drew less than its ``mininterval`` ago (or it draws nothing: a bar
+    disabled by ``TQDM_DISABLE``, which a process inherits from a parent writing to a log)."""
+    if bar.disable:
+        return
     if time.time() - bar.last_print_t >= bar.mininterval:
         bar.refresh()

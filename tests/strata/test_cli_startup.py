@@ -52,3 +52,15 @@ def test_a_round_redraw_keeps_the_bars_pace() -> None:
     bar.mininterval = 0  # as on a terminal: every round shows
     redraw(bar)
     assert log.getvalue().endswith("round 19]")
+
+
+def test_a_disabled_bar_is_left_alone() -> None:
+    """A process started under TQDM_DISABLE (a service or tool whose parent writes to a log) gets disabled
+    bars; redrawing one draws nothing rather than failing."""
+    from strata_tools.cli.progress import redraw
+
+    log = io.StringIO()
+    bar = tqdm(total=8, file=log, disable=True)
+    bar.set_postfix_str("round 1", refresh=False)
+    redraw(bar)
+    assert log.getvalue() == ""
