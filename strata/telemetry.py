@@ -105,11 +105,11 @@ def _stderr_is_terminal() -> bool:
 
 
 def quiet_progress_bars() -> None:
-    """No progress bars or per-model weight-load reports where no person watches a terminal (a service's
-    log file, CI, a pipe): tqdm's, Hugging Face's (read from the environment when they are imported,
-    switched off directly when already imported) and transformers' load report of unused or missing
-    weights, which our zoo models print by design (a reward head on a causal LM's weights)."""
-    os.environ.setdefault("TQDM_DISABLE", "1")
+    """No third-party progress bars or per-model weight-load reports where no person watches a terminal (a
+    service's log file, CI, a pipe): Hugging Face's bars ("Loading weights", read from the environment when
+    it is imported, switched off directly when already imported) and transformers' load report of unused
+    or missing weights, which our zoo models print by design (a reward head on a causal LM's weights).
+    Our own bars stay: on a pipe they draw at the CLI's pace (``strata_tools.cli``: every 30 s)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging

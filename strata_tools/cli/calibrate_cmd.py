@@ -37,6 +37,7 @@ from strata.errors import CliError
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run, not by `strata calibrate --help`
     from svc_reward.calibrate import OperatingPoint, ScoreCalibration
+    from svc_reward.escalation_rule import EscalationRule, RuleReport
     from svc_reward.models import ScoringOptions
 
 
@@ -361,7 +362,13 @@ def run_rule(args: argparse.Namespace) -> int:
         print(json.dumps({"zoo": zoo.root.name, "rule": rule.to_dict(), "single_auc": dict(report.single),
                           "written": path}, indent=2))
         return 0
-    print(f"zoo {zoo.root.name}: {len(bad)} Level-1 answers of the {args.split} split, {sum(bad)} bad "
+    _print_rule(args, zoo.root.name, len(bad), sum(bad), report, rule, steps, path)
+    return 0
+
+
+def _print_rule(args: argparse.Namespace, zoo: str, answers: int, bad: int, report: RuleReport,
+                rule: EscalationRule, steps: list[tuple[str, float]], path: str | None) -> None:
+    print(f"zoo {zoo}: {answers} Level-1 answers of the {args.split} split, {bad} bad "
           f"(oracle < {args.bad_threshold:g}); out of fold, {report.folds} folds split by paraphrase family")
     print("signal alone (AUC as a detector of bad answers, either direction):")
     for name, value in report.single.items():
@@ -378,7 +385,6 @@ def run_rule(args: argparse.Namespace) -> int:
           f"{rule.threshold:.3f}")
     print(f"rule written to {path}: svc_reward escalates by it when it serves this light RM" if path else
           "not written (--write stores it beside the light RM)")
-    return 0
 
 
 def _num(value: float | None) -> str:

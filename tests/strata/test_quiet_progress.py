@@ -1,4 +1,5 @@
-"""No progress bars or weight-load reports in non-interactive logs (issue 64): a service's log file, CI."""
+"""No third-party progress bars or weight-load reports in non-interactive logs (issue 64): a service's log
+file, CI. (Our own bars draw on a pipe at the CLI's pace: tests/strata/test_cli_startup.py.)"""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ PROGRAM = r'''
 from strata.telemetry import setup_logging
 setup_logging("INFO")
 import logging
-from tqdm import tqdm
-for _ in tqdm(range(3), desc="Loading weights"):
+from transformers.utils import logging as hf_logging
+for _ in hf_logging.tqdm(range(3), desc="Loading weights"):
     pass
 logging.getLogger("transformers.utils.loading_report").warning("GPT2 LOAD REPORT: unexpected keys")
 logging.getLogger("transformers.utils.loading_report").error("a weight could not be loaded")
