@@ -68,7 +68,10 @@ def _run(infra: StrataSettings, client: redis.Redis, use_calibration: bool, stor
                                           tier=common_pb2.TIER_LEVEL_1, request_id=f"r-{uuid.uuid4().hex[:8]}")
               for name in RAW_CALIBRATED]
     publisher = RecordingPublisher()
-    settings = RewardSettings(**{**infra.model_dump(), **settings_fields}, use_calibration=use_calibration)
+    # No answer drawn for annotation: a random response hash would be 5 % of the time, and the draw
+    # adds ", sampled for annotation" to the reason these tests read.
+    fields = {"annotate_level1_share": 0.0, **settings_fields}
+    settings = RewardSettings(**{**infra.model_dump(), **fields}, use_calibration=use_calibration)
     worker = RewardWorker(settings, CalibratedScores(stored_threshold), store, client,  # type: ignore[arg-type]
                           publisher)
     worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
