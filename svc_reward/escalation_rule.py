@@ -210,6 +210,19 @@ class RuleReport:
     folds: int
 
 
+def signal_aucs(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool]) -> dict[str, float | None]:
+    """Each feature alone as a detector of bad answers, in its better direction; None where a row lacks it."""
+    single: dict[str, float | None] = {}
+    for name in FEATURES:
+        values = [r.get(name) for r in rows]
+        if any(v is None for v in values):
+            single[name] = None
+            continue
+        a = auc([float(v) for v in values], bad)  # type: ignore[arg-type]
+        single[name] = None if a is None else max(a, 1 - a)
+    return single
+
+
 def _fold_figures(train_scores: Sequence[float], train_bad: Sequence[bool], test_scores: Sequence[float],
                   test_bad: Sequence[bool], target_catch: float) -> tuple[float | None, int, int, int]:
     """(AUC on the test fold, bad caught, bad, escalated) at the threshold the training folds choose."""
@@ -255,14 +268,7 @@ def evaluate_rule(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool
         return (weighted / n if n else None, caught / n_bad if n_bad else None,
                 escalated / answers if answers else None)
 
-    single: dict[str, float | None] = {}
-    for name in FEATURES:
-        values = [r.get(name) for r in rows]
-        if any(v is None for v in values):
-            single[name] = None
-            continue
-        a = auc([float(v) for v in values], bad)  # type: ignore[arg-type]
-        single[name] = None if a is None else max(a, 1 - a)
+    single = signal_aucs(rows, bad)
     light_auc, light_catch, light_escalated = read("light")
     rule_auc, rule_catch, rule_escalated = read("rule")
     return RuleReport(single, light_auc, rule_auc, light_catch, light_escalated, rule_catch, rule_escalated,

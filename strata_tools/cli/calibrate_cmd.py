@@ -324,7 +324,7 @@ def run_rule(args: argparse.Namespace) -> int:
     from strata_tools.zoo.build import ensure_zoo
     from svc_reward.calibration_store import write_rule
     from svc_reward.config import RewardSettings
-    from svc_reward.escalation_rule import FEATURES, evaluate_rule, fit_rule, select_features
+    from svc_reward.escalation_rule import FEATURES, evaluate_rule, fit_rule, select_features, signal_aucs
     from svc_reward.models import ScoringOptions
 
     if args.prompts < 20 or not 0 < args.target_catch <= 1 or args.folds < 2:
@@ -343,6 +343,7 @@ def run_rule(args: argparse.Namespace) -> int:
         rows = [{n: r.get(n) for n in names} for r in judged.features]
         report = evaluate_rule(rows, bad, judged.families, args.target_catch, args.folds, args.l2, args.seed)
         rule = fit_rule(rows, bad, args.target_catch, l2=args.l2)
+        report = dataclasses.replace(report, single=signal_aucs(judged.features, bad))  # every signal, chosen or not
     except ValueError as exc:
         raise CliError(f"{exc} ({sum(bad)} bad of {len(bad)} answers on {args.split}): more --prompts") from exc
     rule = dataclasses.replace(rule, checksum=weights_checksum(light_paths), fitted={

@@ -129,3 +129,14 @@ def test_forward_selection_keeps_the_signal_that_carries_and_leaves_noise_out() 
     assert chosen[:2] == ["light", "logprob_min"] or chosen[:2] == ["light", "logprob_mean"]
     assert "repetition" not in chosen and "distinct_words" not in chosen
     assert [a for _, a in steps] == sorted(a for _, a in steps)  # each step raised the AUC
+
+
+def test_every_signal_is_read_alone_whatever_the_rule_keeps() -> None:
+    from svc_reward.escalation_rule import FEATURES, signal_aucs
+
+    rows, bad, _ = constructed(300)
+    single = signal_aucs(rows, bad)
+    assert set(single) == set(FEATURES)
+    assert single["logprob_min"] is not None and single["logprob_min"] > 0.8
+    assert single["spread"] == 0.5  # constant here: no better than chance
+    assert signal_aucs([dict(r, logprob_min=None) for r in rows], bad)["logprob_min"] is None
