@@ -264,9 +264,8 @@ def evaluate_rule(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool
 
     def read(name: str) -> tuple[float | None, float | None, float | None]:
         weighted, n, caught, n_bad, escalated = sums[name]
-        answers = sum(1 for f in fold if f < folds)
         return (weighted / n if n else None, caught / n_bad if n_bad else None,
-                escalated / answers if answers else None)
+                escalated / len(rows) if rows else None)
 
     single = signal_aucs(rows, bad)
     light_auc, light_catch, light_escalated = read("light")

@@ -98,6 +98,8 @@ class _Emitted:
     annotated: bool
     escalate: bool  # the rule sent this answer's prompt to Level-2 (published now or by an earlier sample)
     escalation: str | None  # the escalation key, when this rollout escalated its prompt
+    threshold: float  # the escalation threshold the reward was compared with
+    calibrated_scale: bool  # ... on the light RM's calibrated scale (else the raw one)
 
 
 class RewardWorker:
@@ -171,7 +173,7 @@ class RewardWorker:
                 if i in audited:
                     strong, strong_charge = audited[i]
                     booked.append(strong_charge)
-                    one = AuditTally.of(reward, strong, emitted.escalate, self._strong_calls_bad(strong, item))
+                    one = AuditTally.of(reward, strong, emitted.escalate, self._strong_calls_bad(strong, emitted))
                     audits[event.policy_version] = audits.get(event.policy_version, AuditTally()) + one
                 charges.append((event, booked))
         self._publisher.wait(futures)
@@ -211,12 +213,10 @@ class RewardWorker:
                 found[i] = (reward, replace(charge, tier=1))
         return found
 
-    def _strong_calls_bad(self, strong: float, item: _ItemScore) -> bool:
-        s = self._settings
-        calibrated = s.use_calibration and item.calibrated is not None
-        threshold = escalation_threshold(s.escalation_threshold, item.calibrated_threshold if calibrated else None)
-        calibration = self._models.light_calibration if calibrated else None
-        return strong_calls_bad(strong, s.audit_bad_below, threshold,
+    def _strong_calls_bad(self, strong: float, emitted: _Emitted) -> bool:
+        """The strong RM's judgment of an audited answer, against the threshold ``_emit`` decided it with."""
+        calibration = self._models.light_calibration if emitted.calibrated_scale else None
+        return strong_calls_bad(strong, self._settings.audit_bad_below, emitted.threshold,
                                 calibration.apply if calibration is not None else None)
 
     def _watch_hacking(self) -> None:
@@ -298,4 +298,5 @@ class RewardWorker:
                  tier, event.prompt_hash[:12], event.response_hash[:12], reward,
                  None if score.calibrated is None else round(score.calibrated, 3), version, outcome.final,
                  outcome.escalate, unsafe)
-        return _Emitted(futures, outcome.final, outcome.annotate, outcome.escalate, key if escalates else None)
+        return _Emitted(futures, outcome.final, outcome.annotate, outcome.escalate, key if escalates else None,
+                        threshold, calibrated is not None)
