@@ -30,7 +30,7 @@ def commit(infra: StrataSettings, group: str, topic: str, offsets: dict[int, int
 def test_lag_is_published_minus_committed(infra: StrataSettings, compacted: bool, partitions: int) -> None:
     topic = Topic(f"test.lag.{uuid.uuid4().hex[:10]}", events_pb2.PolicyUpdated, key_field="policy_version",
                   compacted=compacted)
-    ensure_topics(infra.kafka_address, partitions, topics=[topic])
+    ensure_topics(infra, partitions, topics=[topic])
     producer = KafkaProducer(**kafka_connection(infra))
     for i in range(5):
         producer.send(topic.name, key=str(i).encode(), value=b"x", partition=0)

@@ -18,7 +18,7 @@ from strata.v1 import events_pb2
 def rm_topic(infra: StrataSettings) -> Topic[events_pb2.RewardModelUpdated]:
     """A single-partition RM-update topic used by one test only (like strata.rm.updated)."""
     topic = Topic(f"test.rm.{uuid.uuid4().hex[:10]}", events_pb2.RewardModelUpdated, key_field="rm_version")
-    ensure_topics(infra.kafka_address, 1, topics=[topic])
+    ensure_topics(infra, 1, topics=[topic])
     return topic
 
 

@@ -103,7 +103,7 @@ def test_promote_during_a_stream_loses_nothing_and_each_reward_names_its_rm(
     models = light_models(path_a)
     assert models.light_version == version_a
     rollouts = Topic(f"test.rollouts.{uuid.uuid4().hex[:10]}", events_pb2.RolloutGenerated)
-    ensure_topics(infra.kafka_address, infra.topic_partitions, topics=[rollouts])
+    ensure_topics(infra, infra.topic_partitions, topics=[rollouts])
     store = ContentStore(redis_client, settings.content_ttl_s, settings.content_max_bytes)
     handler = RewardWorker(settings, models, store, redis_client, publisher)
     worker = Worker(settings, f"test-hot-swap-{uuid.uuid4().hex[:8]}", publisher=publisher,
