@@ -126,6 +126,18 @@ class SchedulerSettings(StrataSettings):
         0.75, ge=-1, le=1, description="cosine to a cluster's first prompt (its leader) that makes a prompt a member; "
         "a prompt with no leader this close among its k neighbours leads a new cluster"
     )
+    route_before_escalation_rate: float = Field(
+        0.8, ge=0, le=1,
+        description="route before generating (issue 61): a prompt goes straight to Level-2, with no Level-1 cost, "
+        "when the Level-1 answers to its similar neighbours were escalated at a rate whose one-sided 95 % lower "
+        "bound (Wilson) is at least this. Level-1 first costs less on average only while the escalation rate is "
+        "under 1 - (Level-1 cost / Level-2 cost): ~0.84 at a 1.5B policy with a 1B light RM against an 8B Level-2 "
+        "with an 8B strong RM. 1: off",
+    )
+    route_before_min_outcomes: float = Field(
+        8, gt=0, description="the weight of Level-1 verdicts (light RM: escalated or passed) the similar neighbours "
+        "need before their record routes a prompt (aged with the rewards)",
+    )
     stats_ttl_s: int = Field(48 * 3600, ge=1, description="reward statistics older than this are ignored (R12)")
     mark_ttl_s: int = Field(48 * 3600, ge=1, description="lifetime of a high-uncertainty mark (R11)")
     max_policy_lag: int = Field(

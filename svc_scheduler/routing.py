@@ -21,13 +21,23 @@ rollout, for baselines). Otherwise the rules, in order:
    **Close paraphrases** (``min_close_paraphrases``, 3 by default; 0: off): a prompt with no usable
    history of its own whose ``min_close_paraphrases`` usable low-variance neighbours at cosine
    ``close_similarity`` or more agree (means within ``close_agreement``) -> skip, reuse theirs.
-6. Otherwise                                                                    -> Level-0 probe, then Level-1.
+6. **Level-1's record** (issue 61, route before generating): the light RM escalated the Level-1
+   answers to the similar neighbours at a rate whose one-sided 95 % lower bound is at least
+   ``route_before_escalation_rate``, on at least ``route_before_min_outcomes`` verdicts
+                                                                                -> Level-2, no Level-1 cost.
+7. Otherwise                                                                    -> Level-0 probe, then Level-1.
 
 Rule 5's second form is a per-neighbourhood count: "7 of the 10 nearest" cannot be met by a prompt
 whose own paraphrases number fewer than seven, however closely they agree, and then it reuses
 whatever less similar prompts fill the count (other intents of the subject, whose rewards are
 another matter). A first sighting close to a few stable paraphrases that agree with one another
 skips on those alone; its audits, distrust and similarity floors are rule 5's.
+
+Rule 6 is cascade routing's estimate before generation (Dekoninck et al., ICML 2025); the light RM's
+verdict on the answer is the estimate after. A Level-1 answer that will be escalated buys nothing the
+Level-2 answer does not; once a neighbourhood's record says so, the prompt skips that cost. It comes
+after the skips (reusing a known reward costs nothing at all) and uses the verdicts of neighbours
+that are only short of samples too: a verdict needs no variance.
 
 Rule 3 is R10's exact-prompt case: a prompt seen before is its own nearest neighbour (cosine 1), and
 its own rewards are the most direct evidence there is. It needs no six stable paraphrases besides,
@@ -192,6 +202,55 @@ def _reused_reward(low: Sequence[Neighbour]) -> tuple[float, float]:
     return mean, math.sqrt(within + between)
 
 
+@dataclass(frozen=True)
+class Level1Record:
+    """How Level-1 answers to a prompt's similar neighbours fared: the estimate before generation."""
+
+    scored: float  # weight of the light RM's verdicts on them
+    escalated: float  # weight of the escalations among them
+    neighbours: int  # similar neighbours with a verdict on record
+
+    @property
+    def rate(self) -> float:
+        return self.escalated / self.scored if self.scored > 0 else math.nan
+
+    @property
+    def low(self) -> float:
+        """Wilson's one-sided 95 % lower bound on the escalation rate (0 with no verdicts)."""
+        n = self.scored
+        if n <= 0:
+            return 0.0
+        p = min(1.0, max(0.0, self.escalated / n))
+        z2 = ROUTE_BEFORE_Z * ROUTE_BEFORE_Z
+        centre = p + z2 / (2 * n)
+        spread = ROUTE_BEFORE_Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+        return max(0.0, (centre - spread) / (1 + z2 / n))
+
+
+ROUTE_BEFORE_Z = 1.645  # one-sided 95 %: route before generating only on a record, not on noise
+
+
+def level1_record(neighbours: Sequence[Neighbour], reasons: Mapping[str, str | None]) -> Level1Record:
+    """The Level-1 record of the similar neighbours whose statistics still speak for the prompt (usable, or
+    only short of samples: a verdict counts even where the variance does not yet)."""
+    scored = escalated = 0.0
+    count = 0
+    for n in neighbours:
+        if n.stats is None or reasons.get(n.prompt_hash) not in (None, "too few samples") or n.stats.level1_scored <= 0:
+            continue
+        scored += n.stats.level1_scored
+        escalated += n.stats.level1_escalated
+        count += 1
+    return Level1Record(scored, escalated, count)
+
+
+def routes_before(record: Level1Record, settings: SchedulerSettings) -> bool:
+    """Send the prompt straight to Level-2: its neighbours' Level-1 answers were escalated too often to pay
+    for another (cascade routing's estimate before generation; the light RM's verdict is the one after)."""
+    return (settings.route_before_escalation_rate < 1 and record.scored >= settings.route_before_min_outcomes
+            and record.low >= settings.route_before_escalation_rate)
+
+
 def cluster_of(prompt_hash: str, neighbours: Sequence[Neighbour], settings: SchedulerSettings) -> Neighbour | None:
     """The leader of the prompt's cluster: the most similar neighbour that leads a cluster, at cosine
     ``cluster_similarity`` or more (the prompt itself when it leads one); None: it leads a new cluster.
@@ -316,6 +375,14 @@ def decide(
             f"rewards within {settings.close_agreement:g} of one another; reusing their mean reward {reused[0]:.3f}",
             reused,
             reused_from=close,
+        )
+    record = level1_record(considered, reasons)
+    if routes_before(record, settings):
+        return make(
+            Route.LEVEL_2,
+            f"Level-2 before generating: the light RM escalated {record.escalated:.1f} of {record.scored:.1f} "
+            f"(weighted) Level-1 answers to {record.neighbours} similar prompts (95 % lower bound {record.low:.2f} >= "
+            f"{settings.route_before_escalation_rate:g}): a Level-1 answer would cost and then be escalated",
         )
     why = ", ".join(f"{count} {reason}" for reason, count in sorted(ignored.items()))
     return make(

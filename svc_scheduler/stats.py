@@ -23,7 +23,11 @@ Fields:
 - ``rm_versions``: per scorer ("light", "strong", ...), the version of its newest reward;
 - ``updated_at``: when the latest sample was scored; statistics expire ``stats_ttl_s`` after it;
 - ``unsafe``: some response to this prompt was flagged unsafe; sticky: such a prompt's reward is
-  never reused (R12), even after its statistics restart.
+  never reused (R12), even after its statistics restart;
+- ``level1_scored`` / ``level1_escalated``: the weights of the Level-1 answers the light RM judged, and of
+  those it escalated (aged like the rewards): the neighbourhood's record that lets the scheduler send a
+  prompt straight to Level-2 before any Level-1 cost (issue 61, cascade routing's estimate before
+  generation).
 
 How a new reward is folded in (:func:`apply_reward`):
 
@@ -74,6 +78,8 @@ class RewardStats:
     rm_versions: Mapping[str, str]  # scorer ("light", "strong", ...) -> version of its newest reward
     updated_at: float  # unix seconds when the latest sample was scored
     unsafe: bool = False  # a response was flagged unsafe: never reuse (sticky)
+    level1_scored: float = 0.0  # weight of the Level-1 answers the light RM judged
+    level1_escalated: float = 0.0  # weight of those it escalated
 
     @property
     def variance(self) -> float:
@@ -94,6 +100,7 @@ class RewardStats:
             "weight_sq": self.weight_sq, "policy_version": self.policy_version,
             "newest_policy_version": self.newest_policy_version, "rm_versions": dict(self.rm_versions),
             "updated_at": self.updated_at, "unsafe": self.unsafe,
+            "level1_scored": self.level1_scored, "level1_escalated": self.level1_escalated,
         }
 
     @classmethod
@@ -105,7 +112,8 @@ class RewardStats:
                        bool(data.get("unsafe", False)))
         return cls(int(data["count"]), data["mean"], data["m2"], data["weight"], data["weight_sq"],
                    data["policy_version"], data["newest_policy_version"], _frozen(data["rm_versions"]),
-                   data["updated_at"], bool(data.get("unsafe", False)))
+                   data["updated_at"], bool(data.get("unsafe", False)), float(data.get("level1_scored", 0.0)),
+                   float(data.get("level1_escalated", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,7 @@ class RewardObservation:
     scored_at: float  # unix seconds
     unsafe: bool = False
     scorer: str = LIGHT  # which reward model produced it ("light", "strong", "human")
+    level1_outcome: bool | None = None  # a Level-1 answer judged by the light RM: escalated; None: not one
 
 
 def _frozen(versions: Mapping[str, str]) -> Mapping[str, str]:
@@ -138,12 +147,21 @@ def _aged(stats: RewardStats, factor: float) -> RewardStats:
     if factor == 1.0:
         return stats
     return replace(stats, weight=stats.weight * factor, weight_sq=stats.weight_sq * factor * factor,
-                   m2=stats.m2 * factor)
+                   m2=stats.m2 * factor, level1_scored=stats.level1_scored * factor,
+                   level1_escalated=stats.level1_escalated * factor)
+
+
+def _level1(obs: RewardObservation, w: float) -> tuple[float, float]:
+    """The weight ``obs`` adds to (level1_scored, level1_escalated)."""
+    if obs.level1_outcome is None:
+        return 0.0, 0.0
+    return w, w if obs.level1_outcome else 0.0
 
 
 def start_stats(obs: RewardObservation, unsafe: bool = False) -> RewardStats:
     return RewardStats(1, obs.reward, 0.0, 1.0, 1.0, obs.policy_version, obs.policy_version,
-                       _frozen({obs.scorer: obs.rm_version}), obs.scored_at, unsafe or obs.unsafe)
+                       _frozen({obs.scorer: obs.rm_version}), obs.scored_at, unsafe or obs.unsafe,
+                       *_level1(obs, 1.0))
 
 
 def apply_reward(stats: RewardStats | None, obs: RewardObservation, ttl_s: float, max_policy_lag: int,
@@ -170,6 +188,7 @@ def apply_reward(stats: RewardStats | None, obs: RewardObservation, ttl_s: float
         w = aging.policy_decay ** -lag
     weight, weight_sq, mean, m2 = weighted_update(stats.weight, stats.weight_sq, stats.mean, stats.m2,
                                                   obs.reward, w)
+    scored, escalated = _level1(obs, w)
     return RewardStats(
         count=stats.count + 1,
         mean=mean,
@@ -181,6 +200,8 @@ def apply_reward(stats: RewardStats | None, obs: RewardObservation, ttl_s: float
         rm_versions=_frozen(versions),
         updated_at=max(stats.updated_at, obs.scored_at),
         unsafe=unsafe,
+        level1_scored=stats.level1_scored + scored,
+        level1_escalated=stats.level1_escalated + escalated,
     )
 
 

@@ -43,8 +43,11 @@ SCORERS = {common_pb2.SCORER_LIGHT: "light", common_pb2.SCORER_STRONG: "strong",
 
 def observation(message: events_pb2.RewardScored) -> RewardObservation:
     scored_at = message.scored_at.ToNanoseconds() / 1e9 if message.HasField("scored_at") else 0.0
+    scorer = SCORERS.get(message.scorer, "light")
+    # The light RM's verdict on a Level-1 answer: the neighbourhood's record of Level-1 failures.
+    judged = message.tier == common_pb2.TIER_LEVEL_1 and scorer == "light"
     return RewardObservation(message.reward, message.policy_version, message.rm_version, scored_at, message.unsafe,
-                             SCORERS.get(message.scorer, "light"))
+                             scorer, message.escalated if judged else None)
 
 
 class StatsUpdater:

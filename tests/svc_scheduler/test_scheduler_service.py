@@ -109,11 +109,12 @@ def publisher(infra: StrataSettings) -> Iterator[Publisher]:
 
 
 def reward(prompt_hash: str, value: float, i: int, final: bool = True, rm: str = "rm-test",
-           scorer: int = common_pb2.SCORER_LIGHT, unsafe: bool = False) -> events_pb2.RewardScored:
+           scorer: int = common_pb2.SCORER_LIGHT, unsafe: bool = False, escalated: bool = False
+           ) -> events_pb2.RewardScored:
     message = events_pb2.RewardScored(
         prompt_hash=prompt_hash, response_hash=content_hash(f"response {i} of {prompt_hash}"),
         tier=common_pb2.TIER_LEVEL_1, policy_version=1, rm_version=rm, reward=value, scorer=scorer, final=final,
-        unsafe=unsafe, sample_index=i,
+        unsafe=unsafe, sample_index=i, escalated=escalated,
     )
     message.scored_at.GetCurrentTime()
     return message
@@ -261,6 +262,23 @@ def test_escalations_mark_the_neighbourhood_and_later_prompts_go_to_level2(repli
     again = submit(replica.stub, base + " Please.")  # its nearest neighbours are marked
     assert again.decision == common_pb2.DECISION_LEVEL_2 and "high-uncertainty" in again.reason
     assert replica.stub.Stats(scheduler_pb2.StatsRequest(), timeout=10).high_uncertainty_marks >= 1
+
+
+def test_a_neighbourhood_whose_level1_answers_are_escalated_routes_before_generating(replica, publisher) -> None:
+    # The light RM escalated every Level-1 answer to four paraphrases; their rewards vary too little to mark
+    # the neighbourhood (a hard subject: Level-2 scores low as well) and too much to be reused.
+    base = f"Derive the closed form of the integral of x squared sine x {uuid.uuid4().hex[:6]}."
+    cluster = [base, base + " Thanks!", base + " Keep it short.", base + " Step by step."]
+    hashes = [submit(replica.stub, prompt).prompt_hash for prompt in cluster]
+    for prompt_hash in hashes:
+        for i, value in enumerate([1.0, 2.3, 1.0, 2.3]):
+            publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, value, i, final=False, escalated=True))
+    publisher.flush()
+    for prompt_hash in hashes:
+        eventually(lambda h=prompt_hash: (s := replica.engine.store.get_stats(h)) and s.level1_escalated >= 4,
+                   "the Level-1 record")
+    again = submit(replica.stub, base + " Please.")
+    assert again.decision == common_pb2.DECISION_LEVEL_2 and "before generating" in again.reason, again.reason
 
 
 def test_one_high_variance_prompt_marks_its_cluster_and_a_later_paraphrase_goes_to_level2(
