@@ -1,16 +1,23 @@
-"""The live audit's tallies in Redis: one hash per policy version, and a sorted set of the versions.
+"""The live audit in Redis: one tally hash per policy version and a sorted set of the versions; the
+defence's shared state, its decisions and its re-distillation request; the audited answers' labels.
 
-Written by the reward worker inside its rollout transaction (``add_to``); read by the worker's gauges,
-``strata status``, ``strata diagnose`` and the demo's report (``read_versions``).
+Written by the reward worker (tallies and labels inside its rollout transaction, ``add_to`` and
+``add_labels``; the defence by ``apply_step``); read by the worker, ``strata status``, ``strata diagnose``,
+the demo's report and ``strata rm refresh`` (the labels and the request).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import redis
 
 from svc_reward.audit import AuditTally
+from svc_reward.defence import DefenceState, DefenceStep
 
 VERSIONS_KEY = "strata:reward:audit:versions"
 
@@ -39,3 +46,84 @@ def read_versions(client: redis.Redis, limit: int = 1000) -> list[tuple[int, Aud
             pipe.hgetall(tally_key(version))
         stored = pipe.execute()
     return [(version, AuditTally.from_fields(fields)) for version, fields in zip(newest, stored, strict=True) if fields]
+
+
+# -- the defence (svc_reward/defence.py) and its labels -------------------------------------------------
+
+DEFENCE_KEY = "strata:reward:defence"  # DefenceState as JSON, shared by the replicas
+DECISIONS_KEY = "strata:reward:defence:decisions"  # newest first: {"at", "decision"}
+REDISTIL_KEY = "strata:reward:redistil"  # a re-distillation asked for: {"requested_at", "policy_version", "why"}
+LABELS_KEY = "strata:reward:audit:labels"  # stream: the strong RM's reward of each audited answer
+KEPT_DECISIONS = 50
+
+
+def read_defence(client: redis.Redis) -> DefenceState:
+    return DefenceState.from_json(client.get(DEFENCE_KEY))
+
+
+def apply_step(client: redis.Redis, step_from: Callable[[DefenceState], DefenceStep]) -> DefenceStep | None:
+    """Read the shared state, step it, and write the step with its decision and request in one transaction;
+    None when another replica wrote the state meanwhile (it took this step)."""
+    with client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(DEFENCE_KEY)
+            state = DefenceState.from_json(pipe.get(DEFENCE_KEY))
+            step = step_from(state)
+            if step.state == state:
+                pipe.unwatch()
+                return step
+            pipe.multi()
+            pipe.set(DEFENCE_KEY, step.state.to_json())
+            if step.decision is not None:
+                pipe.lpush(DECISIONS_KEY, json.dumps({"at": time.time(), "decision": step.decision}))
+                pipe.ltrim(DECISIONS_KEY, 0, KEPT_DECISIONS - 1)
+            if step.redistil:
+                pipe.set(REDISTIL_KEY, json.dumps({"requested_at": time.time(), "policy_version": step.state.acted_on,
+                                                   "why": step.decision}))
+            pipe.execute()
+            return step
+        except redis.WatchError:
+            return None
+
+
+def read_decisions(client: redis.Redis, limit: int = 10) -> list[dict[str, Any]]:
+    """The defence's newest decisions, newest first."""
+    return [json.loads(raw) for raw in client.lrange(DECISIONS_KEY, 0, limit - 1)]
+
+
+def redistil_request(client: redis.Redis) -> dict[str, Any] | None:
+    raw = client.get(REDISTIL_KEY)
+    return None if raw is None else json.loads(raw)
+
+
+def clear_redistil(client: redis.Redis) -> None:
+    client.delete(REDISTIL_KEY)
+
+
+@dataclass(frozen=True)
+class AuditLabel:
+    """One audited answer as the reward models' loop reads it: the strong RM's reward is its label."""
+
+    prompt_hash: str
+    response_hash: str
+    strong: float
+    light: float
+    policy_version: int
+
+
+def add_labels(pipe: redis.client.Pipeline, labels: Sequence[AuditLabel], max_kept: int) -> None:
+    """Queue the labels on ``pipe`` (the caller's transaction); the stream keeps about the newest ``max_kept``."""
+    for label in labels:
+        pipe.xadd(LABELS_KEY, {k: str(v) for k, v in asdict(label).items()}, maxlen=max_kept, approximate=True)
+
+
+def read_labels(client: redis.Redis, limit: int = 100_000) -> list[AuditLabel]:
+    """The newest ``limit`` audited answers' labels, oldest first."""
+    entries = client.xrevrange(LABELS_KEY, count=limit)
+    labels = []
+    for _, fields in reversed(entries):
+        values = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                  for k, v in fields.items()}
+        labels.append(AuditLabel(values["prompt_hash"], values["response_hash"], float(values["strong"]),
+                                 float(values["light"]), int(values["policy_version"])))
+    return labels

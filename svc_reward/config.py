@@ -85,6 +85,26 @@ class RewardSettings(StrataSettings):
         30, ge=2, description="audits a window of policy versions needs before its gap is compared"
     )
     audit_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long a policy version's audit tally is kept")
+    audit_refresh_s: float = Field(
+        10.0, ge=0, description="how often (at most) a replica re-reads the audit tallies for its gauges, the alarm "
+        "and the defence, after a batch with audits"
+    )
+    audit_labels_kept: int = Field(
+        50_000, ge=0, description="audited answers whose strong-RM reward is kept as a label for `strata rm refresh` "
+        "(a Redis stream, newest kept; 0: none)"
+    )
+    hacking_defence: bool = Field(
+        True, description="while the hacking alarm fires, raise the strong-RM share of Level-1 answers (their "
+        "published reward the strong RM's) and request a re-distillation of the light RM on the audited answers "
+        "(svc_reward/defence.py); off: the alarm only reports"
+    )
+    defence_share_step: float = Field(
+        0.1, gt=0, le=1, description="share added per newer policy version the alarm fires on (and taken off per "
+        "version once the gap's growth is under half hacking_gap_bound)"
+    )
+    defence_max_share: float = Field(
+        0.5, ge=0, le=1, description="the most the defence adds to audit_level1_share"
+    )
     light_rm_version: str | None = Field(None, description="version label of the light RM; unset = from checksum")
     strong_rm_version: str | None = Field(None, description="version label of the strong RM; unset = from checksum")
     max_items_per_request: int = Field(256, ge=1, description="largest Score request")

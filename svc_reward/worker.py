@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from svc_reward import audit_store
 from svc_reward.audit import AuditTally, estimates, hacking_alarm, sampled_for_audit, strong_calls_bad, windows
 from svc_reward.config import RewardSettings
 from svc_reward.decide import RuleVerdict, decide, escalation_threshold, sampled_for_annotation
+from svc_reward.defence import DefenceState, respond
 from svc_reward.escalation_rule import EscalationRule, Signals, features
 from svc_reward.models import RewardModels
 
@@ -48,6 +50,8 @@ AUDIT_GAP_DRIFT = Gauge("strata_reward_audit_hacking_gap_drift",
 AUDIT_CATCH = Gauge("strata_reward_audit_catch", "Escalated share of the audited answers the strong RM calls bad")
 AUDIT_FALSE_PASS = Gauge("strata_reward_audit_false_pass", "Bad share (strong RM) of the audited answers passed")
 HACKING_ALARM = Gauge("strata_reward_hacking_alarm", "1 while the live hacking alarm fires")
+DEFENCE_SHARE = Gauge("strata_reward_defence_share",
+                      "Strong-RM share of Level-1 answers the hacking defence adds (their reward the strong RM's)")
 
 
 
@@ -87,6 +91,16 @@ class _ItemScore:
     calibrated: float | None = None  # on the oracle's scale, when the light RM that scored it has a calibration
     calibrated_threshold: float | None = None  # the escalation threshold stored with that calibration
     rule: RuleVerdict | None = None  # the learned escalation rule's verdict, where one is served and could judge
+    strong: _Audited | None = None  # the defence: an audited answer published, when final, with the strong reward
+
+
+@dataclass(frozen=True)
+class _Audited:
+    """The strong RM's judgment of an audited Level-1 answer."""
+
+    reward: float
+    version: str
+    charge: ledger.Charge  # booked at tier 1
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,13 @@ class RewardWorker:
         self._redis = client
         self._publisher = publisher
         self._alarm: str | None = None
+        self._watched_at = -math.inf  # monotonic time the audit was last read
+        try:
+            self._defence = audit_store.read_defence(client) if settings.hacking_defence else DefenceState()
+        except redis.RedisError as exc:  # the first audited batch reads it again
+            log.warning("could not read the hacking defence's state from Redis (%s): none until the next audit", exc)
+            self._defence = DefenceState()
+        DEFENCE_SHARE.set(self._defence.share)
 
     def handle_batch(self, deliveries: list[Delivery[events_pb2.RolloutGenerated]]) -> None:
         # Redis in one round trip each: which samples are done, which prompts already escalated, the texts.
@@ -135,6 +156,7 @@ class RewardWorker:
         finals: list[int] = []
         charges: list[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]] = []
         audits: dict[int, AuditTally] = {}  # policy version -> this batch's audited answers
+        labels: list[audit_store.AuditLabel] = []  # ... and their strong-RM rewards, labels for the RM loop
         for tier, events in by_tier.items():
             try:
                 texts = self._store.get_texts([e.prompt_hash for e in events] + [e.response_hash for e in events])
@@ -158,7 +180,8 @@ class RewardWorker:
                 if unsafe is not None:
                     UNSAFE.labels(tier=str(tier), kind=unsafe.kind).inc()
                 verdict = rule_verdict(scores.rule, event, reward, spread, response) if tier == 1 else None
-                item = _ItemScore(reward, spread, scores.version, scorer, cal, scores.calibrated_threshold, verdict)
+                item = _ItemScore(reward, spread, scores.version, scorer, cal, scores.calibrated_threshold, verdict,
+                                  audited.get(i) if self._defending else None)
                 emitted = self._emit(tier, event, item, unsafe is not None, escalated)
                 futures.extend(emitted.futures)
                 if emitted.final:
@@ -171,10 +194,13 @@ class RewardWorker:
                           if emitted.annotated else [])
                 booked = [charge, *review]
                 if i in audited:
-                    strong, strong_charge = audited[i]
-                    booked.append(strong_charge)
-                    one = AuditTally.of(reward, strong, emitted.escalate, self._strong_calls_bad(strong, emitted))
+                    strong = audited[i]
+                    booked.append(strong.charge)
+                    one = AuditTally.of(reward, strong.reward, emitted.escalate,
+                                        self._strong_calls_bad(strong.reward, emitted))
                     audits[event.policy_version] = audits.get(event.policy_version, AuditTally()) + one
+                    labels.append(audit_store.AuditLabel(event.prompt_hash, event.response_hash, strong.reward,
+                                                         reward, event.policy_version))
                 charges.append((event, booked))
         self._publisher.wait(futures)
         for key in escalations:  # acknowledged: now claim, so that no later sample escalates again
@@ -192,17 +218,28 @@ class RewardWorker:
                 for event, booked in charges:
                     ledger.book(self._redis, event.prompt_hash, event.request_id, booked, ttl, pipe=pipe)
                 audit_store.add_to(pipe, audits, self._settings.audit_ttl_s)
+                if self._settings.audit_labels_kept:
+                    audit_store.add_labels(pipe, labels, self._settings.audit_labels_kept)
                 pipe.execute()
             if audits:
                 AUDITS.inc(sum(t.n for t in audits.values()))
-                self._watch_hacking()
+                if time.monotonic() - self._watched_at >= self._settings.audit_refresh_s:
+                    self._watched_at = time.monotonic()
+                    self._watch_hacking()
+
+    @property
+    def _defending(self) -> bool:
+        return self._settings.hacking_defence and self._defence.share > 0
 
     def _audit_scores(self, tier: int, events: Sequence[events_pb2.RolloutGenerated], prompts: Sequence[str],
-                      responses: Sequence[str]) -> dict[int, tuple[float, ledger.Charge]]:
-        """Index in ``events`` -> (strong-RM reward, its charge at tier 1) for the audited Level-1 answers."""
+                      responses: Sequence[str]) -> dict[int, _Audited]:
+        """Index in ``events`` -> the strong RM's judgment, for the audited Level-1 answers: the audit's share,
+        and the defence's on top while it defends."""
         share = self._settings.audit_level1_share
         if tier != 1 or share <= 0 or not self._models.has_strong:
             return {}
+        if self._defending:
+            share = min(1.0, share + self._defence.share)
         chosen = [i for i, e in enumerate(events) if sampled_for_audit(e.response_hash, share)]
         if not chosen:
             return {}
@@ -210,7 +247,7 @@ class RewardWorker:
         found = {}
         for i, reward, charge in zip(chosen, scores.rewards, scores.charges, strict=True):
             if math.isfinite(reward):  # a non-finite strong score audits nothing; the light one decides
-                found[i] = (reward, replace(charge, tier=1))
+                found[i] = _Audited(reward, scores.version, replace(charge, tier=1))
         return found
 
     def _strong_calls_bad(self, strong: float, emitted: _Emitted) -> bool:
@@ -240,6 +277,17 @@ class RewardWorker:
         elif self._alarm and not alarm:
             log.info("hacking alarm cleared (policy %s): gap %+.3f", current.versions, now.gap)
         self._alarm = alarm
+        if s.hacking_defence:
+            step = audit_store.apply_step(self._redis, lambda state: respond(
+                state, before, now, current.last_version, s.hacking_gap_bound, s.defence_share_step,
+                s.defence_max_share))
+            if step is None:  # another replica stepped first: serve what it wrote
+                self._defence = audit_store.read_defence(self._redis)
+            else:
+                self._defence = step.state
+                if step.decision is not None:
+                    log.warning("hacking defence: %s", step.decision)
+            DEFENCE_SHARE.set(self._defence.share)
 
     def _emit(self, tier: int, event: events_pb2.RolloutGenerated, score: _ItemScore, unsafe: bool,
               escalated: Collection[str]) -> _Emitted:
@@ -247,17 +295,20 @@ class RewardWorker:
         annotation request as ``decide`` says); nothing is claimed or booked until the batch is acknowledged."""
         reward, spread, version, scorer = score.reward, score.spread, score.version, score.scorer
         s = self._settings
+        judged = reward  # the light RM's reward decides the route; the defence may publish the strong one
         # The threshold is on the calibrated scale when the RM has a calibration (and comes with it unless
         # one is set); the raw reward is still what is published: the learner's and the scheduler's
         # rewards do not change scale with a calibration file.
         calibrated = score.calibrated if s.use_calibration else None
         threshold = escalation_threshold(s.escalation_threshold,
                                          None if calibrated is None else score.calibrated_threshold)
-        outcome = decide(tier, reward if calibrated is None else calibrated, event.caution, threshold,
+        outcome = decide(tier, judged if calibrated is None else calibrated, event.caution, threshold,
                          s.escalate_on_caution, s.annotate_level2, unsafe=unsafe,
                          await_annotation=bool(s.await_annotation),  # resolved at start (level2_humans)
                          sampled=tier == 1 and sampled_for_annotation(event.response_hash, s.annotate_level1_share),
                          raw=None if calibrated is None else reward, rule=score.rule)
+        if outcome.final and score.strong is not None:  # the hacking defence: PPO gets the better judge's reward
+            reward, spread, version, scorer = score.strong.reward, 0.0, score.strong.version, common_pb2.SCORER_STRONG
         scored = events_pb2.RewardScored(
             prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
             policy_version=event.policy_version, rm_version=version, reward=reward, reward_std=spread,

@@ -170,6 +170,9 @@ def _register_refresh(sub: Any) -> None:
                          help="read the annotators' scores from Kafka (default on)")
     refresh.add_argument("--data", type=str, action="append", default=None,
                          help="JSONL of {prompt, response, score} labels to use besides (repeatable)")
+    refresh.add_argument("--audits", action=argparse.BooleanOptionalAction, default=None,
+                         help="also the audited Level-1 answers labelled by the strong RM (default off; with --every, "
+                              "on for the turn that answers the hacking defence's request)")
     for name, kind, text in (
         ("hold-out", float, "share of the labelled prompts held out to judge on (default 0.3)"),
         ("min-held-out", int, "fewest held-out labels a verdict is drawn from (default 20)"),
@@ -346,8 +349,8 @@ def _refresh(args: argparse.Namespace) -> int:
     if args.data is not None:
         flags["data"] = tuple(args.data)
     options = _options(RefreshOptions, "refresh", flags)
-    if not options.annotations and not options.data:
-        raise CliError("no labels to refresh on: keep --annotations or pass --data FILE")
+    if not options.annotations and not options.data and not options.audits:
+        raise CliError("no labels to refresh on: keep --annotations, pass --audits or --data FILE")
     settings = _settings()
     registry = open_registry(settings)
     _set_threads(args.threads)

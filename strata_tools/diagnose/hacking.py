@@ -4,8 +4,10 @@ Symptom: the light RM rates the current policy's answers ever higher than the st
 answers. The reward service audits a share of Level-1 answers with the strong RM (``svc_reward.audit``)
 and keeps the tallies per policy version in Redis; this check compares the newest versions' gap with
 the first audited versions' and alarms when it grew past ``hacking_gap_bound`` at one-sided 95 %.
-Cure: re-distil the light RM on the current policy's audited answers (`strata rm refresh`), serve a
-conservative ensemble (``STRATA_AGGREGATION=lcb``), raise the escalation share.
+Cure: the reward service's defence answers on its own (``svc_reward.defence``: a larger strong-RM share,
+its reward given to PPO, and a re-distillation request that `strata rm refresh --every` answers); by
+hand, re-distil the light RM on the audited answers (`strata rm refresh --audits`) or serve a
+conservative ensemble (``STRATA_AGGREGATION=lcb``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from strata_tools.diagnose.verdict import CheckResult, Verdict, error_result
 from svc_reward.audit import AuditTally, describe, drift, estimates, hacking_alarm, windows
 
 NAME = "hacking"
-CURE = ("re-distil the light RM on the current policy's audited answers (strata rm refresh), serve a conservative "
-        "ensemble (STRATA_AGGREGATION=lcb), raise the escalation share (issue 61)")
+CURE = ("keep the reward service's hacking defence on (a larger strong-RM share, its reward given to PPO) and "
+        "`strata rm refresh --every` running to answer its re-distillation request; by hand, `strata rm refresh "
+        "--audits`, or a conservative ensemble (STRATA_AGGREGATION=lcb) (issue 61)")
 
 
 def evaluate(by_version: Sequence[tuple[int, AuditTally]], bound: float, min_audits: int) -> CheckResult:

@@ -86,8 +86,36 @@ def annotation_rows(settings: Any, timeout_s: float = 60.0) -> tuple[list[dict[s
         client.close()
 
 
+def audit_rows(settings: Any) -> tuple[list[dict[str, Any]], int]:
+    """The audited Level-1 answers svc_reward keeps, as {prompt, response, score} rows labelled by the strong
+    RM, with their texts from the content store; and how many were left out because their texts had expired."""
+    import redis
+
+    from strata.content_store import ContentNotFoundError, ContentStore
+    from svc_reward import audit_store
+
+    client = redis_client.connect(settings.redis_address, socket_timeout=10)
+    try:
+        store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+        rows, expired = [], 0
+        for label in audit_store.read_labels(client):
+            try:
+                prompt, response = store.get_texts([label.prompt_hash, label.response_hash])
+            except ContentNotFoundError:
+                expired += 1
+                continue
+            rows.append({"prompt": prompt, "response": response, "score": label.strong,
+                         "source": f"audit v{label.policy_version}"})
+        return rows, expired
+    except redis.RedisError as exc:
+        raise CliError(f"could not read the audited answers from Redis ({settings.redis_address_masked}): "
+                       f"{exc}") from exc
+    finally:
+        client.close()
+
+
 def collect_labels(options: RefreshOptions, settings: Any) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Every label of the turn (annotations, then files; one per (prompt, response), the first kept)."""
+    """Every label of the turn (annotations, audits, then files; one per (prompt, response), the first kept)."""
     from strata_tools.rm.lifecycle import read_pairs
 
     rows: list[dict[str, Any]] = []
@@ -96,6 +124,10 @@ def collect_labels(options: RefreshOptions, settings: Any) -> tuple[list[dict[st
         found, expired = annotation_rows(settings)
         rows += found
         sources |= {"annotations": len(found), "annotations_expired": expired}
+    if options.audits:
+        found, expired = audit_rows(settings)
+        rows += found
+        sources |= {"audits": len(found), "audits_expired": expired}
     for path in options.data:
         found = read_pairs(Path(path), need_score=True)
         rows += found
@@ -305,14 +337,46 @@ def _finish(report: TurnReport, settings: Any, registry: Any, progress: Callable
     return report
 
 
+def _redistil_request(settings: Any) -> dict[str, Any] | None:
+    from svc_reward import audit_store
+
+    client = redis_client.connect(settings.redis_address, socket_timeout=10)
+    try:
+        return audit_store.redistil_request(client)
+    finally:
+        client.close()
+
+
+def _clear_redistil(settings: Any) -> None:
+    from svc_reward import audit_store
+
+    client = redis_client.connect(settings.redis_address, socket_timeout=10)
+    try:
+        audit_store.clear_redistil(client)
+    finally:
+        client.close()
+
+
 def run_every(options: RefreshOptions, settings: Any, registry: Any, progress: Callable[[str], None] = print,
               turns: int | None = None, sleep: Callable[[float], None] = time.sleep) -> list[TurnReport]:
     """The cadence: every ``every_s`` seconds, a turn when ``min_new_labels`` labels arrived since the
-    last one (the first turn needs them too: a restart does not retrain on the same labels)."""
+    last one (the first turn needs them too: a restart does not retrain on the same labels), or at once
+    with the audited answers when the hacking defence asked for a re-distillation (svc_reward/defence.py)."""
     reports: list[TurnReport] = []
     checks = 0
     while turns is None or checks < turns:
         checks += 1
+        request = _redistil_request(settings)
+        if request is not None:
+            progress(f"{time.strftime('%H:%M:%S')} the hacking defence asked for a re-distillation at policy "
+                     f"v{request.get('policy_version')}: a turn on the audited answers")
+            report = run_turn(options.model_copy(update={"audits": True}), settings, registry, progress)
+            reports.append(report)
+            if report.refused is None:
+                _clear_redistil(settings)
+            if turns is None or checks < turns:
+                sleep(options.every_s)
+            continue
         labelled = collect_labels(options, settings)
         rows = labelled[0]
         previous = (registry.last_refresh() or {}).get("n_labels", 0) if registry is not None else 0

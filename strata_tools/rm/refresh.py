@@ -33,6 +33,11 @@ class RefreshOptions(BaseSettings):
 
     annotations: bool = Field(True, description="read the annotators' scores from Kafka (AnnotationCompleted)")
     data: tuple[str, ...] = Field((), description="JSONL files of {prompt, response, score} labels, besides")
+    audits: bool = Field(
+        False, description="also the audited Level-1 answers, labelled by the strong RM (svc_reward's audit stream): "
+        "the current policy's answers, to re-distil the light RM where the policy now writes; with every_s, on "
+        "for the turn that answers the hacking defence's request"
+    )
     hold_out: float = Field(0.3, gt=0, lt=1, description="share of the labelled prompts held out to judge on")
     min_held_out: int = Field(20, ge=3, description="fewest held-out labels a verdict is drawn from")
     min_train: int = Field(20, ge=1, description="fewest labels to fine-tune on")

@@ -139,7 +139,7 @@ def live_audit_lines(settings: StrataSettings) -> list[str]:
     import redis
 
     from strata import redis_client
-    from svc_reward import audit_store
+    from svc_reward import audit_store, defence
     from svc_reward.audit import describe, windows
     from svc_reward.config import RewardSettings
 
@@ -147,7 +147,10 @@ def live_audit_lines(settings: StrataSettings) -> list[str]:
     try:
         client = redis_client.connect(settings.redis_address, socket_timeout=5, socket_connect_timeout=3)
         by_version = audit_store.read_versions(client)
+        state, decisions = audit_store.read_defence(client), audit_store.read_decisions(client)
+        pending = audit_store.redistil_request(client) is not None
     except redis.RedisError as exc:
         return [f"live audit: Redis at {settings.redis_address} did not answer ({type(exc).__name__}: {exc})"]
     baseline, current = windows(by_version, reward.hacking_min_audits)
-    return describe(baseline, current, reward.hacking_gap_bound, reward.hacking_min_audits)
+    return (describe(baseline, current, reward.hacking_gap_bound, reward.hacking_min_audits)
+            + defence.describe(state, decisions, reward.hacking_defence, pending))

@@ -110,3 +110,27 @@ def test_bad_options_are_refused_naming_the_flag(argv: list[str], message: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rm", "refresh", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_defences_request_runs_a_turn_on_the_audited_answers(own_redis: redis.Redis) -> None:
+    from strata.content_store import ContentStore
+    from svc_reward import audit_store
+
+    settings = ZooSettings()
+    store = ContentStore(own_redis, settings.content_ttl_s, settings.content_max_bytes)
+    labels = [audit_store.AuditLabel(store.put(f"How do tides work? {i}"), store.put(f"The Moon pulls {i}"),
+                                     1.0 + i % 4, 3.5, 7) for i in range(6)]
+    labels.append(audit_store.AuditLabel("0" * 64, "1" * 64, 2.0, 3.0, 7))  # its texts expired
+    with own_redis.pipeline(transaction=True) as pipe:
+        audit_store.add_labels(pipe, labels, max_kept=100)
+        pipe.execute()
+    own_redis.set(audit_store.REDISTIL_KEY, json.dumps({"requested_at": 0, "policy_version": 7, "why": "test"}))
+    lines: list[str] = []
+    # No annotations and far fewer new labels than min_new_labels: only the request starts a turn.
+    reports = run_every(RefreshOptions(annotations=False, every_s=5, min_new_labels=1000), settings,
+                        RmRegistry(own_redis), progress=lines.append, turns=1, sleep=lambda s: None)
+    [report] = reports
+    assert report.sources == {"audits": 6, "audits_expired": 1}
+    assert report.refused is not None  # six labels are too few to train on: refused with the counts
+    assert audit_store.redistil_request(own_redis) is not None  # kept: the next check tries again
+    assert any("re-distillation at policy v7" in line for line in lines)

@@ -93,3 +93,58 @@ def test_no_audit_without_a_share_or_a_strong_rm(infra, redis_client) -> None:
     events = rollouts(store, 3, version)
     worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
     assert models.strong_calls == 0 and not redis_client.exists(audit_store.tally_key(version))
+
+
+class DriftingJudges:
+    """A scripted hacking stream: the light RM rates the answers of each newer policy version 0.2 higher,
+    the strong RM rates them all alike."""
+
+    has_strong = True
+    strong_reward = 2.5
+
+    def score(self, prompts, responses, strong=False) -> Scores:
+        if strong:
+            return Scores([self.strong_reward] * len(responses), [0.0] * len(responses), "strong-test",
+                          [ledger.Charge("rm_strong", 2, 10, 0.01, 100.0)] * len(responses))
+        light = [2.5 + 0.2 * int(r.split()[0].lstrip("v")) for r in responses]
+        return Scores(light, [0.0] * len(responses), "light-test",
+                      [ledger.Charge("rm_light", 1, 10, 0.001, 10.0)] * len(responses))
+
+
+@pytest.mark.parametrize("defence", [True, False])
+def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, redis_client, defence) -> None:
+    for key in (audit_store.VERSIONS_KEY, audit_store.DEFENCE_KEY, audit_store.DECISIONS_KEY,
+                audit_store.REDISTIL_KEY, audit_store.LABELS_KEY):
+        redis_client.delete(key)  # the audit's keys are the stack's, not the test's: start from none
+    store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
+    settings = RewardSettings(**infra.model_dump(), audit_level1_share=1.0, hacking_min_audits=4, audit_refresh_s=0,
+                              escalation_threshold=1.0, escalate_on_caution=False, annotate_level1_share=0.0,
+                              hacking_defence=defence, defence_share_step=0.5, defence_max_share=0.5)
+    publisher = Publisher()
+    worker = RewardWorker(settings, DriftingJudges(), store, redis_client, publisher)  # type: ignore[arg-type]
+    scorers = []
+    for step in range(6):
+        prompt = store.put(f"How do tides work? {uuid.uuid4()}")
+        events = [events_pb2.RolloutGenerated(
+            prompt_hash=prompt, response_hash=store.put(f"v{step} the Moon pulls {i} {uuid.uuid4()}"),
+            tier=common_pb2.TIER_LEVEL_1, request_id=f"req-{uuid.uuid4().hex[:8]}", sample_index=i,
+            policy_version=step + 1) for i in range(4)]
+        publisher.published.clear()
+        worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
+        rewards = [m for t, m in publisher.published if t == topics.REWARDS_SCORED.name]
+        scorers.append({(m.scorer, round(m.reward, 3)) for m in rewards})
+
+    assert len(audit_store.read_labels(redis_client)) == 24  # every audited answer, labelled by the strong RM
+    light_only = {(common_pb2.SCORER_LIGHT, round(2.5 + 0.2 * s, 3)) for s in range(6)}
+    if not defence:
+        assert all(found <= light_only for found in scorers) and not redis_client.exists(audit_store.REDISTIL_KEY)
+        return
+    # v1 is the baseline; the gap has grown 0.4 > 0.25 by v3: from the next batch on PPO gets the strong reward.
+    assert scorers[0] == {(common_pb2.SCORER_LIGHT, 2.5)}
+    assert scorers[-1] == {(common_pb2.SCORER_STRONG, 2.5)}
+    state = audit_store.read_defence(redis_client)
+    assert state.share == 0.5 and state.redistil_requested
+    decisions = audit_store.read_decisions(redis_client)
+    assert len(decisions) == 1 and "re-distillation" in decisions[0]["decision"]
+    request = audit_store.redistil_request(redis_client)
+    assert request is not None and request["policy_version"] == 3

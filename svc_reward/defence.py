@@ -1,0 +1,105 @@
+"""The loop's answer to hacking (issue 61): what the reward service does while the alarm fires. Pure.
+
+While the live hacking alarm fires (``svc_reward.audit``), PPO is climbing into the light RM's blind
+spots: the light RM rates the policy's answers ever higher than the strong RM does. The defence moves
+the reward PPO climbs towards the strong RM's, on the policy's own answers:
+
+- **a larger strong-RM share.** Each newer policy version the alarm still fires on adds
+  ``defence_share_step`` to the share of Level-1 answers the strong RM also judges (on top of
+  ``audit_level1_share``), up to ``defence_max_share``; while defending, an audited answer that is
+  final is published with the strong RM's reward. PPO then climbs (1 - s) x light + s x strong, which
+  at s = 1 is conventional RLHF's reward;
+- **a re-distillation, once per alarm**: a request that ``strata rm refresh`` answers with a turn on
+  the audited answers (the strong RM's labels of the current policy's answers; no humans needed),
+  re-distilling the light RM where the policy now writes;
+- **relaxing with hysteresis**: once the gap's growth is back under half the bound, the share comes
+  down one step per newer policy version, so it does not flap at the edge.
+
+Why not more escalations: escalation takes a Level-1 answer out of PPO's batch, and taking out a
+random share leaves the gradient pointing where it did. Judging the policy's answers with the better
+judge changes where it points. Every step is a decision with its figures, logged and kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from svc_reward.audit import AuditEstimates, drift, hacking_alarm
+
+# Shares are kept to this many decimals so that steps up and down return to exactly 0.
+_DECIMALS = 6
+
+
+@dataclass(frozen=True)
+class DefenceState:
+    share: float = 0.0  # strong-RM share of Level-1 answers added while defending
+    acted_on: int = -1  # the newest audited policy version the last step looked at
+    redistil_requested: bool = False  # asked once per alarm; cleared when the share is back at 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: bytes | str | None) -> DefenceState:
+        if not raw:
+            return DefenceState()
+        data = json.loads(raw)
+        return DefenceState(float(data.get("share", 0.0)), int(data.get("acted_on", -1)),
+                            bool(data.get("redistil_requested", False)))
+
+
+@dataclass(frozen=True)
+class DefenceStep:
+    state: DefenceState
+    decision: str | None  # what changed and why, with its figures; None when nothing changed
+    redistil: bool  # ask for a re-distillation of the light RM now
+
+
+def respond(state: DefenceState, baseline: AuditEstimates | None, current: AuditEstimates, newest_version: int,
+            bound: float, step: float, max_share: float) -> DefenceStep:
+    """One look at the audit: at most one step per newer audited policy version (``newest_version``)."""
+    if newest_version <= state.acted_on:
+        return DefenceStep(state, None, False)
+    looked = replace(state, acted_on=newest_version)
+    alarm = hacking_alarm(baseline, current, bound)
+    if alarm is not None:
+        share = round(min(max_share, state.share + step), _DECIMALS)
+        redistil = not state.redistil_requested
+        if share == state.share and not redistil:
+            return DefenceStep(looked, None, False)
+        decision = (f"policy v{newest_version}: {alarm}; strong-RM share of Level-1 answers "
+                    f"{state.share:.2f} -> {share:.2f}, their reward the strong RM's")
+        if redistil:
+            decision += "; re-distillation of the light RM on the audited answers requested"
+        return DefenceStep(replace(looked, share=share, redistil_requested=True), decision, redistil)
+    if state.share <= 0:
+        return DefenceStep(looked, None, False)
+    growth = math.nan if baseline is None else drift(baseline, current).change
+    if math.isnan(growth) or growth > bound / 2:
+        return DefenceStep(looked, None, False)  # nothing to compare, or quiet but not well under the bound: hold
+    share = round(max(0.0, state.share - step), _DECIMALS)
+    decision = (f"policy v{newest_version}: the gap grew {growth:+.3f} (now {current.gap:+.3f}), under half the "
+                f"bound {bound:g}; strong-RM share of Level-1 answers {state.share:.2f} -> {share:.2f}")
+    return DefenceStep(replace(looked, share=share, redistil_requested=state.redistil_requested and share > 0),
+                       decision, False)
+
+
+def describe(state: DefenceState, decisions: Sequence[Mapping[str, Any]], enabled: bool,
+             redistil_pending: bool) -> list[str]:
+    """The defence in a few lines (``decisions``: newest first, as kept in Redis), for ``strata status``,
+    ``strata diagnose`` and the demo's report."""
+    if not enabled:
+        return ["  hacking defence: off (hacking_defence): the alarm only reports"]
+    if state.share <= 0 and not decisions:
+        return ["  hacking defence: standing by (no alarm has fired)"]
+    lines = [f"  hacking defence: strong-RM share of Level-1 answers +{state.share:.2f} (their reward the strong RM's)"
+             + ("; a re-distillation of the light RM awaits `strata rm refresh --every`" if redistil_pending else "")]
+    for made in decisions[:3]:
+        when = time.strftime("%H:%M:%S", time.localtime(float(made.get("at", 0.0))))
+        lines.append(f"    {when} {made.get('decision', '')}")
+    return lines
