@@ -66,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--paraphrase-share", type=float, default=0.25)
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts judged before and after")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1, help="run the whole comparison this many times, seeds "
+                        "--seed, --seed+1, ...: a new prompt stream, sampling and held-out draw each time. One run "
+                        "of one seed says nothing of training's own variance; the last line then gives the "
+                        "means over seeds with their between-seed standard errors")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of every arm")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the arms' models, logs and results here "
                         "(default: a temporary directory, removed after)")
@@ -84,8 +88,8 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not arms or any(a not in ARMS for a in arms):
         raise CliError(f"--arms: choose from {', '.join(ARMS)} (got {args.arms!r})")
-    if args.updates < 1 or args.eval_prompts < 2 or args.epochs < 1 or args.threads < 1:
-        raise CliError("--updates, --epochs and --threads must be >= 1 and --eval-prompts >= 2")
+    if args.updates < 1 or args.eval_prompts < 2 or args.epochs < 1 or args.threads < 1 or args.seeds < 1:
+        raise CliError("--updates, --epochs, --threads and --seeds must be >= 1 and --eval-prompts >= 2")
     if args.n_samples < 2:
         raise CliError("--n-samples must be >= 2 (RLOO's baseline is the other samples of the same prompt)")
     if args.samples_per_update % args.minibatch_size or args.samples_per_update % args.n_samples:
@@ -257,41 +261,127 @@ def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Chan
     return line + f" hacking_gap={hacking} generated_per_used={per_used}"
 
 
+@dataclass(frozen=True)
+class SeedRun:
+    """One whole comparison under one seed."""
+
+    seed: int
+    job: PeersJob
+    results: dict[str, ArmResult]
+    gains: dict[str, tuple[Change, Change]]  # arm -> (held-out light-RM gain, oracle gain)
+    judged: dict[str, Judged]
+    families: list[str]
+
+
+def run_seed(args: argparse.Namespace, arms: Sequence[str], zoo: ZooPaths, work: Path, seed: int) -> SeedRun:
+    """Train every arm on ``seed``'s prompt stream and judge them on ``seed``'s held-out draw."""
+    from strata.models.loading import load_reward_model
+
+    work.mkdir(parents=True, exist_ok=True)
+    job = build_job(argparse.Namespace(**{**vars(args), "seed": seed}), zoo, work)
+    job_path = work / "job.json"
+    job.write(job_path)
+    results: dict[str, ArmResult] = {}
+    for arm in arms:
+        arm_started = time.monotonic()
+        print(f"  [{arm}] training (seed {seed}) ...", flush=True)
+        results[arm] = run_arm(arm, job_path, work)
+        print(f"  [{arm}] done in {time.monotonic() - arm_started:.0f} s", flush=True)
+    records = held_out_records(args.eval_prompts, seed)
+    directions = served_directions(zoo, [r.text for r in records])
+    light_rm = [load_reward_model(d, device="cpu") for d in job.light_rm]
+    print(f"  judging {len(arms) + 1} policies on {len(records)} held-out prompts ...", flush=True)
+    before = judge(job.policy_dir, records, directions, job, light_rm)
+    gains, judged = {}, {}
+    families = [r.family for r in records]
+    for arm, result in results.items():
+        judged[arm] = after = judge(result.policy_dir, records, directions, job, light_rm)
+        gains[arm] = (paired_change(before.rewards, after.rewards, families),
+                      paired_change(before.oracle, after.oracle, families))
+    return SeedRun(seed, job, results, gains, judged, families)
+
+
+def _mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean over seeds and its between-seed standard error (nan with one seed)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(variance / len(values))
+
+
+def over_seeds(runs: Sequence[SeedRun]) -> list[str]:
+    """What the seeds say together: per arm the oracle and light-RM gains and the hacking gap (light-RM gain
+    minus oracle gain), and tiered minus conventional on the held-out oracle, each as the mean over seeds
+    ± its between-seed SE; the run-to-run spread is training's own variance, which one seed's SE omits."""
+    arms = list(runs[0].results)
+    lines = [f"  over {len(runs)} seeds ({', '.join(str(r.seed) for r in runs)}): mean ± between-seed SE"]
+    for arm in arms:
+        oracle = _mean_se([r.gains[arm][1].mean for r in runs])
+        light = _mean_se([r.gains[arm][0].mean for r in runs])
+        gap = _mean_se([r.gains[arm][0].mean - r.gains[arm][1].mean for r in runs])
+        per_seed = ", ".join(f"{r.gains[arm][1].mean:+.3f}" for r in runs)
+        lines.append(f"    {arm:<14} oracle gain {oracle[0]:+.3f} ± {oracle[1]:.3f} (per seed {per_seed}); "
+                     f"light-RM gain {light[0]:+.3f} ± {light[1]:.3f}; hacking gap {gap[0]:+.3f} ± {gap[1]:.3f}")
+    if "tiered" in arms and "conventional" in arms:
+        diff = _mean_se([paired_change(r.judged["conventional"].oracle, r.judged["tiered"].oracle).mean
+                         for r in runs])
+        cost = _mean_se([tiered_cost_ratio(r.results, r.job.samples_per_update) for r in runs])
+        lines.append(f"    tiered minus conventional, held-out oracle {diff[0]:+.3f} ± {diff[1]:.3f}; cost per used "
+                     f"sample {cost[0]:.2f} ± {cost[1]:.2f} of the conventional arm's")
+    return lines
+
+
+def seeds_line(runs: Sequence[SeedRun]) -> str:
+    """The last line over several seeds: means, between-seed SEs, and the peers line's other fields."""
+    arms = list(runs[0].results)
+    strata = next((a for a in ("tiered", "level1") if a in arms), None)
+    seconds = _mean_se([r.results[strata].seconds_per_update() for r in runs])[0] if strata else float("nan")
+    trl = _mean_se([r.results["trl"].seconds_per_update() for r in runs])[0] if "trl" in arms else float("nan")
+    line = (f"peers seeds={len(runs)} strata_s_per_update={seconds:.2f} trl_s_per_update={trl:.2f} "
+            f"ratio={trl / seconds if seconds else float('nan'):.2f}")
+    if strata:
+        gain = _mean_se([r.gains[strata][1].mean for r in runs])
+        line += f" strata_oracle_gain={gain[0]:+.3f} strata_oracle_gain_se={gain[1]:.3f}"
+    if "tiered" in arms and "conventional" in arms:
+        diff = _mean_se([paired_change(r.judged["conventional"].oracle, r.judged["tiered"].oracle).mean
+                         for r in runs])
+        cost = _mean_se([tiered_cost_ratio(r.results, r.job.samples_per_update) for r in runs])
+        line += (f" tiered_minus_conventional={diff[0]:+.3f} tiered_minus_conventional_se={diff[1]:.3f}"
+                 f" cost_per_used_sample_ratio={cost[0]:.2f}")
+    gaps = ",".join(f"{arm}:{_mean_se([r.gains[arm][0].mean - r.gains[arm][1].mean for r in runs])[0]:+.3f}"
+                    for arm in arms)
+    return line + f" hacking_gap={gaps}"
+
+
 def run(args: argparse.Namespace) -> int:
     arms = check_arguments(args)
     os.environ.setdefault("STRATA_ZOO_PRESET", "ci")
-    from strata.models.loading import load_reward_model
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     started = time.monotonic()
     zoo = ensure_zoo(ZooSettings())
+    runs: list[SeedRun] = []
     with tempfile.TemporaryDirectory(prefix="strata-peers-") as scratch:
         work = args.work_dir or Path(scratch)
-        work.mkdir(parents=True, exist_ok=True)
-        job = build_job(args, zoo, work)
-        job_path = work / "job.json"
-        job.write(job_path)
-        print(f"peers: zoo {zoo.root.name}, arms {', '.join(arms)}; work in {work}", flush=True)
-        results: dict[str, ArmResult] = {}
-        for arm in arms:
-            arm_started = time.monotonic()
-            print(f"  [{arm}] training ...", flush=True)
-            results[arm] = run_arm(arm, job_path, work)
-            print(f"  [{arm}] done in {time.monotonic() - arm_started:.0f} s", flush=True)
-        records = held_out_records(args.eval_prompts, args.seed)
-        directions = served_directions(zoo, [r.text for r in records])
-        light_rm = [load_reward_model(d, device="cpu") for d in job.light_rm]
-        print(f"  judging {len(arms) + 1} policies on {len(records)} held-out prompts ...", flush=True)
-        before = judge(job.policy_dir, records, directions, job, light_rm)
-        gains, judged = {}, {}
-        families = [r.family for r in records]
-        for arm, result in results.items():
-            judged[arm] = after = judge(result.policy_dir, records, directions, job, light_rm)
-            gains[arm] = (paired_change(before.rewards, after.rewards, families),
-                          paired_change(before.oracle, after.oracle, families))
-        print_report(results, gains, job)
-        for line in against_conventional(results, judged, job.samples_per_update, families):
-            print(line)
+        print(f"peers: zoo {zoo.root.name}, arms {', '.join(arms)}, seeds {args.seed}..{args.seed + args.seeds - 1}; "
+              f"work in {work}", flush=True)
+        for seed in range(args.seed, args.seed + args.seeds):
+            seed_work = work if args.seeds == 1 else work / f"seed-{seed}"
+            one = run_seed(args, arms, zoo, seed_work, seed)
+            runs.append(one)
+            if args.seeds > 1:
+                print(f"  seed {seed}:")
+            print_report(one.results, one.gains, one.job)
+            for line in against_conventional(one.results, one.judged, one.job.samples_per_update, one.families):
+                print(line)
+            if args.seeds > 1:
+                print("  " + last_line(one.results, one.gains, one.job), flush=True)
     print(f"  {time.monotonic() - started:.0f} s in all")
-    print(last_line(results, gains, job))
+    if len(runs) == 1:
+        print(last_line(runs[0].results, runs[0].gains, runs[0].job))
+        return 0
+    for line in over_seeds(runs):
+        print(line)
+    print(seeds_line(runs))
     return 0

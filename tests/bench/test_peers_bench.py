@@ -84,6 +84,29 @@ def test_the_last_line_carries_the_per_used_sample_figures() -> None:
     assert "gain_per_cost_ratio=nan" in peers.last_line(results, gains, job)  # no ratio to a baseline that lost
 
 
+def test_several_seeds_are_summed_up_with_between_seed_errors() -> None:
+    job = SimpleNamespace(samples_per_update=8, updates=2)
+    runs = []
+    for seed, (tiered, conventional) in enumerate([(0.3, 0.1), (0.1, 0.2), (0.2, 0.0)]):
+        results = {"tiered": ArmResult("Strata tiered", update_seconds=[9.0, 2.0 + seed], param_tokens=4.0e10,
+                                       updates_done=2, samples=16),
+                   "conventional": ArmResult("Strata conventional", param_tokens=8.0e10, updates_done=2, samples=16)}
+        gains = {"tiered": (Change(tiered + 0.4, 0.1, 4, 2), Change(tiered, 0.05, 4, 2)),
+                 "conventional": (Change(conventional, 0.1, 4, 2), Change(conventional, 0.05, 4, 2))}
+        judged = {"tiered": peers.Judged([0.0] * 2, [2.0 + tiered, 2.0 + tiered]),
+                  "conventional": peers.Judged([0.0] * 2, [2.0 + conventional, 2.0 + conventional])}
+        runs.append(peers.SeedRun(seed, job, results, gains, judged, ["a", "b"]))
+    line = peers.seeds_line(runs)
+    # Tiered oracle gains .3, .1, .2: mean .2, SD .1, SE .1 / sqrt(3) = .058; minus conventional's .1, .2, 0:
+    # .2, -.1, .2: mean .1, SD .173, SE .1.
+    assert "peers seeds=3 strata_s_per_update=3.00" in line
+    assert "strata_oracle_gain=+0.200 strata_oracle_gain_se=0.058" in line
+    assert "tiered_minus_conventional=+0.100 tiered_minus_conventional_se=0.100 cost_per_used_sample_ratio=0.50" in line
+    assert "hacking_gap=tiered:+0.400,conventional:+0.000" in line
+    summary = "\n".join(peers.over_seeds(runs))
+    assert "tiered         oracle gain +0.200 ± 0.058 (per seed +0.300, +0.100, +0.200)" in summary
+
+
 def test_rounds_are_shared_by_the_updates_they_complete() -> None:
     rounds = [RoundStats(0, 0, 8, {}, 8, 8, 2.0, None, 4.0),   # no update yet
               RoundStats(1, 2, 8, {}, 8, 8, 2.0, None, 2.0),   # two updates: 6 s between them
