@@ -258,7 +258,10 @@ def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Chan
         line += f" cost_per_used_sample_ratio={cost_ratio:.2f} gain_per_cost_ratio={gain_ratio:.2f}"
     hacking = ",".join(f"{arm}:{rm.mean - oracle.mean:+.3f}" for arm, (rm, oracle) in gains.items())
     per_used = ",".join(f"{arm}:{generated_per_used(r, job.samples_per_update):.2f}" for arm, r in results.items())
-    return line + f" hacking_gap={hacking} generated_per_used={per_used}"
+    line += f" hacking_gap={hacking} generated_per_used={per_used}"
+    critical = ",".join(f"{arm}:{max(r.critical_path, key=lambda s: r.critical_path[s])}"
+                        for arm, r in results.items() if r.critical_path)
+    return line + (f" critical_path={critical}" if critical else "")
 
 
 @dataclass(frozen=True)

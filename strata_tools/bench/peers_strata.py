@@ -15,6 +15,7 @@ the run).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
 
     from strata_tools.bench.infra import bench_infra
     from strata_tools.stack.inprocess import InProcessStack, StackOverrides
+    from strata_tools.trace import read_events, trace
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     if arm not in STRATA_ARMS:
@@ -78,10 +80,12 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
     with bench_infra(StrataSettings(), work.name, f"peers-{arm}") as infra:
         client = redis_client.connect(infra.redis_address)
         before = ledger.read_stages(client)
+        started = time.time()  # a shared Kafka (tests) holds other runs' events: trace this one's
         with InProcessStack.start(infra, zoo, work / "checkpoints", overrides) as stack:
             summary = train(infra, options, stack.addresses)
         spent = ledger.subtract(ledger.read_stages(client), before)
         client.close()
+        path = trace(*read_events(infra, since=started))
     # A round can complete more updates than asked for; the arm is judged at the version it asked for.
     updates = update_seconds(summary.rounds, summary.start_version)[: job.updates]
     by_stage: dict[str, float] = {}
@@ -99,7 +103,9 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
         rewards=[r.mean_reward for r in summary.rounds if r.mean_reward is not None],
         policy_dir=str(work / "checkpoints" / f"v{summary.start_version + job.updates}"),
         updates_done=summary.end_version - summary.start_version,
-        notes=[f"{len(summary.rounds)} rounds, policy v{summary.start_version} -> v{summary.end_version}; "
+        critical_path=path.mean_seconds() if path.updates else {},
+        notes=[path.line(),
+               f"{len(summary.rounds)} rounds, policy v{summary.start_version} -> v{summary.end_version}; "
                "decisions " + ", ".join(f"{k}={sum(r.decisions.get(k, 0) for r in summary.rounds)}"
                                         for k in ("skip", "level_1", "level_2")),
                "booked params x tokens: " + ", ".join(f"{stage} {value:.2e}" for stage, value in

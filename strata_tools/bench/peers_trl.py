@@ -88,6 +88,7 @@ class ArmResult:
     notes: list[str] = field(default_factory=list)
     updates_done: int = 0               # policy updates the booked cost paid for (a round may complete more)
     policy_samples: int | None = None   # rollouts the policy itself generated (Strata: Level-1); None: all are
+    critical_path: dict[str, float] = field(default_factory=dict)  # Strata: mean seconds per update by stage
 
     def seconds_per_update(self, warmup: int = 1) -> float:
         """Median over updates, the first ``warmup`` left out (model loading, first-call allocations)."""

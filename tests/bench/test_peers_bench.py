@@ -152,4 +152,4 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
                         r"strata_oracle_gain=[+-]\d\.\d{3} strata_oracle_gain_se=\d+\.\d{3} "
                         r"trl_oracle_gain=[+-]\d\.\d{3} cost_per_used_sample_ratio=\d+\.\d\d "
                         r"gain_per_cost_ratio=(\S+) hacking_gap=\S+ generated_per_used=tiered:\d+\.\d\d,"
-                        r"conventional:\d+\.\d\d,trl:1\.00", last), last
+                        r"conventional:\d+\.\d\d,trl:1\.00( critical_path=\S+)?", last), last
