@@ -158,15 +158,20 @@ def from_events(policy: Iterable[Any], rewards: Iterable[Any], rollouts: Iterabl
     return updates, samples
 
 
-def read_events(cluster: KafkaTarget, since: float = 0.0, idle_timeout_s: float = 20.0
-                ) -> tuple[list[UpdateTimes], list[SampleTimes]]:
-    """The stack's events as they are now (no consumer group, nothing committed), from ``since`` on."""
+def read_events(cluster: KafkaTarget, since: float = 0.0, newest: int | None = None, idle_timeout_s: float = 20.0,
+                names: Sequence[Any] | None = None) -> tuple[list[UpdateTimes], list[SampleTimes]]:
+    """The stack's events as they are now (no consumer group, nothing committed), from ``since`` on;
+    ``newest``: only that many of each partition's newest events (a running stack's recent updates);
+    ``names``: the (policy, rewards, rollouts, Level-1 prompts) topics, the stack's by default."""
     from strata.bus import topics
     from strata.bus.scan import TopicScan
 
+    policy, rewards, rollouts, routed = names or (topics.POLICY_UPDATED, topics.REWARDS_SCORED,
+                                                  topics.ROLLOUTS_GENERATED, topics.PROMPTS_LEVEL1)
+
     with TopicScan(cluster, client_id="strata-trace", idle_timeout_s=idle_timeout_s) as scan:
         def messages(topic: Any) -> list[Any]:
-            return [d.message for d in scan.events(topic)]
+            bounds = None if newest is None else scan.newest(topic.name, newest)
+            return [d.message for d in scan.events(topic, bounds=bounds)]
 
-        return from_events(messages(topics.POLICY_UPDATED), messages(topics.REWARDS_SCORED),
-                           messages(topics.ROLLOUTS_GENERATED), messages(topics.PROMPTS_LEVEL1), since)
+        return from_events(messages(policy), messages(rewards), messages(rollouts), messages(routed), since)

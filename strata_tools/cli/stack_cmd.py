@@ -87,6 +87,8 @@ def _status(args: argparse.Namespace) -> int:
               f"({'; '.join(sorted(errors))}); `strata infra status` checks Kafka and Redis")
     elif all(r.lag is None for r in rows):
         print("lag: unknown (no consumer group has committed yet)")
+    if not errors:  # Kafka answered: the recent updates' critical path (issue 63)
+        print(control.critical_path_line(settings))
     for line in control.live_audit_lines(settings):
         print(line)
     return 0 if all(r.healthy for r in rows) else 1

@@ -133,6 +133,20 @@ def logs(settings: StrataSettings, service: str | None, lines: int, follow: bool
     return subprocess.call(argv)
 
 
+def critical_path_line(settings: StrataSettings, newest_events: int = 5000) -> str:
+    """The critical path of the stack's recent PPO updates (``strata_tools.trace``), from the newest events
+    Kafka holds; one line, or why there is none."""
+    from strata.telemetry import quiet_kafka_logs
+    from strata_tools.trace import read_events, trace
+
+    try:
+        with quiet_kafka_logs():
+            return trace(*read_events(settings, newest=newest_events, idle_timeout_s=5.0)).line()
+    except Exception as exc:  # status must print the rest: one line naming what failed
+        return (f"critical path: unknown: reading events from Kafka at {settings.kafka_address} failed "
+                f"({type(exc).__name__}: {exc})")
+
+
 def live_audit_lines(settings: StrataSettings) -> list[str]:
     """The reward service's live audit (hacking gap, catch, false pass, the alarm) as report lines, read
     from Redis with the reward service's thresholds (``STRATA_HACKING_*`` as it reads them)."""
