@@ -75,6 +75,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import random
 import statistics
@@ -618,9 +619,10 @@ class Headline:
 
 
 def headline_line(arm: ArmFigures, apgr: float | None, ceiling_share: float | None,
-                  intervals: HeadlineIntervals | None = None) -> str:
+                  intervals: HeadlineIntervals | None = None, escalation_auc: float | None = None) -> str:
     """The bench's last line (and the demo's headline): params-x-tokens saving first, device-seconds beside;
-    with ``intervals``, the saving's and the quality ratio's 95 % bounds (bootstrap over families)."""
+    with ``intervals``, the saving's and the quality ratio's 95 % bounds (bootstrap over families); with
+    ``escalation_auc``, the served escalation signal's bad-case AUC on the run's Level-1 answers."""
     line = (f"tiers saving={_num(arm.param_token_saving)} device_saving={_num(arm.saving)} "
             f"quality_ratio={_num(arm.quality_ratio)} bad_case_catch={_num(arm.bad_case_catch)} "
             f"level2_share={arm.level2_share:.3f} apgr={_num(apgr)} ceiling_share_of_saving={_num(ceiling_share)}")
@@ -630,7 +632,20 @@ def headline_line(arm: ArmFigures, apgr: float | None, ceiling_share: float | No
                  f"quality_ratio_hi={intervals.quality_ratio.high:.3f}")
         if intervals.apgr is not None:
             line += f" apgr_lo={intervals.apgr.low:.3f} apgr_hi={intervals.apgr.high:.3f}"
+    if escalation_auc is not None:
+        line += f" escalation_auc={_num(escalation_auc)}"
     return line
+
+
+def escalation_auc(replay: Sequence[PromptOutcome], bad_threshold: float) -> float | None:
+    """How well the light RM's reward, the signal the served threshold escalates on, finds the bad Level-1
+    answers (oracle under ``bad_threshold``): the probability a bad answer scores under a good one (ties
+    half; a prompt's answers averaged, as the replay keeps them); None without both kinds."""
+    from strata_tools.rm.onpolicy import detection_auc
+
+    answered = [o.level1 for o in replay if o.level1 is not None and not o.risk]
+    auc = detection_auc([a.rm for a in answered], [a.oracle < bad_threshold for a in answered])
+    return None if math.isnan(auc) else auc
 
 
 @dataclass(frozen=True)
@@ -878,7 +893,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     print("\n".join(report["lines"]))
     print(f"figures: {out / 'tiers.json'}   curve: {out / 'tiers.png'}")
     head = report["headline"]
-    print(headline_line(head, report["apgr"], report["ceiling_share"], report["intervals"]))
+    print(headline_line(head, report["apgr"], report["ceiling_share"], report["intervals"], report["escalation_auc"]))
     return 0
 
 
@@ -1099,9 +1114,10 @@ def build_report(args: argparse.Namespace, zoo_hash: str, mixes: PromptMixes, un
                            [r.family for r in records], args.bad_threshold, args.seed),
         apgr=apgr_interval(sweep.replay, [r.family for r in records], args.seed))
     figures["headline_intervals"] = dataclasses.asdict(intervals)
+    figures["escalation_auc"] = escalation_auc(arms.replay, args.bad_threshold)
     return {"lines": lines, "json": figures, "sweep": sweep.arms, "ceiling": sweep.ceiling, "marks": marks,
             "headline": arms.headline, "apgr": sweep.route_llm["apgr"], "ceiling_share": sweep.ceiling_share,
-            "intervals": intervals}
+            "intervals": intervals, "escalation_auc": escalation_auc(arms.replay, args.bad_threshold)}
 
 
 def _expected_sweep(arms: _ReportArms, answers: dict[str, list[Answers]],

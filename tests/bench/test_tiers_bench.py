@@ -93,7 +93,7 @@ def test_live_figures_cost_skips_their_encoding_and_leave_them_out_of_quality() 
 LINE = re.compile(r"tiers saving=(\S+) device_saving=(\S+) quality_ratio=(\S+) bad_case_catch=(\S+) "
                   r"level2_share=(\d\.\d{3}) apgr=(\S+) ceiling_share_of_saving=(\S+)"
                   r"(?: saving_lo=(\S+) saving_hi=(\S+) quality_ratio_lo=(\S+) quality_ratio_hi=(\S+))?"
-                  r"(?: apgr_lo=(\S+) apgr_hi=(\S+))?")
+                  r"(?: apgr_lo=(\S+) apgr_hi=(\S+))?(?: escalation_auc=(\S+))?")
 
 
 def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_prompts() -> None:
@@ -392,3 +392,17 @@ def test_the_first_two_arms_alternate_and_their_halves_merge() -> None:
     assert both.requests == ["r0", "r1"] and both.wall_s == 5.0
     assert {(s.stage, s.items, s.tokens, s.param_tokens) for s in both.stages} == {("generate", 3, 15, 75.0),
                                                                                  ("probe", 1, 4, 8.0)}
+
+
+def test_the_escalation_auc_reads_the_light_rms_reward_against_the_oracle_on_level1_answers() -> None:
+    def outcome(rm: float, oracle: float, risk: bool = False) -> Outcome:
+        return Outcome(f"h{rm}{oracle}", Answer(oracle, rm, 1.0, 1.0), Answer(4.0, 4.0, 2.0, 2.0), risk)
+
+    # Bad answers (oracle < 2) at rewards 1 and 3; good ones at 2 and 4: 3 of the 4 (bad, good) pairs ordered.
+    replay = [outcome(1.0, 1.0), outcome(3.0, 1.5), outcome(2.0, 3.0), outcome(4.0, 4.0),
+              outcome(0.0, 4.0, risk=True)]  # risk prompts never reach Level-1's rule: left out
+    assert tiers.escalation_auc(replay, bad_threshold=2.0) == 0.75
+    assert tiers.escalation_auc(replay[2:4], bad_threshold=2.0) is None  # no bad answer: no AUC
+    arm = tier_eval.ArmFigures("x", 4, 1.0, 1.0, 0.0, 3.0, 0.25, 1.0, 0.0)
+    line = tiers.headline_line(arm, None, None, escalation_auc=0.75)
+    assert LINE.fullmatch(line) and line.endswith(" escalation_auc=0.750")
