@@ -29,3 +29,31 @@ def test_the_headline_takes_completed_requests_once_per_prompt() -> None:
     assert [r.request_id for r in headline_sample(requests, 2, 2, seed=4)] == \
         [r.request_id for r in headline_sample(requests, 2, 2, seed=4)]
     assert headline_sample([], 5, 2, 0) == []
+
+
+def test_the_report_opens_with_three_plain_lines_and_ends_with_the_demo_line() -> None:
+    from strata_tools.bench.tier_eval import ArmFigures
+    from strata_tools.cli.demo_cmd import demo_line, plain_lines
+    from strata_tools.train import Change
+
+    arm = ArmFigures("this run", 64, 10.0, 1e11, 0.0, 2.5, 0.3, 0.9, 0.1, saving=0.21, param_token_saving=0.35,
+                     quality_ratio=0.97)
+    headline = SimpleNamespace(arm=arm)
+    oracle, rm, gap = Change(0.18, 0.05, 64, 10), Change(0.30, 0.06, 64, 10), Change(0.12, 0.07, 64, 10)
+    audit = ["live audit, policy v5-v8 (40 answers also scored by the strong RM): ...",
+             "  gap at v1-v3 +0.050: grew +0.100 (95 % lower bound -0.050, bound 0.25); hacking alarm quiet",
+             "  hacking defence: standing by (no alarm has fired)"]
+    saved, learned, gamed = plain_lines(headline, oracle, rm, gap, audit)
+    assert saved.startswith("saved: +35.0% of params x tokens (+21.0% of device-seconds)") and "0.97x" in saved
+    assert learned.startswith("learned: held-out oracle +0.180 ± 0.050 over 64 prompts") and "got better" in learned
+    assert "hacking gap +0.120 ± 0.070: no sign it climbed" in gamed and "hacking alarm quiet" in gamed
+    assert "hacking defence: standing by" in gamed
+    # A gap over half the RM's gain and 2 SE is named for what it is; a loss of more than 2 SE too.
+    _, worse, hacked = plain_lines(None, Change(-0.2, 0.05, 64, 10), Change(0.4, 0.1, 64, 10),
+                                   Change(0.6, 0.1, 64, 10), [])
+    assert "2 SE worse" in worse and "climbed its reward more than its quality" in hacked
+    assert plain_lines(None, None, None, None, [])[0].startswith("saved: not measured")
+    assert demo_line(headline, oracle, rm, gap, 612.4) == ("demo saving=0.350 quality_ratio=0.970 oracle_gain=+0.180 "
+                                                           "oracle_gain_se=0.050 rm_gain=+0.300 hacking_gap=+0.120 "
+                                                           "seconds=612")
+    assert demo_line(None, None, None, None, 1.0).startswith("demo saving=nan quality_ratio=nan oracle_gain=nan")
