@@ -15,9 +15,10 @@ the reward PPO climbs towards the strong RM's, on the policy's own answers:
 - **relaxing with hysteresis**: once the gap's growth is back under half the bound, the share comes
   down one step per newer policy version, so it does not flap at the edge.
 
-Why not more escalations: escalation takes a Level-1 answer out of PPO's batch, and taking out a
-random share leaves the gradient pointing where it did. Judging the policy's answers with the better
-judge changes where it points. Every step is a decision with its figures, logged and kept.
+Why not more escalations: an escalated Level-1 answer still trains the policy with its light-RM
+reward (the learner's ``train_on_escalated``), and Level-2's answer is not the policy's, so escalating
+more changes what a rollout costs, not the reward PPO climbs. Judging the policy's answers with the
+better judge changes it. Every step is a decision with its figures, logged and kept.
 """
 
 from __future__ import annotations
