@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import redis
@@ -116,6 +116,21 @@ class _Emitted:
     calibrated_scale: bool  # ... on the light RM's calibrated scale (else the raw one)
 
 
+def escalation_event(event: events_pb2.RolloutGenerated, reason: str) -> events_pb2.PromptRouted:
+    """The Level-2 request an escalated Level-1 answer sends (R3)."""
+    escalation = events_pb2.PromptRouted(
+        prompt_hash=event.prompt_hash, tier=common_pb2.TIER_LEVEL_2, decision=common_pb2.DECISION_LEVEL_2,
+        reason=f"escalated: {reason}", sampling=event.sampling, n_samples=1,
+        directions=event.directions, caution=event.caution, escalated_from=common_pb2.TIER_LEVEL_1,
+        policy_version=event.policy_version,
+        # Stable across a republish, so the Level-2 generator's claims dedupe it.
+        request_id=request_identity(event.request_id, event.routed_at.seconds, event.routed_at.nanos),
+    )
+    escalation.submitted_at.CopyFrom(event.routed_at)
+    escalation.routed_at.GetCurrentTime()
+    return escalation
+
+
 class RewardWorker:
     def __init__(self, settings: RewardSettings, models: RewardModels, store: ContentStore,
                  client: redis.Redis, publisher: Publisher) -> None:
@@ -208,24 +223,30 @@ class RewardWorker:
                 ledger.count(self._redis, "escalations")
                 ESCALATIONS.inc()
         if todo:
-            # One transaction: the done keys and the ledger move together, so a rollout is booked once.
-            ttl = self._settings.content_ttl_s
-            with self._redis.pipeline(transaction=True) as pipe:
-                for event in todo:
-                    pipe.set(done_key(event), b"1", ex=ttl)
-                for tier in finals:
-                    pipe.hincrby(ledger.COUNTS_KEY, f"final_tier{tier}", 1)
-                for event, booked in charges:
-                    ledger.book(self._redis, event.prompt_hash, event.request_id, booked, ttl, pipe=pipe)
-                audit_store.add_to(pipe, audits, self._settings.audit_ttl_s)
-                if self._settings.audit_labels_kept:
-                    audit_store.add_labels(pipe, labels, self._settings.audit_labels_kept)
-                pipe.execute()
-            if audits:
-                AUDITS.inc(sum(t.n for t in audits.values()))
-                if time.monotonic() - self._watched_at >= self._settings.audit_refresh_s:
-                    self._watched_at = time.monotonic()
-                    self._watch_hacking()
+            self._commit(todo, finals, charges, audits, labels)
+
+    def _commit(self, todo: Sequence[events_pb2.RolloutGenerated], finals: Sequence[int],
+                charges: Sequence[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]],
+                audits: Mapping[int, AuditTally], labels: Sequence[audit_store.AuditLabel]) -> None:
+        """One transaction: the done keys, the ledger and the audit move together, so a rollout is booked
+        and audited once; then the audit's figures, at most every ``audit_refresh_s``."""
+        ttl = self._settings.content_ttl_s
+        with self._redis.pipeline(transaction=True) as pipe:
+            for event in todo:
+                pipe.set(done_key(event), b"1", ex=ttl)
+            for tier in finals:
+                pipe.hincrby(ledger.COUNTS_KEY, f"final_tier{tier}", 1)
+            for event, booked in charges:
+                ledger.book(self._redis, event.prompt_hash, event.request_id, booked, ttl, pipe=pipe)
+            audit_store.add_to(pipe, audits, self._settings.audit_ttl_s)
+            if self._settings.audit_labels_kept:
+                audit_store.add_labels(pipe, labels, self._settings.audit_labels_kept)
+            pipe.execute()
+        if audits:
+            AUDITS.inc(sum(t.n for t in audits.values()))
+            if time.monotonic() - self._watched_at >= self._settings.audit_refresh_s:
+                self._watched_at = time.monotonic()
+                self._watch_hacking()
 
     @property
     def _defending(self) -> bool:
@@ -326,17 +347,7 @@ class RewardWorker:
         key = escalation_key(event)
         escalates = outcome.escalate and key not in escalated
         if escalates:
-            escalation = events_pb2.PromptRouted(
-                prompt_hash=event.prompt_hash, tier=common_pb2.TIER_LEVEL_2, decision=common_pb2.DECISION_LEVEL_2,
-                reason=f"escalated: {outcome.reason}", sampling=event.sampling, n_samples=1,
-                directions=event.directions, caution=event.caution, escalated_from=common_pb2.TIER_LEVEL_1,
-                policy_version=event.policy_version,
-                # Stable across a republish, so the Level-2 generator's claims dedupe it.
-                request_id=request_identity(event.request_id, event.routed_at.seconds, event.routed_at.nanos),
-            )
-            escalation.submitted_at.CopyFrom(event.routed_at)
-            escalation.routed_at.GetCurrentTime()
-            futures.append(self._publisher.publish(topics.PROMPTS_LEVEL2, escalation))
+            futures.append(self._publisher.publish(topics.PROMPTS_LEVEL2, escalation_event(event, outcome.reason)))
         if outcome.annotate:
             request = events_pb2.AnnotationRequested(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,

@@ -221,7 +221,7 @@ def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
 
     from strata import rpc
     from strata.config import StrataSettings
-    from strata_tools.bench.tiers import LiveTiers
+    from strata_tools.tiering.arms import LiveTiers
 
     tokens_file = Path(infra.state_dir) / "edge-tokens"
     tokens = _write_tokens(tokens_file)

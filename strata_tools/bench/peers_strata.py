@@ -23,7 +23,8 @@ from typing import Any
 from strata import ledger, redis_client
 from strata.config import StrataSettings
 from strata_tools.bench.peers_trl import ArmResult, PeersJob, peak_rss_mb
-from strata_tools.train import RoundStats, TrainOptions, train
+from strata_tools.trace import Trace
+from strata_tools.train import RoundStats, TrainOptions, TrainSummary, train
 
 STRATA_ARMS = ("tiered", "level1", "conventional")
 # A plain rollout: every prompt to Level-1 (scheduler) and every Level-1 reward final (reward service).
@@ -86,6 +87,12 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
         spent = ledger.subtract(ledger.read_stages(client), before)
         client.close()
         path = trace(*read_events(infra, since=started))
+    return arm_result(arm, job, work, summary, spent, path)
+
+
+def arm_result(arm: str, job: PeersJob, work: Path, summary: TrainSummary, spent: Sequence[ledger.StageCost],
+               path: Trace) -> ArmResult:
+    """The arm's figures from its training summary, what the ledger booked and its critical path."""
     # A round can complete more updates than asked for; the arm is judged at the version it asked for.
     updates = update_seconds(summary.rounds, summary.start_version)[: job.updates]
     by_stage: dict[str, float] = {}

@@ -681,7 +681,7 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
     from strata.bus import topics
     from strata.bus.admin import GroupLag
     from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
-    from strata_tools.bench.tiers import LiveTiers
+    from strata_tools.tiering.arms import LiveTiers
     from strata_tools.train import CPU_LEARNER_ARGS
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 

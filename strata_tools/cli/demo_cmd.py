@@ -39,17 +39,6 @@ from strata.bus.scan import TopicScan
 from strata.config import StrataSettings
 from strata.errors import CliError
 from strata.v1 import annotation_pb2, annotation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from strata_tools.bench import tier_eval
-from strata_tools.bench.tiers import (
-    Answers,
-    ArmRun,
-    ArmRunner,
-    Headline,
-    answers_of,
-    arm_table,
-    headline_of,
-    routing_lines,
-)
 from strata_tools.cli.progress import redraw
 from strata_tools.cli.report_cmd import price_option
 from strata_tools.infra import InfraError
@@ -59,6 +48,11 @@ from strata_tools.rm.escalation import add_threshold_arguments, resolve_threshol
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
 from strata_tools.stack import control
 from strata_tools.stack.spec import default_services
+from strata_tools.tiering import tier_eval
+from strata_tools.tiering.answers import Answers, answers_of
+from strata_tools.tiering.arms import ArmRun, ArmRunner
+from strata_tools.tiering.headline import Headline, headline_of
+from strata_tools.tiering.lines import arm_table, routing_lines
 from strata_tools.train import (
     CPU_LEARNER_ARGS,
     CPU_LEARNER_BATCH,

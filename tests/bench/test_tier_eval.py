@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata_tools.bench.tier_eval import (
+from strata_tools.tiering.tier_eval import (
     Answer,
     ArmFigures,
     ExpectedScores,

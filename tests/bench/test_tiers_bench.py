@@ -12,9 +12,22 @@ import pytest
 
 from strata.config import StrataSettings
 from strata.v1 import common_pb2
-from strata_tools.bench import tier_eval, tiers
-from strata_tools.bench.tier_eval import Answer, all_level2, compare
-from strata_tools.bench.tier_eval import PromptOutcome as Outcome
+from strata_tools.bench import tiers, tiers_epochs
+from strata_tools.tiering import tier_eval
+from strata_tools.tiering.answers import Answers, answers_of, baseline_figures, live_figures
+from strata_tools.tiering.arms import ArmRun, ArmRunner
+from strata_tools.tiering.headline import (
+    HEADLINE_ARM,
+    apgr_interval,
+    escalation_auc,
+    headline_intervals,
+    headline_line,
+    headline_of,
+)
+from strata_tools.tiering.lines import ceiling_lines
+from strata_tools.tiering.tier_eval import Answer, all_level2, compare
+from strata_tools.tiering.tier_eval import PromptOutcome as Outcome
+from strata_tools.train import Request
 
 TIER1, TIER2 = common_pb2.TIER_LEVEL_1, common_pb2.TIER_LEVEL_2
 
@@ -59,8 +72,8 @@ def test_prompt_mixes_are_nested_at_their_risk_shares_and_seeded() -> None:
 
 def test_subset_keeps_each_prompts_request_and_answers_together() -> None:
     union = [_record(i, False) for i in range(4)]
-    requests = [tiers.Request(r, f"id-{i}") for i, r in enumerate(union)]
-    runs = {"tiered": tiers.ArmRun("tiered", requests, [], 1.0), "history": tiers.ArmRun("history", [], [], 2.0)}
+    requests = [Request(r, f"id-{i}") for i, r in enumerate(union)]
+    runs = {"tiered": ArmRun("tiered", requests, [], 1.0), "history": ArmRun("history", [], [], 2.0)}
     answers = {"tiered": [f"answer-{i}" for i in range(4)]}
     records, sub_runs, sub_answers = tiers.subset(union, [union[3], union[1]], runs, answers)  # type: ignore[arg-type]
     assert [r.text for r in records] == ["prompt 1", "prompt 3"]
@@ -74,12 +87,12 @@ def test_live_figures_cost_skips_their_encoding_and_leave_them_out_of_quality() 
     baseline_outcomes = [Outcome(h, None, a) for h, a in zip("abc", level2, strict=True)]
     baseline = compare(all_level2(baseline_outcomes, 1.5), all_level2(baseline_outcomes, 1.5))
     answers = [
-        tiers.Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),                  # stays at Level-1
-        tiers.Answers(Answer(1.0, 2.0, 1.0, 5.0), Answer(4.0, 3.8, 10.0, 100.0), True, 60.0,    # escalated
+        Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),                  # stays at Level-1
+        Answers(Answer(1.0, 2.0, 1.0, 5.0), Answer(4.0, 3.8, 10.0, 100.0), True, 60.0,    # escalated
                       (0.1, 1.0)),
-        tiers.Answers(None, None, False, 0.0, (0.1, 1.0), skipped=True),                        # reused reward
+        Answers(None, None, False, 0.0, (0.1, 1.0), skipped=True),                        # reused reward
     ]
-    figures = tiers.live_figures("skip arm", answers, list("abc"), level2, 1.5, baseline)
+    figures = live_figures("skip arm", answers, list("abc"), level2, 1.5, baseline)
     assert figures.prompts == 3
     # 1.0 + 0.1 (a) + 1.0 + 10.0 + 0.1 (b) + 0.1 (c's encoding only)
     assert figures.device_seconds == pytest.approx(12.3)
@@ -100,14 +113,14 @@ def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_pr
     def l2(oracle: float) -> Answer:
         return Answer(oracle, 3.9, 10.0, 100.0)
 
-    baseline = [tiers.Answers(None, l2(o), False, 60.0, (0.0, 0.0)) for o in (4.0, 4.0, 3.0, 2.5)]
+    baseline = [Answers(None, l2(o), False, 60.0, (0.0, 0.0)) for o in (4.0, 4.0, 3.0, 2.5)]
     own = [
-        tiers.Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),               # stays at Level-1
-        tiers.Answers(Answer(1.0, 2.0, 1.0, 5.0), l2(4.0), True, 60.0, (0.1, 1.0)),           # escalated bad case
-        tiers.Answers(None, None, False, 0.0, (0.1, 1.0), skipped=True),                      # reused reward
-        tiers.Answers(None, l2(2.5), False, 60.0, (0.1, 1.0)),                                # cautious: Level-2
+        Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),               # stays at Level-1
+        Answers(Answer(1.0, 2.0, 1.0, 5.0), l2(4.0), True, 60.0, (0.1, 1.0)),           # escalated bad case
+        Answers(None, None, False, 0.0, (0.1, 1.0), skipped=True),                      # reused reward
+        Answers(None, l2(2.5), False, 60.0, (0.1, 1.0)),                                # cautious: Level-2
     ]
-    head = tiers.headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5)
+    head = headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5)
     assert head.baseline.param_tokens == 400.0 and head.baseline.level2_share == 1.0
     # 5 + 1 (a) + 5 + 100 + 1 (b) + 1 (c: its encoding) + 100 + 1 (d)
     assert head.arm.param_tokens == pytest.approx(214.0)
@@ -126,7 +139,7 @@ def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_pr
     assert head.oracle_router.param_tokens == pytest.approx(210.0)
     # With two Level-2 samples per baseline prompt, a replayed escalation buys one of them, as a live one
     # does; the prompt sent straight to Level-2 still rolls out both.
-    two = tiers.headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5, level2_samples=2)
+    two = headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5, level2_samples=2)
     assert two.oracle_router.param_tokens == pytest.approx(5 + (5 + 50) + 100)
     assert two.baseline.param_tokens == head.baseline.param_tokens  # the baseline itself is what it booked
     # One sample per prompt, the cautious prompt d has no Level-1 answer: no RouteLLM figures.
@@ -137,7 +150,7 @@ def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_pr
     # router saw stay, and cautious d's expected Level-1 score starts the axis.
     expected = {"a": tier_eval.ExpectedScores(3.5, 4), "b": tier_eval.ExpectedScores(3.5, 4),
                 "c": tier_eval.ExpectedScores(3.0, 4), "d": tier_eval.ExpectedScores(3.0, 4, level1=1.0)}
-    scored = tiers.headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5,
+    scored = headline_of("own", own, baseline, list("abcd"), [False, False, False, True], 1.5,
                                expected=expected)
     assert scored.sweep.expected and scored.sweep.strong == pytest.approx(10 / 3)
     # All at Level-1: (3 + 1 + 1) / 3; d first (+2), then b by its light-RM score (+2.5), then a (+.5).
@@ -145,11 +158,11 @@ def test_headline_of_sets_a_runs_own_traffic_against_its_baseline_on_the_same_pr
     assert scored.apgr == pytest.approx(tier_eval.apgr(points, 5 / 3, 10 / 3))
     assert scored.arm == head.arm  # the live arm's own figures stay what the run served
     with pytest.raises(ValueError, match="without a Level-2 answer"):
-        tiers.headline_of("own", own, [*baseline[:3], own[0]], list("abcd"), [False] * 4, 1.5)
+        headline_of("own", own, [*baseline[:3], own[0]], list("abcd"), [False] * 4, 1.5)
     with pytest.raises(ValueError, match="every prompt was skipped"):
-        tiers.headline_of("own", [own[2]], [baseline[2]], ["c"], [False], 1.5)
+        headline_of("own", [own[2]], [baseline[2]], ["c"], [False], 1.5)
     with pytest.raises(ValueError, match="one own answer"):
-        tiers.headline_of("own", own[:3], baseline, list("abcd"), [False] * 4, 1.5)
+        headline_of("own", own[:3], baseline, list("abcd"), [False] * 4, 1.5)
 
 
 def test_a_requests_answers_cover_every_sample_and_its_whole_cost(infra: StrataSettings) -> None:
@@ -170,7 +183,7 @@ def test_a_requests_answers_cover_every_sample_and_its_whole_cost(infra: StrataS
         prompt = store.put(record.text)
         texts = ["A short answer.", f"A careful answer about {record.text}", "Level two's answer."]
         hashes = [store.put(t) for t in texts]
-        request = tiers.Request(record, f"answers-{uuid.uuid4().hex[:8]}", prompt)
+        request = Request(record, f"answers-{uuid.uuid4().hex[:8]}", prompt)
         light, strong = common_pb2.SCORER_LIGHT, common_pb2.SCORER_STRONG
         request.events = [
             events_pb2.RewardScored(tier=TIER1, sample_index=0, response_hash=hashes[0], reward=3.6, scorer=light,
@@ -186,7 +199,7 @@ def test_a_requests_answers_cover_every_sample_and_its_whole_cost(infra: StrataS
             ledger.Charge("probe", 0, 10, 0.1, 1e3), ledger.Charge("generate", 1, 40, 1.0, 4e4, items=2),
             ledger.Charge("rm_light", 1, 60, 0.2, 6e4, items=2), ledger.Charge("generate", 2, 20, 2.0, 2e5),
             ledger.Charge("rm_strong", 2, 30, 0.3, 3e5), ledger.Charge("encoder", 0, 10, 0.05, 2e5)], ttl_s=60)
-        answers = tiers.answers_of(request, client, store)
+        answers = answers_of(request, client, store)
     finally:
         client.close()
     assert answers.escalated and not answers.skipped and answers.level1 and answers.level2
@@ -205,7 +218,7 @@ def test_an_arm_settles_once_each_answer_has_its_one_rm_score_booked(infra: Stra
 
     strong, human = common_pb2.SCORER_STRONG, common_pb2.SCORER_HUMAN
     prompt = uuid.uuid4().hex
-    request = tiers.Request(_record(0, False), f"settle-{prompt[:8]}", prompt)
+    request = Request(_record(0, False), f"settle-{prompt[:8]}", prompt)
     # Two samples of one text (a tiny model repeats itself): still two answers, each scored once.
     request.events = [events_pb2.RewardScored(tier=TIER2, sample_index=i, response_hash="a", scorer=strong, final=False)
                       for i in (0, 1)]
@@ -217,7 +230,7 @@ def test_an_arm_settles_once_each_answer_has_its_one_rm_score_booked(infra: Stra
         before = ledger.read_stages(client)
         ledger.book(client, prompt, request.request_id,
                     [ledger.Charge("rm_strong", 2, 40, 0.5, 4e6, items=2)], ttl_s=60)
-        stages = tiers.ArmRunner(infra, "settle", seed=0)._settled_stages(client, before, [request])
+        stages = ArmRunner(infra, "settle", seed=0)._settled_stages(client, before, [request])
     finally:
         client.close()
     assert [(s.stage, s.items) for s in stages if s.items] == [("rm_strong", 2)]
@@ -225,52 +238,52 @@ def test_an_arm_settles_once_each_answer_has_its_one_rm_score_booked(infra: Stra
 
 def test_the_epoch_stream_reshuffles_each_pass_and_is_read_back_in_prompt_order() -> None:
     records = [_record(i, False) for i in range(30)]
-    second, third = tiers.epoch_order(records, 2, seed=0), tiers.epoch_order(records, 3, seed=0)
+    second, third = tiers_epochs.epoch_order(records, 2, seed=0), tiers_epochs.epoch_order(records, 3, seed=0)
     assert sorted(r.text for r in second) == sorted(r.text for r in records)  # every prompt, once
     assert [r.text for r in second] != [r.text for r in third] != [r.text for r in records]
-    assert [r.text for r in tiers.epoch_order(records, 2, seed=0)] == [r.text for r in second]  # seeded
-    run = tiers.ArmRun("e2", [tiers.Request(r, f"id-{r.text}") for r in second], [], 1.0)
-    assert [r.request_id for r in tiers.in_order_of(records, run).requests] == [f"id-{r.text}" for r in records]
+    assert [r.text for r in tiers_epochs.epoch_order(records, 2, seed=0)] == [r.text for r in second]  # seeded
+    run = ArmRun("e2", [Request(r, f"id-{r.text}") for r in second], [], 1.0)
+    assert [r.request_id for r in tiers_epochs.in_order_of(records, run).requests] == [f"id-{r.text}" for r in records]
     with pytest.raises(ValueError):
-        tiers.in_order_of(records[:-1], run)
-    assert [tiers.epoch_arm(e) for e in (1, 2)] == [tiers.HEADLINE_ARM, f"{tiers.HEADLINE_ARM}, epoch 2"]
+        tiers_epochs.in_order_of(records[:-1], run)
+    assert [tiers_epochs.epoch_arm(e) for e in (1, 2)] == [HEADLINE_ARM, f"{HEADLINE_ARM}, epoch 2"]
 
 
 def test_epoch_rows_show_what_skipping_adds_once_prompts_have_a_history() -> None:
     level2 = [Answer(4.0, 3.9, 10.0, 100.0) for _ in range(4)]
     outcomes = [Outcome(h, None, a) for h, a in zip("abcd", level2, strict=True)]
     baseline = compare(all_level2(outcomes, 1.5), all_level2(outcomes, 1.5))
-    served = tiers.Answers(Answer(3.0, 3.5, 1.0, 20.0), None, False, 0.0, (0.1, 5.0))
-    skipped = tiers.Answers(None, None, False, 0.0, (0.1, 5.0), skipped=True)
-    answers = {tiers.epoch_arm(1): [served] * 4, tiers.epoch_arm(2): [served, skipped, skipped, served],
-               tiers.epoch_arm(4): [skipped] * 4}  # epoch 3 did not run: the stream ends at 2
-    rows = tiers.epoch_figures(answers, list("abcd"), level2, 1.5, baseline)
+    served = Answers(Answer(3.0, 3.5, 1.0, 20.0), None, False, 0.0, (0.1, 5.0))
+    skipped = Answers(None, None, False, 0.0, (0.1, 5.0), skipped=True)
+    answers = {tiers_epochs.epoch_arm(1): [served] * 4, tiers_epochs.epoch_arm(2): [served, skipped, skipped, served],
+               tiers_epochs.epoch_arm(4): [skipped] * 4}  # epoch 3 did not run: the stream ends at 2
+    rows = tiers_epochs.epoch_figures(answers, list("abcd"), level2, 1.5, baseline)
     assert [(epoch, skipped_n) for epoch, skipped_n, _ in rows] == [(1, 0), (2, 2)]
     first, second = rows[0][2], rows[1][2]
     assert first.param_tokens == 4 * 25.0 and second.param_tokens == 2 * 25.0 + 2 * 5.0
     assert second.param_token_saving == pytest.approx(1 - 60.0 / 400.0)
-    lines = tiers.epoch_lines(rows, first, tiers.Audits(3, 3, 0.41, 0.12, 1))
+    lines = tiers_epochs.epoch_lines(rows, first, tiers_epochs.Audits(3, 3, 0.41, 0.12, 1))
     assert lines[3].split()[:4] == ["2", "50.0%", "85.0%", "+10.0"]
     assert "3 of 3 audited skips scored, 1 erred" in lines[-1] and "whole run" in lines[-1]
     assert "reuse error (MAE) 0.410 ± 0.120 (95 %)" in lines[-1]
-    assert tiers.epoch_lines([], first, None) == []
+    assert tiers_epochs.epoch_lines([], first, None) == []
 
 
 def _arm(name: str, share: float, saving: float, quality: float):
-    from strata_tools.bench.tier_eval import ArmFigures
+    from strata_tools.tiering.tier_eval import ArmFigures
 
     return ArmFigures(name, 100, 1.0, 1.0, 0.0, quality, share, None, None, saving, saving, quality)
 
 
 def test_ceiling_lines_name_what_no_router_can_reach() -> None:
     best = [_arm("k=0", 0.3, 0.45, 0.84), _arm("k=1", 0.4, 0.35, 0.93), _arm("k=2", 0.6, 0.1, 0.96)]
-    lines = tiers.ceiling_lines(best, _arm("oracle", 0.41, 0.3, 0.9))
+    lines = ceiling_lines(best, _arm("oracle", 0.41, 0.3, 0.9))
     assert "unreachable: cautious prompts alone are 30.0%" in lines[3]
     assert lines[4].split()[-4:] == ["40.0%", "35.0%", "35.0%", "0.930"]
     assert lines[5].split()[-4:] == ["60.0%", "10.0%", "10.0%", "0.960"]
-    with_router = tiers.ceiling_lines(best, _arm("oracle", 0.41, 0.3, 0.9), _arm("tiered", 0.58, -0.1, 0.95))
+    with_router = ceiling_lines(best, _arm("oracle", 0.41, 0.3, 0.9), _arm("tiered", 0.58, -0.1, 0.95))
     assert "at the tiered arm's share" in with_router[5] and with_router[5].split()[-4:-2] == ["60.0%", "10.0%"]
-    lines = tiers.ceiling_lines([_arm("k=0", 0.2, 0.5, 0.84), *best[:2]], best[0])
+    lines = ceiling_lines([_arm("k=0", 0.2, 0.5, 0.84), *best[:2]], best[0])
     assert lines[3].split()[-4:] == ["20.0%", "50.0%", "50.0%", "0.840"]
     assert lines[-1].endswith("unreachable by any router")
 
@@ -335,12 +348,12 @@ def test_the_headline_carries_intervals_from_resampling_whole_families() -> None
 
     # Two families of two prompts. Family "x": the arm keeps both at Level-1 for 6 params x tokens each,
     # quality 3 against the baseline's 4; family "y": both escalated, paying 5 + 100 for the baseline's quality.
-    baseline = [tiers.Answers(None, l2(o), False, 0.0, (0.0, 0.0)) for o in (4.0, 4.0, 2.0, 2.0)]
-    own = [tiers.Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),
-           tiers.Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),
-           tiers.Answers(Answer(1.0, 2.0, 1.0, 4.0), l2(2.0), True, 0.0, (0.1, 1.0)),
-           tiers.Answers(Answer(1.0, 2.0, 1.0, 4.0), l2(2.0), True, 0.0, (0.1, 1.0))]
-    intervals = tiers.headline_intervals("own", own, baseline, list("abcd"), [False] * 4, ["x", "x", "y", "y"],
+    baseline = [Answers(None, l2(o), False, 0.0, (0.0, 0.0)) for o in (4.0, 4.0, 2.0, 2.0)]
+    own = [Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),
+           Answers(Answer(3.0, 3.5, 1.0, 5.0), None, False, 0.0, (0.1, 1.0)),
+           Answers(Answer(1.0, 2.0, 1.0, 4.0), l2(2.0), True, 0.0, (0.1, 1.0)),
+           Answers(Answer(1.0, 2.0, 1.0, 4.0), l2(2.0), True, 0.0, (0.1, 1.0))]
+    intervals = headline_intervals("own", own, baseline, list("abcd"), [False] * 4, ["x", "x", "y", "y"],
                                          1.5, seed=1, draws=200)
     # Whole sample: cost 6 + 6 + 105 + 105 = 222 against 400 (saving 0.445); quality 10 / 12.
     assert intervals.saving.estimate == pytest.approx(1 - 222 / 400)
@@ -349,8 +362,8 @@ def test_the_headline_carries_intervals_from_resampling_whole_families() -> None
     assert intervals.saving.low == pytest.approx(1 - 210 / 200) and intervals.saving.high == pytest.approx(0.94)
     assert intervals.quality_ratio.low == pytest.approx(0.75) and intervals.quality_ratio.high == pytest.approx(1.0)
     assert intervals.saving.clusters == 2
-    line = tiers.headline_line(tiers.live_figures("own", own, list("abcd"), [b.level2 for b in baseline], 1.5,
-                                                  tiers.baseline_figures(list("abcd"), baseline, [False] * 4,
+    line = headline_line(live_figures("own", own, list("abcd"), [b.level2 for b in baseline], 1.5,
+                                                  baseline_figures(list("abcd"), baseline, [False] * 4,
                                                                          1.5)[1]), 0.7, 0.5, intervals)
     assert line.endswith("saving_lo=-0.050 saving_hi=0.940 quality_ratio_lo=0.750 quality_ratio_hi=1.000")
 
@@ -364,15 +377,15 @@ def test_the_apgr_interval_resamples_families_and_holds_the_estimate() -> None:
               outcome("b2", 3.1, 3.2, 3.3), outcome("c1", 2.0, 2.0, 3.5), outcome("c2", 2.2, 2.1, 3.4),
               outcome("d1", 1.0, 3.9, 4.0), outcome("d2", 4.0, 1.5, 3.0)]
     families = ["a", "a", "b", "b", "c", "c", "d", "d"]
-    interval = tiers.apgr_interval(replay, families, seed=2, draws=200)
+    interval = apgr_interval(replay, families, seed=2, draws=200)
     assert interval is not None
     points = tier_eval.route_llm_curve(replay)
     expected = tier_eval.apgr(points, points[0][1], points[-1][1])
     assert interval.estimate == pytest.approx(expected) and interval.clusters == 4
     assert interval.low <= interval.estimate <= interval.high and interval.low < interval.high
-    assert tiers.apgr_interval(replay, families, seed=2, draws=200) == interval
+    assert apgr_interval(replay, families, seed=2, draws=200) == interval
     # A cautious prompt without a Level-1 answer leaves RouteLLM's axis without its 0 % end: no APGR.
-    assert tiers.apgr_interval([*replay, Outcome("e1", None, Answer(4.0, 4.0, 5.0, 100.0))],
+    assert apgr_interval([*replay, Outcome("e1", None, Answer(4.0, 4.0, 5.0, 100.0))],
                                [*families, "e"]) is None
 
 
@@ -385,8 +398,8 @@ def test_the_first_two_arms_alternate_and_their_halves_merge() -> None:
     assert order[0][1] == order[1][1] == [0, 1] and order[2][1] == order[3][1] == [2, 3, 4]
     # Each half is seeded from its place in the whole list: the arms stay paired prompt by prompt.
     assert [first for *_, first in order] == [0, 0, 2, 2]
-    first = tiers.ArmRun("tiered", ["r0"], [StageCost("generate", 1, 2, 10, 1.0, 50.0)], 3.0)  # type: ignore[list-item]
-    second = tiers.ArmRun("tiered", ["r1"], [StageCost("generate", 1, 1, 5, 0.5, 25.0),  # type: ignore[list-item]
+    first = ArmRun("tiered", ["r0"], [StageCost("generate", 1, 2, 10, 1.0, 50.0)], 3.0)  # type: ignore[list-item]
+    second = ArmRun("tiered", ["r1"], [StageCost("generate", 1, 1, 5, 0.5, 25.0),  # type: ignore[list-item]
                                              StageCost("probe", 0, 1, 4, 0.1, 8.0)], 2.0)
     both = tiers.merged(first, second)
     assert both.requests == ["r0", "r1"] and both.wall_s == 5.0
@@ -401,8 +414,8 @@ def test_the_escalation_auc_reads_the_light_rms_reward_against_the_oracle_on_lev
     # Bad answers (oracle < 2) at rewards 1 and 3; good ones at 2 and 4: 3 of the 4 (bad, good) pairs ordered.
     replay = [outcome(1.0, 1.0), outcome(3.0, 1.5), outcome(2.0, 3.0), outcome(4.0, 4.0),
               outcome(0.0, 4.0, risk=True)]  # risk prompts never reach Level-1's rule: left out
-    assert tiers.escalation_auc(replay, bad_threshold=2.0) == 0.75
-    assert tiers.escalation_auc(replay[2:4], bad_threshold=2.0) is None  # no bad answer: no AUC
+    assert escalation_auc(replay, bad_threshold=2.0) == 0.75
+    assert escalation_auc(replay[2:4], bad_threshold=2.0) is None  # no bad answer: no AUC
     arm = tier_eval.ArmFigures("x", 4, 1.0, 1.0, 0.0, 3.0, 0.25, 1.0, 0.0)
-    line = tiers.headline_line(arm, None, None, escalation_auc=0.75)
+    line = headline_line(arm, None, None, escalation_auc=0.75)
     assert LINE.fullmatch(line) and line.endswith(" escalation_auc=0.750")

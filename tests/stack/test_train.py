@@ -138,8 +138,8 @@ def test_the_runs_own_traffic_is_measured_against_all_level2_on_the_same_prompts
         infra: StrataSettings, summary: TrainSummary) -> None:
     """The demo's headline: a sample of the run's requests sent again straight to Level-2, both sides'
     answers judged by the oracle and costed from the ledger, in the bench's last-line terms."""
-    from strata_tools.bench.tiers import headline_of
     from strata_tools.cli.demo_cmd import baseline_answers, headline_sample
+    from strata_tools.tiering.headline import headline_of
 
     chosen = headline_sample(summary.requests, 16, n_samples=2, seed=0)
     assert len(chosen) == 16 and len({r.prompt_hash for r in chosen}) == 16
