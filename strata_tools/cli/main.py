@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
 import sys
 from collections.abc import Sequence
@@ -73,7 +74,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             if exc.name == module_name:
                 continue  # group not built yet in this checkout
             raise
-        module.register(subparsers)
+        if "argv" in inspect.signature(module.register).parameters:
+            module.register(subparsers, argv=argv)  # registers only what argv runs (bench_cmd)
+        else:
+            module.register(subparsers)
     return parser
 
 
