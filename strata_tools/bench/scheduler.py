@@ -290,6 +290,7 @@ OWN_HISTORY = "own history -> skip"  # a skip on the prompt's own rewards (--err
 _RULES = (("Level-2: high-risk topic", "risk topic -> Level-2"),
           ("Level-2: a response to this prompt was flagged unsafe", "flagged unsafe -> Level-2"),
           ("skip: this prompt has", OWN_HISTORY),
+          ("Level-2 before generating", "Level-1's record -> Level-2"),
           ("Level-2:", "uncertain neighbourhood -> Level-2"),
           ("skip: close paraphrases", "close paraphrases -> skip"),
           ("skip:", "known neighbourhood -> skip"),
