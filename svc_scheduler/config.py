@@ -127,12 +127,13 @@ class SchedulerSettings(StrataSettings):
         "a prompt with no leader this close among its k neighbours leads a new cluster"
     )
     route_before_escalation_rate: float = Field(
-        0.8, ge=0, le=1,
+        1.0, ge=0, le=1,
         description="route before generating (issue 61): a prompt goes straight to Level-2, with no Level-1 cost, "
         "when the Level-1 answers to its similar neighbours were escalated at a rate whose one-sided 95 % lower "
-        "bound (Wilson) is at least this. Level-1 first costs less on average only while the escalation rate is "
-        "under 1 - (Level-1 cost / Level-2 cost): ~0.84 at a 1.5B policy with a 1B light RM against an 8B Level-2 "
-        "with an 8B strong RM. 1: off",
+        "bound (Wilson) is at least this. 1 (the default): off. It pays only where a Level-2 route buys no more "
+        "Level-2 answers than an escalation (one): with n samples a request, Level-1 first costs n c1 + p c2 "
+        "and Level-2 straight n c2, so for n = 1 set it under 1 - c1/c2 (~0.84 at a 1.5B policy with a 1B light "
+        "RM against an 8B Level-2 with an 8B strong RM); for n >= 2 it costs more whatever p is (docs/scheduler.md)",
     )
     route_before_min_outcomes: float = Field(
         8, gt=0, description="the weight of Level-1 verdicts (light RM: escalated or passed) the similar neighbours "

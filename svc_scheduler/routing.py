@@ -21,8 +21,8 @@ rollout, for baselines). Otherwise the rules, in order:
    **Close paraphrases** (``min_close_paraphrases``, 3 by default; 0: off): a prompt with no usable
    history of its own whose ``min_close_paraphrases`` usable low-variance neighbours at cosine
    ``close_similarity`` or more agree (means within ``close_agreement``) -> skip, reuse theirs.
-6. **Level-1's record** (issue 61, route before generating): the light RM escalated the Level-1
-   answers to the similar neighbours at a rate whose one-sided 95 % lower bound is at least
+6. **Level-1's record** (issue 61, route before generating; off by default): the light RM escalated the
+   Level-1 answers to the similar neighbours at a rate whose one-sided 95 % lower bound is at least
    ``route_before_escalation_rate``, on at least ``route_before_min_outcomes`` verdicts
                                                                                 -> Level-2, no Level-1 cost.
 7. Otherwise                                                                    -> Level-0 probe, then Level-1.
@@ -34,10 +34,12 @@ another matter). A first sighting close to a few stable paraphrases that agree w
 skips on those alone; its audits, distrust and similarity floors are rule 5's.
 
 Rule 6 is cascade routing's estimate before generation (Dekoninck et al., ICML 2025); the light RM's
-verdict on the answer is the estimate after. A Level-1 answer that will be escalated buys nothing the
-Level-2 answer does not; once a neighbourhood's record says so, the prompt skips that cost. It comes
-after the skips (reusing a known reward costs nothing at all) and uses the verdicts of neighbours
-that are only short of samples too: a verdict needs no variance.
+verdict on the answer is the estimate after. It pays only where a Level-2 route buys no more Level-2
+answers than an escalation does (one): for one-sample requests whose neighbourhood's Level-1 answers
+are nearly all escalated. A request of n >= 2 samples costs n Level-2 answers straight and one through
+an escalation, so the rule is off by default (docs/scheduler.md measures it). It comes after the skips
+(reusing a known reward costs nothing at all) and uses the verdicts of neighbours that are only short
+of samples too: a verdict needs no variance.
 
 Rule 3 is R10's exact-prompt case: a prompt seen before is its own nearest neighbour (cosine 1), and
 its own rewards are the most direct evidence there is. It needs no six stable paraphrases besides,

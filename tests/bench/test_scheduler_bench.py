@@ -135,7 +135,8 @@ def test_rule_of_names_the_rule_behind_each_reason() -> None:
     assert bench.rule_of(decide("x", [], None, now, versions, settings).reason) == "too little known -> Level-1"
     failing = RewardStats(4, 1.6, 0.56 * 3, 4.0, 4.0, 1, 1, {"light": "rm"}, now, level1_scored=4.0,
                           level1_escalated=4.0)  # every Level-1 answer escalated, variance 0.56
-    before = decide("x", [Neighbour(f"f{i}", 0.8, failing) for i in range(4)], None, now, versions, settings)
+    before = decide("x", [Neighbour(f"f{i}", 0.8, failing) for i in range(4)], None, now, versions,
+                    settings.model_copy(update={"route_before_escalation_rate": 0.8}))
     assert before.route is Route.LEVEL_2 and bench.rule_of(before.reason) == "Level-1's record -> Level-2"
     close = decide("x", stable[:3], None, now, versions, settings.model_copy(update={"min_close_paraphrases": 3}))
     assert close.route is Route.SKIP and bench.rule_of(close.reason) == "close paraphrases -> skip"

@@ -15,7 +15,7 @@ from svc_scheduler.stats import DEFAULT_AGING, RewardObservation, RewardStats, a
 from svc_scheduler.worker import observation
 
 NOW = 1_000_000.0
-SETTINGS = SchedulerSettings()
+SETTINGS = SchedulerSettings(route_before_escalation_rate=0.8)  # off by default: on here
 VERSIONS = VersionState(policy_version=10, rm_version="rm-1")
 
 
@@ -50,7 +50,7 @@ def test_a_neighbourhood_whose_level1_answers_are_escalated_goes_straight_to_lev
 def test_a_mixed_record_or_too_few_verdicts_keep_level_1() -> None:
     assert route(neighbourhood([True, True, True, False])).route is Route.LEVEL_1  # 75 % escalated
     assert route(neighbourhood([True] * 3, n=2)).route is Route.LEVEL_1  # 6 verdicts < route_before_min_outcomes
-    few = route(neighbourhood([True] * 3, n=2), SchedulerSettings(route_before_min_outcomes=4))
+    few = route(neighbourhood([True] * 3, n=2), SETTINGS.model_copy(update={"route_before_min_outcomes": 4}))
     assert few.route is Route.LEVEL_1  # enough weight, but 6 of 6 bounds the rate only at 0.69
 
 
@@ -63,7 +63,7 @@ def test_dissimilar_or_stale_neighbours_say_nothing() -> None:
 def test_a_known_reward_still_wins_and_the_rule_can_be_turned_off() -> None:
     stable = neighbourhood([True] * 4, rewards=[2.0, 2.1, 2.0, 2.1])  # close paraphrases that agree
     assert route(stable).route is Route.SKIP  # reusing a known reward costs nothing at all
-    assert route(neighbourhood([True] * 4), SchedulerSettings(route_before_escalation_rate=1.0)).route is Route.LEVEL_1
+    assert route(neighbourhood([True] * 4), SchedulerSettings()).route is Route.LEVEL_1  # the default: off
 
 
 def test_the_lower_bound_is_wilsons() -> None:

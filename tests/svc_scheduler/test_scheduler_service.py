@@ -264,9 +264,18 @@ def test_escalations_mark_the_neighbourhood_and_later_prompts_go_to_level2(repli
     assert replica.stub.Stats(scheduler_pb2.StatsRequest(), timeout=10).high_uncertainty_marks >= 1
 
 
-def test_a_neighbourhood_whose_level1_answers_are_escalated_routes_before_generating(replica, publisher) -> None:
+def test_a_neighbourhood_whose_level1_answers_are_escalated_routes_before_generating(
+        infra: StrataSettings, encoder: Encoder, publisher: Publisher) -> None:
     # The light RM escalated every Level-1 answer to four paraphrases; their rewards vary too little to mark
     # the neighbourhood (a hard subject: Level-2 scores low as well) and too much to be reused.
+    replica = Replica(scheduler_settings(infra, route_before_escalation_rate=0.8), encoder)  # off by default
+    try:
+        routes_before(replica, publisher)
+    finally:
+        replica.stop()
+
+
+def routes_before(replica: Replica, publisher: Publisher) -> None:
     base = f"Derive the closed form of the integral of x squared sine x {uuid.uuid4().hex[:6]}."
     cluster = [base, base + " Thanks!", base + " Keep it short.", base + " Step by step."]
     hashes = [submit(replica.stub, prompt).prompt_hash for prompt in cluster]
