@@ -122,13 +122,14 @@ def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, 
                               hacking_defence=defence, defence_share_step=0.5, defence_max_share=0.5)
     publisher = Publisher()
     worker = RewardWorker(settings, DriftingJudges(), store, redis_client, publisher)  # type: ignore[arg-type]
+    base = random.randrange(10**6, 10**9)  # versions no other test audits (their tallies would join these)
     scorers = []
     for step in range(6):
         prompt = store.put(f"How do tides work? {uuid.uuid4()}")
         events = [events_pb2.RolloutGenerated(
             prompt_hash=prompt, response_hash=store.put(f"v{step} the Moon pulls {i} {uuid.uuid4()}"),
             tier=common_pb2.TIER_LEVEL_1, request_id=f"req-{uuid.uuid4().hex[:8]}", sample_index=i,
-            policy_version=step + 1) for i in range(4)]
+            policy_version=base + step + 1) for i in range(4)]
         publisher.published.clear()
         worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
         rewards = [m for t, m in publisher.published if t == topics.REWARDS_SCORED.name]
@@ -147,4 +148,4 @@ def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, 
     decisions = audit_store.read_decisions(redis_client)
     assert len(decisions) == 1 and "re-distillation" in decisions[0]["decision"]
     request = audit_store.redistil_request(redis_client)
-    assert request is not None and request["policy_version"] == 3
+    assert request is not None and request["policy_version"] == base + 3
