@@ -316,19 +316,19 @@ class RewardWorker:
         annotation request as ``decide`` says); nothing is claimed or booked until the batch is acknowledged."""
         reward, spread, version, scorer = score.reward, score.spread, score.version, score.scorer
         s = self._settings
-        judged = reward  # the light RM's reward decides the route; the defence may publish the strong one
         # The threshold is on the calibrated scale when the RM has a calibration (and comes with it unless
         # one is set); the raw reward is still what is published: the learner's and the scheduler's
         # rewards do not change scale with a calibration file.
         calibrated = score.calibrated if s.use_calibration else None
         threshold = escalation_threshold(s.escalation_threshold,
                                          None if calibrated is None else score.calibrated_threshold)
-        outcome = decide(tier, judged if calibrated is None else calibrated, event.caution, threshold,
+        outcome = decide(tier, reward if calibrated is None else calibrated, event.caution, threshold,
                          s.escalate_on_caution, s.annotate_level2, unsafe=unsafe,
                          await_annotation=bool(s.await_annotation),  # resolved at start (level2_humans)
                          sampled=tier == 1 and sampled_for_annotation(event.response_hash, s.annotate_level1_share),
                          raw=None if calibrated is None else reward, rule=score.rule)
-        if outcome.final and score.strong is not None:  # the hacking defence: PPO gets the better judge's reward
+        # The light RM's reward decided the route; the hacking defence publishes the better judge's to PPO.
+        if outcome.final and score.strong is not None:
             reward, spread, version, scorer = score.strong.reward, 0.0, score.strong.version, common_pb2.SCORER_STRONG
         scored = events_pb2.RewardScored(
             prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
