@@ -94,24 +94,22 @@ def audit_rows(settings: Any) -> tuple[list[dict[str, Any]], int]:
     from strata.content_store import ContentNotFoundError, ContentStore
     from svc_reward import audit_store
 
-    client = redis_client.connect(settings.redis_address, socket_timeout=10)
+    rows, expired = [], 0
     try:
-        store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
-        rows, expired = [], 0
-        for label in audit_store.read_labels(client):
-            try:
-                prompt, response = store.get_texts([label.prompt_hash, label.response_hash])
-            except ContentNotFoundError:
-                expired += 1
-                continue
-            rows.append({"prompt": prompt, "response": response, "score": label.strong,
-                         "source": f"audit v{label.policy_version}"})
-        return rows, expired
+        with redis_client.connect(settings.redis_address, socket_timeout=10) as client:
+            store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+            for label in audit_store.read_labels(client):
+                try:
+                    prompt, response = store.get_texts([label.prompt_hash, label.response_hash])
+                except ContentNotFoundError:
+                    expired += 1
+                    continue
+                rows.append({"prompt": prompt, "response": response, "score": label.strong,
+                             "source": f"audit v{label.policy_version}"})
     except redis.RedisError as exc:
         raise CliError(f"could not read the audited answers from Redis ({settings.redis_address_masked}): "
                        f"{exc}") from exc
-    finally:
-        client.close()
+    return rows, expired
 
 
 def collect_labels(options: RefreshOptions, settings: Any) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -340,21 +338,15 @@ def _finish(report: TurnReport, settings: Any, registry: Any, progress: Callable
 def _redistil_request(settings: Any) -> dict[str, Any] | None:
     from svc_reward import audit_store
 
-    client = redis_client.connect(settings.redis_address, socket_timeout=10)
-    try:
+    with redis_client.connect(settings.redis_address, socket_timeout=10) as client:
         return audit_store.redistil_request(client)
-    finally:
-        client.close()
 
 
 def _clear_redistil(settings: Any) -> None:
     from svc_reward import audit_store
 
-    client = redis_client.connect(settings.redis_address, socket_timeout=10)
-    try:
+    with redis_client.connect(settings.redis_address, socket_timeout=10) as client:
         audit_store.clear_redistil(client)
-    finally:
-        client.close()
 
 
 def run_every(options: RefreshOptions, settings: Any, registry: Any, progress: Callable[[str], None] = print,
