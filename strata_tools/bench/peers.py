@@ -30,6 +30,7 @@ import argparse
 import importlib.util
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -306,30 +307,52 @@ def run_seed(args: argparse.Namespace, arms: Sequence[str], zoo: ZooPaths, work:
 
 def _mean_se(values: Sequence[float]) -> tuple[float, float]:
     """Mean over seeds and its between-seed standard error (nan with one seed)."""
-    mean = sum(values) / len(values)
     if len(values) < 2:
-        return mean, float("nan")
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(variance / len(values))
+        return statistics.fmean(values), float("nan")
+    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+
+
+@dataclass(frozen=True)
+class AcrossSeeds:
+    """The seeds' figures together, each a (mean, between-seed SE)."""
+
+    seeds: list[int]
+    oracle: dict[str, tuple[float, float]]  # arm -> held-out oracle gain
+    light: dict[str, tuple[float, float]]  # arm -> held-out light-RM gain
+    gap: dict[str, tuple[float, float]]  # arm -> hacking gap (light-RM gain minus oracle gain)
+    versus: tuple[tuple[float, float], tuple[float, float]] | None  # tiered minus conventional oracle; cost ratio
+
+
+def across_seeds(runs: Sequence[SeedRun]) -> AcrossSeeds:
+    """Per arm the gains and the hacking gap, and tiered against conventional, as means over seeds with their
+    between-seed SEs: the run-to-run spread is training's own variance, which one seed's SE omits."""
+    arms = list(runs[0].results)
+    versus = None
+    if "tiered" in arms and "conventional" in arms:
+        versus = (_mean_se([paired_change(r.judged["conventional"].oracle, r.judged["tiered"].oracle).mean
+                            for r in runs]),
+                  _mean_se([tiered_cost_ratio(r.results, r.job.samples_per_update) for r in runs]))
+    return AcrossSeeds(
+        [r.seed for r in runs],
+        {arm: _mean_se([r.gains[arm][1].mean for r in runs]) for arm in arms},
+        {arm: _mean_se([r.gains[arm][0].mean for r in runs]) for arm in arms},
+        {arm: _mean_se([r.gains[arm][0].mean - r.gains[arm][1].mean for r in runs]) for arm in arms},
+        versus,
+    )
 
 
 def over_seeds(runs: Sequence[SeedRun]) -> list[str]:
-    """What the seeds say together: per arm the oracle and light-RM gains and the hacking gap (light-RM gain
-    minus oracle gain), and tiered minus conventional on the held-out oracle, each as the mean over seeds
-    ± its between-seed SE; the run-to-run spread is training's own variance, which one seed's SE omits."""
-    arms = list(runs[0].results)
-    lines = [f"  over {len(runs)} seeds ({', '.join(str(r.seed) for r in runs)}): mean ± between-seed SE"]
-    for arm in arms:
-        oracle = _mean_se([r.gains[arm][1].mean for r in runs])
-        light = _mean_se([r.gains[arm][0].mean for r in runs])
-        gap = _mean_se([r.gains[arm][0].mean - r.gains[arm][1].mean for r in runs])
+    """What the seeds say together (:func:`across_seeds`), a line per arm and one for tiered against
+    conventional."""
+    together = across_seeds(runs)
+    lines = [f"  over {len(runs)} seeds ({', '.join(str(s) for s in together.seeds)}): mean ± between-seed SE"]
+    for arm, oracle in together.oracle.items():
+        light, gap = together.light[arm], together.gap[arm]
         per_seed = ", ".join(f"{r.gains[arm][1].mean:+.3f}" for r in runs)
         lines.append(f"    {arm:<14} oracle gain {oracle[0]:+.3f} ± {oracle[1]:.3f} (per seed {per_seed}); "
                      f"light-RM gain {light[0]:+.3f} ± {light[1]:.3f}; hacking gap {gap[0]:+.3f} ± {gap[1]:.3f}")
-    if "tiered" in arms and "conventional" in arms:
-        diff = _mean_se([paired_change(r.judged["conventional"].oracle, r.judged["tiered"].oracle).mean
-                         for r in runs])
-        cost = _mean_se([tiered_cost_ratio(r.results, r.job.samples_per_update) for r in runs])
+    if together.versus is not None:
+        diff, cost = together.versus
         lines.append(f"    tiered minus conventional, held-out oracle {diff[0]:+.3f} ± {diff[1]:.3f}; cost per used "
                      f"sample {cost[0]:.2f} ± {cost[1]:.2f} of the conventional arm's")
     return lines
@@ -337,6 +360,7 @@ def over_seeds(runs: Sequence[SeedRun]) -> list[str]:
 
 def seeds_line(runs: Sequence[SeedRun]) -> str:
     """The last line over several seeds: means, between-seed SEs, and the peers line's other fields."""
+    together = across_seeds(runs)
     arms = list(runs[0].results)
     strata = next((a for a in ("tiered", "level1") if a in arms), None)
     seconds = _mean_se([r.results[strata].seconds_per_update() for r in runs])[0] if strata else float("nan")
@@ -344,17 +368,13 @@ def seeds_line(runs: Sequence[SeedRun]) -> str:
     line = (f"peers seeds={len(runs)} strata_s_per_update={seconds:.2f} trl_s_per_update={trl:.2f} "
             f"ratio={trl / seconds if seconds else float('nan'):.2f}")
     if strata:
-        gain = _mean_se([r.gains[strata][1].mean for r in runs])
+        gain = together.oracle[strata]
         line += f" strata_oracle_gain={gain[0]:+.3f} strata_oracle_gain_se={gain[1]:.3f}"
-    if "tiered" in arms and "conventional" in arms:
-        diff = _mean_se([paired_change(r.judged["conventional"].oracle, r.judged["tiered"].oracle).mean
-                         for r in runs])
-        cost = _mean_se([tiered_cost_ratio(r.results, r.job.samples_per_update) for r in runs])
+    if together.versus is not None:
+        diff, cost = together.versus
         line += (f" tiered_minus_conventional={diff[0]:+.3f} tiered_minus_conventional_se={diff[1]:.3f}"
                  f" cost_per_used_sample_ratio={cost[0]:.2f}")
-    gaps = ",".join(f"{arm}:{_mean_se([r.gains[arm][0].mean - r.gains[arm][1].mean for r in runs])[0]:+.3f}"
-                    for arm in arms)
-    return line + f" hacking_gap={gaps}"
+    return line + " hacking_gap=" + ",".join(f"{arm}:{gap[0]:+.3f}" for arm, gap in together.gap.items())
 
 
 def run(args: argparse.Namespace) -> int:
