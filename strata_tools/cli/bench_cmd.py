@@ -1,50 +1,61 @@
 """``strata bench <name>``: measurements on this machine, one module per bench.
 
 To add a bench, write ``strata_tools/bench/<name>.py`` with ``add_arguments(parser)`` and ``run(args) ->
-int`` and list it in ``BENCHES`` with its docstring's first line (a test keeps the two equal). Only the
-bench that runs is imported: ``strata bench --help`` lists them from ``BENCHES`` alone, and a bench's
+int`` (its docstring's first line is the help text) and list it in ``BENCHES``. Only the bench that runs
+is imported: ``strata bench --help`` lists the others by their docstrings, read from source, and a bench's
 imports (torch, transformers, its services) are paid by that bench.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.machinery
+import importlib.util
 import logging
+import tokenize
 from collections.abc import Sequence
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# name -> (module, its docstring's first line); in help order.
-BENCHES: dict[str, tuple[str, str]] = {
-    "zoo": ("strata_tools.bench.zoo", "``strata bench zoo``: the zoo's models measured in one run on this machine."),
-    "probe": ("strata_tools.bench.probe", "``strata bench probe``: latency of the Level-0 probe per prompt through "
-              "its gRPC API (R1: < 50 ms)."),
-    "level0": ("strata_tools.bench.level0", "``strata bench level0``: what the Level-0 probe's directions and caution "
-               "do for Level-1 (R1, R2)."),
-    "generator": ("strata_tools.bench.generator", "``strata bench generator``: what dynamic batching buys (R15)."),
-    "scheduler": ("strata_tools.bench.scheduler", "``strata bench scheduler``: what embedding-based skipping "
-                  "(R10-R12) saves, and what it costs."),
-    "risk": ("strata_tools.bench.risk", "``strata bench risk``: does risk detection (R3) find medical and legal "
-             "prompts its keyword lists never name?"),
-    "learner": ("strata_tools.bench.learner", "``strata bench learner``: PPO update throughput, weight-sync time and "
-                "reward gain, in one run."),
-    "rm": ("strata_tools.bench.rm", "``strata bench rm``: the light RM against the strong RM (R6): rank agreement, "
-           "prompt match, speed."),
-    "tiers": ("strata_tools.bench.tiers", "``strata bench tiers``: the article's headline, measured: cost, quality "
-              "and bad cases caught, arm by arm."),
-    "edge": ("strata_tools.bench.edge", "``strata bench edge``: the front door under abuse: Submit and health latency "
-             "with 64 Watch streams"),
-    "chaos": ("strata_tools.bench.chaos", "``strata bench chaos``: a steady stream of prompts through the real stack "
-              "while faults hit it;"),
-    "annotators": ("strata_tools.bench.annotators", "Annotator drift (R18): simulated annotators, one drifting from a "
-                   "known item on, and the alarm."),
-    "stages": ("strata_tools.bench.stages", "``strata bench stages``: where one request's time goes on each hot path, "
-               "stage by stage (issue 26)."),
-    "peers": ("strata_tools.bench.peers", "Strata beside TRL: the same policy, reward model, prompts and sampling, one "
-              "after another in one run."),
+# name -> module; in help order.
+BENCHES: dict[str, str] = {
+    "zoo": "strata_tools.bench.zoo",
+    "probe": "strata_tools.bench.probe",
+    "level0": "strata_tools.bench.level0",
+    "generator": "strata_tools.bench.generator",
+    "scheduler": "strata_tools.bench.scheduler",
+    "risk": "strata_tools.bench.risk",
+    "learner": "strata_tools.bench.learner",
+    "rm": "strata_tools.bench.rm",
+    "tiers": "strata_tools.bench.tiers",
+    "edge": "strata_tools.bench.edge",
+    "chaos": "strata_tools.bench.chaos",
+    "annotators": "strata_tools.bench.annotators",
+    "stages": "strata_tools.bench.stages",
+    "peers": "strata_tools.bench.peers",
 }
+
+
+def help_line(module_name: str) -> str | None:
+    """The first line of a bench module's docstring, read from its source without importing it (a few
+    milliseconds for all of them); None when it is not in this checkout."""
+    package, _, leaf = module_name.rpartition(".")
+    # find_spec of the module itself would import its package; its package's spec names the directory.
+    where = importlib.util.find_spec(package)
+    spec = importlib.machinery.PathFinder.find_spec(leaf, where.submodule_search_locations) if where else None
+    if spec is None or spec.origin is None:
+        return None
+    with open(spec.origin, "rb") as source:
+        for token in tokenize.tokenize(source.readline):
+            if token.type in (tokenize.ENCODING, tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE):
+                continue
+            if token.type == tokenize.STRING:
+                return str(ast.literal_eval(token.string)).strip().splitlines()[0]
+            break
+    return module_name.rsplit(".", 1)[-1]
 
 
 def selected_bench(argv: Sequence[str] | None) -> str | None:
@@ -64,16 +75,14 @@ def register(subparsers: Any, argv: Sequence[str] | None = None) -> None:
     parser = subparsers.add_parser("bench", help="benchmarks measured on this machine")
     sub = parser.add_subparsers(dest="bench_name", metavar="BENCH", required=True)
     chosen = selected_bench(argv)
-    for name, (module_name, summary) in BENCHES.items():
+    for name, module_name in BENCHES.items():
+        summary = help_line(module_name)
+        if summary is None:
+            continue  # bench not in this checkout
         if argv is not None and name != chosen:
             sub.add_parser(name, help=summary)  # listed only: `strata bench <name>` registers it in full
             continue
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue  # bench not in this checkout
-            raise
+        module = importlib.import_module(module_name)
         bench = sub.add_parser(name, help=summary, description=module.__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(bench)

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from strata_tools.cli.bench_cmd import BENCHES, selected_bench
+from strata_tools.cli.bench_cmd import BENCHES, help_line, selected_bench
 from strata_tools.cli.main import build_parser
 
 
 @pytest.mark.parametrize("name", sorted(BENCHES))
 def test_each_bench_is_listed_by_its_docstrings_first_line(name: str) -> None:
-    module_name, summary = BENCHES[name]
+    module_name = BENCHES[name]
     spec = importlib.util.find_spec(module_name)
     assert spec is not None and spec.origin is not None
     doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text()))
-    assert doc is not None and doc.strip().splitlines()[0] == summary
+    assert doc is not None and doc.strip().splitlines()[0] == help_line(module_name)
 
 
 def test_the_bench_named_is_the_one_registered() -> None:
