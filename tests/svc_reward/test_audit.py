@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
+from auditutil import audit_stream
 
 from svc_reward.audit import AuditTally, estimates, hacking_alarm, sampled_for_audit, windows
 
@@ -48,21 +48,8 @@ def test_no_audits_give_no_estimates() -> None:
     assert found.audits == 0 and math.isnan(found.gap) and found.catch.items == 0
 
 
-def _stream(gap_at: list[float], per_version: int, seed: int = 0) -> list[tuple[int, AuditTally]]:
-    """Per policy version, ``per_version`` audits whose light score sits ``gap_at[v]`` above the strong one."""
-    rng = random.Random(seed)
-    versions = []
-    for version, gap in enumerate(gap_at):
-        tally = AuditTally()
-        for _ in range(per_version):
-            strong = rng.uniform(1.0, 4.0)
-            tally = tally + AuditTally.of(strong + gap + rng.gauss(0, 0.4), strong, False, strong < 1.5)
-        versions.append((version, tally))
-    return versions
-
-
 def test_windows_sum_versions_until_they_hold_enough_audits() -> None:
-    stream = _stream([0.0] * 10, per_version=4)
+    stream = audit_stream([0.0] * 10, per_version=4)
     baseline, current = windows(stream, min_audits=10)
     assert baseline is not None and current is not None
     assert (baseline.first_version, baseline.last_version) == (0, 2) and baseline.tally.n == 12
@@ -78,7 +65,7 @@ def test_the_alarm_fires_on_a_gap_that_grows_and_not_on_a_steady_offset() -> Non
     def alarm_after(gap_at: list[float]) -> list[bool]:
         fired = []
         for seen in range(1, len(gap_at) + 1):
-            baseline, current = windows(_stream(gap_at, per_version=8)[:seen], min_audits=30)
+            baseline, current = windows(audit_stream(gap_at, per_version=8)[:seen], min_audits=30)
             fired.append(current is not None and hacking_alarm(
                 estimates(baseline.tally) if baseline else None, estimates(current.tally), bound=0.25) is not None)
         return fired
@@ -92,7 +79,7 @@ def test_the_alarm_fires_on_a_gap_that_grows_and_not_on_a_steady_offset() -> Non
 
 
 def test_the_alarm_needs_a_baseline() -> None:
-    current = estimates(_stream([2.0] * 5, per_version=10)[-1][1])
+    current = estimates(audit_stream([2.0] * 5, per_version=10)[-1][1])
     assert hacking_alarm(None, current, bound=0.25) is None
 
 
@@ -100,11 +87,11 @@ def test_the_description_says_what_is_known() -> None:
     from svc_reward.audit import describe
 
     assert "no estimate yet" in describe(None, None, 0.25, 30)[0]
-    stream = _stream([0.05 * v for v in range(30)], per_version=8)
+    stream = audit_stream([0.05 * v for v in range(30)], per_version=8)
     baseline, current = windows(stream, min_audits=30)
     lines = describe(baseline, current, 0.25, 30)
     assert "policy v26-v29" in lines[0] and "FIRES" in lines[-1]
-    baseline, current = windows(_stream([0.6] * 30, per_version=8), min_audits=30)
+    baseline, current = windows(audit_stream([0.6] * 30, per_version=8), min_audits=30)
     assert describe(baseline, current, 0.25, 30)[-1].endswith("hacking alarm quiet")
 
 

@@ -4,35 +4,20 @@ once the gap's growth is under half the bound."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
+from auditutil import audit_stream
 
-from svc_reward.audit import AuditTally, estimates, windows
+from svc_reward.audit import estimates, windows
 from svc_reward.defence import DefenceState, respond
 
 BOUND, STEP, MAX = 0.25, 0.1, 0.3
-
-
-def stream(gap_at: list[float], per_version: int = 8, seed: int = 0, noise: float = 0.3
-           ) -> list[tuple[int, AuditTally]]:
-    """Per policy version, audits whose light score sits ``gap_at[v]`` above the strong one."""
-    rng = random.Random(seed)
-    out = []
-    for version, gap in enumerate(gap_at):
-        tally = AuditTally()
-        for _ in range(per_version):
-            strong = rng.uniform(1.0, 4.0)
-            tally = tally + AuditTally.of(strong + gap + rng.gauss(0, noise), strong, False, strong < 1.5)
-        out.append((version, tally))
-    return out
 
 
 def run(gap_at: list[float], state: DefenceState | None = None, looks_per_version: int = 2, noise: float = 0.3):
     """The defence after each policy version, looked at ``looks_per_version`` times (replicas, batches)."""
     state = state or DefenceState()
     shares, decisions, requests = [], [], 0
-    versions = stream(gap_at, noise=noise)
+    versions = audit_stream(gap_at, per_version=8, noise=noise)
     for seen in range(1, len(versions) + 1):
         baseline, current = windows(versions[:seen], min_audits=24)
         if current is None:
