@@ -77,6 +77,12 @@ class Replica:
         self.channel.close()
         stop_service(self.parts, self.running, grace_s=0.5)
 
+    def __enter__(self) -> Replica:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def scheduler_settings(infra: StrataSettings, **overrides: object) -> SchedulerSettings:
     base = infra.model_dump()
@@ -268,26 +274,20 @@ def test_a_neighbourhood_whose_level1_answers_are_escalated_routes_before_genera
         infra: StrataSettings, encoder: Encoder, publisher: Publisher) -> None:
     # The light RM escalated every Level-1 answer to four paraphrases; their rewards vary too little to mark
     # the neighbourhood (a hard subject: Level-2 scores low as well) and too much to be reused.
-    replica = Replica(scheduler_settings(infra, route_before_escalation_rate=0.8), encoder)  # off by default
-    try:
-        routes_before(replica, publisher)
-    finally:
-        replica.stop()
-
-
-def routes_before(replica: Replica, publisher: Publisher) -> None:
-    base = f"Derive the closed form of the integral of x squared sine x {uuid.uuid4().hex[:6]}."
-    cluster = [base, base + " Thanks!", base + " Keep it short.", base + " Step by step."]
-    hashes = [submit(replica.stub, prompt).prompt_hash for prompt in cluster]
-    for prompt_hash in hashes:
-        for i, value in enumerate([1.0, 2.3, 1.0, 2.3]):
-            publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, value, i, final=False, escalated=True))
-    publisher.flush()
-    for prompt_hash in hashes:
-        eventually(lambda h=prompt_hash: (s := replica.engine.store.get_stats(h)) and s.level1_escalated >= 4,
-                   "the Level-1 record")
-    again = submit(replica.stub, base + " Please.")
-    assert again.decision == common_pb2.DECISION_LEVEL_2 and "before generating" in again.reason, again.reason
+    on = scheduler_settings(infra, route_before_escalation_rate=0.8)  # off by default
+    with Replica(on, encoder) as replica:
+        base = f"Derive the closed form of the integral of x squared sine x {uuid.uuid4().hex[:6]}."
+        cluster = [base, base + " Thanks!", base + " Keep it short.", base + " Step by step."]
+        hashes = [submit(replica.stub, prompt).prompt_hash for prompt in cluster]
+        for prompt_hash in hashes:
+            for i, value in enumerate([1.0, 2.3, 1.0, 2.3]):
+                publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, value, i, final=False, escalated=True))
+        publisher.flush()
+        for prompt_hash in hashes:
+            eventually(lambda h=prompt_hash: (s := replica.engine.store.get_stats(h)) and s.level1_escalated >= 4,
+                       "the Level-1 record")
+        again = submit(replica.stub, base + " Please.")
+        assert again.decision == common_pb2.DECISION_LEVEL_2 and "before generating" in again.reason, again.reason
 
 
 def test_one_high_variance_prompt_marks_its_cluster_and_a_later_paraphrase_goes_to_level2(
@@ -295,29 +295,22 @@ def test_one_high_variance_prompt_marks_its_cluster_and_a_later_paraphrase_goes_
     # R11 as the article has it (cluster_marking, off by default): the variance marks the prompt's
     # cluster, not only the prompt. One marked neighbour is below min_marked_neighbours (3), so only
     # the cluster's mark escalates.
-    replica = Replica(scheduler_settings(infra, cluster_marking=True), encoder)
-    try:
-        cluster_marking_escalates(replica, publisher)
-    finally:
-        replica.stop()
-
-
-def cluster_marking_escalates(replica: Replica, publisher: Publisher) -> None:
-    base = f"Describe the water cycle for a school project {uuid.uuid4().hex[:6]}."
-    leader = submit(replica.stub, base)
-    assert leader.decision == common_pb2.DECISION_LEVEL_1
-    store = replica.engine.store
-    assert store.neighbour_state([leader.prompt_hash]).clusters[leader.prompt_hash] == leader.prompt_hash
-    for i, value in enumerate([0.5, 4.5, 1.0]):
-        publisher.publish(topics.REWARDS_SCORED, reward(leader.prompt_hash, value, i, rm="light-1"))
-    publisher.flush()
-    state = eventually(lambda: (s := store.neighbour_state([leader.prompt_hash])).cluster_marks[leader.prompt_hash]
-                       and s, "the cluster's mark")
-    assert state.marks[leader.prompt_hash] is not None
-    later = submit(replica.stub, base.removesuffix(".") + ", please.")
-    assert later.decision == common_pb2.DECISION_LEVEL_2, later.reason
-    assert "cluster" in later.reason and leader.prompt_hash[:12] in later.reason
-    assert store.neighbour_state([later.prompt_hash]).clusters[later.prompt_hash] == leader.prompt_hash
+    with Replica(scheduler_settings(infra, cluster_marking=True), encoder) as replica:
+        base = f"Describe the water cycle for a school project {uuid.uuid4().hex[:6]}."
+        leader = submit(replica.stub, base)
+        assert leader.decision == common_pb2.DECISION_LEVEL_1
+        store = replica.engine.store
+        assert store.neighbour_state([leader.prompt_hash]).clusters[leader.prompt_hash] == leader.prompt_hash
+        for i, value in enumerate([0.5, 4.5, 1.0]):
+            publisher.publish(topics.REWARDS_SCORED, reward(leader.prompt_hash, value, i, rm="light-1"))
+        publisher.flush()
+        state = eventually(lambda: (s := store.neighbour_state([leader.prompt_hash])).cluster_marks[leader.prompt_hash]
+                           and s, "the cluster's mark")
+        assert state.marks[leader.prompt_hash] is not None
+        later = submit(replica.stub, base.removesuffix(".") + ", please.")
+        assert later.decision == common_pb2.DECISION_LEVEL_2, later.reason
+        assert "cluster" in later.reason and leader.prompt_hash[:12] in later.reason
+        assert store.neighbour_state([later.prompt_hash]).clusters[later.prompt_hash] == leader.prompt_hash
 
 
 def seed_paraphrases(engine: SchedulerEngine, stub) -> list[str]:
@@ -349,8 +342,7 @@ def test_known_neighbourhood_skips_and_reused_reward_reaches_watch(replica: Repl
 
 def test_audited_skips_are_rolled_out_and_scored_against_the_reused_reward(
         infra: StrataSettings, encoder: Encoder, publisher: Publisher) -> None:
-    auditing = Replica(scheduler_settings(infra, audit_share=1.0), encoder)
-    try:
+    with Replica(scheduler_settings(infra, audit_share=1.0), encoder) as auditing:
         seed_paraphrases(auditing.engine, auditing.stub)
         # Not QUERY: its rewards here must not reach another test's Watch of QUERY.
         response = submit(auditing.stub, "Would you explain how binary search works?", request_id="audit-1",
@@ -387,8 +379,6 @@ def test_audited_skips_are_rolled_out_and_scored_against_the_reused_reward(
         later = submit(auditing.stub, "Would you kindly explain how binary search works?", request_id="after-1")
         assert later.decision == common_pb2.DECISION_LEVEL_1 and not later.reason.startswith("Level-1 (audit")
         assert "audit erred" in later.reason, later.reason
-    finally:
-        auditing.stop()
 
 
 def test_strata_submit_prints_decision_and_the_final_reward(replica: Replica, tmp_path, capsys) -> None:
