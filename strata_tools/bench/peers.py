@@ -4,6 +4,8 @@ The arms, each in a process of its own (its peak memory is its own) with the sam
 
 - ``tiered``: Strata's learner fed by Strata's rollout as it comes (skip, Level-0 + Level-1, escalation
   to Level-2; the services in one process over a Kafka and Redis of their own);
+- ``tiered-l2``: the same rollout with the learner training on Level-2's answers too (``train_tiers=1,2``,
+  off-policy rows importance-weighted): whether what Level-2 costs is used by training;
 - ``level1``: the same with every prompt at Level-1 and nothing escalated (the scheduler's ``tiering``
   off): Strata's plain rollout;
 - ``conventional``: that plain rollout with every sample scored by the strong RM: what RLHF costs without
@@ -19,9 +21,14 @@ time, samples per second, peak resident memory, booked cost (params x tokens: ge
 call, plus Strata's probe and encoder), the reward per update. docs/performance.md lists what still
 differs between the arms. Last line::
 
-    peers strata_s_per_update= trl_s_per_update= ratio= strata_oracle_gain= trl_oracle_gain=
+    peers strata_s_per_update= trl_s_per_update= ratio= strata_oracle_gain= strata_oracle_gain_se=
+      trl_oracle_gain= cost_per_used_sample_ratio= gain_per_cost_ratio= hacking_gap= generated_per_used=
+      critical_path=
 
-(``strata``: the ``tiered`` arm; ``ratio``: TRL's seconds per update over Strata's.)
+(``strata``: the ``tiered`` arm; ``ratio``: TRL's seconds per update over Strata's; the cost and gain
+ratios: tiered over conventional.) With ``--seeds N`` the last line starts ``peers seeds=N``, gives
+means with between-seed SEs (``_se``), ``tiered_minus_conventional=``, ``tiered_l2_minus_tiered=``
+when both arms ran, the largest ``generated_per_used`` of any seed and the stage largest in most seeds.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ if TYPE_CHECKING:
     from strata_tools.zoo.build import ZooPaths
     from strata_tools.zoo.suite import PromptRecord
 
-ARMS = ("tiered", "level1", "conventional", "trl")
+ARMS = ("tiered", "tiered-l2", "level1", "conventional", "trl")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -207,10 +214,10 @@ def cost_per_used_sample(arm: ArmResult, samples_per_update: int) -> float:
 
 
 def generated_per_used(arm: ArmResult, samples_per_update: int) -> float:
-    """The policy's rollouts generated per sample its learner used: the driver's surplus (Level-2's samples,
-    which the learner does not train on under train_tiers=1, are cost booked apart, not surplus)."""
+    """Rollouts of the trained tiers generated per sample the learner used: the driver's surplus (Level-2's
+    samples, which the learner does not train on under train_tiers=1, are cost booked apart, not surplus)."""
     used = used_samples(arm, samples_per_update)
-    generated = arm.samples if arm.policy_samples is None else arm.policy_samples
+    generated = arm.samples if arm.trained_tier_samples is None else arm.trained_tier_samples
     return generated / used if used else float("nan")
 
 
@@ -241,7 +248,7 @@ def gain_per_cost(arm: ArmResult, oracle_gain: float, job: PeersJob) -> float:
 
 
 def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Change]], job: PeersJob) -> str:
-    strata = next((a for a in ("tiered", "level1") if a in results), None)
+    strata = next((a for a in ("tiered", "tiered-l2", "level1") if a in results), None)
     strata_s = results[strata].seconds_per_update() if strata else float("nan")
     trl_s = results["trl"].seconds_per_update() if "trl" in results else float("nan")
     ratio = trl_s / strata_s if strata_s and not math.isnan(strata_s) else float("nan")
@@ -309,7 +316,10 @@ def _mean_se(values: Sequence[float]) -> tuple[float, float]:
     """Mean over seeds and its between-seed standard error (nan with one seed)."""
     if len(values) < 2:
         return statistics.fmean(values), float("nan")
-    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+    # By hand: statistics.stdev raises on nan (an arm with no timed update), where a nan SE says it.
+    mean = statistics.fmean(values)
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(variance / len(values))
 
 
 @dataclass(frozen=True)
@@ -321,23 +331,40 @@ class AcrossSeeds:
     light: dict[str, tuple[float, float]]  # arm -> held-out light-RM gain
     gap: dict[str, tuple[float, float]]  # arm -> hacking gap (light-RM gain minus oracle gain)
     versus: tuple[tuple[float, float], tuple[float, float]] | None  # tiered minus conventional oracle; cost ratio
+    gain_per_cost_ratio: float  # tiered's mean oracle gain per mean cost over conventional's (nan: no such pair)
+    train_level2: tuple[float, float] | None  # tiered-l2 minus tiered, held-out oracle (train_tiers both ways)
+    generated_per_used: dict[str, float]  # arm -> the most over seeds (the bound holds in every run or not)
+    critical_path: dict[str, str]  # arm -> the stage that was largest in the most seeds
 
 
 def across_seeds(runs: Sequence[SeedRun]) -> AcrossSeeds:
     """Per arm the gains and the hacking gap, and tiered against conventional, as means over seeds with their
     between-seed SEs: the run-to-run spread is training's own variance, which one seed's SE omits."""
     arms = list(runs[0].results)
-    versus = None
+    oracle = {arm: _mean_se([r.gains[arm][1].mean for r in runs]) for arm in arms}
+    versus, gain_ratio, train_level2 = None, float("nan"), None
     if "tiered" in arms and "conventional" in arms:
         versus = (_mean_se([paired_change(r.judged["conventional"].oracle, r.judged["tiered"].oracle).mean
                             for r in runs]),
                   _mean_se([tiered_cost_ratio(r.results, r.job.samples_per_update) for r in runs]))
+        # A ratio of means: one seed's baseline can gain nothing, which a mean of per-seed ratios cannot take.
+        if oracle["conventional"][0] > 0:
+            gain_ratio = oracle["tiered"][0] / oracle["conventional"][0] / versus[1][0]
+    if "tiered" in arms and "tiered-l2" in arms:
+        train_level2 = _mean_se([paired_change(r.judged["tiered"].oracle, r.judged["tiered-l2"].oracle).mean
+                                 for r in runs])
+    critical: dict[str, str] = {}
+    for arm in arms:
+        largest = [max(path, key=path.__getitem__) for r in runs if (path := r.results[arm].critical_path)]
+        if largest:
+            critical[arm] = statistics.mode(largest)
     return AcrossSeeds(
-        [r.seed for r in runs],
-        {arm: _mean_se([r.gains[arm][1].mean for r in runs]) for arm in arms},
+        [r.seed for r in runs], oracle,
         {arm: _mean_se([r.gains[arm][0].mean for r in runs]) for arm in arms},
         {arm: _mean_se([r.gains[arm][0].mean - r.gains[arm][1].mean for r in runs]) for arm in arms},
-        versus,
+        versus, gain_ratio, train_level2,
+        {arm: max(generated_per_used(r.results[arm], r.job.samples_per_update) for r in runs) for arm in arms},
+        critical,
     )
 
 
@@ -355,6 +382,12 @@ def over_seeds(runs: Sequence[SeedRun]) -> list[str]:
         diff, cost = together.versus
         lines.append(f"    tiered minus conventional, held-out oracle {diff[0]:+.3f} ± {diff[1]:.3f}; cost per used "
                      f"sample {cost[0]:.2f} ± {cost[1]:.2f} of the conventional arm's")
+    if together.train_level2 is not None:
+        mean, se = together.train_level2
+        lines.append(f"    training on Level-2's answers too (tiered-l2 minus tiered), held-out oracle "
+                     f"{mean:+.3f} ± {se:.3f}")
+    lines.append("    generated per used sample, the most over seeds: "
+                 + ", ".join(f"{arm} {value:.2f}" for arm, value in together.generated_per_used.items()))
     return lines
 
 
@@ -362,7 +395,7 @@ def seeds_line(runs: Sequence[SeedRun]) -> str:
     """The last line over several seeds: means, between-seed SEs, and the peers line's other fields."""
     together = across_seeds(runs)
     arms = list(runs[0].results)
-    strata = next((a for a in ("tiered", "level1") if a in arms), None)
+    strata = next((a for a in ("tiered", "tiered-l2", "level1") if a in arms), None)
     seconds = _mean_se([r.results[strata].seconds_per_update() for r in runs])[0] if strata else float("nan")
     trl = _mean_se([r.results["trl"].seconds_per_update() for r in runs])[0] if "trl" in arms else float("nan")
     line = (f"peers seeds={len(runs)} strata_s_per_update={seconds:.2f} trl_s_per_update={trl:.2f} "
@@ -370,11 +403,19 @@ def seeds_line(runs: Sequence[SeedRun]) -> str:
     if strata:
         gain = together.oracle[strata]
         line += f" strata_oracle_gain={gain[0]:+.3f} strata_oracle_gain_se={gain[1]:.3f}"
+    if "trl" in arms:
+        line += f" trl_oracle_gain={together.oracle['trl'][0]:+.3f} trl_oracle_gain_se={together.oracle['trl'][1]:.3f}"
     if together.versus is not None:
         diff, cost = together.versus
         line += (f" tiered_minus_conventional={diff[0]:+.3f} tiered_minus_conventional_se={diff[1]:.3f}"
-                 f" cost_per_used_sample_ratio={cost[0]:.2f}")
-    return line + " hacking_gap=" + ",".join(f"{arm}:{gap[0]:+.3f}" for arm, gap in together.gap.items())
+                 f" cost_per_used_sample_ratio={cost[0]:.2f} gain_per_cost_ratio={together.gain_per_cost_ratio:.2f}")
+    if together.train_level2 is not None:
+        line += (f" tiered_l2_minus_tiered={together.train_level2[0]:+.3f}"
+                 f" tiered_l2_minus_tiered_se={together.train_level2[1]:.3f}")
+    line += " hacking_gap=" + ",".join(f"{arm}:{gap[0]:+.3f}" for arm, gap in together.gap.items())
+    line += " generated_per_used=" + ",".join(f"{arm}:{v:.2f}" for arm, v in together.generated_per_used.items())
+    critical = ",".join(f"{arm}:{stage}" for arm, stage in together.critical_path.items())
+    return line + (f" critical_path={critical}" if critical else "")
 
 
 def run(args: argparse.Namespace) -> int:

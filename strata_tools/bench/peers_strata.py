@@ -2,7 +2,8 @@
 
     python -m strata_tools.bench.peers_strata ARM JOB.json RESULT.json WORK_DIR
 
-``ARM`` is ``tiered`` (the stack as it comes: skip, Level-1, escalation to Level-2), ``level1`` (the
+``ARM`` is ``tiered`` (the stack as it comes: skip, Level-1, escalation to Level-2), ``tiered-l2`` (the
+same, the learner training on Level-2's answers too: ``train_tiers=1,2``), ``level1`` (the
 scheduler's ``tiering`` off and no escalation: every prompt to Level-1, a plain rollout scored by the
 light RM) or ``conventional`` (the same plain rollout with every sample scored by the strong RM: one-model
 RLHF at full reward cost, the baseline the article's saving is measured against). The services run
@@ -26,7 +27,10 @@ from strata_tools.bench.peers_trl import ArmResult, PeersJob, peak_rss_mb
 from strata_tools.trace import Trace
 from strata_tools.train import RoundStats, TrainOptions, TrainSummary, train
 
-STRATA_ARMS = ("tiered", "level1", "conventional")
+STRATA_ARMS = ("tiered", "tiered-l2", "level1", "conventional")
+TIERED_ARMS = ("tiered", "tiered-l2")
+# The tiers whose samples each arm's learner trains on (svc_learner's train_tiers).
+TRAIN_TIERS = {"tiered-l2": "1,2"}
 # A plain rollout: every prompt to Level-1 (scheduler) and every Level-1 reward final (reward service).
 PLAIN_SCHEDULER: dict[str, Any] = {"tiering": False}
 PLAIN_REWARD: dict[str, Any] = {"escalation_threshold": -1.0, "escalate_on_caution": False, "flag_unsafe": False,
@@ -63,13 +67,13 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
     learner = {"learning_rate": job.learning_rate, "batch_size": job.samples_per_update,
                "minibatch_size": job.minibatch_size, "update_epochs": job.epochs, "kl_coef": job.kl_coef,
                "kl_warmup_updates": 0, "clip_coef": job.clip_coef, "max_grad_norm": job.max_grad_norm,
-               "adam_eps": job.adam_eps, "seed": job.seed}
+               "adam_eps": job.adam_eps, "seed": job.seed, "train_tiers": TRAIN_TIERS.get(arm, "1")}
     if arm == "conventional" and not job.strong_rm:
         raise ValueError("the conventional arm needs the job's strong_rm")
     # The conventional arm serves the strong RM where the light one would be: every sample pays its cost,
     # booked with its parameters (svc_reward books what the members it scored with weigh).
     scorer = job.strong_rm if arm == "conventional" else ",".join(job.light_rm)
-    plain = arm != "tiered"
+    plain = arm not in TIERED_ARMS
     overrides = StackOverrides(scheduler=PLAIN_SCHEDULER if plain else {},
                                # rm_watch off: a promotion on an external Kafka must not swap the arm's RM.
                                reward={"light_rm": scorer, "rm_watch": False, **(PLAIN_REWARD if plain else {})},
@@ -99,11 +103,13 @@ def arm_result(arm: str, job: PeersJob, work: Path, summary: TrainSummary, spent
     for stage in spent:
         by_stage[stage.stage] = by_stage.get(stage.stage, 0.0) + stage.param_tokens
     generation = [s for s in spent if s.stage == "generate"]
+    trained = {int(t) for t in TRAIN_TIERS.get(arm, "1").split(",")}
     return ArmResult(
         name=f"Strata {arm}",
         update_seconds=updates,
         generation_seconds=[sum(s.device_seconds for s in generation)],
-        samples=sum(s.items for s in generation), policy_samples=sum(s.items for s in generation if s.tier == 1),
+        samples=sum(s.items for s in generation),
+        trained_tier_samples=sum(s.items for s in generation if s.tier in trained),
         train_seconds=sum(r.seconds for r in summary.rounds),
         peak_rss_mb=peak_rss_mb(),
         param_tokens=sum(s.param_tokens for s in spent),

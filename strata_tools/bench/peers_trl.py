@@ -87,7 +87,8 @@ class ArmResult:
     policy_dir: str = ""
     notes: list[str] = field(default_factory=list)
     updates_done: int = 0               # policy updates the booked cost paid for (a round may complete more)
-    policy_samples: int | None = None   # rollouts the policy itself generated (Strata: Level-1); None: all are
+    # Rollouts of the tiers its learner trains on (Strata: Level-1; both under train_tiers=1,2); None: all.
+    trained_tier_samples: int | None = None
     critical_path: dict[str, float] = field(default_factory=dict)  # Strata: mean seconds per update by stage
 
     def seconds_per_update(self, warmup: int = 1) -> float:
