@@ -174,6 +174,16 @@ def abort_invalid(context: grpc.ServicerContext, field: str, problem: str) -> No
     raise AssertionError("unreachable")  # context.abort raises
 
 
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"  # gRPC's retry hint (A6): a client's retry policy waits this long
+
+
+def abort_exhausted(context: grpc.ServicerContext, what: str, retry_after_s: float) -> NoReturn:
+    """Refuse with RESOURCE_EXHAUSTED and when to retry: in the message, and as gRPC's pushback trailer."""
+    context.set_trailing_metadata(((RETRY_PUSHBACK_KEY, str(max(1, round(retry_after_s * 1000)))),))
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, what)
+    raise AssertionError("unreachable")
+
+
 def abort_unavailable(context: grpc.ServicerContext, what: str) -> NoReturn:
     context.abort(grpc.StatusCode.UNAVAILABLE, what)
     raise AssertionError("unreachable")

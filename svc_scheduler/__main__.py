@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strata.bus import Publisher, Worker
+from strata.bus.admin import LagReader
 from strata.config import add_settings_flags, parse_settings
 from strata.content_store import ContentStore
 from strata.contract.models import ModelNotConfiguredError, model_path
@@ -27,6 +28,7 @@ from strata.rpc import ServiceBinding, token_table
 from strata.rpc_auth import CallerIdentity
 from strata.service import ServiceParts, run_service
 from strata.telemetry import setup_logging
+from svc_scheduler.backlog import BacklogGauge
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.encoder import Encoder
 from svc_scheduler.engine import SchedulerEngine
@@ -85,7 +87,10 @@ def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> 
     store = SchedulerStore(client, settings)
     content = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     publisher = Publisher(settings, client_id=f"svc-scheduler-{replica}")
-    engine = SchedulerEngine(settings, encoder, store, content, publisher)
+    # The door sheds rollouts while the tiers behind it are too far behind (svc_scheduler/backlog.py).
+    backlog = BacklogGauge(settings, lambda: LagReader(settings, client_id=f"svc-scheduler-backlog-{replica}",
+                                                        timeout_ms=2000))
+    engine = SchedulerEngine(settings, encoder, store, content, publisher, shed=backlog.shed)
     # Positioned at the end before the index is rebuilt, so no announcement falls in between.
     index_sync = IndexSync(settings, engine, client_id=f"svc-scheduler-index-{replica}")
     with contextlib.suppress(ConnectionError):  # Redis down: Submit answers UNAVAILABLE, rebuilds when it is back
@@ -103,7 +108,7 @@ def build_parts(settings: SchedulerSettings, encoder: Encoder | None = None) -> 
         bindings=[ServiceBinding(add_to_server, servicer, SERVICE_NAME)],
         grpc_port=settings.grpc_port,
         workers=[stats_worker],
-        loops=[index_sync.run, feed.run],
+        loops=[index_sync.run, feed.run, backlog.run],
         on_stopping=[stop_servicer.set],  # open Watch streams end as soon as the service is told to stop
         on_stop=[publisher.close, client.close],
         stream_slots=settings.max_watch_streams,

@@ -247,6 +247,25 @@ class SchedulerSettings(StrataSettings):
         2048, ge=1, description="prompts one client may submit at once before its rate applies"
     )
 
+    # -- shedding when the tiers fall behind (RESOURCE_EXHAUSTED at the door; svc_scheduler/backlog.py) -------
+    shed_backlog_wait_s: float = Field(
+        60.0, ge=0, description="refuse prompts that need a rollout while a tier's queue would keep one waiting "
+        "longer than this (its consumer lag over its drain rate); skips are still served (0: never shed)"
+    )
+    shed_min_backlog: int = Field(
+        1024, ge=1, description="events a tier must have queued before it can shed: a burst a healthy tier "
+        "absorbs (its first batch not committed yet, its rate unmeasured) refuses nothing"
+    )
+    backlog_groups: str = Field(
+        "svc-probe,svc-generator-l1,svc-generator-l2,svc-reward",
+        description="comma-separated consumer groups of the rollout tiers whose backlog the door watches",
+    )
+    backlog_poll_s: float = Field(1.0, gt=0, description="seconds between readings of the tiers' backlog")
+    backlog_window_s: float = Field(
+        30.0, gt=0, description="seconds of readings a tier's drain rate is measured over (longer than a batch)"
+    )
+    max_retry_after_s: float = Field(60.0, gt=0, description="longest retry hint a shed prompt is given")
+
     def submit_limits(self) -> SubmitLimits:
         """What one submission may ask for (strata.validation.validate_submit)."""
         return SubmitLimits(

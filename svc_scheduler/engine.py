@@ -39,6 +39,7 @@ from strata.hashing import content_hash
 from strata.telemetry import Sensitive
 from strata.v1 import common_pb2, events_pb2
 from strata.validation import PromptRequest, sampling_to_proto
+from svc_scheduler.backlog import Shed
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.encoder import Encoder
 from svc_scheduler.index import PromptIndex
@@ -62,8 +63,12 @@ DECISION_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
 INDEX_SIZE = Gauge("strata_scheduler_index_size", "Prompts in this replica's FAISS index")
+SHED = Counter("strata_scheduler_shed_total",
+               "Prompts refused at the door because a rollout tier was too far behind", ["group"])
 VECTORS_REUSED = Counter("strata_scheduler_vectors_reused_total",
                          "Prompts decided on their stored vector (already indexed) instead of the encoder")
+
+SHED_LOG_EVERY_S = 10.0
 
 _DECISION_PROTO = {
     Route.SKIP: common_pb2.DECISION_SKIP,
@@ -74,6 +79,15 @@ _DECISION_PROTO = {
 
 class NotAcceptedError(Exception):
     """Kafka did not acknowledge this prompt's event: it was not accepted (the client should retry)."""
+
+
+class PromptShedError(Exception):
+    """The prompt needs a rollout and the tiers are too far behind (svc_scheduler/backlog.py): refused,
+    nothing published; the client should retry after ``shed.retry_after_s``."""
+
+    def __init__(self, shed: Shed) -> None:
+        super().__init__(shed.message())
+        self.shed = shed
 
 
 class RequestGoneError(Exception):
@@ -132,8 +146,11 @@ class SchedulerEngine:
         content: ContentStore,
         publisher: Publisher,
         clock: Callable[[], float] = time.time,
+        shed: Callable[[], Shed | None] = lambda: None,
     ) -> None:
         self.settings = settings
+        self.shed = shed  # whether the tiers are too far behind for new rollouts (backlog.BacklogGauge.shed)
+        self._shed_logged_at = -SHED_LOG_EVERY_S
         self.encoder = encoder
         self.store = store
         self.content = content
@@ -248,9 +265,12 @@ class SchedulerEngine:
 
     # -- submission ------------------------------------------------------------------------------------
 
-    def submit(self, requests: Sequence[PromptRequest],
-               still_wanted: Callable[[], bool] = lambda: True) -> list[Accepted | NotAcceptedError]:
-        """Decide, store, publish and index (steps 1-6). Per prompt: accepted, or not (Kafka).
+    def submit(self, requests: Sequence[PromptRequest], still_wanted: Callable[[], bool] = lambda: True,
+               ) -> list[Accepted | NotAcceptedError | PromptShedError]:
+        """Decide, store, publish and index (steps 1-6). Per prompt: accepted, not (Kafka), or shed.
+
+        While the tiers are too far behind (``shed``), prompts that need a rollout are shed and skips are
+        served, unaudited: an audit is a rollout the skip did not need.
 
         Raises :class:`StoreUnavailableError` when Redis is down, and :class:`RequestGoneError` when
         ``still_wanted`` turns false before publishing (the caller left): then nothing was published.
@@ -260,13 +280,31 @@ class SchedulerEngine:
         if not still_wanted():
             raise RequestGoneError
         submitted_at = self.clock()
+        shed = self.shed()
+        audit_share = 0.0 if shed else self.settings.audit_share
         routed = [
-            replace(item, decision=audit(item.decision, item.prompt_hash, request.request_id,
-                                         self.settings.audit_share))
+            replace(item, decision=audit(item.decision, item.prompt_hash, request.request_id, audit_share))
             for request, item in zip(requests, self.route([r.prompt for r in requests]), strict=True)
         ]
         if not still_wanted():  # routing (the encoder) is the slow step: check again before any write
             raise RequestGoneError
+        if shed is None:
+            return self._accept(requests, routed, submitted_at)
+        served = [i for i, item in enumerate(routed) if item.decision.route is Route.SKIP]
+        if len(served) < len(routed):
+            SHED.labels(group=shed.stage.group).inc(len(routed) - len(served))
+            if submitted_at - self._shed_logged_at >= SHED_LOG_EVERY_S:  # one line per stretch, not per call
+                self._shed_logged_at = submitted_at
+                log.warning("shedding prompts that need a rollout: %s", shed.message())
+        outcomes = iter(self._accept([requests[i] for i in served], [routed[i] for i in served], submitted_at))
+        refused = PromptShedError(shed)
+        return [next(outcomes) if item.decision.route is Route.SKIP else refused for item in routed]
+
+    def _accept(self, requests: Sequence[PromptRequest], routed: Sequence[Routed], submitted_at: float,
+                ) -> list[Accepted | NotAcceptedError]:
+        """Store, publish and index decided prompts; per prompt accepted, or not (Kafka)."""
+        if not requests:
+            return []
         for request in requests:
             self.content.put(request.prompt)  # before publishing: consumers read the text by hash
         self.store.record_audits([AuditRecord(item.prompt_hash, request.request_id, item.decision.audited_reward,

@@ -5,6 +5,9 @@ Errors, all naming what to fix:
   out of the generator's bounds (R16), n_samples out of range, malformed hash;
 - ``UNAVAILABLE``: Redis down (nothing was published; retry when it is back), or Kafka did not
   acknowledge the prompt (it was *not* accepted; retry).
+- ``RESOURCE_EXHAUSTED``: the client is over its Submit rate, or the prompt needs a rollout while the
+  tiers are too far behind (``svc_scheduler/backlog.py``); nothing was published. Both carry when to
+  retry, in the message and as the ``grpc-retry-pushback-ms`` trailer.
 
 A request whose strings are not valid UTF-8 cannot even be parsed by protobuf; the servicer is
 therefore registered with a lenient deserializer that finds which field was bad (``add_to_server``).
@@ -26,12 +29,12 @@ from strata.content_store import StoreUnavailableError
 from strata.hashing import is_content_hash
 from strata.models.budget import TokenBudget
 from strata.ratelimit import RateLimiter, StreamLimiter
-from strata.rpc import abort_invalid, abort_unavailable
+from strata.rpc import RETRY_PUSHBACK_KEY, abort_exhausted, abort_invalid, abort_unavailable
 from strata.rpc_auth import CallerIdentity
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from strata.validation import PromptRequest, RequestError, SubmitLimits, requested_sampling, validate_submit
 from svc_scheduler.config import SchedulerSettings
-from svc_scheduler.engine import Accepted, NotAcceptedError, RequestGoneError, SchedulerEngine
+from svc_scheduler.engine import Accepted, NotAcceptedError, PromptShedError, RequestGoneError, SchedulerEngine
 from svc_scheduler.routing import Route
 from svc_scheduler.watch import WatchHub
 
@@ -186,9 +189,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """Per-client Submit rate: RESOURCE_EXHAUSTED, with when to retry, past it."""
         wait_s = self.submit_rate.take(self.identity.of(context), max(prompts, 1))
         if wait_s is not None:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"this client is over its Submit rate ({self.settings.submit_rate_per_client:g} prompts/s, "
-                          f"burst {self.settings.submit_burst_per_client}); retry in {wait_s:.2f} s")
+            rate, burst = self.settings.submit_rate_per_client, self.settings.submit_burst_per_client
+            limits = f"{rate:g} prompts/s, burst {burst}"
+            abort_exhausted(context, f"this client is over its Submit rate ({limits}); retry in {wait_s:.2f} s", wait_s)
 
     def Submit(self, request: Any, context: grpc.ServicerContext) -> scheduler_pb2.SubmitResponse:
         self._charge(context, 1)
@@ -199,6 +202,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         except RequestError as exc:
             abort_invalid(context, exc.field, exc.problem)
         [result] = self._submit(context, [prompt])
+        if isinstance(result, PromptShedError):
+            abort_exhausted(context, str(result), result.shed.retry_after_s)
         if isinstance(result, NotAcceptedError):
             abort_unavailable(context, str(result))
         return response_of(result)
@@ -219,11 +224,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             except RequestError as exc:
                 results.append(scheduler_pb2.SubmitBatchResult(error=f"requests[{i}].{exc}"))
         outcomes = self._submit(context, [p for _, p in valid]) if valid else []
+        retry_after_s = 0.0
         for (i, _), outcome in zip(valid, outcomes, strict=True):
-            if isinstance(outcome, NotAcceptedError):
+            if isinstance(outcome, PromptShedError):
+                results[i].error = f"requests[{i}]: RESOURCE_EXHAUSTED: {outcome}"
+                retry_after_s = max(retry_after_s, outcome.shed.retry_after_s)
+            elif isinstance(outcome, NotAcceptedError):
                 results[i].error = str(outcome)
             else:
                 results[i].response.CopyFrom(response_of(outcome))
+        if retry_after_s:  # the batch is answered; the trailer says when its shed prompts may come again
+            context.set_trailing_metadata(((RETRY_PUSHBACK_KEY, str(max(1, round(retry_after_s * 1000)))),))
         return scheduler_pb2.SubmitBatchResponse(results=results)
 
     def _submit(self, context: grpc.ServicerContext, prompts: list[PromptRequest]) -> list[Any]:

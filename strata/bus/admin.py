@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 from kafka.errors import TopicAlreadyExistsError
@@ -114,22 +115,37 @@ def start_group_at_end(cluster: KafkaTarget, group: str, topic_list: Iterable[To
         consumer.close()
 
 
-def consumer_lags(cluster: KafkaTarget, groups: Iterable[str], client_id: str = "strata",
-                  timeout_ms: int = 4000) -> dict[tuple[str, str], int]:
-    """(group, topic) -> events published but not yet committed by the group (groups with no commits
-    are left out). Short timeouts: callers (a status line, a Prometheus scrape) must answer even with
-    Kafka down; errors propagate."""
-    from kafka import KafkaConsumer
+@dataclass(frozen=True)
+class GroupPosition:
+    """Where a consumer group stands on one topic, summed over the partitions it committed on."""
 
-    groups = list(groups)
-    admin = KafkaAdminClient(**kafka_connection(cluster), request_timeout_ms=timeout_ms,
-                             bootstrap_timeout_ms=min(timeout_ms, 3000), client_id=client_id)
-    consumer = KafkaConsumer(**kafka_connection(cluster), group_id=None, enable_auto_commit=False,
-                             client_id=client_id)
-    lags: dict[tuple[str, str], int] = {}
-    try:
+    committed: int  # offsets committed: how far it has worked (its advance over time is its drain rate)
+    lag: int  # events published past its commits: what it has yet to do
+
+
+class LagReader:
+    """Consumer groups' committed offsets against the topics' ends, its clients kept open between
+    reads (the scheduler's backlog gauge reads every second; :func:`consumer_lags` reads once). Short
+    timeouts: callers must answer even with Kafka down; errors propagate."""
+
+    def __init__(self, cluster: KafkaTarget, client_id: str = "strata", timeout_ms: int = 4000) -> None:
+        from kafka import KafkaConsumer
+
+        self.admin = KafkaAdminClient(**kafka_connection(cluster), request_timeout_ms=timeout_ms,
+                                      bootstrap_timeout_ms=min(timeout_ms, 3000), client_id=client_id)
+        try:
+            self.consumer = KafkaConsumer(**kafka_connection(cluster), group_id=None, enable_auto_commit=False,
+                                          client_id=client_id)
+        except Exception:
+            self.admin.close()
+            raise
+
+    def positions(self, groups: Iterable[str]) -> dict[tuple[str, str], GroupPosition]:
+        """(group, topic) -> its position; groups with no commits are left out."""
+        groups = list(groups)
         # kafka-python 3: {group: {TopicPartition: OffsetAndMetadata}} (older: list_consumer_group_offsets)
-        offsets = admin.list_group_offsets(dict.fromkeys(groups)) if groups else {}
+        offsets = self.admin.list_group_offsets(dict.fromkeys(groups)) if groups else {}
+        out: dict[tuple[str, str], GroupPosition] = {}
         for group in groups:
             committed = {tp: meta for tp, meta in (offsets.get(group) or {}).items() if meta.offset >= 0}
             if not committed:
@@ -137,19 +153,40 @@ def consumer_lags(cluster: KafkaTarget, groups: Iterable[str], client_id: str = 
             # kafka-python lists offsets only for partitions in its metadata cache and leaves the others out
             # of the answer: load each topic's partitions first.
             for topic in sorted({tp.topic for tp in committed}):
-                consumer.partitions_for_topic(topic)
-            ends = consumer.end_offsets(list(committed))
+                self.consumer.partitions_for_topic(topic)
+            ends = self.consumer.end_offsets(list(committed))
             for tp, meta in committed.items():
                 if tp not in ends:  # the broker gave no end offset (kafka-python leaves it out): unknown
                     log.debug("no end offset for %s[%d]: group %s's lag there is unknown", tp.topic, tp.partition,
                               group)
                     continue
                 key = (group, tp.topic)
-                lags[key] = lags.get(key, 0) + max(0, ends[tp] - meta.offset)
+                before = out.get(key, GroupPosition(0, 0))
+                out[key] = GroupPosition(before.committed + meta.offset,
+                                         before.lag + max(0, ends[tp] - meta.offset))
+        return out
+
+    def active(self, groups: Iterable[str]) -> set[str]:
+        """The groups that have members now (a group whose consumers are all gone keeps its commits)."""
+        groups = list(groups)
+        described = self.admin.describe_groups(groups) if groups else {}
+        return {group for group, info in described.items() if not info.get("error") and info.get("members")}
+
+    def close(self) -> None:
+        self.admin.close()
+        self.consumer.close()
+
+
+def consumer_lags(cluster: KafkaTarget, groups: Iterable[str], client_id: str = "strata",
+                  timeout_ms: int = 4000) -> dict[tuple[str, str], int]:
+    """(group, topic) -> events published but not yet committed by the group (groups with no commits
+    are left out). Short timeouts: callers (a status line, a Prometheus scrape) must answer even with
+    Kafka down; errors propagate."""
+    reader = LagReader(cluster, client_id, timeout_ms)
+    try:
+        return {key: position.lag for key, position in reader.positions(groups).items()}
     finally:
-        admin.close()
-        consumer.close()
-    return lags
+        reader.close()
 
 
 def resume_offsets(cluster: KafkaTarget, group: str, topic: Topic) -> dict[int, int]:

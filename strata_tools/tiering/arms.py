@@ -173,6 +173,10 @@ class ArmRunner:
                     request.events.append(event)
 
 
+# The services whose consumer groups are the rollout tiers (the scheduler's backlog_groups).
+TIER_GROUPS = ("probe", "generator-l1", "generator-l2", "reward")
+
+
 class LiveTiers(ArmRunner):
     """The services, each in its own process, and the means to push an arm through them."""
 
@@ -262,6 +266,8 @@ class LiveTiers(ArmRunner):
             "scheduler": ("svc_scheduler", [], {
                 "STRATA_REDIS_PREFIX": f"strata:bench:{self.run_id}",
                 "STRATA_STATS_GROUP_ID": groups["scheduler"][0], "STRATA_WATCH_LOOKBACK_S": "0",
+                # The door sheds on this run's tiers' backlog, not on groups of the default names.
+                "STRATA_BACKLOG_GROUPS": ",".join(groups[tier][0] for tier in TIER_GROUPS),
                 **follow, **self.scheduler_env}),
             **learner,
         }

@@ -13,15 +13,18 @@ import grpc
 import numpy as np
 import pytest
 import redis
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
 
-from strata.bus import Publisher, topics
-from strata.bus.admin import start_group_at_end
+from strata.bus import Publisher, Topic, topics
+from strata.bus.admin import ensure_topics, start_group_at_end
+from strata.bus.security import kafka_connection
 from strata.bus.serde import decode
 from strata.bus.tail import TailReader
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
+from strata.rpc import RETRY_PUSHBACK_KEY
 from strata.service import RunningService, ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.cli import submit_cmd
@@ -609,3 +612,58 @@ def test_an_indexed_prompt_is_decided_on_its_stored_vector(replica: Replica, enc
     assert encoded == [new]  # the seen prompt's vector came from Redis, not from the encoder
     assert np.abs(np.stack([r.vector for r in routed]) - real([seen, new])[0]).max() < 1e-4
     assert routed[0].encoder_charge.tokens == 0 and routed[1].encoder_charge.tokens > 0  # no encoding, no cost
+
+
+def test_the_door_sheds_rollouts_while_a_tier_is_behind_and_still_serves_skips(
+        infra: StrataSettings, encoder: Encoder) -> None:
+    # A tier that has fallen behind, for real: a consumer group with a live member, its commits 100
+    # events short of its topic's end and not advancing.
+    topic = Topic(f"test.shed.{uuid.uuid4().hex[:8]}", events_pb2.PromptRouted)
+    ensure_topics(infra, 1, topics=[topic])
+    group = f"test-shed-tier-{uuid.uuid4().hex[:8]}"
+    overrides = {"backlog_groups": group, "shed_backlog_wait_s": 5.0, "shed_min_backlog": 64, "backlog_poll_s": 0.2,
+                 "audit_share": 1.0}
+    with Replica(scheduler_settings(infra, **overrides), encoder) as door:
+        seed_paraphrases(door.engine, door.stub)  # before the tier falls behind: rolled out
+        member = KafkaConsumer(**kafka_connection(infra), group_id=group, enable_auto_commit=False,
+                               auto_offset_reset="earliest")
+        try:
+            # Subscribed once the topic's partitions are known: a group joined before would assign it none.
+            eventually(lambda: member.partitions_for_topic(topic.name), "the new topic's metadata")
+            member.subscribe([topic.name])
+            eventually(lambda: member.poll(timeout_ms=200) is not None and member.assignment(), "the member's join")
+            partition = TopicPartition(topic.name, 0)
+            member.commit({partition: OffsetAndMetadata(0, "", -1)})
+            producer = KafkaProducer(**kafka_connection(infra))
+            for _ in range(100):
+                producer.send(topic.name, value=b"queued", partition=0)
+            producer.flush()
+            producer.close()
+            shed = eventually(door.engine.shed, "the door to see the tier's backlog")
+            assert shed.stage.group == group and shed.stage.lag == 100
+
+            with pytest.raises(grpc.RpcError) as refused:
+                submit(door.stub, "How do I season a cast iron pan?", request_id="shed-1")
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"{group} has 100 events queued" in refused.value.details()
+            assert "skips are served" in refused.value.details() and "retry in" in refused.value.details()
+            hint = dict(refused.value.trailing_metadata() or ())[RETRY_PUSHBACK_KEY]
+            assert int(hint) == round(door.settings.max_retry_after_s * 1000)  # nothing drains: the longest hint
+
+            # A skip needs no tier: served, and not audited (an audit is a rollout) though audit_share is 1.
+            skipped = submit(door.stub, QUERY, request_id="shed-skip")
+            assert skipped.decision == common_pb2.DECISION_SKIP, skipped.reason
+
+            batch = door.stub.SubmitBatch(scheduler_pb2.SubmitBatchRequest(requests=[
+                scheduler_pb2.SubmitRequest(prompt="How do I season a carbon steel wok?"),
+                scheduler_pb2.SubmitRequest(prompt=QUERY)]), timeout=30)
+            assert batch.results[0].error.startswith("requests[0]: RESOURCE_EXHAUSTED: the rollout tiers are behind")
+            assert batch.results[1].response.decision == common_pb2.DECISION_SKIP
+
+            # The tier catches up: the door opens again.
+            member.commit({partition: OffsetAndMetadata(100, "", -1)})
+            eventually(lambda: door.engine.shed() is None, "the door to see the tier caught up")
+            accepted = submit(door.stub, "How do I season a cast iron pan?", request_id="shed-2")
+            assert accepted.decision == common_pb2.DECISION_LEVEL_1
+        finally:
+            member.close(autocommit=False)
