@@ -96,8 +96,21 @@ def redistil_request(client: redis.Redis) -> dict[str, Any] | None:
     return None if raw is None else json.loads(raw)
 
 
-def clear_redistil(client: redis.Redis) -> None:
-    client.delete(REDISTIL_KEY)
+def clear_redistil(client: redis.Redis, answered: Mapping[str, Any]) -> bool:
+    """Clear the request ``answered`` (as :func:`redistil_request` read it); a newer one, set by a second alarm
+    while the turn ran, stays for the next check. True when it was cleared."""
+    with client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(REDISTIL_KEY)
+            raw = pipe.get(REDISTIL_KEY)
+            if raw is None or json.loads(raw) != dict(answered):
+                return False
+            pipe.multi()
+            pipe.delete(REDISTIL_KEY)
+            pipe.execute()
+            return True
+        except redis.WatchError:  # set again between the read and the delete: that request is newer
+            return False
 
 
 @dataclass(frozen=True)

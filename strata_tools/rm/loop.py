@@ -342,11 +342,11 @@ def _redistil_request(settings: Any) -> dict[str, Any] | None:
         return audit_store.redistil_request(client)
 
 
-def _clear_redistil(settings: Any) -> None:
+def _clear_redistil(settings: Any, answered: dict[str, Any]) -> bool:
     from svc_reward import audit_store
 
     with redis_client.connect(settings.redis_address, socket_timeout=10) as client:
-        audit_store.clear_redistil(client)
+        return audit_store.clear_redistil(client, answered)
 
 
 def run_every(options: RefreshOptions, settings: Any, registry: Any, progress: Callable[[str], None] = print,
@@ -364,8 +364,8 @@ def run_every(options: RefreshOptions, settings: Any, registry: Any, progress: C
                      f"v{request.get('policy_version')}: a turn on the audited answers")
             report = run_turn(options.model_copy(update={"audits": True}), settings, registry, progress)
             reports.append(report)
-            if report.refused is None:
-                _clear_redistil(settings)
+            if report.refused is None and not _clear_redistil(settings, request):
+                progress("a newer re-distillation request came during the turn: it runs at the next check")
             if turns is None or checks < turns:
                 sleep(options.every_s)
             continue

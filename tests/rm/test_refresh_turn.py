@@ -134,3 +134,17 @@ def test_the_defences_request_runs_a_turn_on_the_audited_answers(own_redis: redi
     assert report.refused is not None  # six labels are too few to train on: refused with the counts
     assert audit_store.redistil_request(own_redis) is not None  # kept: the next check tries again
     assert any("re-distillation at policy v7" in line for line in lines)
+
+
+def test_a_request_set_during_the_turn_outlives_the_clearing_of_the_one_answered(own_redis: redis.Redis) -> None:
+    from svc_reward import audit_store
+
+    first = {"requested_at": 1.0, "policy_version": 7, "why": "first alarm"}
+    own_redis.set(audit_store.REDISTIL_KEY, json.dumps(first))
+    answered = audit_store.redistil_request(own_redis)
+    second = {"requested_at": 2.0, "policy_version": 9, "why": "a second alarm, while the turn ran"}
+    own_redis.set(audit_store.REDISTIL_KEY, json.dumps(second))
+    assert not audit_store.clear_redistil(own_redis, answered)
+    assert audit_store.redistil_request(own_redis) == second
+    assert audit_store.clear_redistil(own_redis, second) and audit_store.redistil_request(own_redis) is None
+    assert not audit_store.clear_redistil(own_redis, second)  # nothing left to clear
