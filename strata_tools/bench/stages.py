@@ -167,7 +167,7 @@ def profile_scheduler(args: argparse.Namespace, settings: Any) -> Stages:
     from strata.content_store import ContentStore
     from strata.hashing import content_hash
     from strata.v1 import common_pb2, events_pb2
-    from strata_tools.bench.scheduler import RecordingPublisher
+    from strata_tools.bench.scheduler.latency import RecordingPublisher
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.encoder import Encoder
     from svc_scheduler.engine import SchedulerEngine

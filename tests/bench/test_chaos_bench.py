@@ -8,18 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata_tools.bench.chaos import (
-    POISONS,
-    SERVICES,
-    FinalReward,
-    Outcomes,
-    cluster_schedule,
-    doubled_batches,
-    rhythm,
-    schedule,
-    stalls,
-    tally,
-)
+from strata_tools.bench.chaos.faults import POISONS, SERVICES, cluster_schedule, schedule
+from strata_tools.bench.chaos.outcomes import FinalReward, Outcomes, doubled_batches, rhythm, stalls, tally
 
 
 def test_the_schedule_has_every_fault_once_in_a_seeded_order() -> None:

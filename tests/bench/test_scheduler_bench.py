@@ -9,6 +9,9 @@ import pytest
 
 from strata.config import StrataSettings
 from strata_tools.bench import scheduler as bench
+from strata_tools.bench.scheduler.common import rule_of
+from strata_tools.bench.scheduler.live import audit_error_by_rule
+from strata_tools.bench.scheduler.stream import submission_id
 from svc_scheduler.config import SchedulerSettings
 
 pytestmark = pytest.mark.integration
@@ -125,25 +128,25 @@ def test_rule_of_names_the_rule_behind_each_reason() -> None:
 
     stable = [Neighbour(f"h{i}", 0.9, known(0.1)) for i in range(8)]
     skip = decide("self", stable, None, now, versions, settings)
-    assert skip.route is Route.SKIP and bench.rule_of(skip.reason) == "known neighbourhood -> skip"
-    assert bench.rule_of(audit(skip, "p", "r", 1.0).reason) == "audited skip -> Level-1"
+    assert skip.route is Route.SKIP and rule_of(skip.reason) == "known neighbourhood -> skip"
+    assert rule_of(audit(skip, "p", "r", 1.0).reason) == "audited skip -> Level-1"
     own = decide("h0", stable, None, now, versions, settings)
-    assert bench.rule_of(own.reason) == "own history -> skip"
+    assert rule_of(own.reason) == "own history -> skip"
     noisy = [Neighbour(f"h{i}", 0.9, known(2.0)) for i in range(8)]
-    assert bench.rule_of(decide("x", noisy, None, now, versions, settings).reason) == \
+    assert rule_of(decide("x", noisy, None, now, versions, settings).reason) == \
         "uncertain neighbourhood -> Level-2"
-    assert bench.rule_of(decide("x", [], None, now, versions, settings).reason) == "too little known -> Level-1"
+    assert rule_of(decide("x", [], None, now, versions, settings).reason) == "too little known -> Level-1"
     failing = RewardStats(4, 1.6, 0.56 * 3, 4.0, 4.0, 1, 1, {"light": "rm"}, now, level1_scored=4.0,
                           level1_escalated=4.0)  # every Level-1 answer escalated, variance 0.56
     before = decide("x", [Neighbour(f"f{i}", 0.8, failing) for i in range(4)], None, now, versions,
                     settings.model_copy(update={"route_before_escalation_rate": 0.8}))
-    assert before.route is Route.LEVEL_2 and bench.rule_of(before.reason) == "Level-1's record -> Level-2"
+    assert before.route is Route.LEVEL_2 and rule_of(before.reason) == "Level-1's record -> Level-2"
     close = decide("x", stable[:3], None, now, versions, settings.model_copy(update={"min_close_paraphrases": 3}))
-    assert close.route is Route.SKIP and bench.rule_of(close.reason) == "close paraphrases -> skip"
+    assert close.route is Route.SKIP and rule_of(close.reason) == "close paraphrases -> skip"
     from svc_scheduler.routing import detect_risk
 
     risky = decide("x", [], detect_risk("What dose of ibuprofen?", {}, settings), now, versions, settings)
-    assert bench.rule_of(risky.reason) == "risk topic -> Level-2"
+    assert rule_of(risky.reason) == "risk topic -> Level-2"
 
 
 def test_submission_ids_pair_arms_and_reruns_and_follow_the_seed() -> None:
@@ -155,13 +158,13 @@ def test_submission_ids_pair_arms_and_reruns_and_follow_the_seed() -> None:
                                   intent="explain_principle",
                                   risk=False, family=family, split="train")
                      for k, text in enumerate(("How does binary search work?", "Explain binary search.")))
-    same = bench.submission_id(0, 17, record)
-    assert same == bench.submission_id(0, 17, record)  # another run or arm: the same draw
-    assert len({same, bench.submission_id(1, 17, record), bench.submission_id(0, 18, record),
-                bench.submission_id(0, 17, other)}) == 4
+    same = submission_id(0, 17, record)
+    assert same == submission_id(0, 17, record)  # another run or arm: the same draw
+    assert len({same, submission_id(1, 17, record), submission_id(0, 18, record),
+                submission_id(0, 17, other)}) == 4
     policy = SimulatedPolicy([record, other], seed=0, truth_samples=8)
     assert policy.rewards(record, same, 1, 16) == SimulatedPolicy([record, other], 0, 8).rewards(record, same, 1, 16)
-    assert policy.rewards(record, same, 1, 16) != policy.rewards(record, bench.submission_id(1, 17, record), 1, 16)
+    assert policy.rewards(record, same, 1, 16) != policy.rewards(record, submission_id(1, 17, record), 1, 16)
 
 
 def test_audit_error_by_rule_scores_each_audit_as_the_scheduler_does() -> None:
@@ -191,6 +194,6 @@ def test_audit_error_by_rule_scores_each_audit_as_the_scheduler_does() -> None:
         Request(None, "c", reason=known.reason, events=[reward("r6", 1.0)]),  # one fresh reward of two
         Request(None, "d", reason="skip: this prompt has ...", events=[reward("r7", 1.0)]),  # not an audit
     ]
-    errors = bench.audit_error_by_rule(requests, n_samples=2)
+    errors = audit_error_by_rule(requests, n_samples=2)
     assert errors == {"close paraphrases -> skip": [pytest.approx(0.0)], "known neighbourhood -> skip": [
         pytest.approx(1.0)]}

@@ -50,7 +50,7 @@ def test_empty_index_returns_no_neighbours() -> None:
 
 
 def clustered(rows: int, dim: int, seed: int, centres: int = 40) -> np.ndarray:
-    """strata_tools.bench.scheduler.synthetic's distribution: a centre plus noise, cosine to the centre ~0.8."""
+    """strata_tools.bench.scheduler.latency.synthetic's distribution: a centre plus noise, cosine to the centre ~0.8."""
     rng = np.random.default_rng(seed)
     middles = unit(centres, dim, 99)  # the same centres for every seed: queries fall in the indexed clusters
     x = middles[rng.integers(0, centres, rows)] + rng.normal(scale=np.sqrt(0.5625 / dim), size=(rows, dim))
