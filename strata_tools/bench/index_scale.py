@@ -1,6 +1,6 @@
 """``python -m strata_tools.bench.index_scale``: FAISS index candidates for the scheduler at 10k-1M prompts.
 
-Builds each candidate over ``--size`` clustered unit vectors (strata_tools.bench.scheduler's synthetic
+Builds each candidate over ``--size`` clustered unit vectors (strata_tools.bench.scheduler.latency's synthetic
 distribution: ``--centres`` centres plus noise, cosine to the centre ``--centre-cosine``; 384-d like
 MiniLM) and reports, per candidate: build time (training included), the index's serialized size and
 the process's resident-memory growth, single-query search latency p50/p99 with FAISS on 1 and 2
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from svc_scheduler.index import PromptIndex
 
 ALL = "ivf-fp16,ivf-flat,ivf-sq8,ivf-pq,ivf-pq-refine,hnsw,prompt-index"
-CHUNK = 20_000  # rows per add, as strata_tools.bench.scheduler grows the engine's index
+CHUNK = 20_000  # rows per add, as strata_tools.bench.scheduler.latency grows the engine's index
 
 
 def synthetic(n: int, rng: np.random.Generator, centres: np.ndarray, cosine: float) -> np.ndarray:

@@ -1,7 +1,8 @@
-"""``strata bench <name>``: measurements on this machine, one module per bench.
+"""``strata bench <name>``: measurements on this machine, one module or package per bench.
 
-To add a bench, write ``strata_tools/bench/<name>.py`` with ``add_arguments(parser)`` and ``run(args) ->
-int`` (its docstring's first line is the help text) and list it in ``BENCHES``. Only the bench that runs
+To add a bench, write ``strata_tools/bench/<name>.py`` (or a package ``<name>/``, its ``__init__.py`` the
+entry) with ``add_arguments(parser)`` and ``run(args) -> int`` (its docstring's first line is the help
+text) and list it in ``BENCHES``. Only the bench that runs
 is imported: ``strata bench --help`` lists the others by their docstrings, read from source, and a bench's
 imports (torch, transformers, its services) are paid by that bench.
 """

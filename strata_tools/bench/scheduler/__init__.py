@@ -83,18 +83,18 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from strata_tools.bench.scheduler.common import SIDE_RUNS, CachedEncoder, _quiet, checked_redis, side_run
+from strata_tools.bench.scheduler.common import SIDE_RUNS, CachedEncoder, checked_redis, quiet_logger, side_run
 from strata_tools.bench.scheduler.encoders import run_tuned
 from strata_tools.bench.scheduler.latency import print_latency, run_latency, run_latency_only, suite_recall
 from strata_tools.bench.scheduler.live import LiveResult, live_families, live_passes, run_live
 from strata_tools.bench.scheduler.report import (
-    _Measured,
-    _print_ceiling,
-    _print_last_line,
-    _print_live,
-    _print_r11,
-    _print_rules,
-    _print_tuned,
+    Measured,
+    print_ceiling,
+    print_last_line,
+    print_live,
+    print_r11,
+    print_rules,
+    print_tuned,
 )
 from strata_tools.bench.scheduler.stream import RuleResult, make_stream, run_routing
 
@@ -190,17 +190,17 @@ def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> 
                 client.delete(key)
         client.close()
 
-    _print_rules(measured)
-    _print_ceiling(args, settings, measured.ceiling)
-    _print_r11(settings, measured)
+    print_rules(measured)
+    print_ceiling(args, settings, measured.ceiling)
+    print_r11(settings, measured)
     if measured.tuned is not None:
-        _print_tuned(settings, measured)
+        print_tuned(settings, measured)
     if measured.live is not None and measured.sim_subset is not None:
-        _print_live(args, measured.live, measured.sim_subset)
+        print_live(args, measured.live, measured.sim_subset)
     print()
     print_latency(measured.latency)
     print(f"HNSW recall@10 on the suite's own embeddings: {measured.recall_suite:.3f}")
-    _print_last_line(args, settings, measured)
+    print_last_line(args, settings, measured)
     return 0
 
 
@@ -214,7 +214,7 @@ def _print_header(args: argparse.Namespace, settings: SchedulerSettings) -> None
 
 
 def _measure(args: argparse.Namespace, settings: SchedulerSettings, run_id: str, encoder: Encoder,
-             client: redis.Redis, records: Sequence[PromptRecord], subset: Sequence[PromptRecord]) -> _Measured:
+             client: redis.Redis, records: Sequence[PromptRecord], subset: Sequence[PromptRecord]) -> Measured:
     """The live run, the routing runs, the latency sizes and the suite's recall, in that order."""
     cached = CachedEncoder(encoder)
     subset_stream = make_stream(subset, live_passes(args), args.seed)
@@ -222,7 +222,7 @@ def _measure(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
     sim_subset: RuleResult | None = None
     if args.live:  # first, on a quiet Kafka: the simulated run's thousands of events come after
         live = run_live(args, settings, run_id, subset_stream)
-    with _quiet("svc_scheduler.engine"):
+    with quiet_logger("svc_scheduler.engine"):
         everything, greso, knn, ceiling = run_routing(args, settings, cached, run_id, records,
                                                       make_stream(records, args.passes, args.seed))
         if args.live:
@@ -243,10 +243,10 @@ def _measure(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
                                            make_stream(records, args.passes, args.seed), quiet=True)
         latency = run_latency(args, settings, encoder, client)
     recall_suite = suite_recall(settings, cached)
-    return _Measured(everything, greso, knn, ceiling, latency, recall_suite, live, sim_subset, flipped, tuned)
+    return Measured(everything, greso, knn, ceiling, latency, recall_suite, live, sim_subset, flipped, tuned)
 
 
-def main() -> int:  # python -m strata_tools.bench.scheduler (until `strata bench scheduler` is registered)
+def main() -> int:  # python -m strata_tools.bench.scheduler, as before `strata bench scheduler` existed
     parser = argparse.ArgumentParser(prog="strata bench scheduler", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args())

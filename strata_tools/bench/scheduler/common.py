@@ -70,7 +70,7 @@ class CachedEncoder:
 
 
 @contextlib.contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
+def quiet_logger(logger_name: str) -> Iterator[None]:
     """The engine logs every decision at INFO; thousands of lines would bury the progress lines."""
     logger = logging.getLogger(logger_name)
     level = logger.level

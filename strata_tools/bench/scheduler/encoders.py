@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from strata.hashing import content_hash
 from strata_tools.bench.scheduler.common import CachedEncoder, side_run
-from strata_tools.bench.scheduler.stream import RuleResult, _batches, make_stream, run_routing
+from strata_tools.bench.scheduler.stream import RuleResult, make_stream, run_routing, submit_calls
 
 if TYPE_CHECKING:
     import redis
@@ -64,7 +64,7 @@ def run_tuned(args: argparse.Namespace, settings: SchedulerSettings, client: red
             at_floor = side_run(settings, "floor", min_similarity=served.min_similarity)
             _, _, base_at_floor, _ = run_routing(args, at_floor, base_encoder, f"{run_id}-floor", records, stream,
                                                  quiet=True)
-        later_version = 1 + (_batches(args, len(stream)) - 1) // max(args.policy_step_every, 1)
+        later_version = 1 + (submit_calls(args, len(stream)) - 1) // max(args.policy_step_every, 1)
         later: tuple[RuleResult, RuleResult, RuleResult] | None = None
         if args.policy_step_every and later_version > 1:
             print(f"routing the stream again from policy v{later_version} (later epochs, a policy that moved since "

@@ -19,7 +19,7 @@ import numpy as np
 
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
-from strata_tools.bench.scheduler.common import CachedEncoder, _quiet, checked_redis
+from strata_tools.bench.scheduler.common import CachedEncoder, checked_redis, quiet_logger
 
 if TYPE_CHECKING:
     import redis
@@ -240,7 +240,7 @@ def run_latency_only(args: argparse.Namespace, settings: SchedulerSettings) -> i
     client = checked_redis(settings)
     encoder = Encoder.from_settings(settings)
     try:
-        with _quiet("svc_scheduler.engine"):
+        with quiet_logger("svc_scheduler.engine"):
             latency = run_latency(args, settings, encoder, client)
     finally:
         client.close()

@@ -1,4 +1,4 @@
-"""The tables of a full ``strata bench scheduler`` run and its last line: ``_Measured`` holds what they
+"""The tables of a full ``strata bench scheduler`` run and its last line: ``Measured`` holds what they
 quote; the three rules side by side with each skip rule's error (and its anatomy), the ceiling at the reuse
 budget, R11 with cluster marking as configured and flipped, both encoders (``--compare-encoder``), the live
 stream beside the simulated one (``--live``), and the ``scheduler trigger_reduction=...`` line.
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Measured:
+class Measured:
     """Everything a full run's tables and last line quote."""
 
     everything: RuleResult
@@ -40,7 +40,7 @@ class _Measured:
     tuned: TunedRun | None = None  # --compare-encoder
 
 
-def _print_rules(measured: _Measured) -> None:
+def print_rules(measured: Measured) -> None:
     """The three rules' table, the knn decisions by the rule that made them and each skip rule's error."""
     from strata_tools.bench.simulated_tier import EXPECTED_SAMPLES
 
@@ -65,7 +65,7 @@ def _print_rules(measured: _Measured) -> None:
               f"({EXPECTED_SAMPLES} rollouts), which the truth itself misses by {np.mean(truth_noise):.3f}{moved}")
 
 
-def _print_ceiling(args: argparse.Namespace, settings: SchedulerSettings, ceiling: CeilingResult) -> None:
+def print_ceiling(args: argparse.Namespace, settings: SchedulerSettings, ceiling: CeilingResult) -> None:
     """The trigger reduction any rule could reach at the reuse budget, by history and variance bound."""
     print(f"ceiling at reuse MAE <= {args.reuse_budget:g} (any rule: the history of every earlier submission, "
           "a perfect choice of what to skip; docs/scheduler.md):")
@@ -81,7 +81,7 @@ def _print_ceiling(args: argparse.Namespace, settings: SchedulerSettings, ceilin
           "the rule's bound, which no rule knows; a rule whose variance estimate errs low can skip more)")
 
 
-def _print_r11(settings: SchedulerSettings, measured: _Measured) -> None:
+def print_r11(settings: SchedulerSettings, measured: Measured) -> None:
     """R11's aim with cluster marking as configured (and flipped), then the audited skips."""
     knn, flipped, everything = measured.knn, measured.flipped, measured.everything
     arms = [(settings.cluster_marking, knn)] + ([] if flipped is None else [(not settings.cluster_marking, flipped)])
@@ -94,7 +94,7 @@ def _print_r11(settings: SchedulerSettings, measured: _Measured) -> None:
           "rolled out anyway to measure the reused reward, docs/scheduler.md)")
 
 
-def _print_tuned(settings: SchedulerSettings, measured: _Measured) -> None:
+def print_tuned(settings: SchedulerSettings, measured: Measured) -> None:
     """Both encoders on the same stream: trigger reduction, reuse error, where the skips came from."""
     assert measured.tuned is not None
     everything, base, tuned = measured.everything, measured.knn, measured.tuned
@@ -123,7 +123,7 @@ def _print_tuned(settings: SchedulerSettings, measured: _Measured) -> None:
               f"{c.train_base_auc:.3f} -> {c.train_tuned_auc:.3f}")
 
 
-def _print_live(args: argparse.Namespace, live: LiveResult, sim_subset: RuleResult) -> None:
+def print_live(args: argparse.Namespace, live: LiveResult, sim_subset: RuleResult) -> None:
     """The live stream through the simulated tier and the real tiers, side by side."""
     print(f"live stream: {args.live_families} families x 7 paraphrases x {live_passes(args)} passes; the simulated "
           f"tier's reuse MAE is against the oracle truth, the live one is the audit's (fresh light/strong-RM "
@@ -149,7 +149,7 @@ def _print_live(args: argparse.Namespace, live: LiveResult, sim_subset: RuleResu
           f"{live.marks}, {live.wall_s:.0f} s")
 
 
-def _print_last_line(args: argparse.Namespace, settings: SchedulerSettings, measured: _Measured) -> None:
+def print_last_line(args: argparse.Namespace, settings: SchedulerSettings, measured: Measured) -> None:
     """The ``scheduler trigger_reduction=...`` line the docs quote."""
     everything, greso, knn, flipped, live = (measured.everything, measured.greso, measured.knn, measured.flipped,
                                               measured.live)

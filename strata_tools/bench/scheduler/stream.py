@@ -207,7 +207,7 @@ def _stream_batches(rig: _RoutingRig, tally: _Tally, args: argparse.Namespace, s
                     stream: Sequence[PromptRecord], quiet: bool) -> _Streamed:
     """Submit ``stream`` batch by batch, each batch's rollouts and statistics folded in before the next."""
     knn = tally.knn
-    n_batches = _batches(args, len(stream))
+    n_batches = submit_calls(args, len(stream))
     started = time.perf_counter()
     for b in range(n_batches):
         if args.policy_step_every and b and b % args.policy_step_every == 0:
@@ -236,7 +236,7 @@ def submission_id(seed: int, position: int, record: PromptRecord) -> str:
     return f"bench-s{seed}-{position}-{content_hash(record.text)[:12]}"
 
 
-def _batches(args: argparse.Namespace, submissions: int) -> int:
+def submit_calls(args: argparse.Namespace, submissions: int) -> int:
     """``SubmitBatch`` calls of a stream of ``submissions``."""
     return (submissions + args.batch - 1) // args.batch
 
