@@ -54,7 +54,33 @@ DEFENCE_KEY = "strata:reward:defence"  # DefenceState as JSON, shared by the rep
 DECISIONS_KEY = "strata:reward:defence:decisions"  # newest first: {"at", "decision"}
 REDISTIL_KEY = "strata:reward:redistil"  # a re-distillation asked for: {"requested_at", "policy_version", "why"}
 LABELS_KEY = "strata:reward:audit:labels"  # stream: the strong RM's reward of each audited answer
+THRESHOLDS_KEY = "strata:reward:audit:thresholds"  # the alarm's thresholds the reward service serves
 KEPT_DECISIONS = 50
+
+
+@dataclass(frozen=True)
+class ServedThresholds:
+    """The hacking alarm's thresholds as the reward service runs with them, for readers in another process
+    (``strata status``, ``strata diagnose hacking``), whose environment may differ (a demo sets its own)."""
+
+    min_audits: int
+    gap_bound: float
+    defence: bool
+
+
+def write_thresholds(client: redis.Redis, thresholds: ServedThresholds) -> None:
+    client.set(THRESHOLDS_KEY, json.dumps(asdict(thresholds)))
+
+
+def read_thresholds(client: redis.Redis) -> ServedThresholds | None:
+    """What the reward service wrote at its start; None when none ran on this Redis (or the value is not ours)."""
+    raw = client.get(THRESHOLDS_KEY)
+    try:
+        data = json.loads(raw) if raw is not None else None
+        return None if data is None else ServedThresholds(int(data["min_audits"]), float(data["gap_bound"]),
+                                                          bool(data["defence"]))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def read_defence(client: redis.Redis) -> DefenceState:

@@ -143,6 +143,8 @@ class RewardWorker:
         self._watched_at = -math.inf  # monotonic time the audit was last read
         try:
             self._defence = audit_store.read_defence(client) if settings.hacking_defence else DefenceState()
+            audit_store.write_thresholds(client, audit_store.ServedThresholds(
+                settings.hacking_min_audits, settings.hacking_gap_bound, settings.hacking_defence))
         except redis.RedisError as exc:  # the first audited batch reads it again
             log.warning("could not read the hacking defence's state from Redis (%s): none until the next audit", exc)
             self._defence = DefenceState()

@@ -150,13 +150,17 @@ def run_hacking(settings: DiagnoseSettings) -> CheckResult:
     from svc_reward import audit_store
     from svc_reward.config import RewardSettings
 
-    reward = RewardSettings()  # the reward service's thresholds, as it reads them from the environment
     client = redis_client.connect(settings.redis_address, socket_timeout=10)
     try:
         by_version = audit_store.read_versions(client)
+        served = audit_store.read_thresholds(client)
     finally:
         client.close()
-    return hacking.evaluate(by_version, reward.hacking_gap_bound, reward.hacking_min_audits)
+    if served is None:  # no reward service wrote its own: as it would read them from this environment
+        reward = RewardSettings()
+        served = audit_store.ServedThresholds(reward.hacking_min_audits, reward.hacking_gap_bound,
+                                              reward.hacking_defence)
+    return hacking.evaluate(by_version, served.gap_bound, served.min_audits)
 
 
 CHECKS: dict[str, tuple[Callable[[DiagnoseSettings], CheckResult], str]] = {

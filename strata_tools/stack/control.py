@@ -149,7 +149,8 @@ def critical_path_line(settings: StrataSettings, newest_events: int = 5000) -> s
 
 def live_audit_lines(settings: StrataSettings) -> list[str]:
     """The reward service's live audit (hacking gap, catch, false pass, the alarm) as report lines, read
-    from Redis with the reward service's thresholds (``STRATA_HACKING_*`` as it reads them)."""
+    from Redis with the thresholds the reward service wrote there (else ``STRATA_HACKING_*`` from this
+    environment, as the service would read them)."""
     import redis
 
     from strata import redis_client
@@ -163,8 +164,10 @@ def live_audit_lines(settings: StrataSettings) -> list[str]:
         by_version = audit_store.read_versions(client)
         state, decisions = audit_store.read_defence(client), audit_store.read_decisions(client)
         pending = audit_store.redistil_request(client) is not None
+        served = audit_store.read_thresholds(client) or audit_store.ServedThresholds(
+            reward.hacking_min_audits, reward.hacking_gap_bound, reward.hacking_defence)
     except redis.RedisError as exc:
         return [f"live audit: Redis at {settings.redis_address} did not answer ({type(exc).__name__}: {exc})"]
-    baseline, current = windows(by_version, reward.hacking_min_audits)
-    return (describe(baseline, current, reward.hacking_gap_bound, reward.hacking_min_audits)
-            + defence.describe(state, decisions, reward.hacking_defence, pending))
+    baseline, current = windows(by_version, served.min_audits)
+    return (describe(baseline, current, served.gap_bound, served.min_audits)
+            + defence.describe(state, decisions, served.defence, pending))

@@ -12,6 +12,7 @@ from strata import ledger
 from strata.bus import Delivery, topics
 from strata.content_store import ContentStore
 from strata.v1 import common_pb2, events_pb2
+from strata_tools.stack.control import live_audit_lines
 from svc_reward import audit_store
 from svc_reward.audit import AuditTally
 from svc_reward.config import RewardSettings
@@ -149,3 +150,9 @@ def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, 
     assert len(decisions) == 1 and "re-distillation" in decisions[0]["decision"]
     request = audit_store.redistil_request(redis_client)
     assert request is not None and request["policy_version"] == base + 3
+
+    # `strata status` reads the alarm's thresholds the service wrote, not its own environment's (30 audits).
+    assert audit_store.read_thresholds(redis_client) == audit_store.ServedThresholds(4, settings.hacking_gap_bound,
+                                                                                     True)
+    status = "\n".join(live_audit_lines(infra))
+    assert "hacking alarm" in status and "no estimate yet" not in status, status
