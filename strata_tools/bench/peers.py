@@ -23,10 +23,11 @@ differs between the arms. Last line::
 
     peers strata_s_per_update= trl_s_per_update= ratio= strata_oracle_gain= strata_oracle_gain_se=
       trl_oracle_gain= cost_per_used_sample_ratio= gain_per_cost_ratio= hacking_gap= generated_per_used=
-      critical_path=
+      plain_over_trl= tiered_over_trl= critical_path=
 
-(``strata``: the ``tiered`` arm; ``ratio``: TRL's seconds per update over Strata's; the cost and gain
-ratios: tiered over conventional.) With ``--seeds N`` the last line starts ``peers seeds=N``, gives
+(``strata``: the ``tiered`` arm; ``ratio``: TRL's seconds per update over Strata's, and ``*_over_trl``
+Strata's plain (``level1``) and tiered arms' over TRL's, when they ran; the cost and gain ratios: tiered
+over conventional.) With ``--seeds N`` the last line starts ``peers seeds=N``, gives
 means with between-seed SEs (``_se``), ``tiered_minus_conventional=``, ``tiered_l2_minus_tiered=``
 when both arms ran, the largest ``generated_per_used`` of any seed and the stage largest in most seeds.
 """
@@ -247,6 +248,15 @@ def gain_per_cost(arm: ArmResult, oracle_gain: float, job: PeersJob) -> float:
     return oracle_gain / (cost_per_used_sample(arm, job.samples_per_update) * job.updates * job.samples_per_update)
 
 
+def over_trl(seconds: dict[str, float]) -> str:
+    """Strata's plain (``level1``) and tiered seconds per update over TRL's, for the arms that ran (issue 63's
+    targets: plain <= 1.0, tiered <= 1.3 on the ci zoo)."""
+    if "trl" not in seconds or not seconds["trl"] or math.isnan(seconds["trl"]):
+        return ""
+    fields = {"plain_over_trl": "level1", "tiered_over_trl": "tiered"}
+    return "".join(f" {key}={seconds[arm] / seconds['trl']:.2f}" for key, arm in fields.items() if arm in seconds)
+
+
 def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Change]], job: PeersJob) -> str:
     strata = next((a for a in ("tiered", "tiered-l2", "level1") if a in results), None)
     strata_s = results[strata].seconds_per_update() if strata else float("nan")
@@ -267,6 +277,7 @@ def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Chan
     hacking = ",".join(f"{arm}:{rm.mean - oracle.mean:+.3f}" for arm, (rm, oracle) in gains.items())
     per_used = ",".join(f"{arm}:{generated_per_used(r, job.samples_per_update):.2f}" for arm, r in results.items())
     line += f" hacking_gap={hacking} generated_per_used={per_used}"
+    line += over_trl({arm: r.seconds_per_update() for arm, r in results.items()})
     critical = ",".join(f"{arm}:{max(r.critical_path, key=lambda s: r.critical_path[s])}"
                         for arm, r in results.items() if r.critical_path)
     return line + (f" critical_path={critical}" if critical else "")
@@ -414,6 +425,7 @@ def seeds_line(runs: Sequence[SeedRun]) -> str:
                  f" tiered_l2_minus_tiered_se={together.train_level2[1]:.3f}")
     line += " hacking_gap=" + ",".join(f"{arm}:{gap[0]:+.3f}" for arm, gap in together.gap.items())
     line += " generated_per_used=" + ",".join(f"{arm}:{v:.2f}" for arm, v in together.generated_per_used.items())
+    line += over_trl({arm: _mean_se([r.results[arm].seconds_per_update() for r in runs])[0] for arm in arms})
     critical = ",".join(f"{arm}:{stage}" for arm, stage in together.critical_path.items())
     return line + (f" critical_path={critical}" if critical else "")
 

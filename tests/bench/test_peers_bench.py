@@ -134,6 +134,12 @@ def test_several_seeds_weigh_training_on_level2_and_keep_the_worst_surplus() -> 
     assert "(tiered-l2 minus tiered), held-out oracle -0.067 ± 0.088" in "\n".join(peers.over_seeds(runs))
 
 
+def test_stratas_seconds_per_update_are_set_over_trls() -> None:
+    assert peers.over_trl({"tiered": 6.0, "level1": 2.0, "trl": 4.0}) == " plain_over_trl=0.50 tiered_over_trl=1.50"
+    assert peers.over_trl({"tiered": 6.0, "trl": 4.0}) == " tiered_over_trl=1.50"
+    assert peers.over_trl({"tiered": 6.0}) == "" and peers.over_trl({"tiered": 6.0, "trl": float("nan")}) == ""
+
+
 def test_rounds_are_shared_by_the_updates_they_complete() -> None:
     rounds = [RoundStats(0, 0, 8, {}, 8, 8, 2.0, None, 4.0),   # no update yet
               RoundStats(1, 2, 8, {}, 8, 8, 2.0, None, 2.0),   # two updates: 6 s between them
@@ -179,4 +185,5 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
                         r"strata_oracle_gain=[+-]\d\.\d{3} strata_oracle_gain_se=\d+\.\d{3} "
                         r"trl_oracle_gain=[+-]\d\.\d{3} cost_per_used_sample_ratio=\d+\.\d\d "
                         r"gain_per_cost_ratio=(\S+) hacking_gap=\S+ generated_per_used=tiered:\d+\.\d\d,"
-                        r"tiered-l2:\d+\.\d\d,conventional:\d+\.\d\d,trl:1\.00( critical_path=\S+)?", last), last
+                        r"tiered-l2:\d+\.\d\d,conventional:\d+\.\d\d,trl:1\.00 tiered_over_trl=\d+\.\d\d"
+                        r"( critical_path=\S+)?", last), last
