@@ -116,10 +116,10 @@ class LearnerSettings(StrataSettings):
         True, description="train on Level-1 samples that escalated too (their light-RM reward is the policy's signal)"
     )
     train_tiers: str = Field(
-        "1",
-        description="comma-separated tiers whose final rewards train the policy: on-policy Level-1 samples by "
-        "default (§2.2); with 2, Level-2 samples too, off-policy rows weighted by min(c̄, π_old/π_level2) "
-        "(docs/learner.md says when)",
+        "1,2",
+        description="comma-separated tiers whose final rewards train the policy: the policy's own Level-1 samples "
+        "and Level-2's answers, off-policy rows weighted by min(c̄, π_old/π_level2), when the Level-2 model shares "
+        "the policy's vocabulary (else Level-1 only, said at start); 1: Level-1 only (docs/learner.md says when)",
     )
     center_rewards_by_source: bool = Field(
         True, description="center Level-1 (light RM) and Level-2 (strong RM or human) rewards of a batch on the "

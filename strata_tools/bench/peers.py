@@ -4,8 +4,8 @@ The arms, each in a process of its own (its peak memory is its own) with the sam
 
 - ``tiered``: Strata's learner fed by Strata's rollout as it comes (skip, Level-0 + Level-1, escalation
   to Level-2; the services in one process over a Kafka and Redis of their own);
-- ``tiered-l2``: the same rollout with the learner training on Level-2's answers too (``train_tiers=1,2``,
-  off-policy rows importance-weighted): whether what Level-2 costs is used by training;
+- ``tiered-l1``: the same rollout with the learner training on Level-1's answers only (``train_tiers=1``;
+  the stack's default trains on Level-2's too, importance-weighted): what using Level-2's cost buys;
 - ``level1``: the same with every prompt at Level-1 and nothing escalated (the scheduler's ``tiering``
   off): Strata's plain rollout;
 - ``conventional``: that plain rollout with every sample scored by the strong RM: what RLHF costs without
@@ -28,7 +28,7 @@ differs between the arms. Last line::
 (``strata``: the ``tiered`` arm; ``ratio``: TRL's seconds per update over Strata's, and ``*_over_trl``
 Strata's plain (``level1``) and tiered arms' over TRL's, when they ran; the cost and gain ratios: tiered
 over conventional.) With ``--seeds N`` the last line starts ``peers seeds=N``, gives
-means with between-seed SEs (``_se``), ``tiered_minus_conventional=``, ``tiered_l2_minus_tiered=``
+means with between-seed SEs (``_se``), ``tiered_minus_conventional=``, ``tiered_minus_tiered_l1=``
 when both arms ran, the largest ``generated_per_used`` of any seed and the stage largest in most seeds.
 """
 
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from strata_tools.zoo.build import ZooPaths
     from strata_tools.zoo.suite import PromptRecord
 
-ARMS = ("tiered", "tiered-l2", "level1", "conventional", "trl")
+ARMS = ("tiered", "tiered-l1", "level1", "conventional", "trl")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -258,7 +258,7 @@ def over_trl(seconds: dict[str, float]) -> str:
 
 
 def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Change]], job: PeersJob) -> str:
-    strata = next((a for a in ("tiered", "tiered-l2", "level1") if a in results), None)
+    strata = next((a for a in ("tiered", "tiered-l1", "level1") if a in results), None)
     strata_s = results[strata].seconds_per_update() if strata else float("nan")
     trl_s = results["trl"].seconds_per_update() if "trl" in results else float("nan")
     ratio = trl_s / strata_s if strata_s and not math.isnan(strata_s) else float("nan")
@@ -343,7 +343,8 @@ class AcrossSeeds:
     gap: dict[str, tuple[float, float]]  # arm -> hacking gap (light-RM gain minus oracle gain)
     versus: tuple[tuple[float, float], tuple[float, float]] | None  # tiered minus conventional oracle; cost ratio
     gain_per_cost_ratio: float  # tiered's mean oracle gain per mean cost over conventional's (nan: no such pair)
-    train_level2: tuple[float, float] | None  # tiered-l2 minus tiered, held-out oracle (train_tiers both ways)
+    train_level2: tuple[float, float] | None  # tiered minus tiered-l1, held-out oracle (train_tiers both ways)
+    level1_only_cost: tuple[float, float] | None  # tiered-l1's cost per used sample over conventional's
     generated_per_used: dict[str, float]  # arm -> the most over seeds (the bound holds in every run or not)
     critical_path: dict[str, str]  # arm -> the stage that was largest in the most seeds
 
@@ -361,9 +362,14 @@ def across_seeds(runs: Sequence[SeedRun]) -> AcrossSeeds:
         # A ratio of means: one seed's baseline can gain nothing, which a mean of per-seed ratios cannot take.
         if oracle["conventional"][0] > 0:
             gain_ratio = oracle["tiered"][0] / oracle["conventional"][0] / versus[1][0]
-    if "tiered" in arms and "tiered-l2" in arms:
-        train_level2 = _mean_se([paired_change(r.judged["tiered"].oracle, r.judged["tiered-l2"].oracle).mean
+    level1_only_cost = None
+    if "tiered" in arms and "tiered-l1" in arms:
+        train_level2 = _mean_se([paired_change(r.judged["tiered-l1"].oracle, r.judged["tiered"].oracle).mean
                                  for r in runs])
+    if "tiered-l1" in arms and "conventional" in arms:
+        level1_only_cost = _mean_se([cost_per_used_sample(r.results["tiered-l1"], r.job.samples_per_update)
+                                     / cost_per_used_sample(r.results["conventional"], r.job.samples_per_update)
+                                     for r in runs])
     critical: dict[str, str] = {}
     for arm in arms:
         largest = [max(path, key=path.__getitem__) for r in runs if (path := r.results[arm].critical_path)]
@@ -373,7 +379,7 @@ def across_seeds(runs: Sequence[SeedRun]) -> AcrossSeeds:
         [r.seed for r in runs], oracle,
         {arm: _mean_se([r.gains[arm][0].mean for r in runs]) for arm in arms},
         {arm: _mean_se([r.gains[arm][0].mean - r.gains[arm][1].mean for r in runs]) for arm in arms},
-        versus, gain_ratio, train_level2,
+        versus, gain_ratio, train_level2, level1_only_cost,
         {arm: max(generated_per_used(r.results[arm], r.job.samples_per_update) for r in runs) for arm in arms},
         critical,
     )
@@ -395,8 +401,11 @@ def over_seeds(runs: Sequence[SeedRun]) -> list[str]:
                      f"sample {cost[0]:.2f} ± {cost[1]:.2f} of the conventional arm's")
     if together.train_level2 is not None:
         mean, se = together.train_level2
-        lines.append(f"    training on Level-2's answers too (tiered-l2 minus tiered), held-out oracle "
+        lines.append(f"    training on Level-2's answers too (tiered minus tiered-l1), held-out oracle "
                      f"{mean:+.3f} ± {se:.3f}")
+    if together.level1_only_cost is not None:
+        mean, se = together.level1_only_cost
+        lines.append(f"    tiered-l1 cost per used sample {mean:.2f} ± {se:.2f} of the conventional arm's")
     lines.append("    generated per used sample, the most over seeds: "
                  + ", ".join(f"{arm} {value:.2f}" for arm, value in together.generated_per_used.items()))
     return lines
@@ -406,7 +415,7 @@ def seeds_line(runs: Sequence[SeedRun]) -> str:
     """The last line over several seeds: means, between-seed SEs, and the peers line's other fields."""
     together = across_seeds(runs)
     arms = list(runs[0].results)
-    strata = next((a for a in ("tiered", "tiered-l2", "level1") if a in arms), None)
+    strata = next((a for a in ("tiered", "tiered-l1", "level1") if a in arms), None)
     seconds = _mean_se([r.results[strata].seconds_per_update() for r in runs])[0] if strata else float("nan")
     trl = _mean_se([r.results["trl"].seconds_per_update() for r in runs])[0] if "trl" in arms else float("nan")
     line = (f"peers seeds={len(runs)} strata_s_per_update={seconds:.2f} trl_s_per_update={trl:.2f} "
@@ -421,8 +430,8 @@ def seeds_line(runs: Sequence[SeedRun]) -> str:
         line += (f" tiered_minus_conventional={diff[0]:+.3f} tiered_minus_conventional_se={diff[1]:.3f}"
                  f" cost_per_used_sample_ratio={cost[0]:.2f} gain_per_cost_ratio={together.gain_per_cost_ratio:.2f}")
     if together.train_level2 is not None:
-        line += (f" tiered_l2_minus_tiered={together.train_level2[0]:+.3f}"
-                 f" tiered_l2_minus_tiered_se={together.train_level2[1]:.3f}")
+        line += (f" tiered_minus_tiered_l1={together.train_level2[0]:+.3f}"
+                 f" tiered_minus_tiered_l1_se={together.train_level2[1]:.3f}")
     line += " hacking_gap=" + ",".join(f"{arm}:{gap[0]:+.3f}" for arm, gap in together.gap.items())
     line += " generated_per_used=" + ",".join(f"{arm}:{v:.2f}" for arm, v in together.generated_per_used.items())
     line += over_trl({arm: _mean_se([r.results[arm].seconds_per_update() for r in runs])[0] for arm in arms})

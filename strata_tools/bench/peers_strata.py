@@ -2,8 +2,9 @@
 
     python -m strata_tools.bench.peers_strata ARM JOB.json RESULT.json WORK_DIR
 
-``ARM`` is ``tiered`` (the stack as it comes: skip, Level-1, escalation to Level-2), ``tiered-l2`` (the
-same, the learner training on Level-2's answers too: ``train_tiers=1,2``), ``level1`` (the
+``ARM`` is ``tiered`` (the stack as it comes: skip, Level-1, escalation to Level-2, the learner on both
+tiers' answers), ``tiered-l1`` (the same, the learner on Level-1's answers only: ``train_tiers=1``),
+``level1`` (the
 scheduler's ``tiering`` off and no escalation: every prompt to Level-1, a plain rollout scored by the
 light RM) or ``conventional`` (the same plain rollout with every sample scored by the strong RM: one-model
 RLHF at full reward cost, the baseline the article's saving is measured against). The services run
@@ -27,14 +28,21 @@ from strata_tools.bench.peers_trl import ArmResult, PeersJob, peak_rss_mb
 from strata_tools.trace import Trace
 from strata_tools.train import RoundStats, TrainOptions, TrainSummary, train
 
-STRATA_ARMS = ("tiered", "tiered-l2", "level1", "conventional")
-TIERED_ARMS = ("tiered", "tiered-l2")
-# The tiers whose samples each arm's learner trains on (svc_learner's train_tiers).
-TRAIN_TIERS = {"tiered-l2": "1,2"}
+STRATA_ARMS = ("tiered", "tiered-l1", "level1", "conventional")
+TIERED_ARMS = ("tiered", "tiered-l1")
+# Arms whose learner trains on other tiers than svc_learner's default train_tiers.
+TRAIN_TIERS = {"tiered-l1": "1"}
 # A plain rollout: every prompt to Level-1 (scheduler) and every Level-1 reward final (reward service).
 PLAIN_SCHEDULER: dict[str, Any] = {"tiering": False}
 PLAIN_REWARD: dict[str, Any] = {"escalation_threshold": -1.0, "escalate_on_caution": False, "flag_unsafe": False,
                                 "annotate_level1_share": 0.0, "annotate_level2": False}
+
+
+def train_tiers(arm: str) -> str:
+    """The tiers the arm's learner trains on: its own, else the learner's default (as the stack would run)."""
+    from svc_learner.config import LearnerSettings
+
+    return TRAIN_TIERS.get(arm) or LearnerSettings().train_tiers
 
 
 def update_seconds(rounds: Sequence[RoundStats], start_version: int) -> list[float]:
@@ -67,7 +75,7 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
     learner = {"learning_rate": job.learning_rate, "batch_size": job.samples_per_update,
                "minibatch_size": job.minibatch_size, "update_epochs": job.epochs, "kl_coef": job.kl_coef,
                "kl_warmup_updates": 0, "clip_coef": job.clip_coef, "max_grad_norm": job.max_grad_norm,
-               "adam_eps": job.adam_eps, "seed": job.seed, "train_tiers": TRAIN_TIERS.get(arm, "1")}
+               "adam_eps": job.adam_eps, "seed": job.seed, "train_tiers": train_tiers(arm)}
     if arm == "conventional" and not job.strong_rm:
         raise ValueError("the conventional arm needs the job's strong_rm")
     # The conventional arm serves the strong RM where the light one would be: every sample pays its cost,
@@ -103,7 +111,7 @@ def arm_result(arm: str, job: PeersJob, work: Path, summary: TrainSummary, spent
     for stage in spent:
         by_stage[stage.stage] = by_stage.get(stage.stage, 0.0) + stage.param_tokens
     generation = [s for s in spent if s.stage == "generate"]
-    trained = {int(t) for t in TRAIN_TIERS.get(arm, "1").split(",")}
+    trained = {int(t) for t in train_tiers(arm).split(",")}
     return ArmResult(
         name=f"Strata {arm}",
         update_seconds=updates,

@@ -105,7 +105,7 @@ def test_several_seeds_are_summed_up_with_between_seed_errors() -> None:
     assert "hacking_gap=tiered:+0.400,conventional:+0.000" in line
     # Gains .2 and .1 at half the cost per used sample: 2 / 0.5 = 4 times the gain per cost.
     assert "cost_per_used_sample_ratio=0.50 gain_per_cost_ratio=4.00" in line
-    assert "generated_per_used=tiered:1.00,conventional:1.00" in line and "tiered_l2" not in line
+    assert "generated_per_used=tiered:1.00,conventional:1.00" in line and "tiered_l1" not in line
     summary = "\n".join(peers.over_seeds(runs))
     assert "tiered         oracle gain +0.200 ± 0.058 (per seed +0.300, +0.100, +0.200)" in summary
 
@@ -113,25 +113,29 @@ def test_several_seeds_are_summed_up_with_between_seed_errors() -> None:
 def test_several_seeds_weigh_training_on_level2_and_keep_the_worst_surplus() -> None:
     job = SimpleNamespace(samples_per_update=8, updates=2)
     runs = []
-    for seed, (tiered, with_level2, generated) in enumerate([(0.3, 0.2, 16), (0.1, 0.2, 20), (0.2, 0.0, 16)]):
-        results = {"tiered": ArmResult("Strata tiered", param_tokens=4.0e10, updates_done=2, samples=generated,
-                                       critical_path={"training": 5.0, "driver": 6.0 - 2 * seed}),
-                   "tiered-l2": ArmResult("Strata tiered-l2", param_tokens=4.0e10, updates_done=2, samples=24,
-                                          trained_tier_samples=16, critical_path={"training": 5.0})}
-        gains = {"tiered": (Change(tiered, 0.1, 4, 2), Change(tiered, 0.05, 4, 2)),
-                 "tiered-l2": (Change(with_level2, 0.1, 4, 2), Change(with_level2, 0.05, 4, 2))}
-        judged = {"tiered": peers.Judged([0.0] * 2, [2.0 + tiered] * 2),
-                  "tiered-l2": peers.Judged([0.0] * 2, [2.0 + with_level2] * 2)}
+    for seed, (level1_only, both, generated) in enumerate([(0.3, 0.2, 16), (0.1, 0.2, 20), (0.2, 0.0, 16)]):
+        results = {"tiered-l1": ArmResult("Strata tiered-l1", param_tokens=4.0e10, updates_done=2,
+                                          samples=generated, critical_path={"training": 5.0, "driver": 6.0 - 2 * seed}),
+                   "tiered": ArmResult("Strata tiered", param_tokens=2.0e10, updates_done=2, samples=24,
+                                       trained_tier_samples=16, critical_path={"training": 5.0}),
+                   "conventional": ArmResult("Strata conventional", param_tokens=8.0e10, updates_done=2, samples=16)}
+        gains = {"tiered-l1": (Change(level1_only, 0.1, 4, 2), Change(level1_only, 0.05, 4, 2)),
+                 "tiered": (Change(both, 0.1, 4, 2), Change(both, 0.05, 4, 2)),
+                 "conventional": (Change(0.1, 0.1, 4, 2), Change(0.1, 0.05, 4, 2))}
+        judged = {"tiered-l1": peers.Judged([0.0] * 2, [2.0 + level1_only] * 2),
+                  "tiered": peers.Judged([0.0] * 2, [2.0 + both] * 2),
+                  "conventional": peers.Judged([0.0] * 2, [2.1] * 2)}
         runs.append(peers.SeedRun(seed, job, results, gains, judged, ["a", "b"]))
     line = peers.seeds_line(runs)
-    # tiered-l2 minus tiered: -.1, +.1, -.2: mean -.067, SD .153, SE .088.
-    assert "tiered_l2_minus_tiered=-0.067 tiered_l2_minus_tiered_se=0.088" in line
-    # Seed 1's tiered arm generated 20 for 16 used; tiered-l2 trains on both tiers' 16 of its 24.
-    assert "generated_per_used=tiered:1.25,tiered-l2:1.00" in line
-    assert "gain_per_cost_ratio" not in line  # no conventional arm to set it against
+    # tiered minus tiered-l1: -.1, +.1, -.2: mean -.067, SD .153, SE .088.
+    assert "tiered_minus_tiered_l1=-0.067 tiered_minus_tiered_l1_se=0.088" in line
+    # Seed 1's tiered-l1 arm generated 20 for 16 used; tiered trains on both tiers' 16 of its 24.
+    assert "generated_per_used=tiered-l1:1.25,tiered:1.00,conventional:1.00" in line
     # The driver was largest in seed 0 only, training in seeds 1 and 2.
-    assert line.endswith("critical_path=tiered:training,tiered-l2:training")
-    assert "(tiered-l2 minus tiered), held-out oracle -0.067 ± 0.088" in "\n".join(peers.over_seeds(runs))
+    assert line.endswith("critical_path=tiered-l1:training,tiered:training")
+    summary = "\n".join(peers.over_seeds(runs))
+    assert "(tiered minus tiered-l1), held-out oracle -0.067 ± 0.088" in summary
+    assert "tiered-l1 cost per used sample 0.50 ± 0.00 of the conventional arm's" in summary
 
 
 def test_stratas_seconds_per_update_are_set_over_trls() -> None:
@@ -167,13 +171,13 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
     # The Strata arm's process uses the session's Kafka and Redis instead of starting its own.
     monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
     monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
-    code = main(["bench", "peers", "--arms", "tiered,tiered-l2,conventional,trl", "--updates", "1",
+    code = main(["bench", "peers", "--arms", "tiered,tiered-l1,conventional,trl", "--updates", "1",
                  "--samples-per-update", "8", "--minibatch-size", "4", "--epochs", "1", "--eval-prompts", "4",
                  "--threads", "1", "--work-dir", str(tmp_path)])
     assert code == 0
     out = capsys.readouterr().out
     start = load_file(str(zoo.policy / "model.safetensors"))
-    for arm in ("tiered", "tiered-l2", "conventional", "trl"):
+    for arm in ("tiered", "tiered-l1", "conventional", "trl"):
         result = ArmResult.read(tmp_path / arm / "result.json")
         assert len(result.update_seconds) == 1 and result.update_seconds[0] > 0, arm
         assert result.samples >= 8 and result.param_tokens > 0 and result.peak_rss_mb > 0, arm
@@ -185,5 +189,5 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
                         r"strata_oracle_gain=[+-]\d\.\d{3} strata_oracle_gain_se=\d+\.\d{3} "
                         r"trl_oracle_gain=[+-]\d\.\d{3} cost_per_used_sample_ratio=\d+\.\d\d "
                         r"gain_per_cost_ratio=(\S+) hacking_gap=\S+ generated_per_used=tiered:\d+\.\d\d,"
-                        r"tiered-l2:\d+\.\d\d,conventional:\d+\.\d\d,trl:1\.00 tiered_over_trl=\d+\.\d\d"
+                        r"tiered-l1:\d+\.\d\d,conventional:\d+\.\d\d,trl:1\.00 tiered_over_trl=\d+\.\d\d"
                         r"( critical_path=\S+)?", last), last

@@ -194,7 +194,7 @@ def read_policy_updates(infra: StrataSettings, topic: Topic, count: int) -> list
 def test_a_full_batch_is_learned_checkpointed_and_published(
     infra, policy_dir, tmp_path, learner_topics, publisher, make_learner, fabricate
 ) -> None:
-    settings = learner_settings(infra, policy_dir, tmp_path / "ckpt", measure_sync=True)  # Level-1 only: the default
+    settings = learner_settings(infra, policy_dir, tmp_path / "ckpt", measure_sync=True, train_tiers="1")
     learner = make_learner(settings, learner_topics)
     assert learner.tail is not None
     learner.tail.connect()  # weight sync is timed from rollouts published after this

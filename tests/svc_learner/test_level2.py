@@ -130,8 +130,8 @@ def test_with_train_tiers_1_level2_samples_are_skipped_tier(policy_dir: Path, le
     event = events_pb2.RewardScored(response_hash="r", tier=common_pb2.TIER_LEVEL_2, final=True, reward=4.0,
                                     scorer=common_pb2.SCORER_STRONG)  # fmt: skip
     assert skip_reason(event, engine.trained_tiers) is Outcome.OTHER_TIER
-    assert skip_reason(event, LearnerSettings().trained_tiers) is Outcome.OTHER_TIER  # on-policy by default (§2.2)
-    assert skip_reason(event, LearnerSettings(train_tiers="1,2").trained_tiers) is None
+    assert skip_reason(event, LearnerSettings().trained_tiers) is None  # both tiers train by default
+    assert skip_reason(event, LearnerSettings(train_tiers="1").trained_tiers) is Outcome.OTHER_TIER
     assert engine.offer(level2(0)) is Outcome.OTHER_TIER
     assert engine.status().counts["skipped_tier"] == 1
 
@@ -154,7 +154,8 @@ def test_the_level2_model_comes_from_the_setting_else_the_zoo_else_none(
     level2_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert level2_behaviour_path(LearnerSettings(level2_model_path=level2_dir, train_tiers="1,2")) == level2_dir
-    assert level2_behaviour_path(LearnerSettings(level2_model_path=level2_dir)) is None  # Level-1 only by default
+    assert level2_behaviour_path(LearnerSettings(level2_model_path=level2_dir)) == level2_dir  # both by default
+    assert level2_behaviour_path(LearnerSettings(level2_model_path=level2_dir, train_tiers="1")) is None
     with caplog.at_level(logging.WARNING, logger="svc_learner.service"):
         assert level2_behaviour_path(LearnerSettings(cache_dir=tmp_path, zoo_preset="ci", train_tiers="1,2")) is None
     assert "no level2 model configured" in caplog.text and "--level2-model-path" in caplog.text
