@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from strata.errors import CliError
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
-from strata_tools.train import paired_change
+from strata_tools.train_summary import paired_change
 
 if TYPE_CHECKING:
     import torch

@@ -51,7 +51,9 @@ from typing import TYPE_CHECKING
 from strata.errors import CliError
 from strata_tools.bench.peers_trl import INSTALL_HINT, ArmResult, PeersJob
 from strata_tools.level1 import LivePrompting
-from strata_tools.train import Change, TrainOptions, held_out_records, paired_change, prompt_rounds
+from strata_tools.train import TrainOptions
+from strata_tools.train_stream import held_out_records, prompt_rounds
+from strata_tools.train_summary import Change, paired_change
 
 if TYPE_CHECKING:
     from strata.models.loading import LoadedModel

@@ -57,15 +57,14 @@ from strata_tools.train import (
     CPU_LEARNER_ARGS,
     CPU_LEARNER_BATCH,
     Addresses,
-    Change,
     Request,
     RoundStats,
     TrainOptions,
     TrainSummary,
-    checkpoint_lines,
     request_done,
     train,
 )
+from strata_tools.train_summary import Change, checkpoint_lines
 from strata_tools.zoo.desk import SimulatedDesk, demo_pool
 
 if TYPE_CHECKING:

@@ -11,7 +11,8 @@ from tqdm import tqdm
 from strata.config import StrataSettings
 from strata.errors import CliError
 from strata_tools.cli.progress import redraw
-from strata_tools.train import Addresses, RoundStats, TrainOptions, checkpoint_lines, train
+from strata_tools.train import Addresses, RoundStats, TrainOptions, train
+from strata_tools.train_summary import checkpoint_lines
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -18,7 +18,8 @@ from strata_tools.bench import peers
 from strata_tools.bench.peers_strata import update_seconds
 from strata_tools.bench.peers_trl import ArmResult, group_per_update
 from strata_tools.cli.main import main
-from strata_tools.train import Change, RoundStats
+from strata_tools.train import RoundStats
+from strata_tools.train_summary import Change
 from strata_tools.zoo.build import ZooPaths
 
 

@@ -34,7 +34,7 @@ def test_the_headline_takes_completed_requests_once_per_prompt() -> None:
 def test_the_report_opens_with_three_plain_lines_and_ends_with_the_demo_line() -> None:
     from strata_tools.cli.demo_cmd import demo_line, plain_lines
     from strata_tools.tiering.tier_eval import ArmFigures
-    from strata_tools.train import Change
+    from strata_tools.train_summary import Change
 
     arm = ArmFigures("this run", 64, 10.0, 1e11, 0.0, 2.5, 0.3, 0.9, 0.1, saving=0.21, param_token_saving=0.35,
                      quality_ratio=0.97)

@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from strata_tools.intervals import cluster_bootstrap, clustered_se
-from strata_tools.train import paired_change
+from strata_tools.train_summary import paired_change
 
 
 def test_equal_clusters_give_the_standard_error_of_the_cluster_means() -> None:

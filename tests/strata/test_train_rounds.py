@@ -10,20 +10,14 @@ import pytest
 
 from strata import ledger
 from strata.v1 import common_pb2, events_pb2
-from strata_tools.train import (
+from strata_tools.train import Request, RoundStats, TrainOptions, TrainSummary, checkpoint_due, request_done
+from strata_tools.train_stream import prompt_rounds, round_prompts
+from strata_tools.train_summary import (
     Booked,
     Checkpoint,
     Evaluation,
-    Request,
-    RoundStats,
-    TrainOptions,
-    TrainSummary,
-    checkpoint_due,
     checkpoint_lines,
-    prompt_rounds,
-    request_done,
     reward_oscillation,
-    round_prompts,
     write_report,
 )
 from strata_tools.zoo.suite import PromptRecord
@@ -167,7 +161,8 @@ def test_the_report_draws_the_held_out_change_against_the_booked_cost(tmp_path) 
 
 
 def test_the_driver_sends_no_more_prompts_than_the_learner_still_needs() -> None:
-    from strata_tools.train import TrainOptions, round_size, samples_still_needed
+    from strata_tools.train import TrainOptions
+    from strata_tools.train_stream import round_size, samples_still_needed
 
     bounded = TrainOptions(updates=3, prompts_per_round=16, n_samples=4, samples_per_update=32)
     # 3 batches of 32 = 96 samples; a full round is 16 prompts = 64 samples.
@@ -196,7 +191,8 @@ def test_the_learner_has_seen_every_event_it_counted_whatever_it_made_of_it() ->
 
 def test_a_batch_in_training_is_held_not_missing() -> None:
     from strata.v1 import learner_pb2
-    from strata_tools.train import learner_holds, samples_still_needed
+    from strata_tools.train import learner_holds
+    from strata_tools.train_stream import samples_still_needed
 
     # Mid-update: the batch left the pending list, and no version holds it yet.
     options = TrainOptions(updates=8, prompts_per_round=16, n_samples=2, samples_per_update=32)
@@ -207,7 +203,7 @@ def test_a_batch_in_training_is_held_not_missing() -> None:
 
 
 def test_the_driver_sends_no_more_than_the_learner_can_take_before_it_goes_stale() -> None:
-    from strata_tools.train import samples_to_send
+    from strata_tools.train_stream import samples_to_send
 
     options = TrainOptions(updates=8, prompts_per_round=16, n_samples=2, samples_per_update=32)
     assert options.max_batches_ahead == 2
