@@ -94,7 +94,7 @@ def _light_members(spec: str, settings: Any) -> list[Path]:
 def _distilled_light(strong_path: Path, settings: Any) -> list[Path]:
     """The default distillation of ``strong_path``, built once and cached."""
     from strata.contract.checksums import weights_checksum
-    from strata_tools.rm.lifecycle import DistillOptions, distill_version
+    from strata_tools.rm.light import DistillOptions, distill_version
     from strata_tools.rm.versions import RM_INFO_FILE
 
     options = DistillOptions(strong=str(strong_path), rollout_log=False, device="cpu")

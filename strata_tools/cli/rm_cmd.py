@@ -16,8 +16,9 @@ config, data sources). Versions are registered in Redis (``svc_reward.registry``
 publishes ``strata.rm.updated``. Training and distillation are offline processes: svc_reward keeps
 serving its current version meanwhile and swaps only on ``promote``.
 
-The library behind it (data collection, teacher logits, the distillation run, evaluation sets,
-versions) is ``strata_tools.rm.lifecycle``, which ``strata bench rm`` and the zoo call too.
+The library behind it is ``strata_tools.rm``: the strong RM's training (``strata_tools.rm.strong``), the
+distillation run (``strata_tools.rm.light``), the data, teacher logits and evaluation sets they share
+(``strata_tools.rm.lifecycle``) and versions (``strata_tools.rm.versions``); ``strata bench rm`` calls it too.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from strata.errors import CliError
-from strata_tools.rm.lifecycle import PSEUDO_LABELS_FILE, DistillOptions, StrongOptions, distill_version, train_strong
+from strata_tools.rm.light import DistillOptions, distill_version
+from strata_tools.rm.strong import PSEUDO_LABELS_FILE, StrongOptions, train_strong
 from strata_tools.rm.versions import open_registry, promote_version, version_table
 
 log = logging.getLogger(__name__)

@@ -1,1 +1,2 @@
-"""The reward-model lifecycle as a library (``strata_tools.rm.lifecycle``); ``strata rm`` is its command."""
+"""The reward-model lifecycle as a library (``strata_tools.rm.strong``, ``.light``, ``.lifecycle``, ``.versions``);
+``strata rm`` is its command."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from strata import redis_client
 from strata.errors import CliError
+from strata_tools.rm.light import DistillOptions, run_distill
 from strata_tools.rm.recipe import student_init_dir
 from strata_tools.rm.refresh import (
     RefreshOptions,
@@ -35,6 +36,7 @@ from strata_tools.rm.refresh import (
     split_by_prompt,
     verdict,
 )
+from strata_tools.rm.strong import StrongOptions, train_strong
 
 REPORT_DIR = "rm-refresh"
 
@@ -226,7 +228,7 @@ def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Ca
              labelled: tuple[list[dict[str, Any]], dict[str, int]] | None = None) -> TurnReport:
     """One turn: labels (``labelled``: already collected), split, strong fine-tune, light re-distil,
     held-out verdict, maybe promotion."""
-    from strata_tools.rm.lifecycle import DistillOptions, StrongOptions, read_pairs, run_distill, train_strong
+    from strata_tools.rm.lifecycle import read_pairs
     from strata_tools.rm.versions import finalize_version, promote_version
     from strata_tools.zoo.build import ensure_zoo
 

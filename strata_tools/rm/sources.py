@@ -275,8 +275,9 @@ def _fine_tune_and_judge(options: SourcesOptions, settings: Any, zoo: Any, base_
                          progress: Callable[[str], None]) -> SourcesReport:
     """The RM before fine-tuning, then one fine-tune per arm (the base first), each judged on ``fresh``."""
     from strata.models.loading import load_reward_model
-    from strata_tools.rm.lifecycle import StrongOptions, mean_rewards, read_pairs, train_strong
+    from strata_tools.rm.lifecycle import mean_rewards, read_pairs
     from strata_tools.rm.recipe import student_init_dir
+    from strata_tools.rm.strong import StrongOptions, train_strong
 
     recipe = zoo.config
     init = student_init_dir(zoo.rm_strong) or zoo.rm_strong

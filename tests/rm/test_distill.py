@@ -23,7 +23,8 @@ from strata_tools.rm.distill import (
     rank_metrics,
     train_light,
 )
-from strata_tools.rm.lifecycle import DistillOptions, read_pairs
+from strata_tools.rm.lifecycle import read_pairs
+from strata_tools.rm.light import DistillOptions
 from strata_tools.rm.recipe import STUDENT_INIT_DIR, student_init_dir
 from strata_tools.rm.train import new_reward_model
 from strata_tools.rm.versions import RM_INFO_FILE

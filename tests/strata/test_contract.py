@@ -127,7 +127,8 @@ RM_RECIPE = (*(f"{TOOLS}/rm/{name}.py" for name in ("recipe", "train", "distill"
 
 
 def test_the_rm_recipe_imports_no_zoo_service_or_rm_run() -> None:
-    runs = tuple(f"{TOOLS}.rm.{name}" for name in ("lifecycle", "loop", "onpolicy", "versions", "human"))
+    runs = tuple(f"{TOOLS}.rm.{name}" for name in ("lifecycle", "light", "strong", "loop", "onpolicy", "versions",
+                                                   "human"))
     offenders = [f"{rel} imports {name}" for rel in RM_RECIPE for name in _imports(ROOT / rel)
                  if _top(name).startswith("svc_") or name == f"{TOOLS}.zoo" or name.startswith(f"{TOOLS}.zoo.")
                  or name in runs]

@@ -22,7 +22,8 @@ from strata.contract.checksums import version_id, weights_checksum
 from strata.hashing import content_hash
 from strata.v1 import events_pb2
 from strata_tools.cli.main import main
-from strata_tools.rm.lifecycle import PSEUDO_LABELS_FILE, SourceUnavailableError, historical_rollouts
+from strata_tools.rm.lifecycle import SourceUnavailableError, historical_rollouts
+from strata_tools.rm.strong import PSEUDO_LABELS_FILE
 from strata_tools.rm.train import new_reward_model
 from svc_reward.registry import (
     ChecksumMismatchError,
