@@ -148,7 +148,7 @@ def _distill_sources(options: DistillOptions, zoo: Any, settings: Any
     pairs: list[tuple[str, str]] = []
     sources: dict[str, Any] = {}
     if options.zoo_pairs:
-        from strata_tools.zoo.build import distill_pairs
+        from strata_tools.zoo.rm_data import distill_pairs
         from strata_tools.zoo.suite import load_suite
 
         swaps = zoo.config.rm_light_distill_swaps if options.swaps is None else options.swaps
@@ -205,7 +205,7 @@ def _fit_light_members(options: DistillOptions, zoo: Any, strong: Any, strong_pa
 
     from strata.models.reward import save_rm_tokenizer
     from strata_tools.rm.distill import DistillConfig, train_light
-    from strata_tools.zoo.build import RM_LIGHT_TRAIN
+    from strata_tools.zoo.config import RM_LIGHT_TRAIN
 
     zoo_recipe = zoo.config.rm_light_train if zoo is not None else RM_LIGHT_TRAIN  # the schedule from an init
     members: list[Path] = []

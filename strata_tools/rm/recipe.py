@@ -8,7 +8,7 @@
 - scoring pairs in length order (``score_in_length_order``), what every labelling pass uses.
 
 The zoo supplies its task's data (oracle-labelled rows, prompt swaps, feature labels:
-``strata_tools.zoo.build``); ``strata rm`` supplies a user's. Nothing here imports the zoo.
+``strata_tools.zoo.rm_data``); ``strata rm`` supplies a user's. Nothing here imports the zoo.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from strata_tools.rm.versions import finalize_version
 
 if TYPE_CHECKING:  # torch: imported by the runs that train, not by `strata rm --help`
     from strata_tools.rm.recipe import StrongRecipe
-    from strata_tools.zoo.build import ZooConfig
+    from strata_tools.zoo.config import ZooConfig
 
 PSEUDO_LABELS_FILE = "pseudo_labels.jsonl"
 

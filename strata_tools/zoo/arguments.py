@@ -18,7 +18,8 @@ def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
 def zoo_settings_from_args(args: argparse.Namespace, **extra: Any) -> Any:
     # Imported here: strata_tools.zoo.build loads torch and transformers (seconds), and every `strata`
     # command registers these arguments, `strata health` (a container's healthcheck) included.
-    from strata_tools.zoo.build import PRESETS, ZooSettings
+    from strata_tools.zoo.build import ZooSettings
+    from strata_tools.zoo.config import PRESETS
 
     overrides: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
     if args.preset is not None:

@@ -12,11 +12,13 @@ also copied from another zoo in the same cache whose stage has the same key (``s
 config fields the stage reads and the keys of the stages it builds on), so a changed RM recipe
 retrains the RMs, not the LMs. ``ensure_zoo(settings)`` is the entry point for code and tests;
 ``strata models build`` is the one for people.
+
+The config, its presets and the stage keys are ``strata_tools.zoo.config``; the RM stages' data
+(pair rows, distillation pairs, feature labels, match pools) is ``strata_tools.zoo.rm_data``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -24,7 +26,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +42,14 @@ from transformers import (
 )
 
 from strata.config import StrataSettings
-from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.models import write_manifest
-from strata.contract.template import RM_MAX_LENGTH, format_rm_input
+from strata.contract.template import format_rm_input
 from strata.models.generation import SamplingConfig, generate
 from strata.models.growth import deepen
 from strata.models.loading import ZOO_INFO_FILE, load_causal_lm, load_reward_model
-from strata.models.pretrained import TRUNKS, trunk_dir
+from strata.models.pretrained import trunk_dir
 from strata.models.reward import save_rm_tokenizer
 from strata.models.training import ModelShape, TrainConfig
-from strata_tools.rm.augment import perturb_each
 from strata_tools.rm.recipe import (
     STUDENT_INIT_DIR,
     StrongRecipe,
@@ -60,230 +60,15 @@ from strata_tools.rm.recipe import (
     student_init_dir,
     teacher_version,
 )
-from strata_tools.rm.train import FeatureLabels, MatchPool, new_reward_model
+from strata_tools.rm.train import new_reward_model
 from strata_tools.zoo import corpus
-from strata_tools.zoo.lexicon import TOPICS
-from strata_tools.zoo.oracle import SUBJECT_NAMES, answer_features, oracle_score
+from strata_tools.zoo.config import PRESETS, PRETRAINED_INITS, ROLES, ZOO_FORMAT_VERSION, ZooConfig, stage_key
+from strata_tools.zoo.rm_data import distill_pairs, match_training, near_miss_rows, pair_row
 from strata_tools.zoo.seal import check_sealed
-from strata_tools.zoo.suite import PromptRecord, load_suite
+from strata_tools.zoo.suite import load_suite
 from strata_tools.zoo.train import new_causal_lm, pack_texts, train_causal_lm, train_tokenizer
 
 logger = logging.getLogger(__name__)
-
-# Bump when a code change alters what a given config builds; it is part of the cache key.
-# 3: torch is seeded at the start of every stage (a stage no longer depends on which stages ran before it).
-# 4: the sealed test split took one subject per topic out of train (strata_tools.zoo.suite).
-ZOO_FORMAT_VERSION = "4"
-ROLES: tuple[str, ...] = ("tokenizer", "probe", "level1", "level2", "rm_data", "rm_strong", "rm_light")
-# What each stage reads: the ZooConfig fields and the earlier stages whose output it uses (an RM also
-# uses the LM named by its ``*_init`` field). Every stage reads ``seed``. Keep in step with the stages.
-STAGE_FIELDS: dict[str, tuple[str, ...]] = {
-    "tokenizer": ("vocab_size", "lm_responses_per_prompt"),
-    "probe": ("probe", "probe_train", "probe_block_size", "n_positions"),
-    "level1": ("level1", "level1_train", "block_size", "n_positions", "lm_responses_per_prompt"),
-    "level2": ("level2", "level2_train", "level2_grow_layers", "level2_grow_train", "block_size", "n_positions",
-               "lm_responses_per_prompt"),
-    "rm_data": ("rm_group_size", "rm_model_samples", "rm_perturbed_samples", "sample_max_new_tokens"),
-    "rm_strong": ("rm_strong_init", "rm_strong", "rm_strong_init_layers", "rm_strong_train", "rm_n_bins",
-                  "rm_max_length", "rm_pairwise_weight", "n_positions", "rm_strong_match_pairs",
-                  "rm_strong_feature_weight", "rm_strong_widen", "rm_strong_grow_layers", "rm_strong_grow_train",
-                  "rm_strong_grow_feature_weight", "rm_strong_head_lr_scale"),
-    "rm_light": ("rm_light_train", "rm_light_distill_pairs", "rm_light_distill_swaps", "rm_light_temperature",
-                 "rm_max_length", "rm_light_layers"),
-}
-STAGE_UPSTREAM: dict[str, tuple[str, ...]] = {
-    "tokenizer": (), "probe": ("tokenizer",), "level1": ("tokenizer",), "level2": ("tokenizer",),
-    "rm_data": ("level1", "level2"), "rm_strong": ("rm_data",),
-    "rm_light": ("rm_data", "rm_strong"),
-}
-
-
-def stage_key(config: dict[str, Any], role: str) -> str:
-    """Cache key of one stage, from a zoo config as ``asdict`` gives it (as recorded in ``strata_zoo.json``)."""
-    upstream = list(STAGE_UPSTREAM[role])
-    init = config.get(f"{role}_init") if role.startswith("rm_") else None
-    if init in STAGE_UPSTREAM:  # a zoo LM; a pretrained trunk (``PRETRAINED_INITS``) is named in the fields
-        upstream.append(init)
-    payload = {
-        "format": ZOO_FORMAT_VERSION,
-        "role": role,
-        "fields": {name: config[name] for name in ("seed", *STAGE_FIELDS[role])},
-        "upstream": {name: stage_key(config, name) for name in upstream},
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
-
-
-# RM trunks that come pretrained from a PyPI wheel (``strata.models.pretrained``), with their depth.
-PRETRAINED_INITS: dict[str, int] = {name: trunk.layers for name, trunk in TRUNKS.items()}  # name -> depth
-
-# Default shapes and schedules (frozen dataclasses, shared safely as defaults).
-PROBE_SHAPE = ModelShape(n_embd=128, n_layer=4, n_head=4)  # ~1M parameters
-PROBE_TRAIN = TrainConfig(steps=120, batch_size=32, lr=3e-3, warmup_steps=10)
-LEVEL1_SHAPE = ModelShape(n_embd=256, n_layer=6, n_head=4)  # ~5M: Level-1 and the PPO policy
-LEVEL1_TRAIN = TrainConfig(steps=80, batch_size=16, lr=2e-3)
-LEVEL2_SHAPE = ModelShape(n_embd=384, n_layer=6, n_head=6)  # ~12M: Level-2 before it grows
-LEVEL2_TRAIN = TrainConfig(steps=120, batch_size=16, lr=1.5e-3)
-LEVEL2_GROW_LAYERS = 10  # then deepened to 16 x 384, ~29M, and trained on (``train.deepen``)
-LEVEL2_GROW_TRAIN = TrainConfig(steps=32, batch_size=16, lr=1e-3, warmup_steps=5)
-# The strong RM: a cross-encoder on all-MiniLM-L6-v2 (pretrained on English; the zoo's own LMs read only
-# the zoo's task, and RMs built on them ranked Level-1's answers at Spearman 0.20, docs/reward-models.md),
-# 1 200 grouped steps at lr 5e-5 with its fresh score head at 20x (docs/model-zoo.md; still learning at
-# 800: docs/reward-models.md).
-RM_STRONG_TRAIN = TrainConfig(steps=1200, batch_size=4, lr=5e-5, warmup_steps=40)
-RM_STRONG_HEAD_LR_SCALE = 20.0
-# Then it widens 2x (``train.widen_bert``, the same function in a 6 x 768 model, ~67M) so that it costs
-# more than the light RM: ~4x MiniLM per token (3.6x measured). No steps after growth.
-RM_STRONG_WIDEN = 2
-RM_STRONG_GROW_TRAIN = TrainConfig(steps=0, batch_size=4, lr=5e-5, warmup_steps=0)
-# The light RM: the strong RM before growth (6 x 384), fitted gently by KL to the widened strong RM's bin
-# distributions on RM pairs and prompt swaps it labels (R6). Its first two blocks, distilled 600 steps
-# at 1e-3, copied the strong RM at 0.78 and ranked Level-1's answers at 0.21 (the strong RM: 0.53);
-# docs/model-zoo.md. A light RM that reads is worth more than a fast blind one; the ratio is ~4x.
-RM_LIGHT_LAYERS = 0
-RM_LIGHT_TRAIN = TrainConfig(steps=150, batch_size=32, lr=5e-5, warmup_steps=10)
-
-
-@dataclass(frozen=True)
-class ZooConfig:
-    """Every size, step count and seed of a zoo build (its hash names the cache directory)."""
-
-    preset: str = "default"
-    seed: int = 0
-    vocab_size: int = 2048
-    n_positions: int = 256  # longest prompt + response a zoo LM handles
-    block_size: int = 128  # pretraining window (a prompt and its response fit in ~90 tokens)
-    lm_responses_per_prompt: int = 3  # reference responses per train prompt in the LM corpus
-    probe: ModelShape = PROBE_SHAPE
-    probe_train: TrainConfig = PROBE_TRAIN
-    probe_block_size: int = 64
-    level1: ModelShape = LEVEL1_SHAPE
-    level1_train: TrainConfig = LEVEL1_TRAIN
-    level2: ModelShape = LEVEL2_SHAPE
-    level2_train: TrainConfig = LEVEL2_TRAIN
-    # Level-2 is trained at the ``level2`` shape, then grows this many identity-initialised blocks
-    # and trains on (0: no growth): a ~30M model that starts where the 12M one ended, which two CPU
-    # cores could not train from scratch in the build budget.
-    level2_grow_layers: int = LEVEL2_GROW_LAYERS
-    level2_grow_train: TrainConfig = LEVEL2_GROW_TRAIN
-    rm_group_size: int = 4  # per train prompt: a reference and this many minus one degradations of it
-    rm_model_samples: int = 600  # responses sampled from each of Level-1 and Level-2 for RM data (on-policy)
-    # Each of those samples also joins its group as a near miss (the article's §5.1): its words swapped or
-    # its sentences reordered, re-scored by the oracle. The best source of label per label measured
-    # (`strata rm sources`: +0.038 Level-1 Spearman on the default zoo, +0.058 on the ci zoo).
-    rm_perturbed_samples: bool = True
-    rm_pairwise_weight: float = 1.0  # weight of the in-group ranking loss (0: scores only)
-    rm_n_bins: int = 11  # RM logits over 0, 0.5, ..., 5; reward = expected value
-    # RM input tokens, saved as the tokenizer's model_max_length (serving truncates alike). All of nearly
-    # every answer: at 128, a third of the repeated and most of the too-long answers were cut before
-    # what the oracle punishes in them.
-    rm_max_length: int = RM_MAX_LENGTH
-    # RM backbone: a pretrained trunk (``PRETRAINED_INITS``: "minilm"), a zoo LM ("probe", "level1",
-    # "level2"; the probe reads the prompt's intent, one side of the prompt-answer match) or "" (scratch).
-    rm_strong_init: str = "minilm"
-    rm_strong: ModelShape = LEVEL1_SHAPE  # used only when rm_strong_init is "" (else the init LM's)
-    # The strong RM reads with the init LM's first blocks only (0: all): fine-tuning all of the grown
-    # Level-2 (29M) would take the RM stage past the build budget.
-    rm_strong_init_layers: int = 0
-    rm_strong_train: TrainConfig = RM_STRONG_TRAIN
-    # Match steps (train_reward_model): pairs of one reference answer under its own and another train
-    # prompt per step, with an optimiser of their own (0: none); and the weight of the feature heads
-    # (prompt and answer intent, topic and subject) on both kinds of step.
-    rm_strong_match_pairs: int = 0
-    rm_strong_feature_weight: float = 0.0
-    # After those steps the strong RM grows: every width times ``rm_strong_widen`` (1: none) and
-    # ``rm_strong_grow_layers`` more blocks (0: none), then ``rm_strong_grow_train`` steps of the same
-    # recipe at that size. The model before growth is saved as its student init (``STUDENT_INIT_DIR``).
-    rm_strong_widen: int = RM_STRONG_WIDEN
-    rm_strong_grow_layers: int = 0
-    rm_strong_grow_train: TrainConfig = RM_STRONG_GROW_TRAIN
-    rm_strong_grow_feature_weight: float = 0.0  # feature heads after growth (they start fresh: 0, none)
-    # The score head's learning rate over the trunk's (a pretrained trunk wants ~5e-5, its fresh head ~1e-3).
-    rm_strong_head_lr_scale: float = RM_STRONG_HEAD_LR_SCALE
-    # The light RM is distilled from the strong RM (R6): it starts from the strong RM's student init and
-    # fits, by KL at ``rm_light_temperature``, the strong RM's bin distributions on this many RM pairs
-    # (sampled) and this many prompt swaps of train prompts (a reference answer under its own prompt and
-    # under another: what carries the prompt match).
-    rm_light_train: TrainConfig = RM_LIGHT_TRAIN
-    rm_light_distill_pairs: int = 2000
-    rm_light_distill_swaps: int = 500
-    rm_light_temperature: float = 2.0
-    # The light RM's start: the strong RM before growth (or itself, when it did not grow); N > 0 keeps
-    # only its first N blocks, with its embeddings and head (0: all of them).
-    rm_light_layers: int = RM_LIGHT_LAYERS
-    sample_max_new_tokens: int = 80
-
-    def __post_init__(self) -> None:
-        # Checked here, not minutes into a build: both would fail (or silently train random blocks) late.
-        if self.rm_max_length > self.n_positions:
-            raise ValueError(f"rm_max_length ({self.rm_max_length}) exceeds n_positions ({self.n_positions}): "
-                             "the RMs have no position embeddings past n_positions")
-        init_depths = {"probe": self.probe.n_layer, "level1": self.level1.n_layer,
-                       "level2": self.level2.n_layer + self.level2_grow_layers, **PRETRAINED_INITS}
-        init, layers = self.rm_strong_init, self.rm_strong_init_layers
-        if init and init not in init_depths:
-            raise ValueError(f"rm_strong_init must be one of {', '.join(init_depths)} or '' (scratch), got {init!r}")
-        if init and layers > init_depths[init]:
-            raise ValueError(f"rm_strong_init_layers ({layers}) exceeds the {init} LM's {init_depths[init]} layers")
-        if self.rm_strong_widen < 1 or self.rm_strong_grow_layers < 0:
-            raise ValueError(f"rm_strong_widen must be >= 1 and rm_strong_grow_layers >= 0, got "
-                             f"{self.rm_strong_widen} and {self.rm_strong_grow_layers}")
-        grows = self.rm_strong_widen > 1 or self.rm_strong_grow_layers > 0
-        if init in PRETRAINED_INITS and self.rm_strong_grow_layers:
-            raise ValueError(f"a pretrained trunk ({init}) widens but does not deepen (identity blocks are "
-                             "GPT-2's): set rm_strong_grow_layers=0")
-        strong_depth = (layers or init_depths[init]) if init else self.rm_strong.n_layer
-        if self.rm_light_layers < 0 or (self.rm_light_layers and self.rm_light_layers >= strong_depth):
-            raise ValueError(f"rm_light_layers must be 0 or fewer than the strong RM's {strong_depth} blocks, got "
-                             f"{self.rm_light_layers}")
-        if self.rm_light_layers == 0 and not grows:
-            # The light RM starts from the strong RM's trunk before growth: without growth there is none
-            # (and a light RM as costly as its teacher saves nothing).
-            raise ValueError("the strong RM must grow (rm_strong_widen > 1 or rm_strong_grow_layers > 0), or the "
-                             "light RM start from its first blocks (rm_light_layers > 0)")
-
-    def config_hash(self) -> str:
-        payload = json.dumps({"format": ZOO_FORMAT_VERSION, **asdict(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
-
-def _ci_preset() -> ZooConfig:
-    """Small and fast (a few minutes on 2 cores): for plumbing tests, not for quality claims."""
-    small = ModelShape(n_embd=64, n_layer=2, n_head=2)
-    return ZooConfig(
-        preset="ci",
-        vocab_size=1024,
-        lm_responses_per_prompt=1,
-        probe=small,
-        # The probe must clear min_confidence on its top direction, or every prompt goes to Level-2.
-        probe_train=TrainConfig(steps=300, batch_size=32, lr=3e-3, warmup_steps=5),
-        level1=ModelShape(n_embd=96, n_layer=2, n_head=2),
-        # Enough steps to write language-like text: the PPO tests need a policy whose reward can move.
-        level1_train=TrainConfig(steps=200, batch_size=16, lr=3e-3, warmup_steps=5),
-        level2=ModelShape(n_embd=128, n_layer=3, n_head=4),
-        level2_train=TrainConfig(steps=240, batch_size=16, lr=3e-3, warmup_steps=5),
-        level2_grow_layers=0,
-        # On-policy samples are what the PPO tests' light RM scores: many of them (tiny models sample fast).
-        rm_model_samples=300,
-        # A GPT-2 RM on Level-1's trunk: a pretrained one trains ~1 s a step here, past this preset's budget.
-        rm_strong_init="level1",
-        rm_strong_init_layers=0,
-        rm_strong_head_lr_scale=1.0,
-        rm_strong=ModelShape(n_embd=96, n_layer=2, n_head=2),
-        rm_strong_train=TrainConfig(steps=150, batch_size=4, lr=1e-3, warmup_steps=5),
-        rm_strong_match_pairs=0,  # plumbing: the match steps are tested on their own and in the micro build
-        rm_strong_feature_weight=0.0,
-        rm_strong_widen=2,
-        rm_strong_grow_layers=1,
-        rm_strong_grow_train=TrainConfig(steps=20, batch_size=4, lr=2e-4, warmup_steps=2),
-        rm_light_layers=0,  # the light RM is the strong RM's trunk before growth
-        rm_light_train=TrainConfig(steps=150, batch_size=32, lr=5e-4, warmup_steps=10),
-        rm_light_distill_pairs=600,
-        rm_light_distill_swaps=150,
-        sample_max_new_tokens=48,
-    )
-
-
-PRESETS: dict[str, Callable[[], ZooConfig]] = {"default": ZooConfig, "ci": _ci_preset}
 
 
 class ZooSettings(StrataSettings):
@@ -513,7 +298,7 @@ class ZooBuilder:
         plus, for some prompts, a Level-1 and a Level-2 sample and a perturbed copy of each joining that
         prompt's group."""
         groups = corpus.rm_groups(self.train_records, self.cfg.rm_group_size, self.cfg.seed)
-        rows = [_pair_row(p.record, p.response, p.kind, g) for g, group in enumerate(groups) for p in group]
+        rows = [pair_row(p.record, p.response, p.kind, g) for g, group in enumerate(groups) for p in group]
         group_of = {group[0].record.id: g for g, group in enumerate(groups)}
         rng = random.Random(self.cfg.seed + 1)
         for role, path in (("level1", self.paths.level1), ("level2", self.paths.level2)):
@@ -522,7 +307,7 @@ class ZooBuilder:
             directions = [corpus.sample_directions(r, rng) for r in records]
             sampling = SamplingConfig(max_new_tokens=self.cfg.sample_max_new_tokens, seed=self.cfg.seed)
             generations = generate(lm, [r.text for r in records], directions, sampling)
-            samples = [_pair_row(r, g.text, f"sample:{role}", group_of[r.id])
+            samples = [pair_row(r, g.text, f"sample:{role}", group_of[r.id])
                        for r, g in zip(records, generations, strict=True)]
             rows += samples
             if self.cfg.rm_perturbed_samples:
@@ -622,90 +407,6 @@ class ZooBuilder:
                 "loss": f"{cfg.rm_light_temperature:g}^2 x KL(strong || light) over score bins"}
 
 
-def distill_pairs(rows: list[dict[str, Any]], train_records: list[PromptRecord], n_pairs: int, n_swaps: int,
-                  seed: int) -> tuple[list[str], list[str], dict[str, int]]:
-    """(prompt, response) pairs for the strong RM to label: ``n_pairs`` RM data rows (seeded sample; 0:
-    all) and ``n_swaps`` prompt swaps (a train prompt's reference answer under it and under another),
-    with how many of each."""
-    rng = random.Random(seed + 7)
-    sample = rows if not n_pairs or n_pairs >= len(rows) else rng.sample(rows, n_pairs)
-    prompts = [row["prompt"] for row in sample]
-    responses = [row["response"] for row in sample]
-    swaps = corpus.prompt_swaps(train_records, seed + 8) if n_swaps else []
-    swaps = swaps if n_swaps >= len(swaps) else rng.sample(swaps, n_swaps)
-    for swap in swaps:
-        prompts += [swap.record.text, swap.other.text]
-        responses += [swap.response, swap.response]
-    return prompts, responses, {"rm_data": len(sample), "prompt_swaps": len(swaps)}
-
-
 def rm_init_dir(paths: ZooPaths, init: str) -> Path:
     """Where the strong RM of ``paths``' recipe starts: a zoo LM's directory, or a pretrained trunk's."""
     return trunk_dir(init) if init in PRETRAINED_INITS else Path(getattr(paths, init))
-
-
-def rm_features(rows: list[dict[str, Any]]) -> dict[str, FeatureLabels]:
-    """The feature heads' labels for RM data rows: the prompt's intent, topic and subject (from the
-    suite; -1 for a prompt not in it) and the answer's own (``oracle.answer_features``; -1 when
-    unclear). Topics (8) are learned long before subjects (80) and already tell an off-topic answer."""
-    records = {record.id: record for record in load_suite()}
-    intents = {name: i for i, name in enumerate(DIRECTION_NAMES)}
-    subjects = {name: i for i, name in enumerate(SUBJECT_NAMES)}
-    topics = {topic.name: i for i, topic in enumerate(TOPICS)}
-    topic_of = {subject.name: topic.name for topic in TOPICS for subject in topic.subjects}
-    labels: dict[str, list[int]] = {f"{side}_{what}": [] for side in ("prompt", "answer")
-                                    for what in ("intent", "topic", "subject")}
-    for row in rows:
-        record = records.get(row.get("prompt_id", ""))
-        answer_intent, answer_subject = answer_features(row["response"])
-        labels["prompt_intent"].append(intents[record.intent] if record else -1)
-        labels["prompt_topic"].append(topics[record.topic] if record else -1)
-        labels["prompt_subject"].append(subjects[record.subject] if record else -1)
-        labels["answer_intent"].append(intents[answer_intent] if answer_intent else -1)
-        labels["answer_topic"].append(topics[topic_of[answer_subject]] if answer_subject else -1)
-        labels["answer_subject"].append(subjects[answer_subject] if answer_subject else -1)
-    n_classes = {"intent": len(intents), "topic": len(topics), "subject": len(subjects)}
-    return {name: FeatureLabels(values, n_classes[name.split("_")[1]]) for name, values in labels.items()}
-
-
-def match_training(rows: list[dict[str, Any]], train_records: list[PromptRecord], match_pairs: int,
-                   feature_weight: float, seed: int) -> dict[str, Any]:
-    """``train_reward_model``'s keyword arguments for the feature heads (labels of ``rows``) and the
-    match steps (pool ``k`` drawn from ``train_records`` with seed ``seed + 100 + k``); empty when
-    both are off. The build and ``strata rm train-strong`` share it, so the CLI trains the zoo's RM."""
-    aids: dict[str, Any] = {}
-    if feature_weight > 0:
-        aids |= {"features": rm_features(rows), "feature_weight": feature_weight}
-    if match_pairs:
-        aids |= {"match_pools": lambda k: match_pool(train_records, seed + 100 + k), "match_pairs": match_pairs}
-    return aids
-
-
-def match_pool(records: list[PromptRecord], seed: int) -> MatchPool:
-    """The match steps' texts: per record a reference answer under its own prompt and under another
-    (``corpus.prompt_swaps``: same subject, other intent, or same intent, other subject), in pairs,
-    with oracle scores and feature labels."""
-    rows = []
-    for swap in corpus.prompt_swaps(records, seed):
-        rows += [_pair_row(swap.record, swap.response, "reference", -1),
-                 _pair_row(swap.other, swap.response, swap.kind, -1)]
-    return MatchPool([format_rm_input(row["prompt"], row["response"]) for row in rows],
-                     [row["score"] for row in rows], rm_features(rows))
-
-
-def near_miss_rows(samples: list[dict[str, Any]], records: dict[str, PromptRecord], seed: int) -> list[dict[str, Any]]:
-    """A near miss of each sample row where it has one (``augment.perturb_each``), re-scored by the
-    oracle, in the sample's group; its kind ``perturbed:<tier>`` for a ``sample:<tier>`` row."""
-    texts = perturb_each([row["response"] for row in samples], seed)
-    return [_pair_row(records[row["prompt_id"]], text, row["kind"].replace("sample:", "perturbed:", 1), row["group"])
-            for row, text in zip(samples, texts, strict=True) if text is not None]
-
-
-def _pair_row(record: PromptRecord, response: str, kind: str, group: int) -> dict[str, Any]:
-    return {"prompt_id": record.id, "prompt": record.text, "response": response, "kind": kind, "group": group,
-            "score": oracle_score(record, response)}
-
-
-def with_overrides(config: ZooConfig, **changes: Any) -> ZooConfig:
-    """A copy of ``config`` with some fields changed (for tests and experiments)."""
-    return replace(config, **changes)

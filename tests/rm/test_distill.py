@@ -28,7 +28,7 @@ from strata_tools.rm.light import DistillOptions
 from strata_tools.rm.recipe import STUDENT_INIT_DIR, student_init_dir
 from strata_tools.rm.train import new_reward_model
 from strata_tools.rm.versions import RM_INFO_FILE
-from strata_tools.zoo.build import ZooConfig
+from strata_tools.zoo.config import ZooConfig
 from svc_reward.registry import describe
 
 

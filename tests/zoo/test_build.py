@@ -14,21 +14,10 @@ from strata.models.loading import load_causal_lm, load_reward_model
 from strata.models.reward import score_responses
 from strata.models.training import ModelShape, TrainConfig
 from strata_tools.rm.recipe import STUDENT_INIT_DIR, groups_of, student_init_dir
-from strata_tools.zoo.build import (
-    PRESETS,
-    ROLES,
-    ZooBuilder,
-    ZooConfig,
-    ZooPaths,
-    ZooSettings,
-    as_zoo_settings,
-    near_miss_rows,
-    resolve_config,
-    stage_key,
-    with_overrides,
-    zoo_paths,
-)
+from strata_tools.zoo.build import ZooBuilder, ZooPaths, ZooSettings, as_zoo_settings, resolve_config, zoo_paths
+from strata_tools.zoo.config import PRESETS, ROLES, ZooConfig, stage_key, with_overrides
 from strata_tools.zoo.oracle import oracle_score
+from strata_tools.zoo.rm_data import near_miss_rows
 from strata_tools.zoo.suite import load_suite
 from svc_reward.registry import describe
 
