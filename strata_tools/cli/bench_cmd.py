@@ -33,6 +33,7 @@ BENCHES: dict[str, str] = {
     "rm": "strata_tools.bench.rm",
     "tiers": "strata_tools.bench.tiers",
     "edge": "strata_tools.bench.edge",
+    "load": "strata_tools.bench.load",
     "chaos": "strata_tools.bench.chaos",
     "annotators": "strata_tools.bench.annotators",
     "stages": "strata_tools.bench.stages",
