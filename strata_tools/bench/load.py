@@ -34,7 +34,9 @@ Last line: ``load knee_skip=<rate> knee_fresh=<rate> p99_final_ms=<the fresh kne
 overload_lost=<accepted without a final within the deadline> overload_doubled=<requests with more
 finals than samples> bottleneck=<service>`` (a knee of 0: no rate made the bound), then
 ``bottleneck_by=`` (lag or cpu), ``overload_refused=``, ``overload_bad_refusals=``, ``retry_hint_share=``,
-``drained_s=`` (-1: not within ``--drain-timeout``) and ``p99_bound_ms=``. The exit status is 1 when
+``drained_s=`` (-1: not within ``--drain-timeout``), ``p99_bound_ms=`` and ``skip_mix_skipped=`` (the share
+of the skip mix's accepted prompts the scheduler did skip: on a zoo whose rewards vary widely it routes
+them to Level-2 instead, and the skip mix measures that). The exit status is 1 when
 something accepted was lost or doubled, a refusal had another code, or the lag did not drain.
 
 ``--soak SECONDS`` replaces the steps and the overload: after the warm-up, the skip mix at
@@ -52,6 +54,7 @@ growing lag and late finals instead of refusals.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import random
@@ -59,6 +62,7 @@ import re
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -284,6 +288,7 @@ class StepFigures:
     cpu_per_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per second while sending, by service
     rss_mb: dict[str, float] = field(default_factory=dict)  # most RSS while sending, by service
     redis_mb: float = 0.0  # most used_memory while sending
+    decisions: dict[str, int] = field(default_factory=dict)  # the scheduler's decisions on the accepted, by name
     drained_s: float | None = None  # after sending stopped, until no group lagged; None: not in time
 
 
@@ -320,6 +325,7 @@ def step_figures(mix: str, rate: float, started: float, duration_s: float, calls
         max_lag=max_lag, lag_growth=growth, rss_mb={s: max(x.rss_bytes.get(s, 0) for x in during) / 2**20
                                                     for s in {s for x in during for s in x.rss_bytes}},
         redis_mb=max((x.redis_bytes for x in during), default=0) / 2**20,
+        decisions=dict(Counter(c.reply.decision for c in accepted)),
     )
 
 
@@ -356,8 +362,8 @@ def bottleneck(step: StepFigures | None) -> tuple[str, str]:
     if step is None:
         return "none", ""
     grown = {s: g for s, g in step.lag_growth.items() if g > 0}
-    if grown:
-        return max(sorted(grown), key=lambda s: grown[s]), "lag"
+    if grown:  # equal growth (a batch in flight each): the busier service
+        return max(sorted(grown), key=lambda s: (grown[s], step.cpu_per_s.get(s, 0.0))), "lag"
     if step.cpu_per_s:
         return max(sorted(step.cpu_per_s), key=lambda s: step.cpu_per_s[s]), "cpu"
     return "none", ""
@@ -571,6 +577,16 @@ class Monitor:
         with self._lock:
             return next((s for s in reversed(self._samples) if s.at <= at), None)
 
+    def fresh(self, timeout_s: float) -> Sample | None:
+        """The first reading taken after this call; None when none comes within ``timeout_s``."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            latest = self.last_before(time.monotonic())
+            if latest is not None and latest.at > start:
+                return latest
+            self._stop.wait(min(self._interval_s, 0.5))  # interval between checks of a real condition
+        return None
+
     def wait_drained(self, timeout_s: float) -> float | None:
         """Seconds until a reading taken after this call shows no lag in any group; None after ``timeout_s``."""
         start = time.monotonic()
@@ -661,25 +677,21 @@ def _run(args: argparse.Namespace, plan: Plan, pools: Pools, infra: Any, zoo: An
                      lambda line: print(line, flush=True), n_samples=WARMUP_SAMPLES)
         groups = run_groups(infra, run_id)
         pids = service_pids(live.ports, os.getpid())
-        redis = redis_client.connect(infra.redis_address, socket_timeout=10)
-        channel = rpc.channel(live.scheduler_address)
-        prefix = f"load-{run_id}"
-        finals = Finals(infra, prefix)
-        monitor = Monitor(stack_reader(infra, groups, pids, redis), args.sample_interval)
-        client = OpenLoopClient(grpc_submitter(scheduler_pb2_grpc.SchedulerStub(channel), args.submit_timeout),
-                                args.workers)
-        rig = Rig(client, finals, monitor, pids, prefix, args)
-        try:
+        with contextlib.ExitStack() as opened:  # closed in reverse: the client first, Redis last
+            redis = redis_client.connect(infra.redis_address, socket_timeout=10)
+            opened.callback(redis.close)
+            channel = opened.enter_context(rpc.channel(live.scheduler_address))
+            prefix = f"load-{run_id}"
+            finals = Finals(infra, prefix)
+            opened.callback(finals.close)
+            monitor = Monitor(stack_reader(infra, groups, pids, redis), args.sample_interval)
+            opened.callback(monitor.close)
+            client = OpenLoopClient(grpc_submitter(scheduler_pb2_grpc.SchedulerStub(channel), args.submit_timeout),
+                                    args.workers)
+            opened.callback(client.close)
+            rig = Rig(client, finals, monitor, pids, prefix, args)
             print(f"  watching consumer groups of {', '.join(groups)}; services {', '.join(pids)}", flush=True)
-            if args.soak:
-                return _soak(rig, pools)
-            return _steps_and_overload(rig, plan, pools)
-        finally:
-            client.close()
-            monitor.close()
-            finals.close()
-            channel.close()
-            redis.close()
+            return _soak(rig, pools) if args.soak else _steps_and_overload(rig, plan, pools)
 
 
 @dataclass(frozen=True)
@@ -736,10 +748,11 @@ def _steps_and_overload(rig: Rig, plan: Plan, pools: Pools) -> int:
 def _soak(rig: Rig, pools: Pools) -> int:
     args = rig.args
     print(f"  soak: skip mix at {args.soak_rate:g}/s for {args.soak:g} s ...", flush=True)
-    start = rig.monitor.last_before(time.monotonic())
+    reading_timeout_s = 10 * args.sample_interval + 30  # a reading costs a round of Kafka admin calls
+    start = rig.monitor.fresh(reading_timeout_s)
     calls, figures = run_phase(rig, "soak", args.soak_rate, args.soak, skip_prompts(pools, random.Random(args.seed)),
                                args.seed)
-    end = rig.monitor.last_before(time.monotonic())
+    end = rig.monitor.fresh(reading_timeout_s)
     print_header()
     print_step(figures)
     accounting = account(calls, rig.finals.arrivals(), args.final_deadline)
@@ -772,7 +785,9 @@ def print_step(step: StepFigures) -> None:
           f"{_ms(step.submit_p50_ms):>8}/{_ms(step.submit_p99_ms):<9} {_ms(step.final_p50_ms):>8}/"
           f"{_ms(step.final_p99_ms):<9} {step.late:>5} {drained:>8}  {refused}", flush=True)
     print(f"{'':<8} lag max {_pairs(step.max_lag, '{:d}')}; CPU s/s {_pairs(step.cpu_per_s, '{:.2f}')}; "
-          f"RSS MB {_pairs(step.rss_mb, '{:.0f}')}; Redis {step.redis_mb:.1f} MB", flush=True)
+          f"RSS MB {_pairs(step.rss_mb, '{:.0f}')}; Redis {step.redis_mb:.1f} MB; decisions "
+          f"{_pairs({d.removeprefix('DECISION_').lower(): n for d, n in step.decisions.items()}, '{:d}')}",
+          flush=True)
 
 
 def _ms(value: float) -> str:
@@ -794,7 +809,15 @@ def last_line(steps: Mapping[str, Sequence[StepFigures]], overload: Accounting, 
             f"overload_lost={overload.lost} overload_doubled={overload.doubled} bottleneck={service} "
             f"bottleneck_by={by or '-'} overload_refused={overload.refused} "
             f"overload_bad_refusals={overload.bad_refusals} retry_hint_share={hint_share:.3f} "
-            f"drained_s={drained_s if drained_s is not None else -1:.0f} p99_bound_ms={p99_bound_ms:g}")
+            f"drained_s={drained_s if drained_s is not None else -1:.0f} p99_bound_ms={p99_bound_ms:g} "
+            f"skip_mix_skipped={skipped_share(steps.get('skip', [])):.3f}")
+
+
+def skipped_share(steps: Sequence[StepFigures]) -> float:
+    """Of the accepted prompts of ``steps``, the share the scheduler skipped; nan without any."""
+    accepted = sum(n for step in steps for n in step.decisions.values())
+    skipped = sum(step.decisions.get("DECISION_SKIP", 0) for step in steps)
+    return skipped / accepted if accepted else float("nan")
 
 
 def _rate(step: StepFigures | None) -> str:
@@ -809,7 +832,11 @@ def report(steps: Mapping[str, Sequence[StepFigures]], overload: Accounting, dra
     for mix, mix_steps in steps.items():
         found = knee(mix_steps, p99_bound_ms)
         print(f"{mix}: knee {_rate(found)}/s (final p99 within {p99_bound_ms:g} ms and >= "
-              f"{MIN_ACCEPTED_SHARE:.0%} of the offered rate accepted)")
+              f"{MIN_ACCEPTED_SHARE:.0%} of the offered rate accepted); {skipped_share(mix_steps):.0%} of its "
+              "accepted prompts skipped")
+        if mix_steps and all(within_bound(step, p99_bound_ms) for step in mix_steps):
+            print(f"{mix}: no step missed the bound, so the knee is at least {_rate(found)}/s and the bottleneck a "
+                  "reading of an unsaturated stack: step higher rates to find them")
     print(f"overload: {overload.accepted} accepted, {overload.refused} refused ({overload.with_hint} with a retry "
           f"hint, {overload.bad_refusals} with another code, {overload.served_refused} served all the same); "
           f"{overload.lost} accepted without a final in time, {overload.doubled} with more than one")

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import replace
 from types import SimpleNamespace
 
 import grpc
@@ -133,7 +134,7 @@ def test_refusals_are_counted_by_code_with_their_retry_hints(serve) -> None:
     assert replies["ok-4"] == Reply("OK", decision="DECISION_SKIP")
     figures = load.step_figures("skip", 5, calls[0].scheduled_at, 1.0, calls, [], [], None)
     assert figures.refused_per_s == {"RESOURCE_EXHAUSTED": 2.0, "UNAVAILABLE": 1.0, "INTERNAL": 1.0}
-    assert figures.accepted_per_s == 1.0 and figures.skip_share == 1.0
+    assert figures.accepted_per_s == 1.0 and figures.skip_share == 1.0 and figures.decisions == {"DECISION_SKIP": 1}
     accounting = load.account(calls, {"ok-4": [calls[-1].sent_at + 1.0]}, deadline_s=60)
     assert (accounting.refused, accounting.with_hint, accounting.bad_refusals) == (4, 3, 1)
     assert (accounting.accepted, accounting.lost, accounting.doubled) == (1, 0, 0)
@@ -186,6 +187,8 @@ def test_the_bottleneck_is_the_group_whose_lag_grew_most_past_the_knee_else_the_
              step(4, float("inf"), growth={"reward": 400})]
     assert load.past_knee(steps, 30_000).offered_rate == 2
     assert load.bottleneck(load.past_knee(steps, 30_000)) == ("generator-l1", "lag")
+    tied = step(2, 90_000, growth={"probe": 1, "reward": 1, "scheduler": 0}, cpu={"probe": 0.1, "reward": 0.3})
+    assert load.bottleneck(tied) == ("reward", "lag")  # a batch in flight each: the busier one
     quiet = step(2, 90_000, growth={"probe": 0, "reward": -2}, cpu={"probe": 0.2, "reward": 0.9, "scheduler": 0.4})
     assert load.bottleneck(quiet) == ("reward", "cpu")
     # No step misses: the highest rate is read.
@@ -222,16 +225,19 @@ def test_step_figures_read_lag_rss_and_redis_from_the_samples_taken_while_sendin
 
 
 def test_the_last_line_names_the_knees_the_overload_and_the_bottleneck() -> None:
-    steps = {"skip": [step(1, 900, mix="skip"), step(2, 1_000, mix="skip")],
+    skip_steps = [replace(step(1, 900, mix="skip"), decisions={"DECISION_SKIP": 2, "DECISION_LEVEL_2": 2}),
+                  replace(step(2, 1_000, mix="skip"), decisions={"DECISION_SKIP": 4})]
+    steps = {"skip": skip_steps,
              "fresh": [step(1, 12_345), step(2, 40_000, growth={"generator-l1": 30})]}
     overload = load.Accounting(accepted=30, refused=10, lost=0, doubled=0, bad_refusals=0, with_hint=5,
                                served_refused=0)
     line = load.last_line(steps, overload, 42.4, 30_000)
     assert line == ("load knee_skip=2 knee_fresh=1 p99_final_ms=12345 overload_lost=0 overload_doubled=0 "
                     "bottleneck=generator-l1 bottleneck_by=lag overload_refused=10 overload_bad_refusals=0 "
-                    "retry_hint_share=0.500 drained_s=42 p99_bound_ms=30000")
+                    "retry_hint_share=0.500 drained_s=42 p99_bound_ms=30000 skip_mix_skipped=0.750")
     none = load.last_line({"fresh": [step(1, float("inf"))]}, overload, None, 30_000)
     assert none.startswith("load knee_skip=0 knee_fresh=0 p99_final_ms=nan ") and "drained_s=-1 " in none
+    assert none.endswith(" skip_mix_skipped=nan")
 
 
 def test_a_lost_request_or_an_undrained_lag_fails_the_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -241,7 +247,9 @@ def test_a_lost_request_or_an_undrained_lag_fails_the_run(capsys: pytest.Capture
     assert load.report(steps, clean, None, 30_000) == 1
     lost = load.Accounting(accepted=3, refused=0, lost=1, doubled=0, bad_refusals=0, with_hint=0, served_refused=0)
     assert load.report(steps, lost, 5.0, 30_000) == 1
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("load knee_skip=0 knee_fresh=1 ")
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1].startswith("load knee_skip=0 knee_fresh=1 ")
+    assert "fresh: no step missed the bound, so the knee is at least 1/s" in out
 
 
 # -- prompts ------------------------------------------------------------------------------------------------
