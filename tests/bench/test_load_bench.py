@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
+import random
 import subprocess
 import sys
 import threading
@@ -21,7 +23,30 @@ import pytest
 from strata.errors import CliError
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.bench import load
-from strata_tools.bench.load import Call, Reply, Sample, StepFigures
+from strata_tools.bench.load.client import (
+    PUSHBACK_KEY,
+    Call,
+    OpenLoopClient,
+    Reply,
+    grpc_submitter,
+    retry_hint_s,
+    send_offsets,
+)
+from strata_tools.bench.load.figures import (
+    Accounting,
+    Sample,
+    StepFigures,
+    account,
+    bottleneck,
+    final_latencies_ms,
+    knee,
+    last_line,
+    past_knee,
+    report,
+    step_figures,
+)
+from strata_tools.bench.load.phases import WARMUP_PROMPTS_PER_FAMILY, Plan, skip_prompts, split_pools
+from strata_tools.bench.load.stack import cpu_seconds, rss_bytes, service_pids
 
 # -- scripted schedulers, in process ------------------------------------------------------------------------
 
@@ -51,7 +76,7 @@ class RefusingScheduler(scheduler_pb2_grpc.SchedulerServicer):
                ) -> scheduler_pb2.SubmitResponse:
         kind = request.request_id.split("-")[0]
         if kind == "exhausted":
-            context.set_trailing_metadata(((load.PUSHBACK_KEY, "1500"),))
+            context.set_trailing_metadata(((PUSHBACK_KEY, "1500"),))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the tiers are behind")
         if kind == "unavailable":
             context.abort(grpc.StatusCode.UNAVAILABLE, "Kafka did not acknowledge the prompt; retry in 2.50 s")
@@ -89,9 +114,9 @@ def _requests(prefix: str = "r") -> Iterator[tuple[str, str]]:
 
 def test_the_client_keeps_the_offered_rate_when_each_call_takes_far_longer_than_the_interval(serve) -> None:
     server = SlowScheduler(delay_s=0.3)  # six times the 50 ms interval of 20/s
-    client = load.OpenLoopClient(load.grpc_submitter(serve(server), timeout_s=10), workers=16)
+    client = OpenLoopClient(grpc_submitter(serve(server), timeout_s=10), workers=16)
     try:
-        calls = client.run(load.send_offsets(20, 1.5, seed=0, poisson=False), _requests())
+        calls = client.run(send_offsets(20, 1.5, seed=0, poisson=False), _requests())
     finally:
         client.close()
     assert len(calls) == 30 and len(server.received) == 30 and all(c.accepted for c in calls)
@@ -105,22 +130,22 @@ def test_the_client_keeps_the_offered_rate_when_each_call_takes_far_longer_than_
 
 def test_a_pool_that_cannot_keep_up_records_how_late_it_sent_instead_of_sending_less(serve) -> None:
     # One worker is a closed loop: each send waits for the previous reply (0.3 s) where the schedule says 0.1 s.
-    client = load.OpenLoopClient(load.grpc_submitter(serve(SlowScheduler(delay_s=0.3)), timeout_s=10), workers=1)
+    client = OpenLoopClient(grpc_submitter(serve(SlowScheduler(delay_s=0.3)), timeout_s=10), workers=1)
     try:
-        calls = client.run(load.send_offsets(10, 0.5, seed=0, poisson=False), _requests())
+        calls = client.run(send_offsets(10, 0.5, seed=0, poisson=False), _requests())
     finally:
         client.close()
     assert len(calls) == 5  # all of them offered ...
     scheduled = [c.scheduled_at - calls[0].scheduled_at for c in calls]
     assert scheduled == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4], abs=0.03)  # ... at the offered rate ...
     assert calls[-1].sent_at - calls[-1].scheduled_at > 0.7  # ... and the last one 4 x 0.3 - 0.4 s late
-    figures = load.step_figures("fresh", 10, calls[0].scheduled_at, 0.5, calls, [], [], None)
+    figures = step_figures("fresh", 10, calls[0].scheduled_at, 0.5, calls, [], [], None)
     assert figures.send_late_p99_ms > 700
     assert figures.sent_per_s < 10  # what went out within the step, not what was offered
 
 
 def test_refusals_are_counted_by_code_with_their_retry_hints(serve) -> None:
-    client = load.OpenLoopClient(load.grpc_submitter(serve(RefusingScheduler()), timeout_s=10), workers=4)
+    client = OpenLoopClient(grpc_submitter(serve(RefusingScheduler()), timeout_s=10), workers=4)
     kinds = ["exhausted", "exhausted", "unavailable", "broken", "ok"]
     requests = ((f"{kind}-{i}", "a prompt") for i, kind in enumerate(kinds))
     try:
@@ -132,10 +157,10 @@ def test_refusals_are_counted_by_code_with_their_retry_hints(serve) -> None:
     assert replies["unavailable-2"] == Reply("UNAVAILABLE", retry_hint_s=2.5)
     assert replies["broken-3"] == Reply("INTERNAL")
     assert replies["ok-4"] == Reply("OK", decision="DECISION_SKIP")
-    figures = load.step_figures("skip", 5, calls[0].scheduled_at, 1.0, calls, [], [], None)
+    figures = step_figures("skip", 5, calls[0].scheduled_at, 1.0, calls, [], [], None)
     assert figures.refused_per_s == {"RESOURCE_EXHAUSTED": 2.0, "UNAVAILABLE": 1.0, "INTERNAL": 1.0}
     assert figures.accepted_per_s == 1.0 and figures.skip_share == 1.0 and figures.decisions == {"DECISION_SKIP": 1}
-    accounting = load.account(calls, {"ok-4": [calls[-1].sent_at + 1.0]}, deadline_s=60)
+    accounting = account(calls, {"ok-4": [calls[-1].sent_at + 1.0]}, deadline_s=60)
     assert (accounting.refused, accounting.with_hint, accounting.bad_refusals) == (4, 3, 1)
     assert (accounting.accepted, accounting.lost, accounting.doubled) == (1, 0, 0)
 
@@ -149,15 +174,15 @@ def test_refusals_are_counted_by_code_with_their_retry_hints(serve) -> None:
 ])
 def test_retry_hints_come_from_the_pushback_trailer_or_the_details(metadata: list, details: str,
                                                                     hint: float | None) -> None:
-    assert load.retry_hint_s(metadata, details) == hint
+    assert retry_hint_s(metadata, details) == hint
 
 
 def test_poisson_send_times_are_seeded_and_average_the_offered_rate() -> None:
-    offsets = load.send_offsets(50, 200, seed=3)
-    assert offsets == load.send_offsets(50, 200, seed=3) != load.send_offsets(50, 200, seed=4)
+    offsets = send_offsets(50, 200, seed=3)
+    assert offsets == send_offsets(50, 200, seed=3) != send_offsets(50, 200, seed=4)
     assert abs(len(offsets) - 10_000) < 400  # Poisson: SD 100
     assert offsets == sorted(offsets) and offsets[0] >= 0 and offsets[-1] < 200
-    assert load.send_offsets(4, 2.5, seed=0, poisson=False) == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25]
+    assert send_offsets(4, 2.5, seed=0, poisson=False) == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25]
 
 
 # -- the knee, the bottleneck and the overload's accounting (pure) -------------------------------------------
@@ -173,27 +198,27 @@ def step(rate: float, p99_ms: float, accepted_per_s: float | None = None, growth
 
 def test_the_knee_is_the_highest_rate_below_the_first_that_misses_the_bound() -> None:
     steps = [step(4, 29_000), step(1, 3_000), step(2, 5_000), step(8, float("inf")), step(16, 20_000)]
-    assert load.knee(steps, 30_000).offered_rate == 4  # 16/s making it again above a miss is noise
-    assert load.knee(steps, 4_000).offered_rate == 1
-    assert load.knee(steps, 2_000) is None
+    assert knee(steps, 30_000).offered_rate == 4  # 16/s making it again above a miss is noise
+    assert knee(steps, 4_000).offered_rate == 1
+    assert knee(steps, 2_000) is None
     # Refusing most of the offered rate is no way under the knee: 8/s accepting 7 of 8 misses (90 %).
-    assert load.knee([step(4, 1_000), step(8, 1_000, accepted_per_s=7.0)], 30_000).offered_rate == 4
-    assert load.knee([step(4, 1_000), step(8, 1_000, accepted_per_s=7.2)], 30_000).offered_rate == 8
+    assert knee([step(4, 1_000), step(8, 1_000, accepted_per_s=7.0)], 30_000).offered_rate == 4
+    assert knee([step(4, 1_000), step(8, 1_000, accepted_per_s=7.2)], 30_000).offered_rate == 8
 
 
 def test_the_bottleneck_is_the_group_whose_lag_grew_most_past_the_knee_else_the_busiest_service() -> None:
     steps = [step(1, 1_000, growth={"probe": 5}),
              step(2, 90_000, growth={"probe": 3, "generator-l1": 40, "reward": 12, "scheduler": 0}),
              step(4, float("inf"), growth={"reward": 400})]
-    assert load.past_knee(steps, 30_000).offered_rate == 2
-    assert load.bottleneck(load.past_knee(steps, 30_000)) == ("generator-l1", "lag")
+    assert past_knee(steps, 30_000).offered_rate == 2
+    assert bottleneck(past_knee(steps, 30_000)) == ("generator-l1", "lag")
     tied = step(2, 90_000, growth={"probe": 1, "reward": 1, "scheduler": 0}, cpu={"probe": 0.1, "reward": 0.3})
-    assert load.bottleneck(tied) == ("reward", "lag")  # a batch in flight each: the busier one
+    assert bottleneck(tied) == ("reward", "lag")  # a batch in flight each: the busier one
     quiet = step(2, 90_000, growth={"probe": 0, "reward": -2}, cpu={"probe": 0.2, "reward": 0.9, "scheduler": 0.4})
-    assert load.bottleneck(quiet) == ("reward", "cpu")
+    assert bottleneck(quiet) == ("reward", "cpu")
     # No step misses: the highest rate is read.
-    assert load.past_knee([step(1, 1_000), step(2, 2_000, growth={"reward": 1})], 30_000).offered_rate == 2
-    assert load.bottleneck(None) == ("none", "")
+    assert past_knee([step(1, 1_000), step(2, 2_000, growth={"reward": 1})], 30_000).offered_rate == 2
+    assert bottleneck(None) == ("none", "")
 
 
 def call(request_id: str, sent_at: float, code: str = "OK", hint: float | None = None) -> Call:
@@ -206,10 +231,10 @@ def test_the_overload_counts_lost_doubled_and_badly_refused_requests() -> None:
              call("timed-out", 3.0, "DEADLINE_EXCEEDED"), call("taken-anyway", 3.0, "UNAVAILABLE", 1.0)]
     arrivals = {"served": [50.0], "late": [61.0], "twice": [10.0, 11.0], "taken-anyway": [20.0],
                 "someone-else": [5.0]}
-    result = load.account(calls, arrivals, deadline_s=60)
-    assert result == load.Accounting(accepted=4, refused=4, lost=2, doubled=1, bad_refusals=1, with_hint=2,
+    result = account(calls, arrivals, deadline_s=60)
+    assert result == Accounting(accepted=4, refused=4, lost=2, doubled=1, bad_refusals=1, with_hint=2,
                                      served_refused=1)
-    assert load.final_latencies_ms(calls, arrivals, 60) == [50_000.0, float("inf"), float("inf"), 8_000.0]
+    assert final_latencies_ms(calls, arrivals, 60) == [50_000.0, float("inf"), float("inf"), 8_000.0]
 
 
 def test_step_figures_read_lag_rss_and_redis_from_the_samples_taken_while_sending() -> None:
@@ -217,7 +242,7 @@ def test_step_figures_read_lag_rss_and_redis_from_the_samples_taken_while_sendin
     before = Sample(9.0, {"probe": 2, "reward": 0}, {}, 0)
     during = [Sample(10.2, {"probe": 4, "reward": 1}, {"probe": 100 * 2**20}, 3 * 2**20),
               Sample(11.2, {"probe": 3, "reward": 9}, {"probe": 120 * 2**20}, 2 * 2**20)]
-    figures = load.step_figures("fresh", 3, 10.0, 2.0, calls, [1_000.0, float("inf")], during, before)
+    figures = step_figures("fresh", 3, 10.0, 2.0, calls, [1_000.0, float("inf")], during, before)
     assert figures.max_lag == {"probe": 4, "reward": 9} and figures.lag_growth == {"probe": 2, "reward": 9}
     assert figures.rss_mb == {"probe": 120.0} and figures.redis_mb == 3.0
     assert (figures.accepted_per_s, figures.refused_per_s, figures.late) == (1.0, {"RESOURCE_EXHAUSTED": 0.5}, 1)
@@ -229,24 +254,24 @@ def test_the_last_line_names_the_knees_the_overload_and_the_bottleneck() -> None
                   replace(step(2, 1_000, mix="skip"), decisions={"DECISION_SKIP": 4})]
     steps = {"skip": skip_steps,
              "fresh": [step(1, 12_345), step(2, 40_000, growth={"generator-l1": 30})]}
-    overload = load.Accounting(accepted=30, refused=10, lost=0, doubled=0, bad_refusals=0, with_hint=5,
+    overload = Accounting(accepted=30, refused=10, lost=0, doubled=0, bad_refusals=0, with_hint=5,
                                served_refused=0)
-    line = load.last_line(steps, overload, 42.4, 30_000)
+    line = last_line(steps, overload, 42.4, 30_000)
     assert line == ("load knee_skip=2 knee_fresh=1 p99_final_ms=12345 overload_lost=0 overload_doubled=0 "
                     "bottleneck=generator-l1 bottleneck_by=lag overload_refused=10 overload_bad_refusals=0 "
                     "retry_hint_share=0.500 drained_s=42 p99_bound_ms=30000 skip_mix_skipped=0.750")
-    none = load.last_line({"fresh": [step(1, float("inf"))]}, overload, None, 30_000)
+    none = last_line({"fresh": [step(1, float("inf"))]}, overload, None, 30_000)
     assert none.startswith("load knee_skip=0 knee_fresh=0 p99_final_ms=nan ") and "drained_s=-1 " in none
     assert none.endswith(" skip_mix_skipped=nan")
 
 
 def test_a_lost_request_or_an_undrained_lag_fails_the_run(capsys: pytest.CaptureFixture[str]) -> None:
     steps = {"fresh": [step(1, 1_000)]}
-    clean = load.Accounting(accepted=3, refused=0, lost=0, doubled=0, bad_refusals=0, with_hint=0, served_refused=0)
-    assert load.report(steps, clean, 5.0, 30_000) == 0
-    assert load.report(steps, clean, None, 30_000) == 1
-    lost = load.Accounting(accepted=3, refused=0, lost=1, doubled=0, bad_refusals=0, with_hint=0, served_refused=0)
-    assert load.report(steps, lost, 5.0, 30_000) == 1
+    clean = Accounting(accepted=3, refused=0, lost=0, doubled=0, bad_refusals=0, with_hint=0, served_refused=0)
+    assert report(steps, clean, 5.0, 30_000) == 0
+    assert report(steps, clean, None, 30_000) == 1
+    lost = Accounting(accepted=3, refused=0, lost=1, doubled=0, bad_refusals=0, with_hint=0, served_refused=0)
+    assert report(steps, lost, 5.0, 30_000) == 1
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1].startswith("load knee_skip=0 knee_fresh=1 ")
     assert "fresh: no step missed the bound, so the knee is at least 1/s" in out
@@ -257,15 +282,15 @@ def test_a_lost_request_or_an_undrained_lag_fails_the_run(capsys: pytest.Capture
 def test_the_skip_pool_is_served_safe_families_and_the_fresh_pool_shares_none_of_them() -> None:
     records = [SimpleNamespace(text=f"{family} #{k}", family=family, risk=family.startswith("medical"))
                for family in ("medical/a", "code/b", "code/c", "math/d") for k in range(7)]
-    pools = load.split_pools(records, families=2, seed=1)
+    pools = split_pools(records, families=2, seed=1)
     warm_families = {t.split(" #")[0] for t in pools.warmup}
     assert len(warm_families) == 2 and "medical/a" not in warm_families
-    assert len(pools.warmup) == 2 * load.WARMUP_PROMPTS_PER_FAMILY and len(pools.paraphrases) == 2 * 3
+    assert len(pools.warmup) == 2 * WARMUP_PROMPTS_PER_FAMILY and len(pools.paraphrases) == 2 * 3
     assert {t.split(" #")[0] for t in pools.paraphrases} == warm_families
     assert not set(pools.warmup) & set(pools.paraphrases)
     assert not {t.split(" #")[0] for t in pools.fresh} & warm_families and len(pools.fresh) == 2 * 7
-    assert load.split_pools(records, families=2, seed=1) == pools
-    mix = list(itertools.islice(load.skip_prompts(pools, load.random.Random(0)), 400))
+    assert split_pools(records, families=2, seed=1) == pools
+    mix = list(itertools.islice(skip_prompts(pools, random.Random(0)), 400))
     repeats = sum(t in pools.warmup for t in mix)
     assert set(mix) <= set(pools.warmup) | set(pools.paraphrases) and 160 < repeats < 240
 
@@ -298,17 +323,17 @@ def test_bad_arguments_are_refused_naming_the_flag(overrides: dict, named: str) 
 
 
 def test_good_arguments_give_the_rates_in_order() -> None:
-    assert load.check_arguments(_args(rates="4, 1,2,2")) == load.Plan([1.0, 2.0, 4.0], ["skip", "fresh"])
+    assert load.check_arguments(_args(rates="4, 1,2,2")) == Plan([1.0, 2.0, 4.0], ["skip", "fresh"])
 
 
 def test_the_services_are_found_among_the_children_by_their_grpc_port() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "--grpc-port", "54321"],
                              stdin=subprocess.PIPE)
     try:
-        found = load.service_pids({"reward": 54321, "probe": 5432}, load.os.getpid())
+        found = service_pids({"reward": 54321, "probe": 5432}, os.getpid())
         assert found == {"reward": child.pid}
-        assert load.rss_bytes(child.pid) > 1_000_000
+        assert rss_bytes(child.pid) > 1_000_000
     finally:
         child.communicate(timeout=30)  # closing its stdin ends it
-    assert load.cpu_seconds(load.os.getpid()) > 0
-    assert load.rss_bytes(child.pid) == 0 and load.cpu_seconds(child.pid) == 0.0  # gone
+    assert cpu_seconds(os.getpid()) > 0
+    assert rss_bytes(child.pid) == 0 and cpu_seconds(child.pid) == 0.0  # gone

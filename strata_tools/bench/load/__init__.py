@@ -1,0 +1,189 @@
+"""``strata bench load``: open-loop Submit at stepped offered rates: the knee, the first stage to saturate, overload.
+
+The real services run as in ``strata bench edge`` (each its own process, the ``--zoo`` preset's models, on
+the bench's own Kafka and Redis). One client submits open loop: each Submit (one prompt, ``n_samples=1``,
+a request id of its own) leaves at the time a seeded schedule gives it (Poisson arrivals at the offered
+rate, or evenly spaced with ``--arrivals even``), from a thread pool, however slowly earlier calls return,
+so queueing shows instead of slowing the client down. A send the pool could not make on time is sent
+late and its lateness recorded: the offered rate is what was offered. Every accepted request is followed
+to its first final ``RewardScored`` on ``strata.rewards.scored``.
+
+1. **Warm-up**: ``--warmup-families`` paraphrase families of the suite's train split (no risk topics),
+   four prompts of each served with four samples, so that they have rewards the scheduler can reuse.
+2. **Steps**, per mix (``--mixes``) and per rate (``--rates``), ``--step-seconds`` each: ``skip`` sends
+   repeats of the warm-up's prompts and paraphrases of them (their families' other members), half and
+   half; ``fresh`` sends train-split prompts never sent before. After each step the bench waits until
+   every accepted request has its final reward or is past ``--final-deadline``, and until the consumer
+   groups of the tiers have no lag (or ``--drain-timeout`` passed), so steps do not bleed into each other.
+   Per step: offered and achieved send rate, accepted and refused per second (by status code), Submit
+   p50/p99, time to final reward p50/p99 (a request with none within the deadline counts as infinitely
+   late), the most lag each consumer group had, each service's CPU seconds per second and RSS, and
+   Redis' ``used_memory``. A mix stops stepping after its first step that misses the bound: higher rates
+   would only queue longer.
+3. **The knee** of a mix: the highest offered rate below its first step that misses, where a step makes it
+   when its final-reward p99 is within ``--p99-bound-ms`` and at least 90 % of the offered rate was
+   accepted. **The bottleneck**: the service whose consumer group's lag grew most in the fresh mix's first
+   step past its knee (the highest step when none missed); the service with the most CPU seconds per
+   second there when no lag grew.
+4. **Overload**: ``--overload-seconds`` at twice the fresh knee (the highest rate when there is none), then
+   nothing: every accepted request should get exactly one final reward within the deadline, every refusal
+   should be RESOURCE_EXHAUSTED or UNAVAILABLE, with a retry hint (``grpc-retry-pushback-ms`` or "retry in
+   X s"), and the lag should drain once the offered rate drops.
+
+Last line: ``load knee_skip=<rate> knee_fresh=<rate> p99_final_ms=<the fresh knee's final p99>
+overload_lost=<accepted without a final within the deadline> overload_doubled=<requests with more
+finals than samples> bottleneck=<service>`` (a knee of 0: no rate made the bound), then
+``bottleneck_by=`` (lag or cpu), ``overload_refused=``, ``overload_bad_refusals=``, ``retry_hint_share=``,
+``drained_s=`` (-1: not within ``--drain-timeout``), ``p99_bound_ms=`` and ``skip_mix_skipped=`` (the share
+of the skip mix's accepted prompts the scheduler did skip: on a zoo whose rewards vary widely it routes
+them to Level-2 instead, and the skip mix measures that). The exit status is 1 when
+something accepted was lost or doubled, a refusal had another code, or the lag did not drain.
+
+``--soak SECONDS`` replaces the steps and the overload: after the warm-up, the skip mix at
+``--soak-rate`` for that long, ending with ``soak seconds= accepted= lost= doubled= rss_growth=
+redis_growth=`` (growth from the start to the end as a fraction of the start: the largest over the
+services for RSS).
+
+Not covered yet: the learner (the policy stays fixed, also during the soak, so no training memory or
+policy reloads are measured); more than one scheduler replica or client (the per-client Submit rate is
+far above the offered rates); Kafka's own CPU and memory, and Redis' CPU; whether refusals come early
+enough depends on the scheduler shedding load when the tiers fall behind: without it, overload shows as
+growing lag and late finals instead of refusals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from strata_tools.bench.load.client import OpenLoopClient, grpc_submitter, send_offsets
+from strata_tools.bench.load.figures import MIXES
+from strata_tools.bench.load.phases import WARMUP_SAMPLES, Plan, Pools, Rig, soak, split_pools, steps_and_overload
+from strata_tools.bench.load.stack import Finals, Monitor, run_groups, service_pids, stack_reader
+
+WARMUP_TIMEOUT_S = 1800.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rates", default="1,2,4,8,16", help="offered rates to step through, prompts/s (comma list)")
+    parser.add_argument("--step-seconds", type=float, default=20.0, help="seconds of sending per step")
+    parser.add_argument("--mixes", default="skip,fresh", help=f"prompt mixes to step ({', '.join(MIXES)})")
+    parser.add_argument("--arrivals", choices=("poisson", "even"), default="poisson",
+                        help="send times: Poisson arrivals at the rate, or evenly spaced")
+    parser.add_argument("--p99-bound-ms", type=float, default=30_000.0,
+                        help="a step is below the knee when its time-to-final-reward p99 is within this")
+    parser.add_argument("--final-deadline", type=float, default=120.0,
+                        help="seconds after its Submit within which a request's final reward must arrive")
+    parser.add_argument("--drain-timeout", type=float, default=300.0,
+                        help="seconds to wait for the consumer groups' lag to reach 0 after sending stops")
+    parser.add_argument("--overload-seconds", type=float, default=20.0, help="seconds of sending at twice the knee")
+    parser.add_argument("--warmup-families", type=int, default=6,
+                        help="paraphrase families whose prompts are served first (the skip mix's pool)")
+    parser.add_argument("--workers", type=int, default=64, help="threads issuing Submit calls (calls in flight)")
+    parser.add_argument("--submit-timeout", type=float, default=10.0, help="gRPC deadline of each Submit, seconds")
+    parser.add_argument("--sample-interval", type=float, default=2.0,
+                        help="seconds between readings of the consumer lags, RSS and Redis memory")
+    parser.add_argument("--soak", type=float, default=0.0,
+                        help="seconds at --soak-rate with the skip mix instead of the steps (0: no soak)")
+    parser.add_argument("--soak-rate", type=float, default=1.0, help="offered rate of the soak, prompts/s")
+    parser.add_argument("--zoo", default="ci", help="zoo preset whose models the tiers serve")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def check_arguments(args: argparse.Namespace) -> Plan:
+    """The plan the flags describe; CliError naming the flag that is wrong."""
+    from strata.errors import CliError
+
+    try:
+        rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    except ValueError as exc:
+        raise CliError(f"--rates must be a comma list of prompts/s, got {args.rates!r}") from exc
+    if not rates or any(r <= 0 for r in rates):
+        raise CliError(f"--rates must list at least one rate, each above 0 prompts/s, got {args.rates!r}")
+    mixes = [m.strip() for m in args.mixes.split(",") if m.strip()]
+    if not mixes or any(m not in MIXES for m in mixes):
+        raise CliError(f"--mixes must name some of {', '.join(MIXES)}, got {args.mixes!r}")
+    for flag in ("step_seconds", "final_deadline", "drain_timeout", "overload_seconds", "submit_timeout",
+                 "sample_interval", "soak_rate", "p99_bound_ms"):
+        if getattr(args, flag) <= 0:
+            raise CliError(f"--{flag.replace('_', '-')} must be above 0, got {getattr(args, flag):g}")
+    if args.soak < 0:
+        raise CliError(f"--soak must be 0 (no soak) or seconds above 0, got {args.soak:g}")
+    if args.warmup_families < 1 or args.workers < 1:
+        raise CliError("--warmup-families and --workers must be at least 1")
+    if args.final_deadline * 1000 < args.p99_bound_ms:
+        raise CliError(f"--final-deadline {args.final_deadline:g} s is shorter than --p99-bound-ms "
+                       f"{args.p99_bound_ms:g}: a request could miss the deadline and still be within the bound")
+    return Plan(sorted(set(rates)), mixes)
+
+
+def run(args: argparse.Namespace) -> int:
+    from strata.config import StrataSettings
+    from strata_tools.bench.infra import bench_infra
+    from strata_tools.zoo.build import ZooSettings, ensure_zoo
+    from strata_tools.zoo.suite import load_suite
+
+    plan = check_arguments(args)
+    pools = split_pools(load_suite("train"), args.warmup_families, args.seed)
+    _check_fresh_enough(args, plan, pools)
+    settings = StrataSettings()
+    run_id = uuid.uuid4().hex[:8]
+    zoo = ensure_zoo(ZooSettings(cache_dir=settings.cache_dir, zoo_preset=args.zoo))
+    with bench_infra(settings, run_id, "load") as infra:
+        return _run(args, plan, pools, infra, zoo, run_id)
+
+
+def _check_fresh_enough(args: argparse.Namespace, plan: Plan, pools: Pools) -> None:
+    """Refuse before starting anything when the fresh mix could run out of never-sent prompts."""
+    from strata.errors import CliError
+
+    if "fresh" not in plan.mixes or args.soak:
+        return
+    poisson = args.arrivals == "poisson"
+    needed = sum(len(send_offsets(r, args.step_seconds, args.seed, poisson)) for r in plan.rates)
+    needed += len(send_offsets(2 * max(plan.rates), args.overload_seconds, args.seed, poisson))
+    if needed > len(pools.fresh):
+        raise CliError(f"--rates {args.rates} over --step-seconds {args.step_seconds:g} (and the overload at twice "
+                       f"the highest rate) need up to {needed} fresh prompts; the train split has {len(pools.fresh)}")
+
+
+def _run(args: argparse.Namespace, plan: Plan, pools: Pools, infra: Any, zoo: Any, run_id: str) -> int:
+    from strata import redis_client, rpc
+    from strata.v1 import scheduler_pb2_grpc
+    from strata_tools.tiering.arms import LiveTiers
+
+    print(f"load bench: {args.zoo} zoo, open-loop Submit ({args.arrivals} arrivals, one sample each), "
+          f"final-reward p99 bound {args.p99_bound_ms:g} ms, deadline {args.final_deadline:g} s", flush=True)
+    live = LiveTiers(infra, zoo, run_id, review_seconds=0.0, seed=args.seed)
+    with live.started():
+        print(f"  warm-up: {len(pools.warmup)} prompts x {WARMUP_SAMPLES} samples ...", flush=True)
+        live.run_arm("warm-up", [_Text(t) for t in pools.warmup], "scheduler", WARMUP_TIMEOUT_S,
+                     lambda line: print(line, flush=True), n_samples=WARMUP_SAMPLES)
+        groups = run_groups(infra, run_id)
+        pids = service_pids(live.ports, os.getpid())
+        with contextlib.ExitStack() as opened:  # closed in reverse: the client first, Redis last
+            redis = redis_client.connect(infra.redis_address, socket_timeout=10)
+            opened.callback(redis.close)
+            channel = opened.enter_context(rpc.channel(live.scheduler_address))
+            prefix = f"load-{run_id}"
+            finals = Finals(infra, prefix)
+            opened.callback(finals.close)
+            monitor = Monitor(stack_reader(infra, groups, pids, redis), args.sample_interval)
+            opened.callback(monitor.close)
+            client = OpenLoopClient(grpc_submitter(scheduler_pb2_grpc.SchedulerStub(channel), args.submit_timeout),
+                                    args.workers)
+            opened.callback(client.close)
+            rig = Rig(client, finals, monitor, pids, prefix, args)
+            print(f"  watching consumer groups of {', '.join(groups)}; services {', '.join(pids)}", flush=True)
+            return soak(rig, pools) if args.soak else steps_and_overload(rig, plan, pools)
+
+
+@dataclass(frozen=True)
+class _Text:
+    """What ``ArmRunner.run_arm`` reads of a record: its text."""
+
+    text: str

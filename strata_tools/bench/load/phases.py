@@ -1,0 +1,163 @@
+"""The load bench's phases on a running stack: the prompt pools, one phase (send, drain, collect the
+figures), the steps with the overload after them, and the soak."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from strata_tools.bench.load.client import Call, OpenLoopClient, send_offsets
+from strata_tools.bench.load.figures import (
+    StepFigures,
+    account,
+    final_latencies_ms,
+    knee,
+    print_header,
+    print_step,
+    report,
+    step_figures,
+    within_bound,
+)
+from strata_tools.bench.load.stack import Finals, Monitor, cpu_seconds
+
+WARMUP_PROMPTS_PER_FAMILY = 4  # served in the warm-up; the families' other members are the paraphrases
+WARMUP_SAMPLES = 4  # rewards per warm-up prompt: at least the scheduler's min_samples_per_neighbour (3)
+REPEAT_SHARE = 0.5  # of the skip mix; the rest are paraphrases
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The checked arguments."""
+
+    rates: list[float]
+    mixes: list[str]
+
+
+# -- prompts -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pools:
+    """The train split's prompts, cut for the mixes: no fresh prompt shares a family with the skip mix's."""
+
+    warmup: list[str]  # served first with WARMUP_SAMPLES each; the skip mix repeats them
+    paraphrases: list[str]  # the warm families' other members
+    fresh: list[str]  # every other train prompt, in a seeded order, each sent at most once
+
+
+def split_pools(records: Sequence[Any], families: int, seed: int) -> Pools:
+    """``families`` non-risk families (risk prompts always go to Level-2, never skip) for the skip mix;
+    the other families' prompts for the fresh mix. Pure: the order is ``seed``'s."""
+    rng = random.Random(seed)
+    by_family: dict[str, list[Any]] = {}
+    for record in records:
+        by_family.setdefault(record.family, []).append(record)
+    safe = sorted(f for f, members in by_family.items() if not members[0].risk)
+    warm = set(rng.sample(safe, min(families, len(safe))))
+    warmup, paraphrases = [], []
+    for family in sorted(warm):
+        members = [r.text for r in by_family[family]]
+        warmup += members[:WARMUP_PROMPTS_PER_FAMILY]
+        paraphrases += members[WARMUP_PROMPTS_PER_FAMILY:]
+    fresh = [r.text for r in records if r.family not in warm]
+    rng.shuffle(fresh)
+    return Pools(warmup, paraphrases, fresh)
+
+
+def skip_prompts(pools: Pools, rng: random.Random) -> Iterator[str]:
+    """Endless: a repeat of a warm-up prompt (REPEAT_SHARE of them), else a paraphrase of one."""
+    while True:
+        yield rng.choice(pools.warmup if rng.random() < REPEAT_SHARE or not pools.paraphrases else pools.paraphrases)
+
+
+def requests_of(prompts: Iterator[str], prefix: str) -> Iterator[tuple[str, str]]:
+    """(unique request id, prompt) for each prompt."""
+    for i, prompt in enumerate(prompts):
+        yield f"{prefix}-{i}", prompt
+
+
+# -- the phases ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Rig:
+    """The running pieces a phase needs."""
+
+    client: OpenLoopClient
+    finals: Finals
+    monitor: Monitor
+    pids: dict[str, int]
+    prefix: str  # of every request id this run sends
+    args: argparse.Namespace
+
+
+def run_phase(rig: Rig, mix: str, rate: float, duration_s: float, prompts: Iterator[str],
+              seed: int) -> tuple[list[Call], StepFigures]:
+    """Send ``prompts`` at ``rate`` for ``duration_s``, wait for the lag to drain and the finals to arrive
+    (or their deadline to pass); the calls and the step's figures."""
+    args = rig.args
+    offsets = send_offsets(rate, duration_s, seed, args.arrivals == "poisson")
+    before = rig.monitor.last_before(time.monotonic())
+    cpu_before = {s: cpu_seconds(p) for s, p in rig.pids.items()}
+    started = time.monotonic()
+    calls = rig.client.run(offsets, requests_of(prompts, f"{rig.prefix}-{mix}-{rate:g}-{seed}"))
+    ended = time.monotonic()
+    cpu = {s: (cpu_seconds(p) - cpu_before[s]) / (ended - started) for s, p in rig.pids.items()}
+    drained_s = rig.monitor.wait_drained(args.drain_timeout)
+    rig.finals.wait(calls, args.final_deadline)
+    finals_ms = final_latencies_ms(calls, rig.finals.arrivals(), args.final_deadline)
+    figures = step_figures(mix, rate, started, duration_s, calls, finals_ms, rig.monitor.between(started, ended),
+                           before)
+    return calls, replace(figures, cpu_per_s=cpu, drained_s=drained_s)
+
+
+def steps_and_overload(rig: Rig, plan: Plan, pools: Pools) -> int:
+    args = rig.args
+    fresh = iter(pools.fresh)
+    streams = {"skip": skip_prompts(pools, random.Random(args.seed)), "fresh": fresh}
+    steps: dict[str, list[StepFigures]] = {mix: [] for mix in plan.mixes}
+    print_header()
+    for mix in plan.mixes:
+        for i, rate in enumerate(plan.rates):
+            print(f"  {mix} at {rate:g}/s: sending for {args.step_seconds:g} s, then draining ...", flush=True)
+            _, figures = run_phase(rig, mix, rate, args.step_seconds, streams[mix], args.seed * 1000 + i)
+            steps[mix].append(figures)
+            print_step(figures)
+            if not within_bound(figures, args.p99_bound_ms):
+                print(f"  {mix}: {rate:g}/s misses the bound; higher rates are not stepped", flush=True)
+                break
+    fresh_knee = knee(steps.get("fresh", []), args.p99_bound_ms)
+    overload_rate = 2 * (fresh_knee.offered_rate if fresh_knee else max(plan.rates))
+    print(f"  overload: {overload_rate:g}/s for {args.overload_seconds:g} s, then nothing ...", flush=True)
+    calls, overload = run_phase(rig, "overload", overload_rate, args.overload_seconds, fresh, args.seed * 1000 + 999)
+    print_step(overload)
+    accounting = account(calls, rig.finals.arrivals(), args.final_deadline)
+    return report(steps, accounting, overload.drained_s, args.p99_bound_ms)
+
+
+def soak(rig: Rig, pools: Pools) -> int:
+    args = rig.args
+    print(f"  soak: skip mix at {args.soak_rate:g}/s for {args.soak:g} s ...", flush=True)
+    reading_timeout_s = 10 * args.sample_interval + 30  # a reading costs a round of Kafka admin calls
+    start = rig.monitor.fresh(reading_timeout_s)
+    calls, figures = run_phase(rig, "soak", args.soak_rate, args.soak, skip_prompts(pools, random.Random(args.seed)),
+                               args.seed)
+    end = rig.monitor.fresh(reading_timeout_s)
+    print_header()
+    print_step(figures)
+    accounting = account(calls, rig.finals.arrivals(), args.final_deadline)
+    rss_growth = max((growth(start.rss_bytes.get(s, 0), end.rss_bytes.get(s, 0)) for s in rig.pids),
+                     default=float("nan")) if start and end else float("nan")
+    redis_growth = growth(start.redis_bytes, end.redis_bytes) if start and end else float("nan")
+    print(f"soak seconds={args.soak:g} accepted={accounting.accepted} lost={accounting.lost} "
+          f"doubled={accounting.doubled} rss_growth={rss_growth:.3f} redis_growth={redis_growth:.3f}")
+    return 0 if not accounting.lost and not accounting.doubled else 1
+
+
+def growth(start: float, end: float) -> float:
+    """``end`` over ``start`` minus one; nan without a start."""
+    return end / start - 1 if start > 0 else float("nan")
+
+
