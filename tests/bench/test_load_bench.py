@@ -29,6 +29,7 @@ from strata_tools.bench.load.client import (
     OpenLoopClient,
     Reply,
     grpc_submitter,
+    pushback_s,
     retry_hint_s,
     send_offsets,
 )
@@ -153,8 +154,8 @@ def test_refusals_are_counted_by_code_with_their_retry_hints(serve) -> None:
     finally:
         client.close()
     replies = {c.request_id: c.reply for c in calls}
-    assert replies["exhausted-0"] == Reply("RESOURCE_EXHAUSTED", retry_hint_s=1.5)
-    assert replies["unavailable-2"] == Reply("UNAVAILABLE", retry_hint_s=2.5)
+    assert replies["exhausted-0"] == Reply("RESOURCE_EXHAUSTED", retry_hint_s=1.5, pushback=True)
+    assert replies["unavailable-2"] == Reply("UNAVAILABLE", retry_hint_s=2.5)  # a hint, in the details only
     assert replies["broken-3"] == Reply("INTERNAL")
     assert replies["ok-4"] == Reply("OK", decision="DECISION_SKIP")
     figures = step_figures("skip", 5, calls[0].scheduled_at, 1.0, calls, [], [], None)
@@ -162,19 +163,23 @@ def test_refusals_are_counted_by_code_with_their_retry_hints(serve) -> None:
     assert figures.accepted_per_s == 1.0 and figures.skip_share == 1.0 and figures.decisions == {"DECISION_SKIP": 1}
     accounting = account(calls, {"ok-4": [calls[-1].sent_at + 1.0]}, deadline_s=60)
     assert (accounting.refused, accounting.with_hint, accounting.bad_refusals) == (4, 3, 1)
+    assert accounting.refused_by_code == {"RESOURCE_EXHAUSTED": 2, "UNAVAILABLE": 1, "INTERNAL": 1}
+    assert accounting.pushback_by_code == {"RESOURCE_EXHAUSTED": 2} and accounting.with_pushback == 2
     assert (accounting.accepted, accounting.lost, accounting.doubled) == (1, 0, 0)
 
 
-@pytest.mark.parametrize(("metadata", "details", "hint"), [
-    ([("grpc-retry-pushback-ms", b"250")], "", 0.25),
-    ([("other", "1"), ("grpc-retry-pushback-ms", "2000")], "retry in 9 s", 2.0),  # the trailer wins
-    ([("grpc-retry-pushback-ms", "-1")], "", None),  # negative: gRPC's "do not retry"
-    ([], "over its Submit rate (3 prompts/s, burst 10); retry in 0.33 s", 0.33),
-    ([], "the tiers are behind", None),
+@pytest.mark.parametrize(("metadata", "details", "hint", "trailer"), [
+    ([("grpc-retry-pushback-ms", b"250")], "", 0.25, 0.25),
+    ([("other", "1"), ("grpc-retry-pushback-ms", "2000")], "retry in 9 s", 2.0, 2.0),  # the trailer wins
+    ([("grpc-retry-pushback-ms", "-1")], "", None, None),  # negative: gRPC's "do not retry"
+    ([("grpc-retry-pushback-ms", "soon")], "retry in 4 s", 4.0, None),  # unreadable: the details
+    ([], "over its Submit rate (3 prompts/s, burst 10); retry in 0.33 s", 0.33, None),
+    ([], "the tiers are behind", None, None),
 ])
 def test_retry_hints_come_from_the_pushback_trailer_or_the_details(metadata: list, details: str,
-                                                                    hint: float | None) -> None:
+                                                                    hint: float | None, trailer: float | None) -> None:
     assert retry_hint_s(metadata, details) == hint
+    assert pushback_s(metadata) == trailer
 
 
 def test_poisson_send_times_are_seeded_and_average_the_offered_rate() -> None:
@@ -221,19 +226,23 @@ def test_the_bottleneck_is_the_group_whose_lag_grew_most_past_the_knee_else_the_
     assert bottleneck(None) == ("none", "")
 
 
-def call(request_id: str, sent_at: float, code: str = "OK", hint: float | None = None) -> Call:
-    return Call(request_id, scheduled_at=sent_at, sent_at=sent_at, latency_ms=3.0, reply=Reply(code, hint))
+def call(request_id: str, sent_at: float, code: str = "OK", hint: float | None = None, pushback: bool = False
+         ) -> Call:
+    return Call(request_id, scheduled_at=sent_at, sent_at=sent_at, latency_ms=3.0,
+                reply=Reply(code, hint, pushback=pushback))
 
 
 def test_the_overload_counts_lost_doubled_and_badly_refused_requests() -> None:
     calls = [call("served", 0.0), call("late", 0.0), call("never", 1.0), call("twice", 2.0),
-             call("full", 2.0, "RESOURCE_EXHAUSTED", 0.5), call("down", 2.0, "UNAVAILABLE"),
+             call("full", 2.0, "RESOURCE_EXHAUSTED", 0.5, pushback=True), call("down", 2.0, "UNAVAILABLE"),
              call("timed-out", 3.0, "DEADLINE_EXCEEDED"), call("taken-anyway", 3.0, "UNAVAILABLE", 1.0)]
     arrivals = {"served": [50.0], "late": [61.0], "twice": [10.0, 11.0], "taken-anyway": [20.0],
                 "someone-else": [5.0]}
     result = account(calls, arrivals, deadline_s=60)
     assert result == Accounting(accepted=4, refused=4, lost=2, doubled=1, bad_refusals=1, with_hint=2,
-                                     served_refused=1)
+                                served_refused=1,
+                                refused_by_code={"RESOURCE_EXHAUSTED": 1, "UNAVAILABLE": 2, "DEADLINE_EXCEEDED": 1},
+                                pushback_by_code={"RESOURCE_EXHAUSTED": 1})
     assert final_latencies_ms(calls, arrivals, 60) == [50_000.0, float("inf"), float("inf"), 8_000.0]
 
 
@@ -254,13 +263,17 @@ def test_the_last_line_names_the_knees_the_overload_and_the_bottleneck() -> None
                   replace(step(2, 1_000, mix="skip"), decisions={"DECISION_SKIP": 4})]
     steps = {"skip": skip_steps,
              "fresh": [step(1, 12_345), step(2, 40_000, growth={"generator-l1": 30})]}
-    overload = Accounting(accepted=30, refused=10, lost=0, doubled=0, bad_refusals=0, with_hint=5,
-                               served_refused=0)
-    line = last_line(steps, overload, 42.4, 30_000)
+    overload = Accounting(accepted=30, refused=10, lost=0, doubled=0, bad_refusals=0, with_hint=5, served_refused=0,
+                          refused_by_code={"UNAVAILABLE": 2, "RESOURCE_EXHAUSTED": 8},
+                          pushback_by_code={"RESOURCE_EXHAUSTED": 4})
+    line = last_line(steps, overload, 42.4, 30_000, 10.0)
     assert line == ("load knee_skip=2 knee_fresh=1 p99_final_ms=12345 overload_lost=0 overload_doubled=0 "
-                    "bottleneck=generator-l1 bottleneck_by=lag overload_refused=10 overload_bad_refusals=0 "
-                    "retry_hint_share=0.500 drained_s=42 p99_bound_ms=30000 skip_mix_skipped=0.750")
-    none = last_line({"fresh": [step(1, float("inf"))]}, overload, None, 30_000)
+                    "bottleneck=generator-l1 shed_wait_s=10 bottleneck_by=lag overload_refused=10 "
+                    "overload_refused_by=RESOURCE_EXHAUSTED:8,UNAVAILABLE:2 overload_bad_refusals=0 "
+                    "retry_hint_share=0.500 pushback_share=0.400 drained_s=42 p99_bound_ms=30000 "
+                    "skip_mix_skipped=0.750")
+    none = last_line({"fresh": [step(1, float("inf"))]}, overload, None, 30_000, 0.0)
+    assert " shed_wait_s=0 " in none
     assert none.startswith("load knee_skip=0 knee_fresh=0 p99_final_ms=nan ") and "drained_s=-1 " in none
     assert none.endswith(" skip_mix_skipped=nan")
 
@@ -268,10 +281,10 @@ def test_the_last_line_names_the_knees_the_overload_and_the_bottleneck() -> None
 def test_a_lost_request_or_an_undrained_lag_fails_the_run(capsys: pytest.CaptureFixture[str]) -> None:
     steps = {"fresh": [step(1, 1_000)]}
     clean = Accounting(accepted=3, refused=0, lost=0, doubled=0, bad_refusals=0, with_hint=0, served_refused=0)
-    assert report(steps, clean, 5.0, 30_000) == 0
-    assert report(steps, clean, None, 30_000) == 1
+    assert report(steps, clean, 5.0, 30_000, 10.0) == 0
+    assert report(steps, clean, None, 30_000, 10.0) == 1
     lost = Accounting(accepted=3, refused=0, lost=1, doubled=0, bad_refusals=0, with_hint=0, served_refused=0)
-    assert report(steps, lost, 5.0, 30_000) == 1
+    assert report(steps, lost, 5.0, 30_000, 10.0) == 1
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1].startswith("load knee_skip=0 knee_fresh=1 ")
     assert "fresh: no step missed the bound, so the knee is at least 1/s" in out
@@ -316,6 +329,9 @@ def _args(**overrides: object) -> argparse.Namespace:
     ({"final_deadline": 10.0}, "--final-deadline"),
     ({"soak": -1.0}, "--soak"),
     ({"workers": 0}, "--workers"),
+    ({"shed_wait_s": -1.0}, "--shed-wait-s"),
+    ({"shed_min_backlog": 0}, "--shed-min-backlog"),
+    ({"backlog_window_s": 0.0}, "--backlog-window-s"),
 ])
 def test_bad_arguments_are_refused_naming_the_flag(overrides: dict, named: str) -> None:
     with pytest.raises(CliError, match=named):
@@ -337,3 +353,18 @@ def test_the_services_are_found_among_the_children_by_their_grpc_port() -> None:
         child.communicate(timeout=30)  # closing its stdin ends it
     assert cpu_seconds(os.getpid()) > 0
     assert rss_bytes(child.pid) == 0 and cpu_seconds(child.pid) == 0.0  # gone
+
+
+def test_the_shedding_flags_reach_the_schedulers_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from svc_scheduler.config import SchedulerSettings
+
+    defaults = load.scheduler_env(_args())
+    assert defaults == {"STRATA_SHED_BACKLOG_WAIT_S": "10.0", "STRATA_SHED_MIN_BACKLOG": "16",
+                        "STRATA_BACKLOG_WINDOW_S": "10.0"}
+    # What LiveTiers puts in the scheduler's environment is what the scheduler reads as its settings.
+    for name, value in load.scheduler_env(_args(shed_wait_s=2.5, shed_min_backlog=3, backlog_window_s=7.0)).items():
+        monkeypatch.setenv(name, value)
+    settings = SchedulerSettings()
+    assert (settings.shed_backlog_wait_s, settings.shed_min_backlog, settings.backlog_window_s) == (2.5, 3, 7.0)
+    assert load.scheduler_env(_args(shed_wait_s=0.0))["STRATA_SHED_BACKLOG_WAIT_S"] == "0.0"  # never shed
+

@@ -8,6 +8,13 @@ so queueing shows instead of slowing the client down. A send the pool could not 
 late and its lateness recorded: the offered rate is what was offered. Every accepted request is followed
 to its first final ``RewardScored`` on ``strata.rewards.scored``.
 
+The scheduler sheds at the door (docs/scheduler.md, *Shedding when the tiers fall behind*) by the bench's
+flags: past ``--shed-wait-s`` (10 s) of queued work in a tier with at least ``--shed-min-backlog`` (16)
+events queued, its drain rate measured over ``--backlog-window-s`` (10 s), prompts that need a rollout
+are refused with RESOURCE_EXHAUSTED and a retry hint, and skips are still served. The production
+defaults (60 s, 1 024 events, 30 s) would let the final-reward p99 pass the bound long before the door
+shut, and on a 2-core CPU a tier never queues 1 024 events in a step.
+
 1. **Warm-up**: ``--warmup-families`` paraphrase families of the suite's train split (no risk topics),
    four prompts of each served with four samples, so that they have rewards the scheduler can reuse.
 2. **Steps**, per mix (``--mixes``) and per rate (``--rates``), ``--step-seconds`` each: ``skip`` sends
@@ -28,16 +35,18 @@ to its first final ``RewardScored`` on ``strata.rewards.scored``.
 4. **Overload**: ``--overload-seconds`` at twice the fresh knee (the highest rate when there is none), then
    nothing: every accepted request should get exactly one final reward within the deadline, every refusal
    should be RESOURCE_EXHAUSTED or UNAVAILABLE, with a retry hint (``grpc-retry-pushback-ms`` or "retry in
-   X s"), and the lag should drain once the offered rate drops.
+   X s"), and the lag should drain once the offered rate drops. The refusals are counted by code, and
+   with the share that carried the ``grpc-retry-pushback-ms`` trailer (which a gRPC retry policy honours).
 
 Last line: ``load knee_skip=<rate> knee_fresh=<rate> p99_final_ms=<the fresh knee's final p99>
 overload_lost=<accepted without a final within the deadline> overload_doubled=<requests with more
 finals than samples> bottleneck=<service>`` (a knee of 0: no rate made the bound), then
-``bottleneck_by=`` (lag or cpu), ``overload_refused=``, ``overload_bad_refusals=``, ``retry_hint_share=``,
-``drained_s=`` (-1: not within ``--drain-timeout``), ``p99_bound_ms=`` and ``skip_mix_skipped=`` (the share
-of the skip mix's accepted prompts the scheduler did skip: on a zoo whose rewards vary widely it routes
-them to Level-2 instead, and the skip mix measures that). The exit status is 1 when
-something accepted was lost or doubled, a refusal had another code, or the lag did not drain.
+``shed_wait_s=``, ``bottleneck_by=`` (lag or cpu), ``overload_refused=``, ``overload_refused_by=``
+(``CODE:count,...``), ``overload_bad_refusals=``, ``retry_hint_share=`` (any hint), ``pushback_share=``
+(the trailer), ``drained_s=`` (-1: not within ``--drain-timeout``), ``p99_bound_ms=`` and
+``skip_mix_skipped=`` (the share of the skip mix's accepted prompts the scheduler did skip: on a zoo whose
+rewards vary widely it routes them to Level-2 instead, and the skip mix measures that). The exit status
+is 1 when something accepted was lost or doubled, a refusal had another code, or the lag did not drain.
 
 ``--soak SECONDS`` replaces the steps and the overload: after the warm-up, the skip mix at
 ``--soak-rate`` for that long, ending with ``soak seconds= accepted= lost= doubled= rss_growth=
@@ -46,9 +55,8 @@ services for RSS).
 
 Not covered yet: the learner (the policy stays fixed, also during the soak, so no training memory or
 policy reloads are measured); more than one scheduler replica or client (the per-client Submit rate is
-far above the offered rates); Kafka's own CPU and memory, and Redis' CPU; whether refusals come early
-enough depends on the scheduler shedding load when the tiers fall behind: without it, overload shows as
-growing lag and late finals instead of refusals.
+far above the offered rates); Kafka's own CPU and memory, and Redis' CPU. With ``--shed-wait-s 0`` the
+door never sheds, and overload shows as growing lag and late finals instead of refusals.
 """
 
 from __future__ import annotations
@@ -81,6 +89,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=300.0,
                         help="seconds to wait for the consumer groups' lag to reach 0 after sending stops")
     parser.add_argument("--overload-seconds", type=float, default=20.0, help="seconds of sending at twice the knee")
+    parser.add_argument("--shed-wait-s", type=float, default=10.0,
+                        help="the scheduler's shed_backlog_wait_s for the bench's stack: the door refuses prompts that "
+                        "need a rollout (RESOURCE_EXHAUSTED, with a retry hint) while a tier's queue would keep one "
+                        "waiting longer than this. Well under --p99-bound-ms, so that under overload the door "
+                        "refuses instead of accepting prompts whose final reward would come past the bound (the "
+                        "production 60 s is past the default bound of 30 s); 0: never shed")
+    parser.add_argument("--shed-min-backlog", type=int, default=16,
+                        help="events a tier must have queued before the door sheds (the scheduler's shed_min_backlog): "
+                        "the ci zoo on 2 CPU cores drains a handful of events a second, so the production 1024 "
+                        "would never be reached in a step")
+    parser.add_argument("--backlog-window-s", type=float, default=10.0,
+                        help="seconds over which the scheduler measures a tier's drain rate (backlog_window_s; "
+                        "production 30): half a step, so that the rate follows the step's load rather than the "
+                        "idle drain before it")
     parser.add_argument("--warmup-families", type=int, default=6,
                         help="paraphrase families whose prompts are served first (the skip mix's pool)")
     parser.add_argument("--workers", type=int, default=64, help="threads issuing Submit calls (calls in flight)")
@@ -108,17 +130,28 @@ def check_arguments(args: argparse.Namespace) -> Plan:
     if not mixes or any(m not in MIXES for m in mixes):
         raise CliError(f"--mixes must name some of {', '.join(MIXES)}, got {args.mixes!r}")
     for flag in ("step_seconds", "final_deadline", "drain_timeout", "overload_seconds", "submit_timeout",
-                 "sample_interval", "soak_rate", "p99_bound_ms"):
+                 "sample_interval", "soak_rate", "p99_bound_ms", "backlog_window_s"):
         if getattr(args, flag) <= 0:
             raise CliError(f"--{flag.replace('_', '-')} must be above 0, got {getattr(args, flag):g}")
     if args.soak < 0:
         raise CliError(f"--soak must be 0 (no soak) or seconds above 0, got {args.soak:g}")
+    if args.shed_wait_s < 0:
+        raise CliError(f"--shed-wait-s must be 0 (never shed) or seconds above 0, got {args.shed_wait_s:g}")
+    if args.shed_min_backlog < 1:
+        raise CliError(f"--shed-min-backlog must be at least 1 event, got {args.shed_min_backlog}")
     if args.warmup_families < 1 or args.workers < 1:
         raise CliError("--warmup-families and --workers must be at least 1")
     if args.final_deadline * 1000 < args.p99_bound_ms:
         raise CliError(f"--final-deadline {args.final_deadline:g} s is shorter than --p99-bound-ms "
                        f"{args.p99_bound_ms:g}: a request could miss the deadline and still be within the bound")
     return Plan(sorted(set(rates)), mixes)
+
+
+def scheduler_env(args: argparse.Namespace) -> dict[str, str]:
+    """The scheduler's settings (``STRATA_*``) for the bench's stack: its door sheds by the bench's flags."""
+    return {"STRATA_SHED_BACKLOG_WAIT_S": repr(float(args.shed_wait_s)),
+            "STRATA_SHED_MIN_BACKLOG": str(int(args.shed_min_backlog)),
+            "STRATA_BACKLOG_WINDOW_S": repr(float(args.backlog_window_s))}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,7 +191,11 @@ def _run(args: argparse.Namespace, plan: Plan, pools: Pools, infra: Any, zoo: An
 
     print(f"load bench: {args.zoo} zoo, open-loop Submit ({args.arrivals} arrivals, one sample each), "
           f"final-reward p99 bound {args.p99_bound_ms:g} ms, deadline {args.final_deadline:g} s", flush=True)
-    live = LiveTiers(infra, zoo, run_id, review_seconds=0.0, seed=args.seed)
+    print(f"  the door sheds past {args.shed_wait_s:g} s of queued work in a tier with at least "
+          f"{args.shed_min_backlog} events queued, its drain rate measured over {args.backlog_window_s:g} s "
+          f"(shed_wait_s={args.shed_wait_s:g} shed_min_backlog={args.shed_min_backlog} "
+          f"backlog_window_s={args.backlog_window_s:g})", flush=True)
+    live = LiveTiers(infra, zoo, run_id, review_seconds=0.0, seed=args.seed, scheduler_env=scheduler_env(args))
     with live.started():
         print(f"  warm-up: {len(pools.warmup)} prompts x {WARMUP_SAMPLES} samples ...", flush=True)
         live.run_arm("warm-up", [_Text(t) for t in pools.warmup], "scheduler", WARMUP_TIMEOUT_S,

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-PUSHBACK_KEY = "grpc-retry-pushback-ms"  # gRPC's retry-throttling trailer: how long to wait before a retry
+# gRPC's retry-throttling trailer (strata.rpc.RETRY_PUSHBACK_KEY): how long to wait before a retry.
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
 _RETRY_IN = re.compile(r"retry in (\d+(?:\.\d+)?) ?s")
 
 
@@ -22,6 +23,7 @@ class Reply:
     code: str  # "OK" or the grpc.StatusCode name
     retry_hint_s: float | None = None  # a refusal's retry hint, seconds
     decision: str = ""  # accepted only: the Decision name (DECISION_SKIP, DECISION_LEVEL_1, ...)
+    pushback: bool = False  # the hint came as the grpc-retry-pushback-ms trailer, which a retry policy honours
 
 
 @dataclass(frozen=True)
@@ -56,16 +58,29 @@ def send_offsets(rate: float, duration_s: float, seed: int, poisson: bool = True
     return offsets
 
 
-def retry_hint_s(metadata: Sequence[tuple[str, Any]], details: str) -> float | None:
-    """A refusal's retry hint in seconds: gRPC's ``grpc-retry-pushback-ms`` trailer, else "retry in X s"
-    in the details; None without one (a negative pushback means "do not retry": no hint)."""
+def _pushback_ms(metadata: Sequence[tuple[str, Any]]) -> float | None:
+    """The ``grpc-retry-pushback-ms`` trailer's value; None when it is absent or not a number."""
     for key, value in metadata:
         if key == PUSHBACK_KEY:
             try:
-                millis = float(value.decode() if isinstance(value, bytes) else value)
+                return float(value.decode() if isinstance(value, bytes) else value)
             except ValueError:
-                break
-            return millis / 1000 if millis >= 0 else None
+                return None
+    return None
+
+
+def pushback_s(metadata: Sequence[tuple[str, Any]]) -> float | None:
+    """The trailer's retry hint in seconds; None without one (a negative pushback means "do not retry")."""
+    millis = _pushback_ms(metadata)
+    return millis / 1000 if millis is not None and millis >= 0 else None
+
+
+def retry_hint_s(metadata: Sequence[tuple[str, Any]], details: str) -> float | None:
+    """A refusal's retry hint in seconds: gRPC's ``grpc-retry-pushback-ms`` trailer, else "retry in X s"
+    in the details; None without one (a negative pushback means "do not retry": no hint)."""
+    millis = _pushback_ms(metadata)
+    if millis is not None:
+        return millis / 1000 if millis >= 0 else None
     found = _RETRY_IN.search(details)
     return float(found.group(1)) if found else None
 
@@ -81,7 +96,9 @@ def grpc_submitter(stub: Any, timeout_s: float) -> Submitter:
         try:
             response = stub.Submit(request, timeout=timeout_s)
         except grpc.RpcError as exc:
-            return Reply(exc.code().name, retry_hint_s(exc.trailing_metadata() or (), exc.details() or ""))
+            trailers = exc.trailing_metadata() or ()
+            return Reply(exc.code().name, retry_hint_s(trailers, exc.details() or ""),
+                         pushback=pushback_s(trailers) is not None)
         return Reply("OK", decision=common_pb2.Decision.Name(response.decision))
 
     return submit

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_tools.bench.edge import percentile
-from strata_tools.bench.load.client import Call
+from strata_tools.bench.load.client import PUSHBACK_KEY, Call
 
 MIXES = ("skip", "fresh")
 REFUSALS_AT_THE_DOOR = ("RESOURCE_EXHAUSTED", "UNAVAILABLE")
@@ -136,8 +136,14 @@ class Accounting:
     lost: int  # accepted with no final reward within the deadline
     doubled: int  # request ids with more finals than samples asked
     bad_refusals: int  # refused with a code other than RESOURCE_EXHAUSTED or UNAVAILABLE
-    with_hint: int  # refusals that said when to retry
+    with_hint: int  # refusals that said when to retry (the trailer, or "retry in X s" in the details)
     served_refused: int  # refused at the door, yet served: the door said no to something it took
+    refused_by_code: dict[str, int] = field(default_factory=dict)
+    pushback_by_code: dict[str, int] = field(default_factory=dict)  # refusals with the grpc-retry-pushback-ms trailer
+
+    @property
+    def with_pushback(self) -> int:
+        return sum(self.pushback_by_code.values())
 
 
 def account(calls: Sequence[Call], arrivals: Mapping[str, Sequence[float]], deadline_s: float,
@@ -153,6 +159,8 @@ def account(calls: Sequence[Call], arrivals: Mapping[str, Sequence[float]], dead
         bad_refusals=sum(1 for c in refused if c.reply.code not in REFUSALS_AT_THE_DOOR),
         with_hint=sum(1 for c in refused if c.reply.retry_hint_s is not None),
         served_refused=sum(1 for c in refused if arrivals.get(c.request_id)),
+        refused_by_code=dict(Counter(c.reply.code for c in refused)),
+        pushback_by_code=dict(Counter(c.reply.code for c in refused if c.reply.pushback)),
     )
 
 
@@ -184,16 +192,19 @@ def _pairs(values: Mapping[str, Any], fmt: str) -> str:
 
 
 def last_line(steps: Mapping[str, Sequence[StepFigures]], overload: Accounting, drained_s: float | None,
-              p99_bound_ms: float) -> str:
+              p99_bound_ms: float, shed_wait_s: float) -> str:
     knees = {mix: knee(steps.get(mix, []), p99_bound_ms) for mix in MIXES}
     fresh_knee = knees["fresh"]
     service, by = bottleneck(past_knee(steps.get("fresh") or steps.get("skip") or [], p99_bound_ms))
     hint_share = overload.with_hint / overload.refused if overload.refused else float("nan")
+    pushback_share = overload.with_pushback / overload.refused if overload.refused else float("nan")
+    by_code = ",".join(f"{c}:{n}" for c, n in sorted(overload.refused_by_code.items())) or "-"
     return (f"load knee_skip={_rate(knees['skip'])} knee_fresh={_rate(fresh_knee)} "
             f"p99_final_ms={fresh_knee.final_p99_ms if fresh_knee else float('nan'):.0f} "
             f"overload_lost={overload.lost} overload_doubled={overload.doubled} bottleneck={service} "
-            f"bottleneck_by={by or '-'} overload_refused={overload.refused} "
-            f"overload_bad_refusals={overload.bad_refusals} retry_hint_share={hint_share:.3f} "
+            f"shed_wait_s={shed_wait_s:g} bottleneck_by={by or '-'} overload_refused={overload.refused} "
+            f"overload_refused_by={by_code} overload_bad_refusals={overload.bad_refusals} "
+            f"retry_hint_share={hint_share:.3f} pushback_share={pushback_share:.3f} "
             f"drained_s={drained_s if drained_s is not None else -1:.0f} p99_bound_ms={p99_bound_ms:g} "
             f"skip_mix_skipped={skipped_share(steps.get('skip', [])):.3f}")
 
@@ -210,7 +221,7 @@ def _rate(step: StepFigures | None) -> str:
 
 
 def report(steps: Mapping[str, Sequence[StepFigures]], overload: Accounting, drained_s: float | None,
-           p99_bound_ms: float) -> int:
+           p99_bound_ms: float, shed_wait_s: float) -> int:
     """The knees, the overload's verdict and the last line; 1 when the overload lost, doubled or mis-refused
     something, or its lag did not drain."""
     print()
@@ -222,9 +233,12 @@ def report(steps: Mapping[str, Sequence[StepFigures]], overload: Accounting, dra
         if mix_steps and all(within_bound(step, p99_bound_ms) for step in mix_steps):
             print(f"{mix}: no step missed the bound, so the knee is at least {_rate(found)}/s and the bottleneck a "
                   "reading of an unsaturated stack: step higher rates to find them")
+    codes = ", ".join(f"{c} {n} ({overload.pushback_by_code.get(c, 0)} with the {PUSHBACK_KEY} trailer)"
+                      for c, n in sorted(overload.refused_by_code.items())) or "none"
     print(f"overload: {overload.accepted} accepted, {overload.refused} refused ({overload.with_hint} with a retry "
           f"hint, {overload.bad_refusals} with another code, {overload.served_refused} served all the same); "
           f"{overload.lost} accepted without a final in time, {overload.doubled} with more than one")
-    print(last_line(steps, overload, drained_s, p99_bound_ms))
+    print(f"overload refusals by code: {codes}")
+    print(last_line(steps, overload, drained_s, p99_bound_ms, shed_wait_s))
     failed = overload.lost or overload.doubled or overload.bad_refusals or drained_s is None
     return 1 if failed else 0

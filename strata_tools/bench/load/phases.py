@@ -134,7 +134,7 @@ def steps_and_overload(rig: Rig, plan: Plan, pools: Pools) -> int:
     calls, overload = run_phase(rig, "overload", overload_rate, args.overload_seconds, fresh, args.seed * 1000 + 999)
     print_step(overload)
     accounting = account(calls, rig.finals.arrivals(), args.final_deadline)
-    return report(steps, accounting, overload.drained_s, args.p99_bound_ms)
+    return report(steps, accounting, overload.drained_s, args.p99_bound_ms, args.shed_wait_s)
 
 
 def soak(rig: Rig, pools: Pools) -> int:
