@@ -47,7 +47,7 @@ from strata_tools.bench.load.figures import (
     step_figures,
 )
 from strata_tools.bench.load.phases import WARMUP_PROMPTS_PER_FAMILY, Plan, skip_prompts, split_pools
-from strata_tools.bench.load.stack import cpu_seconds, rss_bytes, service_pids
+from strata_tools.bench.load.stack import cpu_seconds, rss_bytes, run_groups, service_pids, stack_reader
 
 # -- scripted schedulers, in process ------------------------------------------------------------------------
 
@@ -368,3 +368,31 @@ def test_the_shedding_flags_reach_the_schedulers_settings(monkeypatch: pytest.Mo
     assert (settings.shed_backlog_wait_s, settings.shed_min_backlog, settings.backlog_window_s) == (2.5, 3, 7.0)
     assert load.scheduler_env(_args(shed_wait_s=0.0))["STRATA_SHED_BACKLOG_WAIT_S"] == "0.0"  # never shed
 
+
+class ScriptedLags:
+    """A LagReader's reading side, counting its calls: the stack reader must keep reading the one it was given."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def positions(self, groups: list[str]) -> dict:
+        from strata.bus.admin import GroupPosition
+
+        self.reads += 1
+        assert sorted(groups) == ["bench-r1-l1", "bench-r1-probe"]
+        return {("bench-r1-probe", "strata.prompts.level0"): GroupPosition(committed=10, lag=self.reads),
+                ("bench-r1-l1", "strata.prompts.level1"): GroupPosition(committed=5, lag=2),
+                ("bench-r1-l1", "strata.prompts.level1.retry"): GroupPosition(committed=1, lag=3)}
+
+
+def test_the_monitor_reads_lag_through_the_one_reader_of_the_run() -> None:
+    admin = SimpleNamespace(list_groups=lambda: [{"group_id": g} for g in
+                                                ("bench-r1-probe", "bench-r1-l1", "bench-r2-probe", "svc-reward")])
+    groups = run_groups(admin, "r1")
+    assert groups == {"generator-l1": "bench-r1-l1", "probe": "bench-r1-probe"}
+    lags = ScriptedLags()
+    redis = SimpleNamespace(info=lambda section: {"used_memory": 4096})
+    read = stack_reader(lags, groups, {"self": os.getpid()}, redis)
+    first, second = read(), read()
+    assert first.lags == {"generator-l1": 5, "probe": 1} and second.lags["probe"] == 2  # summed over topics
+    assert lags.reads == 2 and first.redis_bytes == 4096 and first.rss_bytes["self"] > 0

@@ -186,6 +186,7 @@ def _check_fresh_enough(args: argparse.Namespace, plan: Plan, pools: Pools) -> N
 
 def _run(args: argparse.Namespace, plan: Plan, pools: Pools, infra: Any, zoo: Any, run_id: str) -> int:
     from strata import redis_client, rpc
+    from strata.bus.admin import LagReader
     from strata.v1 import scheduler_pb2_grpc
     from strata_tools.tiering.arms import LiveTiers
 
@@ -200,16 +201,18 @@ def _run(args: argparse.Namespace, plan: Plan, pools: Pools, infra: Any, zoo: An
         print(f"  warm-up: {len(pools.warmup)} prompts x {WARMUP_SAMPLES} samples ...", flush=True)
         live.run_arm("warm-up", [_Text(t) for t in pools.warmup], "scheduler", WARMUP_TIMEOUT_S,
                      lambda line: print(line, flush=True), n_samples=WARMUP_SAMPLES)
-        groups = run_groups(infra, run_id)
         pids = service_pids(live.ports, os.getpid())
         with contextlib.ExitStack() as opened:  # closed in reverse: the client first, Redis last
             redis = redis_client.connect(infra.redis_address, socket_timeout=10)
             opened.callback(redis.close)
+            lag_reader = LagReader(infra, client_id="load-lag")  # one for the run, read by the monitor alone
+            opened.callback(lag_reader.close)
+            groups = run_groups(lag_reader.admin, run_id)
             channel = opened.enter_context(rpc.channel(live.scheduler_address))
             prefix = f"load-{run_id}"
             finals = Finals(infra, prefix)
             opened.callback(finals.close)
-            monitor = Monitor(stack_reader(infra, groups, pids, redis), args.sample_interval)
+            monitor = Monitor(stack_reader(lag_reader, groups, pids, redis), args.sample_interval)
             opened.callback(monitor.close)
             client = OpenLoopClient(grpc_submitter(scheduler_pb2_grpc.SchedulerStub(channel), args.submit_timeout),
                                     args.workers)

@@ -113,18 +113,11 @@ def service_pids(ports: Mapping[str, int], parent: int) -> dict[str, int]:
     return found
 
 
-def run_groups(cluster: Any, run_id: str) -> dict[str, str]:
-    """This run's consumer groups (``bench-<run>-<suffix>``, as LiveTiers names them) by the service owning each."""
-    from kafka.admin import KafkaAdminClient
-
-    from strata.bus.security import kafka_connection
-
+def run_groups(admin: Any, run_id: str) -> dict[str, str]:
+    """This run's consumer groups (``bench-<run>-<suffix>``, as LiveTiers names them) by the service owning
+    each, listed through ``admin`` (a KafkaAdminClient: the run's LagReader's)."""
     prefix = f"bench-{run_id}-"
-    admin = KafkaAdminClient(**kafka_connection(cluster), client_id="load-groups")
-    try:
-        groups = [g["group_id"] for g in admin.list_groups() if g["group_id"].startswith(prefix)]
-    finally:
-        admin.close()
+    groups = [g["group_id"] for g in admin.list_groups() if g["group_id"].startswith(prefix)]
     return {SERVICE_OF_GROUP.get(g[len(prefix):], g[len(prefix):]): g for g in sorted(groups)}
 
 
@@ -183,17 +176,17 @@ class Monitor:
         self._thread.join(timeout=30)
 
 
-def stack_reader(cluster: Any, groups: Mapping[str, str], pids: Mapping[str, int], redis: Any
+def stack_reader(lag_reader: Any, groups: Mapping[str, str], pids: Mapping[str, int], redis: Any
                  ) -> Callable[[], Sample]:
-    """A reading of the stack now: lag summed over each group's topics, each service's RSS, Redis memory."""
-    from strata.bus.admin import consumer_lags
-
+    """A reading of the stack now: lag summed over each group's topics, each service's RSS, Redis memory.
+    ``lag_reader`` (a ``strata.bus.admin.LagReader``) stays open between readings: the caller closes it,
+    after the monitor that calls this."""
     service_of = {group: service for service, group in groups.items()}
 
     def read() -> Sample:
         lags = dict.fromkeys(groups, 0)
-        for (group, _topic), lag in consumer_lags(cluster, list(groups.values()), client_id="load-lag").items():
-            lags[service_of[group]] += lag
+        for (group, _topic), position in lag_reader.positions(list(groups.values())).items():
+            lags[service_of[group]] += position.lag
         return Sample(time.monotonic(), lags, {s: rss_bytes(p) for s, p in pids.items()},
                       int(redis.info("memory")["used_memory"]))
 
