@@ -45,6 +45,7 @@ from strata_tools.bench.load.figures import (
     past_knee,
     report,
     step_figures,
+    within_bound,
 )
 from strata_tools.bench.load.phases import WARMUP_PROMPTS_PER_FAMILY, Plan, skip_prompts, split_pools
 from strata_tools.bench.load.stack import cpu_seconds, rss_bytes, run_groups, service_pids, stack_reader
@@ -193,9 +194,11 @@ def test_poisson_send_times_are_seeded_and_average_the_offered_rate() -> None:
 # -- the knee, the bottleneck and the overload's accounting (pure) -------------------------------------------
 
 def step(rate: float, p99_ms: float, accepted_per_s: float | None = None, growth: dict | None = None,
-         cpu: dict | None = None, mix: str = "fresh") -> StepFigures:
-    return StepFigures(mix=mix, offered_rate=rate, sent_per_s=rate,
-                       accepted_per_s=rate if accepted_per_s is None else accepted_per_s, refused_per_s={},
+         cpu: dict | None = None, mix: str = "fresh", sent_per_s: float | None = None) -> StepFigures:
+    sent = rate if sent_per_s is None else sent_per_s
+    accepted = sent if accepted_per_s is None else accepted_per_s
+    return StepFigures(mix=mix, offered_rate=rate, sent_per_s=sent, accepted_per_s=accepted,
+                       accepted_share=accepted / sent, refused_per_s={},
                        skip_share=0.0, send_late_p99_ms=1.0, submit_p50_ms=5.0, submit_p99_ms=9.0,
                        final_p50_ms=p99_ms / 2, final_p99_ms=p99_ms, late=0, lag_growth=growth or {},
                        cpu_per_s=cpu or {})
@@ -209,6 +212,14 @@ def test_the_knee_is_the_highest_rate_below_the_first_that_misses_the_bound() ->
     # Refusing most of the offered rate is no way under the knee: 8/s accepting 7 of 8 misses (90 %).
     assert knee([step(4, 1_000), step(8, 1_000, accepted_per_s=7.0)], 30_000).offered_rate == 4
     assert knee([step(4, 1_000), step(8, 1_000, accepted_per_s=7.2)], 30_000).offered_rate == 8
+    # The share is of the requests the step offered: a Poisson schedule of 20 s at 2/s that happened to
+    # offer 31, every one accepted, makes it (the ci run's first step missed on 1.55/s against 2/s).
+    calls = [call(f"r{i}", 100.0 + i * 0.6) for i in range(31)]
+    quiet = step_figures("skip", 2, 100.0, 20.0, calls, [400.0] * 31, [], None)
+    assert quiet.accepted_per_s == 1.55 and quiet.accepted_share == 1.0 and within_bound(quiet, 30_000)
+    refusing = step_figures("skip", 2, 100.0, 20.0, calls + [call("no", 110.0, "RESOURCE_EXHAUSTED", 1.0)] * 4,
+                            [400.0] * 31, [], None)
+    assert refusing.accepted_share == 31 / 35 and not within_bound(refusing, 30_000)
 
 
 def test_the_bottleneck_is_the_group_whose_lag_grew_most_past_the_knee_else_the_busiest_service() -> None:

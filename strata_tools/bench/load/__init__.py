@@ -28,10 +28,11 @@ shut, and on a 2-core CPU a tier never queues 1 024 events in a step.
    Redis' ``used_memory``. A mix stops stepping after its first step that misses the bound: higher rates
    would only queue longer.
 3. **The knee** of a mix: the highest offered rate below its first step that misses, where a step makes it
-   when its final-reward p99 is within ``--p99-bound-ms`` and at least 90 % of the offered rate was
-   accepted. **The bottleneck**: the service whose consumer group's lag grew most in the fresh mix's first
-   step past its knee (the highest step when none missed); the service with the most CPU seconds per
-   second there when no lag grew.
+   when its final-reward p99 is within ``--p99-bound-ms`` and at least 90 % of the requests it offered were
+   accepted (of those its schedule made: a 20 s Poisson step at 2/s offers 40 +- 6). **The bottleneck**:
+   the service whose consumer group's lag grew most in the fresh mix's first step past its knee (the
+   highest step when none missed); the service with the most CPU seconds per second there when no lag
+   grew.
 4. **Overload**: ``--overload-seconds`` at twice the fresh knee (the highest rate when there is none), then
    nothing: every accepted request should get exactly one final reward within the deadline, every refusal
    should be RESOURCE_EXHAUSTED or UNAVAILABLE, with a retry hint (``grpc-retry-pushback-ms`` or "retry in
