@@ -47,7 +47,7 @@ from strata_tools.bench.load.figures import (
     step_figures,
     within_bound,
 )
-from strata_tools.bench.load.phases import WARMUP_PROMPTS_PER_FAMILY, Plan, skip_prompts, split_pools
+from strata_tools.bench.load.phases import WARMUP_PROMPTS_PER_FAMILY, Plan, Pools, skip_prompts, split_pools
 from strata_tools.bench.load.stack import cpu_seconds, rss_bytes, run_groups, service_pids, stack_reader
 
 # -- scripted schedulers, in process ------------------------------------------------------------------------
@@ -407,3 +407,17 @@ def test_the_monitor_reads_lag_through_the_one_reader_of_the_run() -> None:
     first, second = read(), read()
     assert first.lags == {"generator-l1": 5, "probe": 1} and second.lags["probe"] == 2  # summed over topics
     assert lags.reads == 2 and first.redis_bytes == 4096 and first.rss_bytes["self"] > 0
+
+
+def test_the_fresh_pool_is_checked_against_the_schedules_the_phases_send() -> None:
+    args = _args(rates="2,4,8,16,32", overload_seconds=10.0)
+    plan = load.check_arguments(args)
+
+    def pools(n: int) -> Pools:
+        return Pools(warmup=["w"], paraphrases=[], fresh=[f"f{i}" for i in range(n)])
+
+    # Every step at seeds 0..4 and the overload at 64/s for 10 s at seed 999 send 1857 fresh prompts; counted
+    # with seed 0 throughout they were 1814, and a 1855-prompt split passed the check and ran dry.
+    with pytest.raises(CliError, match="need up to 1857 fresh prompts"):
+        load._check_fresh_enough(args, plan, pools(1856))
+    load._check_fresh_enough(args, plan, pools(1857))

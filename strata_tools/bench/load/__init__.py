@@ -71,7 +71,17 @@ from typing import Any
 
 from strata_tools.bench.load.client import OpenLoopClient, grpc_submitter, send_offsets
 from strata_tools.bench.load.figures import MIXES
-from strata_tools.bench.load.phases import WARMUP_SAMPLES, Plan, Pools, Rig, soak, split_pools, steps_and_overload
+from strata_tools.bench.load.phases import (
+    WARMUP_SAMPLES,
+    Plan,
+    Pools,
+    Rig,
+    overload_seed,
+    soak,
+    split_pools,
+    step_seed,
+    steps_and_overload,
+)
 from strata_tools.bench.load.stack import Finals, Monitor, run_groups, service_pids, stack_reader
 
 WARMUP_TIMEOUT_S = 1800.0
@@ -172,14 +182,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_fresh_enough(args: argparse.Namespace, plan: Plan, pools: Pools) -> None:
-    """Refuse before starting anything when the fresh mix could run out of never-sent prompts."""
+    """Refuse before starting anything when the fresh mix could run out of never-sent prompts: every step
+    made (the most it can take), then the overload at twice the highest rate, counted with the seeds the
+    phases send with."""
     from strata.errors import CliError
 
     if "fresh" not in plan.mixes or args.soak:
         return
     poisson = args.arrivals == "poisson"
-    needed = sum(len(send_offsets(r, args.step_seconds, args.seed, poisson)) for r in plan.rates)
-    needed += len(send_offsets(2 * max(plan.rates), args.overload_seconds, args.seed, poisson))
+    needed = sum(len(send_offsets(r, args.step_seconds, step_seed(args.seed, i), poisson))
+                 for i, r in enumerate(plan.rates))
+    needed += len(send_offsets(2 * max(plan.rates), args.overload_seconds, overload_seed(args.seed), poisson))
     if needed > len(pools.fresh):
         raise CliError(f"--rates {args.rates} over --step-seconds {args.step_seconds:g} (and the overload at twice "
                        f"the highest rate) need up to {needed} fresh prompts; the train split has {len(pools.fresh)}")

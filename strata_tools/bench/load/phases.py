@@ -79,6 +79,16 @@ def requests_of(prompts: Iterator[str], prefix: str) -> Iterator[tuple[str, str]
         yield f"{prefix}-{i}", prompt
 
 
+def step_seed(seed: int, index: int) -> int:
+    """The send schedule's seed of each mix's ``index``-th rate: the mixes get the same arrivals."""
+    return seed * 1000 + index
+
+
+def overload_seed(seed: int) -> int:
+    """The overload's send schedule's seed."""
+    return seed * 1000 + 999
+
+
 # -- the phases ------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -122,7 +132,7 @@ def steps_and_overload(rig: Rig, plan: Plan, pools: Pools) -> int:
     for mix in plan.mixes:
         for i, rate in enumerate(plan.rates):
             print(f"  {mix} at {rate:g}/s: sending for {args.step_seconds:g} s, then draining ...", flush=True)
-            _, figures = run_phase(rig, mix, rate, args.step_seconds, streams[mix], args.seed * 1000 + i)
+            _, figures = run_phase(rig, mix, rate, args.step_seconds, streams[mix], step_seed(args.seed, i))
             steps[mix].append(figures)
             print_step(figures)
             if not within_bound(figures, args.p99_bound_ms):
@@ -131,7 +141,7 @@ def steps_and_overload(rig: Rig, plan: Plan, pools: Pools) -> int:
     fresh_knee = knee(steps.get("fresh", []), args.p99_bound_ms)
     overload_rate = 2 * (fresh_knee.offered_rate if fresh_knee else max(plan.rates))
     print(f"  overload: {overload_rate:g}/s for {args.overload_seconds:g} s, then nothing ...", flush=True)
-    calls, overload = run_phase(rig, "overload", overload_rate, args.overload_seconds, fresh, args.seed * 1000 + 999)
+    calls, overload = run_phase(rig, "overload", overload_rate, args.overload_seconds, fresh, overload_seed(args.seed))
     print_step(overload)
     accounting = account(calls, rig.finals.arrivals(), args.final_deadline)
     return report(steps, accounting, overload.drained_s, args.p99_bound_ms, args.shed_wait_s)
