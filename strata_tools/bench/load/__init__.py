@@ -49,13 +49,14 @@ finals than samples> bottleneck=<service>`` (a knee of 0: no rate made the bound
 rewards vary widely it routes them to Level-2 instead, and the skip mix measures that). The exit status
 is 1 when something accepted was lost or doubled, a refusal had another code, or the lag did not drain.
 
-``--soak SECONDS`` replaces the steps and the overload: after the warm-up, the skip mix at
-``--soak-rate`` for that long, ending with ``soak seconds= accepted= lost= doubled= rss_growth=
-redis_growth=`` (growth from the start to the end as a fraction of the start: the largest over the
-services for RSS).
+``--soak SECONDS`` replaces the steps and the overload: the learner runs too (training the zoo's policy
+on the soak's rewards, its checkpoints followed by the Level-1 generator, as in training), and after the
+warm-up the skip mix goes at ``--soak-rate`` for that long, ending with ``soak seconds= accepted= lost=
+doubled= rss_growth= redis_growth=`` (growth from the start to the end as a fraction of the start: the
+largest over the services for RSS).
 
-Not covered yet: the learner (the policy stays fixed, also during the soak, so no training memory or
-policy reloads are measured); more than one scheduler replica or client (the per-client Submit rate is
+Not covered yet: the learner during the steps (the policy stays fixed there); a restart under load;
+more than one scheduler replica or client (the per-client Submit rate is
 far above the offered rates); Kafka's own CPU and memory, and Redis' CPU. With ``--shed-wait-s 0`` the
 door never sheds, and overload shows as growing lag and late finals instead of refusals.
 """
@@ -121,7 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-interval", type=float, default=2.0,
                         help="seconds between readings of the consumer lags, RSS and Redis memory")
     parser.add_argument("--soak", type=float, default=0.0,
-                        help="seconds at --soak-rate with the skip mix instead of the steps (0: no soak)")
+                        help="seconds at --soak-rate with the skip mix and the learner training, instead of the "
+                        "steps (0: no soak)")
     parser.add_argument("--soak-rate", type=float, default=1.0, help="offered rate of the soak, prompts/s")
     parser.add_argument("--zoo", default="ci", help="zoo preset whose models the tiers serve")
     parser.add_argument("--seed", type=int, default=0)
@@ -203,6 +205,7 @@ def _run(args: argparse.Namespace, plan: Plan, pools: Pools, infra: Any, zoo: An
     from strata.bus.admin import LagReader
     from strata.v1 import scheduler_pb2_grpc
     from strata_tools.tiering.arms import LiveTiers
+    from strata_tools.train import CPU_LEARNER_ARGS
 
     print(f"load bench: {args.zoo} zoo, open-loop Submit ({args.arrivals} arrivals, one sample each), "
           f"final-reward p99 bound {args.p99_bound_ms:g} ms, deadline {args.final_deadline:g} s", flush=True)
@@ -210,7 +213,10 @@ def _run(args: argparse.Namespace, plan: Plan, pools: Pools, infra: Any, zoo: An
           f"{args.shed_min_backlog} events queued, its drain rate measured over {args.backlog_window_s:g} s "
           f"(shed_wait_s={args.shed_wait_s:g} shed_min_backlog={args.shed_min_backlog} "
           f"backlog_window_s={args.backlog_window_s:g})", flush=True)
-    live = LiveTiers(infra, zoo, run_id, review_seconds=0.0, seed=args.seed, scheduler_env=scheduler_env(args))
+    # The soak trains as a run would (the learner's memory and the generators' policy reloads are what it
+    # watches); the steps keep the policy fixed, so that their rates compare.
+    live = LiveTiers(infra, zoo, run_id, review_seconds=0.0, seed=args.seed, scheduler_env=scheduler_env(args),
+                     learner_args=CPU_LEARNER_ARGS if args.soak else None)
     with live.started():
         print(f"  warm-up: {len(pools.warmup)} prompts x {WARMUP_SAMPLES} samples ...", flush=True)
         live.run_arm("warm-up", [_Text(t) for t in pools.warmup], "scheduler", WARMUP_TIMEOUT_S,
