@@ -282,6 +282,9 @@ class RewardWorker:
     def _watch_hacking(self) -> None:
         """The live estimates as gauges; the alarm logged when it starts and when it stops."""
         s = self._settings
+        # Rewritten at every read: a Redis restarted since the start (or down then) gets them back.
+        audit_store.write_thresholds(self._redis, audit_store.ServedThresholds(
+            s.hacking_min_audits, s.hacking_gap_bound, s.hacking_defence))
         baseline, current = windows(audit_store.read_versions(self._redis), s.hacking_min_audits)
         if current is None:
             return

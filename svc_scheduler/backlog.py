@@ -9,10 +9,14 @@ would wait in that tier's queue. Past ``shed_backlog_wait_s`` in any tier, with 
 the ones it can skip: they need nothing downstream. Accepting work the tiers cannot reach in time would
 only move the refusal later, past the client's deadline, where it is a loss.
 
-Only groups with members now count: a tier that is not deployed (or whose group was renamed) keeps
-its old commits and a lag that grows forever, which must not close the door. A reading that could not
-be taken recently sheds nothing: a stale gauge must not refuse traffic (with Kafka down, publishing
-fails on its own, as UNAVAILABLE).
+The rate covers busy time only (the window restarts whenever the queue was empty), so a burst after
+an idle spell is not judged by the idle seconds; until a busy spell spans ``MEASURED_AFTER_S`` the rate
+is unknown and sheds nothing, and a tier counts as stalled (nothing committed, events waiting) only
+after a whole window. Only groups that had members within ``backlog_member_grace_s`` count: a tier
+that is not deployed (or whose group was renamed) keeps its old commits and a lag that grows forever,
+which must not close the door, while a tier crash-looping or evicted for a slow poll still does. A
+reading that could not be taken recently sheds nothing: a stale gauge must not refuse traffic (with
+Kafka down, publishing fails on its own, as UNAVAILABLE).
 
 The rule (:func:`shed_decision`, :class:`DrainRate`) is pure; :class:`BacklogGauge` is the thread that
 reads Kafka.
@@ -20,6 +24,7 @@ reads Kafka.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -34,6 +39,10 @@ from svc_scheduler.config import SchedulerSettings
 
 log = logging.getLogger(__name__)
 
+MEASURED_AFTER_S = 5.0  # a busy spell's rate is known once its readings span this long (or the window)
+STALE_AFTER_POLLS = 3  # a reading older than this many polls (and STALE_SLACK_S) sheds nothing
+STALE_SLACK_S = 5.0
+
 
 @dataclass(frozen=True)
 class StageReading:
@@ -42,12 +51,13 @@ class StageReading:
     group: str
     topic: str
     lag: int
-    rate: float | None  # events/s committed over the window; None until two readings span a second
+    rate: float | None  # events/s committed over the busy window; None while unknown
 
     @property
     def wait_s(self) -> float:
-        """Seconds a new event would queue here (infinite when events wait and nothing drains)."""
-        if self.lag == 0:
+        """Seconds a new event would queue here (infinite when events wait and nothing drains; 0 while the
+        rate is unknown: an unmeasured tier sheds nothing)."""
+        if self.lag == 0 or self.rate is None:
             return 0.0
         return self.lag / self.rate if self.rate else math.inf
 
@@ -75,7 +85,7 @@ def shed_decision(readings: Sequence[StageReading], bound_s: float, min_backlog:
     least a second; ``max_retry_after_s`` when nothing drains)."""
     if bound_s <= 0:
         return None
-    over = [r for r in readings if r.lag >= min_backlog and r.wait_s > bound_s]
+    over = [r for r in readings if r.rate is not None and r.lag >= min_backlog and r.wait_s > bound_s]
     if not over:
         return None
     worst = max(over, key=lambda r: (r.wait_s, r.lag))
@@ -88,23 +98,30 @@ def shed_decision(readings: Sequence[StageReading], bound_s: float, min_backlog:
 
 
 class DrainRate:
-    """A tier's drain rate: its committed offsets' advance over the last ``window_s`` seconds."""
+    """A tier's drain rate: its committed offsets' advance over the last ``window_s`` seconds of work."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self.points: deque[tuple[float, int]] = deque()
 
-    def add(self, at: float, committed: int) -> float | None:
-        """Record a reading; the rate over the window, None until the readings span a second."""
+    def add(self, at: float, committed: int, lag: int) -> float | None:
+        """Record a reading; the rate over the busy window, or None while unknown: the busy spell is shorter
+        than ``MEASURED_AFTER_S`` (or the window), or nothing was committed in less than a whole window."""
         if self.points and committed < self.points[-1][1]:  # offsets reset (group recreated): start again
             self.points.clear()
+        if lag == 0:  # idle: the next busy spell is measured from its first reading with work queued
+            self.points.clear()
+            return None
         self.points.append((at, committed))
         while len(self.points) > 2 and at - self.points[1][0] >= self.window_s:
             self.points.popleft()
         first_at, first = self.points[0]
-        if at - first_at < 1.0:
+        span = at - first_at
+        if span < min(MEASURED_AFTER_S, self.window_s):
             return None
-        return (committed - first) / (at - first_at)
+        if committed == first and span < self.window_s:  # maybe mid-batch: stalled only after a whole window
+            return None
+        return (committed - first) / span
 
 
 class PositionSource(Protocol):
@@ -125,6 +142,7 @@ class BacklogGauge:
         self.connect = connect
         self.clock = clock
         self.rates: dict[tuple[str, str], DrainRate] = {}
+        self.members_seen: dict[str, float] = {}  # group -> when it last had members
         self.readings: list[StageReading] = []
         self.read_at: float | None = None
         self.lock = threading.Lock()
@@ -139,7 +157,8 @@ class BacklogGauge:
         readings = []
         for (group, topic), position in sorted(positions.items()):
             rate = self.rates.setdefault((group, topic), DrainRate(self.settings.backlog_window_s))
-            readings.append(StageReading(group, topic, position.lag, rate.add(now, position.committed)))
+            readings.append(StageReading(group, topic, position.lag,
+                                         rate.add(now, position.committed, position.lag)))
         with self.lock:
             self.readings, self.read_at = readings, now
 
@@ -147,10 +166,23 @@ class BacklogGauge:
         """Whether to refuse rollouts now; None too when the last reading is stale (or none was taken)."""
         with self.lock:
             readings, read_at = self.readings, self.read_at
-        if not self.enabled or read_at is None or self.clock() - read_at > 3 * self.settings.backlog_poll_s + 5:
+        stale_after = STALE_AFTER_POLLS * self.settings.backlog_poll_s + STALE_SLACK_S
+        if not self.enabled or read_at is None or self.clock() - read_at > stale_after:
             return None
         return shed_decision(readings, self.settings.shed_backlog_wait_s, self.settings.shed_min_backlog,
                              self.settings.max_retry_after_s)
+
+    def counted(self, with_members: set[str]) -> set[str]:
+        """The groups whose backlog counts: members now, or within ``backlog_member_grace_s`` (a crash-looping
+        tier's queue still closes the door). The first reading names the groups that have none."""
+        now = self.clock()
+        first = not self.members_seen and self.read_at is None
+        for group in with_members:
+            self.members_seen[group] = now
+        if first and (missing := [g for g in self.groups if g not in with_members]):
+            log.info("backlog_groups without members now (not counted until they have some): %s", ", ".join(missing))
+        grace = self.settings.backlog_member_grace_s
+        return {g for g, seen in self.members_seen.items() if now - seen <= grace}
 
     def run(self, stop: threading.Event) -> None:
         """Read until ``stop``; a failed read is logged once per outage and leaves the gauge to go stale."""
@@ -162,7 +194,7 @@ class BacklogGauge:
             while not stop.is_set():
                 try:
                     source = source or self.connect()
-                    active = source.active(self.groups)
+                    active = self.counted(source.active(self.groups))
                     positions = source.positions(self.groups)
                     self.record({key: p for key, p in positions.items() if key[0] in active})
                     if failing:
@@ -173,7 +205,8 @@ class BacklogGauge:
                         log.warning("cannot read the tiers' backlog (%s); not shedding until it can", exc)
                     failing = True
                     if source is not None:
-                        source.close()
+                        with contextlib.suppress(Exception):  # a failing close must not end the loop
+                            source.close()
                         source = None
                 stop.wait(self.settings.backlog_poll_s)
         finally:

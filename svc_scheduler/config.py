@@ -261,6 +261,10 @@ class SchedulerSettings(StrataSettings):
         description="comma-separated consumer groups of the rollout tiers whose backlog the door watches",
     )
     backlog_poll_s: float = Field(1.0, gt=0, description="seconds between readings of the tiers' backlog")
+    backlog_member_grace_s: float = Field(
+        300.0, ge=0, description="seconds a tier's group still counts after its last member left (a crash loop, "
+        "an eviction for a slow poll); a group never seen with members does not count"
+    )
     backlog_window_s: float = Field(
         30.0, gt=0, description="seconds of readings a tier's drain rate is measured over (longer than a batch)"
     )

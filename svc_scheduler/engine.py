@@ -270,7 +270,8 @@ class SchedulerEngine:
         """Decide, store, publish and index (steps 1-6). Per prompt: accepted, not (Kafka), or shed.
 
         While the tiers are too far behind (``shed``), prompts that need a rollout are shed and skips are
-        served, unaudited: an audit is a rollout the skip did not need.
+        served; an audited skip is a rollout and is shed with them (its draw is the request's, so a retry
+        audits the same way).
 
         Raises :class:`StoreUnavailableError` when Redis is down, and :class:`RequestGoneError` when
         ``still_wanted`` turns false before publishing (the caller left): then nothing was published.
@@ -281,9 +282,9 @@ class SchedulerEngine:
             raise RequestGoneError
         submitted_at = self.clock()
         shed = self.shed()
-        audit_share = 0.0 if shed else self.settings.audit_share
         routed = [
-            replace(item, decision=audit(item.decision, item.prompt_hash, request.request_id, audit_share))
+            replace(item, decision=audit(item.decision, item.prompt_hash, request.request_id,
+                                         self.settings.audit_share))
             for request, item in zip(requests, self.route([r.prompt for r in requests]), strict=True)
         ]
         if not still_wanted():  # routing (the encoder) is the slow step: check again before any write

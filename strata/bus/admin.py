@@ -131,11 +131,12 @@ class LagReader:
     def __init__(self, cluster: KafkaTarget, client_id: str = "strata", timeout_ms: int = 4000) -> None:
         from kafka import KafkaConsumer
 
+        self.timeout_ms = timeout_ms
         self.admin = KafkaAdminClient(**kafka_connection(cluster), request_timeout_ms=timeout_ms,
                                       bootstrap_timeout_ms=min(timeout_ms, 3000), client_id=client_id)
         try:
             self.consumer = KafkaConsumer(**kafka_connection(cluster), group_id=None, enable_auto_commit=False,
-                                          client_id=client_id)
+                                          client_id=client_id, request_timeout_ms=max(timeout_ms, 1000))
         except Exception:
             self.admin.close()
             raise
@@ -154,7 +155,7 @@ class LagReader:
             # of the answer: load each topic's partitions first.
             for topic in sorted({tp.topic for tp in committed}):
                 self.consumer.partitions_for_topic(topic)
-            ends = self.consumer.end_offsets(list(committed))
+            ends = self.consumer.end_offsets(list(committed), timeout_ms=self.timeout_ms)
             for tp, meta in committed.items():
                 if tp not in ends:  # the broker gave no end offset (kafka-python leaves it out): unknown
                     log.debug("no end offset for %s[%d]: group %s's lag there is unknown", tp.topic, tp.partition,

@@ -39,9 +39,9 @@ def test_a_stalled_tier_sheds_only_past_the_minimum_backlog() -> None:
     assert math.isinf(stalled.wait_s)
     shed = shed_decision([stalled], 60.0, 64, 45.0)
     assert shed is not None and shed.retry_after_s == 45.0 and "nothing draining" in shed.message()
-    # An idle tier's first events have no measured rate yet: under the minimum they refuse nothing.
-    assert shed_decision([StageReading("g", "t", lag=63, rate=None)], 60.0, 64, 45.0) is None
-    assert StageReading("g", "t", lag=0, rate=None).wait_s == 0.0
+    assert shed_decision([StageReading("g", "t", lag=63, rate=0.0)], 60.0, 64, 45.0) is None
+    # A rate not measured yet is not a stall: however long the queue, it refuses nothing.
+    assert shed_decision([StageReading("g", "t", lag=10_000, rate=None)], 60.0, 64, 45.0) is None
 
 
 def test_the_worst_tier_is_named() -> None:
@@ -50,34 +50,51 @@ def test_the_worst_tier_is_named() -> None:
     assert shed_decision([slow, slower], 60.0, 64, 60.0).stage is slower
 
 
-def test_the_drain_rate_is_the_commits_advance_over_the_window() -> None:
+def test_the_drain_rate_is_the_commits_advance_over_the_busy_window() -> None:
     rate = DrainRate(window_s=10.0)
-    assert rate.add(0.0, 100) is None
-    assert rate.add(0.5, 105) is None  # under a second of readings
-    assert rate.add(2.0, 120) == pytest.approx(10.0)
-    for t in range(3, 30):
-        last = rate.add(float(t), 120 + 4 * (t - 2))  # now 4 a second
+    assert rate.add(0.0, 100, lag=50) is None
+    assert rate.add(4.0, 140, lag=50) is None  # a busy spell under 5 s: not measured yet
+    assert rate.add(5.0, 150, lag=50) == pytest.approx(10.0)
+    for t in range(6, 30):
+        last = rate.add(float(t), 150 + 4 * (t - 5), lag=50)  # now 4 a second
     # The window forgets the first readings: 4 a second, from the newest reading at least 10 s old.
     assert last == pytest.approx(4.0)
     assert rate.points[0][0] == 19.0
-    assert rate.add(30.0, 0) is None  # offsets went back (the group was recreated): measured afresh
+    assert rate.add(30.0, 0, lag=50) is None  # offsets went back (the group was recreated): measured afresh
+
+
+def test_a_burst_after_an_idle_spell_is_judged_by_its_busy_seconds_only() -> None:
+    # Idle for a minute, then 5 000 events draining at 100 a second: 50 s of work, under a 60 s bound.
+    rate = DrainRate(window_s=30.0)
+    for t in range(60):
+        assert rate.add(float(t), 1000, lag=0) is None
+    committed, queued, arrived_at = 1000, 5000, 60.5
+    for t in range(61, 90):
+        done = min(queued, round(100 * (t - arrived_at)))
+        reading = StageReading("g", "t", lag=queued - done, rate=rate.add(float(t), committed + done, queued - done))
+        assert shed_decision([reading], 60.0, 64, 60.0) is None, (t, reading)
+    # A tier that commits nothing: unknown for a whole window, then stalled.
+    stuck = DrainRate(window_s=30.0)
+    assert all(stuck.add(float(t), 7, lag=500) is None for t in range(30))
+    assert stuck.add(30.0, 7, lag=500) == 0.0
 
 
 class ConstructedPositions:
-    """Scripted Kafka positions for the gauge's loop; each read advances the clock a second."""
+    """Scripted Kafka positions for the gauge's loop: per read the groups with members and the lag of every
+    group; each read advances the clock 5 s."""
 
-    def __init__(self, clock: list[float], lags: list[int], active: set[str]) -> None:
-        self.clock, self.lags, self.groups_active = clock, lags, active
+    def __init__(self, clock: list[float], reads: list[tuple[set[str], int]]) -> None:
+        self.clock, self.script = clock, reads
         self.reads = 0
         self.closed = False
 
     def active(self, groups: list[str]) -> set[str]:
-        return self.groups_active & set(groups)
+        return self.script[min(self.reads, len(self.script) - 1)][0] & set(groups)
 
     def positions(self, groups: list[str]) -> dict[tuple[str, str], GroupPosition]:
-        lag = self.lags[min(self.reads, len(self.lags) - 1)]
+        lag = self.script[min(self.reads, len(self.script) - 1)][1]
         self.reads += 1
-        self.clock[0] += 1.0
+        self.clock[0] += 5.0
         return {(g, "topic"): GroupPosition(committed=0, lag=lag) for g in groups}
 
     def close(self) -> None:
@@ -85,7 +102,8 @@ class ConstructedPositions:
 
 
 def gauge(clock: list[float], **settings: object) -> BacklogGauge:
-    config = SchedulerSettings(backlog_groups="live,gone", backlog_poll_s=0.001, shed_min_backlog=64, **settings)
+    config = SchedulerSettings(backlog_groups="live,gone", backlog_poll_s=0.001, shed_min_backlog=64,
+                               backlog_window_s=10.0, **settings)
     return BacklogGauge(config, connect=lambda: None, clock=lambda: clock[0])
 
 
@@ -94,16 +112,17 @@ def test_the_gauge_sheds_on_fresh_readings_of_groups_with_members_only() -> None
     readings = gauge(clock)
     assert readings.shed() is None  # no reading yet
     readings.record({("live", "t"): GroupPosition(0, 500)})
-    clock[0] += 2.0
-    readings.record({("live", "t"): GroupPosition(0, 500)})  # a second apart, nothing committed: stalled
+    clock[0] += 10.0
+    readings.record({("live", "t"): GroupPosition(0, 500)})  # a whole window, nothing committed: stalled
     shed = readings.shed()
     assert shed is not None and shed.stage.group == "live"
     clock[0] += 60.0  # no reading for a minute (Kafka unreachable): a stale gauge refuses nothing
     assert readings.shed() is None
     assert gauge(clock, shed_backlog_wait_s=0.0).shed() is None
 
-    # The loop drops groups without members ("gone" is not deployed, its lag only grows).
-    source = ConstructedPositions(clock, lags=[500, 500, 500], active={"live"})
+    # The loop counts a group with members now or lately: "live" loses its member (a crash loop) at the third
+    # read and still counts; "gone" was never seen with one (not deployed, its lag only grows) and never does.
+    source = ConstructedPositions(clock, [({"live"}, 500), ({"live"}, 500), (set(), 500)])
     looping = gauge(clock)
     looping.connect = lambda: source
     stop = threading.Event()
@@ -117,4 +136,6 @@ def test_the_gauge_sheds_on_fresh_readings_of_groups_with_members_only() -> None
     source.positions = positions_then_stop  # type: ignore[method-assign]
     looping.run(stop)
     assert source.closed and [r.group for r in looping.readings] == ["live"]
-    assert looping.shed() is not None
+    assert looping.shed() is not None  # stalled for a whole window (10 s over three reads)
+    clock[0] += looping.settings.backlog_member_grace_s + 1
+    assert looping.counted(set()) == set()  # past the grace without members: no longer counted

@@ -15,6 +15,7 @@ import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
+from prometheus_client import REGISTRY
 
 from strata.bus import Publisher, Topic, topics
 from strata.bus.admin import ensure_topics, start_group_at_end
@@ -622,7 +623,7 @@ def test_the_door_sheds_rollouts_while_a_tier_is_behind_and_still_serves_skips(
     ensure_topics(infra, 1, topics=[topic])
     group = f"test-shed-tier-{uuid.uuid4().hex[:8]}"
     overrides = {"backlog_groups": group, "shed_backlog_wait_s": 5.0, "shed_min_backlog": 64, "backlog_poll_s": 0.2,
-                 "audit_share": 1.0}
+                 "backlog_window_s": 2.0, "audit_share": 0.0}
     with Replica(scheduler_settings(infra, **overrides), encoder) as door:
         seed_paraphrases(door.engine, door.stub)  # before the tier falls behind: rolled out
         member = KafkaConsumer(**kafka_connection(infra), group_id=group, enable_auto_commit=False,
@@ -639,18 +640,23 @@ def test_the_door_sheds_rollouts_while_a_tier_is_behind_and_still_serves_skips(
                 producer.send(topic.name, value=b"queued", partition=0)
             producer.flush()
             producer.close()
-            shed = eventually(door.engine.shed, "the door to see the tier's backlog")
-            assert shed.stage.group == group and shed.stage.lag == 100
+            # Stalled once a whole window (2 s) of readings saw the 100 events and no commit.
+            shed = eventually(lambda: (seen := door.engine.shed()) and seen.stage.lag == 100 and seen,
+                              "the door to see the tier's backlog")
+            assert shed.stage.group == group
+            shed_before = REGISTRY.get_sample_value("strata_scheduler_shed_total", {"group": group}) or 0.0
+            fresh = f"How do I season a cast iron pan? ({uuid.uuid4().hex[:8]})"
 
             with pytest.raises(grpc.RpcError) as refused:
-                submit(door.stub, "How do I season a cast iron pan?", request_id="shed-1")
+                submit(door.stub, fresh, request_id="shed-1")
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert f"{group} has 100 events queued" in refused.value.details()
             assert "skips are served" in refused.value.details() and "retry in" in refused.value.details()
             hint = dict(refused.value.trailing_metadata() or ())[RETRY_PUSHBACK_KEY]
             assert int(hint) == round(door.settings.max_retry_after_s * 1000)  # nothing drains: the longest hint
+            assert door.engine.content.find_texts([content_hash(fresh)]) == {}  # nothing kept for it
 
-            # A skip needs no tier: served, and not audited (an audit is a rollout) though audit_share is 1.
+            # A skip needs no tier: served.
             skipped = submit(door.stub, QUERY, request_id="shed-skip")
             assert skipped.decision == common_pb2.DECISION_SKIP, skipped.reason
 
@@ -659,11 +665,12 @@ def test_the_door_sheds_rollouts_while_a_tier_is_behind_and_still_serves_skips(
                 scheduler_pb2.SubmitRequest(prompt=QUERY)]), timeout=30)
             assert batch.results[0].error.startswith("requests[0]: RESOURCE_EXHAUSTED: the rollout tiers are behind")
             assert batch.results[1].response.decision == common_pb2.DECISION_SKIP
+            assert REGISTRY.get_sample_value("strata_scheduler_shed_total", {"group": group}) == shed_before + 2
 
             # The tier catches up: the door opens again.
             member.commit({partition: OffsetAndMetadata(100, "", -1)})
             eventually(lambda: door.engine.shed() is None, "the door to see the tier caught up")
-            accepted = submit(door.stub, "How do I season a cast iron pan?", request_id="shed-2")
+            accepted = submit(door.stub, fresh, request_id="shed-2")
             assert accepted.decision == common_pb2.DECISION_LEVEL_1
         finally:
             member.close(autocommit=False)

@@ -184,16 +184,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_fresh_enough(args: argparse.Namespace, plan: Plan, pools: Pools) -> None:
-    """Refuse before starting anything when the fresh mix could run out of never-sent prompts: every step
-    made (the most it can take), then the overload at twice the highest rate, counted with the seeds the
-    phases send with."""
+    """Refuse before starting anything when the fresh prompts could run out: the fresh mix's every step (the
+    most it can take), then the overload at twice the highest rate (fresh prompts whatever the mixes),
+    counted with the seeds the phases send with."""
     from strata.errors import CliError
 
-    if "fresh" not in plan.mixes or args.soak:
+    if args.soak:
         return
     poisson = args.arrivals == "poisson"
-    needed = sum(len(send_offsets(r, args.step_seconds, step_seed(args.seed, i), poisson))
-                 for i, r in enumerate(plan.rates))
+    needed = 0 if "fresh" not in plan.mixes else sum(
+        len(send_offsets(r, args.step_seconds, step_seed(args.seed, i), poisson)) for i, r in enumerate(plan.rates))
     needed += len(send_offsets(2 * max(plan.rates), args.overload_seconds, overload_seed(args.seed), poisson))
     if needed > len(pools.fresh):
         raise CliError(f"--rates {args.rates} over --step-seconds {args.step_seconds:g} (and the overload at twice "

@@ -133,4 +133,4 @@ class OpenLoopClient:
         return Call(request_id, scheduled_at, sent_at, 1000 * (time.monotonic() - sent_at), reply)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)  # queued sends of a stopped run are not sent

@@ -53,11 +53,12 @@ class StepFigures:
 
 def final_latencies_ms(calls: Sequence[Call], arrivals: Mapping[str, Sequence[float]], deadline_s: float
                        ) -> list[float]:
-    """Per accepted call, send to first final reward in ms; inf when none arrived within ``deadline_s``."""
+    """Per accepted call, scheduled send to first final reward in ms (a send the client made late counts its
+    lateness: no coordinated omission); inf when none arrived within ``deadline_s``."""
     latencies = []
     for call in calls:
         if call.accepted:
-            after_s = min(arrivals.get(call.request_id, ()), default=float("inf")) - call.sent_at
+            after_s = min(arrivals.get(call.request_id, ()), default=float("inf")) - call.scheduled_at
             latencies.append(1000 * after_s if after_s <= deadline_s else float("inf"))
     return latencies
 
