@@ -139,6 +139,17 @@ def check_same_lineage(checkpoint: Path, saved: Mapping[str, Any], starting: Map
                          "STRATA_CHECKPOINT_DIR), or move the old checkpoints aside")
 
 
+# Settings whose change on resume changes what trains the policy: said at start, not refused (a deliberate
+# change of recipe is a user's right; an unnoticed one, e.g. a default that moved, is what this catches).
+RECIPE_KEYS = ("train_tiers",)
+
+
+def recipe_changes(saved: Mapping[str, Any], starting: Mapping[str, Any]) -> list[str]:
+    """What the resumed lineage will train differently from its checkpoint's learner. Pure."""
+    return [f"{key} was {saved[key]!r} for this lineage, now {starting[key]!r}" for key in RECIPE_KEYS
+            if key in saved and key in starting and str(saved[key]) != str(starting[key])]
+
+
 @dataclass(frozen=True)
 class LearnerStatus:
     policy_version: int
@@ -298,6 +309,8 @@ class LearnerEngine:
             loaded = load_checkpoint(latest, settings.device, settings.dtype)
             check_same_lineage(latest, loaded.info.learner_config, learner_config)
             log.info("resuming from %s (version %d, step %d)", latest, loaded.info.version, loaded.info.step)
+            for change in recipe_changes(loaded.info.learner_config, learner_config):
+                log.warning("resuming %s with another recipe: %s", latest, change)
             return cls(settings, loaded.policy, reference, tokenizer, loaded.info, loaded.optimizer_state,
                        learner_config, level2_model_path, level2_tokenizer)  # fmt: skip
         applied = AppliedBatches({f"{topic}:{partition}": offset for (topic, partition), offset

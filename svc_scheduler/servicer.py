@@ -229,8 +229,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if isinstance(outcome, PromptShedError):
                 results[i].error = f"requests[{i}]: RESOURCE_EXHAUSTED: {outcome}"
                 retry_after_s = max(retry_after_s, outcome.shed.retry_after_s)
-            elif isinstance(outcome, NotAcceptedError):
-                results[i].error = str(outcome)
+            elif isinstance(outcome, NotAcceptedError):  # the code a retrying client reads, as a shed item's
+                results[i].error = f"requests[{i}]: UNAVAILABLE: {outcome}"
             else:
                 results[i].response.CopyFrom(response_of(outcome))
         if retry_after_s:  # the batch is answered; the trailer says when its shed prompts may come again

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -144,3 +145,19 @@ def test_a_checkpoint_of_another_initial_policy_is_refused_with_the_fix(policy_d
     with pytest.raises(ValueError, match=r"continues the policy /zoo/default/level1.*starts from /zoo/ci/level1.*"
                                          r"checkpoint dir of its own"):
         LearnerEngine.start(settings, policy_dir, extra_config={"initial_policy": "/zoo/ci/level1"})
+
+
+def test_a_resumed_lineage_says_when_the_tiers_it_trains_on_changed(policy_dir: Path, tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from svc_learner.core import recipe_changes
+
+    assert recipe_changes({"train_tiers": "1"}, {"train_tiers": "1,2"}) == ["train_tiers was '1' for this lineage, "
+                                                                            "now '1,2'"]
+    assert recipe_changes({"train_tiers": "1,2"}, {"train_tiers": "1,2"}) == []
+    assert recipe_changes({}, {"train_tiers": "1,2"}) == []  # a checkpoint from before the setting: nothing to say
+    base = dict(policy_model_path=policy_dir, checkpoint_dir=tmp_path / "ckpt", device="cpu", batch_size=2,
+                minibatch_size=2, update_epochs=1)
+    LearnerEngine.start(LearnerSettings(**base, train_tiers="1"), policy_dir)
+    with caplog.at_level(logging.WARNING, logger="svc_learner.core"):
+        assert LearnerEngine.start(LearnerSettings(**base, train_tiers="1,2"), policy_dir).version == 0
+    assert "with another recipe: train_tiers was '1' for this lineage, now '1,2'" in caplog.text
