@@ -177,9 +177,14 @@ def abort_invalid(context: grpc.ServicerContext, field: str, problem: str) -> No
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"  # gRPC's retry hint (A6): a client's retry policy waits this long
 
 
+def set_retry_pushback(context: grpc.ServicerContext, retry_after_s: float) -> None:
+    """Say when to retry as gRPC's pushback trailer (whole milliseconds, at least one)."""
+    context.set_trailing_metadata(((RETRY_PUSHBACK_KEY, str(max(1, round(retry_after_s * 1000)))),))
+
+
 def abort_exhausted(context: grpc.ServicerContext, what: str, retry_after_s: float) -> NoReturn:
     """Refuse with RESOURCE_EXHAUSTED and when to retry: in the message, and as gRPC's pushback trailer."""
-    context.set_trailing_metadata(((RETRY_PUSHBACK_KEY, str(max(1, round(retry_after_s * 1000)))),))
+    set_retry_pushback(context, retry_after_s)
     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, what)
     raise AssertionError("unreachable")
 

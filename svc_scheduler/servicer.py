@@ -29,7 +29,7 @@ from strata.content_store import StoreUnavailableError
 from strata.hashing import is_content_hash
 from strata.models.budget import TokenBudget
 from strata.ratelimit import RateLimiter, StreamLimiter
-from strata.rpc import RETRY_PUSHBACK_KEY, abort_exhausted, abort_invalid, abort_unavailable
+from strata.rpc import abort_exhausted, abort_invalid, abort_unavailable, set_retry_pushback
 from strata.rpc_auth import CallerIdentity
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from strata.validation import PromptRequest, RequestError, SubmitLimits, requested_sampling, validate_submit
@@ -234,7 +234,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             else:
                 results[i].response.CopyFrom(response_of(outcome))
         if retry_after_s:  # the batch is answered; the trailer says when its shed prompts may come again
-            context.set_trailing_metadata(((RETRY_PUSHBACK_KEY, str(max(1, round(retry_after_s * 1000)))),))
+            set_retry_pushback(context, retry_after_s)
         return scheduler_pb2.SubmitBatchResponse(results=results)
 
     def _submit(self, context: grpc.ServicerContext, prompts: list[PromptRequest]) -> list[Any]:

@@ -21,10 +21,10 @@ import grpc
 import pytest
 
 from strata.errors import CliError
+from strata.rpc import RETRY_PUSHBACK_KEY
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.bench import load
 from strata_tools.bench.load.client import (
-    PUSHBACK_KEY,
     Call,
     OpenLoopClient,
     Reply,
@@ -78,7 +78,7 @@ class RefusingScheduler(scheduler_pb2_grpc.SchedulerServicer):
                ) -> scheduler_pb2.SubmitResponse:
         kind = request.request_id.split("-")[0]
         if kind == "exhausted":
-            context.set_trailing_metadata(((PUSHBACK_KEY, "1500"),))
+            context.set_trailing_metadata(((RETRY_PUSHBACK_KEY, "1500"),))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the tiers are behind")
         if kind == "unavailable":
             context.abort(grpc.StatusCode.UNAVAILABLE, "Kafka did not acknowledge the prompt; retry in 2.50 s")

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-# gRPC's retry-throttling trailer (strata.rpc.RETRY_PUSHBACK_KEY): how long to wait before a retry.
-PUSHBACK_KEY = "grpc-retry-pushback-ms"
+from strata.rpc import RETRY_PUSHBACK_KEY
+
 _RETRY_IN = re.compile(r"retry in (\d+(?:\.\d+)?) ?s")
 
 
@@ -61,7 +61,7 @@ def send_offsets(rate: float, duration_s: float, seed: int, poisson: bool = True
 def _pushback_ms(metadata: Sequence[tuple[str, Any]]) -> float | None:
     """The ``grpc-retry-pushback-ms`` trailer's value; None when it is absent or not a number."""
     for key, value in metadata:
-        if key == PUSHBACK_KEY:
+        if key == RETRY_PUSHBACK_KEY:
             try:
                 return float(value.decode() if isinstance(value, bytes) else value)
             except ValueError:

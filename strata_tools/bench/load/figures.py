@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from strata.rpc import RETRY_PUSHBACK_KEY
 from strata_tools.bench.edge import percentile
-from strata_tools.bench.load.client import PUSHBACK_KEY, Call
+from strata_tools.bench.load.client import Call
 
 MIXES = ("skip", "fresh")
 REFUSALS_AT_THE_DOOR = ("RESOURCE_EXHAUSTED", "UNAVAILABLE")
@@ -237,7 +238,7 @@ def report(steps: Mapping[str, Sequence[StepFigures]], overload: Accounting, dra
         if mix_steps and all(within_bound(step, p99_bound_ms) for step in mix_steps):
             print(f"{mix}: no step missed the bound, so the knee is at least {_rate(found)}/s and the bottleneck a "
                   "reading of an unsaturated stack: step higher rates to find them")
-    codes = ", ".join(f"{c} {n} ({overload.pushback_by_code.get(c, 0)} with the {PUSHBACK_KEY} trailer)"
+    codes = ", ".join(f"{c} {n} ({overload.pushback_by_code.get(c, 0)} with the {RETRY_PUSHBACK_KEY} trailer)"
                       for c, n in sorted(overload.refused_by_code.items())) or "none"
     print(f"overload: {overload.accepted} accepted, {overload.refused} refused ({overload.with_hint} with a retry "
           f"hint, {overload.bad_refusals} with another code, {overload.served_refused} served all the same); "
