@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
+from benchargs import default_args
 
 from strata.errors import CliError
 from strata.rpc import RETRY_PUSHBACK_KEY
@@ -327,12 +328,7 @@ def test_the_skip_pool_is_served_safe_families_and_the_fresh_pool_shares_none_of
 # -- flags and the stack's processes ------------------------------------------------------------------------
 
 def _args(**overrides: object) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    load.add_arguments(parser)
-    args = parser.parse_args([])
-    for name, value in overrides.items():
-        setattr(args, name, value)
-    return args
+    return default_args(load.add_arguments, **overrides)
 
 
 @pytest.mark.parametrize(("overrides", "named"), [

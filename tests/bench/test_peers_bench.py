@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from benchargs import default_args
 from safetensors.torch import load_file
 
 from strata.config import StrataSettings
@@ -24,12 +25,7 @@ from strata_tools.zoo.build import ZooPaths
 
 
 def _args(**overrides: object) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    peers.add_arguments(parser)
-    args = parser.parse_args([])
-    for name, value in overrides.items():
-        setattr(args, name, value)
-    return args
+    return default_args(peers.add_arguments, **overrides)
 
 
 @pytest.mark.parametrize(("overrides", "named"), [
