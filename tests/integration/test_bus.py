@@ -313,3 +313,39 @@ def test_a_record_near_the_size_limit_is_dead_lettered_without_its_bytes(infra, 
     assert dead.value in (b"", None) and dead.key == key
     assert headers["strata-dlq-value-dropped"].startswith(f"{len(value)} bytes, sha256 ".encode())
     assert headers["strata-dlq-source-offset"] == b"0"
+
+
+def test_a_rebalance_that_finishes_between_short_polls_is_applied(infra: StrataSettings) -> None:
+    """kafka-python 3.0 drops a JoinGroup/SyncGroup round that a metadata change started and that
+    finished after its poll gave up: the member keeps no partitions and never asks again
+    (strata/bus/kafka_fixes.py). Partitions added under a consumer polling in 1 ms slices start
+    exactly that round; every partition must be served once it is over."""
+    from kafka import KafkaAdminClient, KafkaProducer
+    from kafka.admin import NewPartitions
+
+    topic = Topic(f"test.{uuid.uuid4().hex[:10]}", events_pb2.PromptRouted)
+    ensure_topics(infra, 1, topics=[topic])
+    consumer = KafkaConsumer(**kafka_connection(infra), group_id=f"g-{uuid.uuid4().hex[:6]}",
+                             auto_offset_reset="earliest", enable_auto_commit=False, metadata_max_age_ms=300,
+                             session_timeout_ms=infra.consumer_session_timeout_ms,
+                             heartbeat_interval_ms=infra.consumer_heartbeat_interval_ms)
+    admin = KafkaAdminClient(**kafka_connection(infra))
+    producer = KafkaProducer(**kafka_connection(infra))
+    try:
+        consumer.subscribe([topic.name])
+        deadline = time.monotonic() + TIMEOUT_S
+        while not consumer.assignment():
+            assert time.monotonic() < deadline, "the first assignment never came"
+            consumer.poll(timeout_ms=200)
+        admin.create_partitions({topic.name: NewPartitions(4)})
+        for partition in range(4):
+            producer.send(topic.name, b"x", partition=partition).get(timeout=30)
+        served: set[int] = set()
+        deadline = time.monotonic() + TIMEOUT_S
+        while served != {0, 1, 2, 3}:
+            assert time.monotonic() < deadline, f"served {sorted(served)}, assigned {consumer.assignment()}"
+            served |= {tp.partition for tp in consumer.poll(timeout_ms=1)}
+    finally:
+        producer.close()
+        admin.close()
+        consumer.close(autocommit=False)
