@@ -58,6 +58,17 @@ class RateLimiter:
             return None
 
 
+    def refund(self, client: str, n: int = 1) -> None:
+        """Give back ``n`` units ``take`` charged for work that was then refused for another reason (the
+        client is told to retry; the retry should not also find its budget spent)."""
+        if self.rate == 0:
+            return
+        with self._lock:
+            bucket = self._buckets.get(client)
+            if bucket is not None:
+                bucket.tokens = min(self.burst, bucket.tokens + n)
+
+
 class StreamLimiter:
     """Open streams, counted globally and per client; ``acquire`` says why when full."""
 

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from strata.bus.admin import GroupPosition
@@ -71,10 +71,38 @@ class Shed:
     retry_after_s: float
 
     def message(self) -> str:
-        wait = "with nothing draining" if math.isinf(self.stage.wait_s) else f"~{self.stage.wait_s:.0f} s of work"
-        return (f"the rollout tiers are behind: {self.stage.group} has {self.stage.lag} events queued on "
-                f"{self.stage.topic} ({wait}, bound {self.bound_s:g} s); prompts that need a rollout are refused "
+        """What the refused client reads: which stage is behind and when to retry, in the product's terms
+        (consumer groups and topics are the deployment's business: ``detail`` has them, for the log)."""
+        return (f"the rollout tiers are behind: {stage_name(self.stage.group)} has {self.stage.lag} prompts "
+                f"queued ({self._wait()}, bound {self.bound_s:g} s); prompts that need a rollout are refused "
                 f"until it drains, skips are served; retry in {self.retry_after_s:.1f} s")
+
+    def detail(self) -> str:
+        """The operator's view: the consumer group and topic behind."""
+        return (f"group {self.stage.group} has {self.stage.lag} events queued on {self.stage.topic} "
+                f"({self._wait()}, bound {self.bound_s:g} s); hint {self.retry_after_s:.1f} s")
+
+    def jittered(self, fraction: float) -> Shed:
+        """The same refusal with its hint stretched by ``fraction`` (one draw per call): refused clients
+        told one time would all come back at once and be refused together."""
+        return replace(self, retry_after_s=self.retry_after_s * (1.0 + fraction))
+
+    def _wait(self) -> str:
+        return "with nothing draining" if math.isinf(self.stage.wait_s) else f"~{self.stage.wait_s:.0f} s of work"
+
+
+# The services' default consumer groups, named as a client knows the stages (svc_probe, svc_generator and
+# svc_reward's configs; tests/svc_scheduler/test_backlog.py ties them).
+STAGE_NAMES = {
+    "svc-probe": "the Level-0 probe",
+    "svc-generator-l1": "Level-1 generation",
+    "svc-generator-l2": "Level-2 generation",
+    "svc-reward": "reward scoring",
+}
+
+
+def stage_name(group: str) -> str:
+    return STAGE_NAMES.get(group, "a rollout stage")
 
 
 def shed_decision(readings: Sequence[StageReading], bound_s: float, min_backlog: int,

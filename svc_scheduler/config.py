@@ -256,6 +256,10 @@ class SchedulerSettings(StrataSettings):
         1024, ge=1, description="events a tier must have queued before it can shed: a burst a healthy tier "
         "absorbs (its first batch not committed yet, its rate unmeasured) refuses nothing"
     )
+    shed_retry_jitter: float = Field(
+        0.5, ge=0, le=4, description="a shed prompt's retry hint is stretched by a uniform draw in [0, this] of "
+        "itself, per call, so that the refused clients do not all come back in the same second"
+    )
     backlog_groups: str = Field(
         "svc-probe,svc-generator-l1,svc-generator-l2,svc-reward",
         description="comma-separated consumer groups of the rollout tiers whose backlog the door watches",

@@ -21,6 +21,7 @@ order that keeps the guarantees:
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -150,6 +151,7 @@ class SchedulerEngine:
     ) -> None:
         self.settings = settings
         self.shed = shed  # whether the tiers are too far behind for new rollouts (backlog.BacklogGauge.shed)
+        self._jitter = random.Random()  # spreads shed clients' retries; not the audit draw, which is the request's
         self._shed_logged_at = -SHED_LOG_EVERY_S
         self.encoder = encoder
         self.store = store
@@ -296,7 +298,8 @@ class SchedulerEngine:
             SHED.labels(group=shed.stage.group).inc(len(routed) - len(served))
             if submitted_at - self._shed_logged_at >= SHED_LOG_EVERY_S:  # one line per stretch, not per call
                 self._shed_logged_at = submitted_at
-                log.warning("shedding prompts that need a rollout: %s", shed.message())
+                log.warning("shedding prompts that need a rollout: %s", shed.detail())
+        shed = shed.jittered(self._jitter.uniform(0.0, self.settings.shed_retry_jitter))
         outcomes = iter(self._accept([requests[i] for i in served], [routed[i] for i in served], submitted_at))
         refused = PromptShedError(shed)
         return [next(outcomes) if item.decision.route is Route.SKIP else refused for item in routed]

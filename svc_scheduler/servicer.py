@@ -203,6 +203,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             abort_invalid(context, exc.field, exc.problem)
         [result] = self._submit(context, [prompt])
         if isinstance(result, PromptShedError):
+            self.submit_rate.refund(self.identity.of(context), 1)  # the retry the hint asks for is not charged twice
             abort_exhausted(context, str(result), result.shed.retry_after_s)
         if isinstance(result, NotAcceptedError):
             abort_unavailable(context, str(result))
@@ -234,6 +235,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             else:
                 results[i].response.CopyFrom(response_of(outcome))
         if retry_after_s:  # the batch is answered; the trailer says when its shed prompts may come again
+            shed = sum(isinstance(outcome, PromptShedError) for outcome in outcomes)
+            self.submit_rate.refund(self.identity.of(context), shed)
             set_retry_pushback(context, retry_after_s)
         return scheduler_pb2.SubmitBatchResponse(results=results)
 

@@ -9,7 +9,10 @@ import threading
 import pytest
 
 from strata.bus.admin import GroupPosition
-from svc_scheduler.backlog import BacklogGauge, DrainRate, StageReading, shed_decision
+from svc_generator.config import GeneratorSettings
+from svc_probe.config import ProbeSettings
+from svc_reward.config import RewardSettings
+from svc_scheduler.backlog import STAGE_NAMES, BacklogGauge, DrainRate, StageReading, shed_decision
 from svc_scheduler.config import SchedulerSettings
 
 
@@ -20,7 +23,10 @@ def test_a_tier_sheds_when_its_queue_would_keep_a_new_prompt_past_the_bound() ->
     assert shed is not None and shed.stage is generator
     # Back under the bound once 600 - 5 * 60 = 300 events have drained: 60 s at 5 a second.
     assert shed.retry_after_s == pytest.approx(60.0)
-    assert "svc-generator-l1 has 600 events queued" in shed.message() and "retry in 60.0 s" in shed.message()
+    assert "Level-1 generation has 600 prompts queued" in shed.message() and "retry in 60.0 s" in shed.message()
+    # The client reads stages; the operator's log reads the deployment's groups and topics.
+    assert "svc-generator-l1" not in shed.message() and "strata.prompts" not in shed.message()
+    assert "group svc-generator-l1 has 600 events queued on strata.prompts.level1" in shed.detail()
     assert shed_decision([reward], 60.0, 64, 60.0) is None
     assert shed_decision([generator], 0.0, 64, 60.0) is None  # 0: shedding off
 
@@ -139,3 +145,18 @@ def test_the_gauge_sheds_on_fresh_readings_of_groups_with_members_only() -> None
     assert looping.shed() is not None  # stalled for a whole window (10 s over three reads)
     clock[0] += looping.settings.backlog_member_grace_s + 1
     assert looping.counted(set()) == set()  # past the grace without members: no longer counted
+
+
+def test_a_jittered_hint_stretches_the_wait_and_says_so() -> None:
+    shed = shed_decision([StageReading("g", "t", lag=600, rate=5.0)], 60.0, 64, 60.0)
+    assert shed is not None
+    later = shed.jittered(0.25)
+    assert later.retry_after_s == pytest.approx(75.0) and "retry in 75.0 s" in later.message()
+    assert shed.retry_after_s == pytest.approx(60.0)  # the gauge's reading is shared: never changed in place
+
+
+def test_the_watched_groups_and_their_stage_names_are_the_services_defaults() -> None:
+    defaults = [ProbeSettings().group_id, GeneratorSettings(tier=1).consumer_group,
+                GeneratorSettings(tier=2).consumer_group, RewardSettings().group_id]
+    assert SchedulerSettings().backlog_groups.split(",") == defaults
+    assert list(STAGE_NAMES) == defaults

@@ -59,3 +59,16 @@ def test_rate_zero_is_no_limit_and_the_client_table_is_bounded() -> None:
         assert limiter.take(name) is None
     assert limiter.take("a") is None  # "a" was forgotten (least recently seen): a fresh bucket
     assert limiter.take("c") is not None
+
+
+def test_a_refund_gives_back_what_was_charged_up_to_the_burst() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=1, burst=3, clock=clock)
+    assert limiter.take("a", 3) is None
+    assert limiter.take("a") is not None  # spent
+    limiter.refund("a", 2)  # two of the three were shed at the door: the retry may come at once
+    assert limiter.take("a", 2) is None
+    limiter.refund("a", 10)
+    assert limiter.take("a", 3) is None and limiter.take("a") is not None  # never more than the burst
+    limiter.refund("unknown", 5)  # a client never charged: nothing to give back, nothing kept
+    assert "unknown" not in limiter._buckets
