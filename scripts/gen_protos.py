@@ -12,14 +12,14 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from grpc_tools import protoc
+
 REPO = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO / "protos"
 
 
 def generate(out_dir: Path) -> list[Path]:
     """Generate into ``out_dir`` (mirroring the package path strata/v1); return the files written."""
-    from grpc_tools import protoc
-
     protos = sorted(PROTO_ROOT.glob("strata/v1/*.proto"))
     if not protos:
         raise SystemExit(f"no .proto files under {PROTO_ROOT}/strata/v1")

@@ -31,6 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import torch
+
+from strata.models.loading import _load_tokenizer
+from strata.models.prompts import PromptFormat
+from strata.models.tiny import build_tiny_model
+from strata.models.tokens import tokenizer_id
+from strata.sampling import Sampling
+
 log = logging.getLogger("gpu-check")
 
 CHECKS = ("cuda", "hf-generate", "learner-update", "weight-sync", "vllm-generate", "vllm-reload", "bench-generator")
@@ -130,8 +138,6 @@ class Models:
         self._built: dict[str, Path] = {}
 
     def llama(self, seed: int = 0) -> Path:
-        from strata.models.tiny import build_tiny_model
-
         name = f"llama-{seed}"
         if name not in self._built:
             # Head size 64 (256 / 4): the smallest every vLLM attention backend takes.
@@ -140,7 +146,6 @@ class Models:
 
 
 def make_requests(max_new_tokens: int = 16) -> list[Any]:
-    from strata.sampling import Sampling
     from svc_generator.backends.base import GenerationRequest
 
     return [GenerationRequest(prompt, directions, Sampling(temperature=0.9, top_p=0.9, max_new_tokens=max_new_tokens,
@@ -150,8 +155,6 @@ def make_requests(max_new_tokens: int = 16) -> list[Any]:
 
 def check_outputs(backend: Any, batch: Sequence[Any], outputs: Sequence[Any]) -> int:
     """The generator contract: prompt ids as the learner rebuilds them, bounded length, finished = stopped."""
-    from strata.models.prompts import PromptFormat
-
     prompt_format = PromptFormat.of(backend.tokenizer if hasattr(backend, "tokenizer") else backend.lm.tokenizer)
     stops = set(getattr(backend, "stop_ids", ()) or ())
     expect(len(outputs) == len(batch), f"{len(outputs)} outputs for {len(batch)} requests")
@@ -168,7 +171,6 @@ def check_outputs(backend: Any, batch: Sequence[Any], outputs: Sequence[Any]) ->
 
 def file_digest(files: Sequence[Path], dtype: str, tied: bool) -> float:
     """Sum of |w| over a checkpoint's LM tensors cast to the engine's dtype (what the engine should hold)."""
-    import torch
     from safetensors.torch import load_file
 
     total = 0.0
@@ -194,8 +196,6 @@ class CheckRun:
 
 def check_cuda(run: CheckRun) -> tuple[str, Any]:
     """A matmul on the GPU; its name, memory and the torch and CUDA versions."""
-    import torch
-
     if run.device == "cpu":
         return "cpu dry run", None
     x = torch.ones(256, 256, device="cuda")
@@ -223,7 +223,6 @@ def check_hf_generate(run: CheckRun) -> tuple[str, Any]:
 
 def check_learner_update(run: CheckRun) -> tuple[str, Any]:
     """One PPO update of the learner on the device from a full batch, with finite metrics and a checkpoint."""
-    from strata.models.prompts import PromptFormat
     from svc_learner.config import LearnerSettings
     from svc_learner.core import LearnerEngine, Outcome, Sample, Source
 
@@ -255,8 +254,6 @@ def check_learner_update(run: CheckRun) -> tuple[str, Any]:
 
 def check_weight_sync(run: CheckRun) -> tuple[str, Any]:
     """The HF backend loads the learner's checkpoint and then holds exactly the learner's tensors."""
-    import torch
-
     backend, engine, checkpoint = run.state["hf"], run.state["engine"], run.state["checkpoint"]
     started = time.perf_counter()
     backend.load_weights(str(checkpoint))
@@ -272,8 +269,6 @@ def check_vllm_generate(run: CheckRun) -> tuple[str, Any]:
     """The vLLM backend starts, keys token ids as the HF backend does, and repeats a seeded request."""
     import vllm
 
-    from strata.models.loading import _load_tokenizer
-    from strata.models.tokens import tokenizer_id
     from svc_generator.backends.vllm_backend import VllmBackend
     from svc_generator.config import GeneratorSettings
 
@@ -369,8 +364,6 @@ def split_stdout() -> TextIO:
 
 def skip_reasons(report: Report, device: str) -> tuple[str | None, str | None]:
     """Why every check skips (no GPU, reported here as the cuda check), and why the vLLM checks skip."""
-    import torch
-
     no_gpu = None
     if device == "cuda" and not torch.cuda.is_available():
         no_gpu = "no CUDA"

@@ -17,12 +17,13 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from strata_tools.intervals import cluster_bootstraps
+from strata_tools.rm.lifecycle import mean_rewards
+from strata_tools.rm.onpolicy import onpolicy_figures, policy_answers
+
 
 def main() -> int:
     from strata.models.loading import load_reward_model
-    from strata_tools.intervals import cluster_bootstraps
-    from strata_tools.rm.lifecycle import mean_rewards
-    from strata_tools.rm.onpolicy import onpolicy_figures, policy_answers
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -18,15 +18,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from strata.config import StrataSettings
+from strata_tools.rm.lifecycle import mean_rewards
+from strata_tools.rm.onpolicy import onpolicy_figures, policy_answers
+from strata_tools.rm.sources import level1_gain
+from strata_tools.rm.strong import StrongOptions, train_strong
+
 
 def main() -> int:
-    from strata.config import StrataSettings
     from strata.models.loading import load_reward_model
-    from strata_tools.rm.lifecycle import mean_rewards
-    from strata_tools.rm.onpolicy import onpolicy_figures, policy_answers
     from strata_tools.rm.recipe import student_init_dir
-    from strata_tools.rm.sources import level1_gain
-    from strata_tools.rm.strong import StrongOptions, train_strong
     from strata_tools.zoo.build import ensure_zoo
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

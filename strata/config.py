@@ -8,7 +8,10 @@ everywhere. Settings are logged at start and stored with every artifact (see ``a
 
 from __future__ import annotations
 
+import argparse
 import re
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -316,9 +319,6 @@ _FLAG_TYPES = (str, int, float, Path)
 
 def _flag_type(annotation: Any) -> Any:
     """The argparse type of a settings field (``int | None`` -> ``int``); None when not flaggable."""
-    import types
-    import typing
-
     if annotation in (*_FLAG_TYPES, bool):
         return annotation
     origin = typing.get_origin(annotation)
@@ -346,8 +346,6 @@ def add_settings_flags(parser: Any, settings_type: type[BaseSettings]) -> None:
 
     Defaults are left as None so that an absent flag does not override the environment.
     """
-    import argparse
-
     for name, field in settings_type.model_fields.items():
         flag_type = _flag_type(field.annotation)
         if flag_type is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import redis
 from redis.sentinel import Sentinel
@@ -71,8 +71,6 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
 def sentinel_url(sentinels: str, primary: str, username: str | None = None, password: str | None = None,
                  db: int = 0) -> str:
     """The ``redis+sentinel://`` URL of ``sentinels`` ("host:port,host:port") and ``primary``."""
-    from urllib.parse import quote
-
     credentials = ""
     if password is not None:
         credentials = f"{quote(username or '', safe='')}:{quote(password, safe='')}@"

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -91,8 +92,6 @@ class DeviceMemoryCollector(Collector):
     """``strata_device_memory_{allocated,reserved}_bytes{device}`` at scrape time (CUDA only)."""
 
     def collect(self) -> Iterator[Metric]:
-        import sys
-
         torch = sys.modules.get("torch")  # never import torch (or initialise CUDA) just to scrape
         if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return

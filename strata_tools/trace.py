@@ -22,6 +22,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from strata.bus import topics
+from strata.bus.scan import TopicScan
+from strata.v1 import common_pb2
+
 if TYPE_CHECKING:
     from strata.bus.security import KafkaTarget
 
@@ -139,8 +143,6 @@ def from_events(policy: Iterable[Any], rewards: Iterable[Any], rollouts: Iterabl
     """``PolicyUpdated``, ``RewardScored``, ``RolloutGenerated`` and Level-1 ``PromptRouted`` events -> the
     update and sample timestamps the trace needs (final Level-1 rewards only: the learner trains on them);
     ``since``: unix seconds before which versions and rewards belong to another run."""
-    from strata.v1 import common_pb2
-
     updates = [UpdateTimes(int(e.policy_version), _seconds(e.published_at) or 0.0,
                            float(e.metrics.get("perf/update_seconds", 0.0)), float(e.metrics.get("sync/seconds", 0.0)))
                for e in policy if e.published_at.seconds and (_seconds(e.published_at) or 0.0) >= since]
@@ -163,9 +165,6 @@ def read_events(cluster: KafkaTarget, since: float = 0.0, newest: int | None = N
     """The stack's events as they are now (no consumer group, nothing committed), from ``since`` on;
     ``newest``: only that many of each partition's newest events (a running stack's recent updates);
     ``names``: the (policy, rewards, rollouts, Level-1 prompts) topics, the stack's by default."""
-    from strata.bus import topics
-    from strata.bus.scan import TopicScan
-
     policy, rewards, rollouts, routed = names or (topics.POLICY_UPDATED, topics.REWARDS_SCORED,
                                                   topics.ROLLOUTS_GENERATED, topics.PROMPTS_LEVEL1)
 

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoTokenizer
 
 from strata.models.prompts import PromptFormat, model_positions
 from svc_learner.checkpoint import (
@@ -194,8 +195,6 @@ class WeightSync:
 
 def _max_positions(model_dir: Path) -> int | None:
     """The context length a model directory's config declares (None when it declares none)."""
-    from transformers import AutoConfig
-
     return model_positions(AutoConfig.from_pretrained(model_dir, local_files_only=True))
 
 
@@ -278,8 +277,6 @@ class LearnerEngine:
         ``level2_model_path``: the Level-2 generator's model, used when ``train_tiers`` has 2 and its
         vocabulary is the policy's (otherwise Level-2 training is switched off, with a warning).
         """
-        from transformers import AutoTokenizer
-
         torch.manual_seed(settings.seed)
         tokenizer = AutoTokenizer.from_pretrained(policy_model_path, local_files_only=True)
         if tokenizer.pad_token is None:

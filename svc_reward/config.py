@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from strata.config import StrataSettings
+from strata.errors import ServiceConfigError
+from strata.rpc_auth import TokenFileError, TokenTable
+from svc_reward.decide import describe_threshold
 
 if TYPE_CHECKING:
     from svc_reward.calibrate import ScoreCalibration
@@ -126,8 +129,6 @@ class RewardSettings(StrataSettings):
 
     def threshold_served(self, calibration: ScoreCalibration | None) -> str:
         """The log line saying which escalation threshold is served with the light RM's ``calibration``."""
-        from svc_reward.decide import describe_threshold
-
         calibrated = self.use_calibration and calibration is not None
         return describe_threshold(self.escalation_threshold, calibrated,
                                   calibration.escalation_threshold if calibration is not None else None)
@@ -135,9 +136,6 @@ class RewardSettings(StrataSettings):
     def annotators(self) -> list[str]:
         """The client names of the desk's tokens file (``annotators_file``): who can score at the desk.
         [] when it is not set; ServiceConfigError naming the setting when the file is unusable."""
-        from strata.errors import ServiceConfigError
-        from strata.rpc_auth import TokenFileError, TokenTable
-
         if self.annotators_file is None:
             return []
         try:

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -52,8 +54,6 @@ _CHECK_TEXTS = ("Explain how binary search works.", "Please, could you kindly wr
 
 def _export_dir(cache_dir: Path) -> Path:
     """``<cache_dir>/encoders``, or a temporary directory where the cache is read-only (a mounted volume)."""
-    import tempfile
-
     for folder in (cache_dir / "encoders", Path(tempfile.gettempdir()) / "strata-encoders"):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -225,8 +225,6 @@ def read_card(model_dir: Path) -> dict[str, Any]:
     A card that cannot be read is an error, not an empty card: its thresholds are what the vector
     space was measured at, and serving the fine-tuned space at the off-the-shelf ones would be silent.
     """
-    import json
-
     path = model_dir / CARD_FILE
     if not path.exists():
         return {}

@@ -8,8 +8,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata
 
 from strata.bus.security import KafkaTarget, kafka_connection
 from strata.bus.topics import ALL_TOPICS, SINGLE_PARTITION_TOPICS, Topic
@@ -100,9 +102,6 @@ def topic_cleanup_policy(cluster: KafkaTarget, name: str, timeout_s: float = 10.
 def start_group_at_end(cluster: KafkaTarget, group: str, topic_list: Iterable[Topic]) -> None:
     """Commit the end of each topic for a new consumer group before its worker starts, so that it
     skips the topic's history (a fresh group would replay it from the beginning)."""
-    from kafka import KafkaConsumer, TopicPartition
-    from kafka.structs import OffsetAndMetadata
-
     consumer = KafkaConsumer(**kafka_connection(cluster), group_id=group, enable_auto_commit=False)
     try:
         partitions = [
@@ -129,8 +128,6 @@ class LagReader:
     timeouts: callers must answer even with Kafka down; errors propagate."""
 
     def __init__(self, cluster: KafkaTarget, client_id: str = "strata", timeout_ms: int = 4000) -> None:
-        from kafka import KafkaConsumer
-
         self.timeout_ms = timeout_ms
         self.admin = KafkaAdminClient(**kafka_connection(cluster), request_timeout_ms=timeout_ms,
                                       bootstrap_timeout_ms=min(timeout_ms, 3000), client_id=client_id)
@@ -192,8 +189,6 @@ def consumer_lags(cluster: KafkaTarget, groups: Iterable[str], client_id: str = 
 
 def resume_offsets(cluster: KafkaTarget, group: str, topic: Topic) -> dict[int, int]:
     """Per partition, where ``group`` resumes on ``topic``: its committed offset, else the beginning."""
-    from kafka import KafkaConsumer, TopicPartition
-
     consumer = KafkaConsumer(**kafka_connection(cluster), group_id=group, enable_auto_commit=False)
     try:
         partitions = [TopicPartition(topic.name, p) for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
@@ -209,8 +204,6 @@ def resume_offsets(cluster: KafkaTarget, group: str, topic: Topic) -> dict[int, 
 
 def events_retained(cluster: KafkaTarget, topic: Topic) -> int:
     """How many events ``topic`` holds now (end minus beginning offsets, over its partitions)."""
-    from kafka import KafkaConsumer, TopicPartition
-
     consumer = KafkaConsumer(**kafka_connection(cluster), enable_auto_commit=False)
     try:
         partitions = [TopicPartition(topic.name, p) for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
@@ -224,8 +217,6 @@ class GroupLag:
     """Whether a consumer group has committed everything published so far on some topics."""
 
     def __init__(self, cluster: KafkaTarget, group: str, topic_list: Iterable[Topic]) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-
         self.group = group
         self._admin = KafkaAdminClient(**kafka_connection(cluster), client_id=f"{group}-lag")
         self._consumer = KafkaConsumer(**kafka_connection(cluster), enable_auto_commit=False)
@@ -282,8 +273,6 @@ def groups_reading(cluster: KafkaTarget, topic_names: Iterable[str], client_id: 
 
 def delete_groups(cluster: KafkaTarget, groups: Iterable[str], client_id: str = "strata-cleanup") -> None:
     """Delete consumer groups, best effort: an empty group's offsets expire anyway."""
-    from kafka.errors import KafkaError
-
     with contextlib.suppress(KafkaError):
         admin = KafkaAdminClient(**kafka_connection(cluster), client_id=client_id)
         try:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,8 +33,6 @@ def policy_checksum(checkpoint_dir: str | Path) -> str:
 
 def recorded_policy_version(checkpoint_dir: str | Path) -> int | None:
     """The version a policy checkpoint's own metadata records; None when it cannot be read."""
-    import json
-
     try:
         return int(json.loads((Path(checkpoint_dir) / POLICY_META_FILE).read_text())["version"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoConfig, AutoTokenizer
+
 from strata.contract.directions import DIRECTION_NAMES
 from strata.models.prompts import PromptFormat, model_positions
+from strata.models.tokens import tokenizer_id
 
 MAX_DIRECTIONS = 3  # the probe's top_k (R1)
 
@@ -33,16 +36,12 @@ class TokenBudget:
 
     def reads_like(self, other: TokenBudget) -> bool:
         """Same positions, vocabulary and template: one check of a prompt serves both models."""
-        from strata.models.tokens import tokenizer_id
-
         return (self.n_positions == other.n_positions and tokenizer_id(self.tokenizer) == tokenizer_id(other.tokenizer)
                 and getattr(self.tokenizer, "chat_template", None) == getattr(other.tokenizer, "chat_template", None))
 
     @classmethod
     def of_model(cls, name: str, model_dir: str | Path) -> TokenBudget:
         """Read the tokenizer and the position count of a local model directory (no weights)."""
-        from transformers import AutoConfig, AutoTokenizer
-
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         positions = model_positions(config)
         if not positions:

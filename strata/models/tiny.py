@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 ARCHITECTURES: tuple[str, ...] = ("gpt2", "llama", "qwen2", "mistral")
 ModelKind = Literal["causal", "reward"]
@@ -76,7 +78,6 @@ _CORPUS = (
 def build_tokenizer(arch: str, vocab_size: int = 384) -> Any:
     """A byte-level BPE tokenizer with ``arch``'s special tokens and chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     family = _family(arch)
     specials = [t for t in (family.bos, family.eos, family.pad, *family.extra_special) if t]
@@ -107,7 +108,6 @@ def build_tiny_model(arch: str, out: str | Path, kind: ModelKind = "causal", *, 
     """
     if hidden % heads or heads % 2:
         raise ValueError(f"hidden {hidden} must split into an even number of heads, got {heads}")
-    import transformers
 
     family = _family(arch)
     tokenizer = build_tokenizer(arch)
@@ -158,7 +158,6 @@ def build_char_policy(directory: str | Path, seed: int = 0, n_positions: int = 1
     characters carries signal from the first batch (``strata bench learner``, the learner's tests).
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
     directory = Path(directory)
     symbols = [CHAR_EOS, CHAR_PAD, CHAR_UNK, "\n", *string.printable[:95]]  # 95 printable, space included

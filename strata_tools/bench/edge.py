@@ -29,7 +29,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from strata import rpc
 from strata.bus import topics
+from strata.bus.tail import TailReader
+from strata.config import StrataSettings
+from strata.errors import CliError
+from strata.hashing import content_hash
+from strata.rpc_auth import new_token, token_line
+from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
+from strata_tools.bench.infra import bench_infra
+from strata_tools.tiering.arms import LiveTiers
+from strata_tools.zoo.suite import load_suite
 
 WATCHERS = 4
 STREAMS_PER_WATCHER = 16
@@ -63,8 +76,6 @@ class Outcomes:
                topics.ROLLOUTS_GENERATED)
 
     def __init__(self, settings: Any) -> None:
-        from strata.bus.tail import TailReader
-
         dead_letters = [topics.Topic(t.dlq, t.message_type) for t in self.WATCHED]
         self.reader = TailReader(settings, [*self.WATCHED, *dead_letters], client_id=f"edge-{uuid.uuid4().hex[:6]}")
         self.reader.seek_to_end()
@@ -114,11 +125,6 @@ class Flood:
 
 def _measure(phase: Phase, scheduler: Any, health: Any, prompts: Sequence[str], accepted: list[str],
              health_timeout_s: float, pace_s: float) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2
-
-    from strata.v1 import scheduler_pb2
-
     next_at = time.monotonic()
     for text in prompts:
         time.sleep(max(0.0, next_at - time.monotonic()))
@@ -141,10 +147,6 @@ def _measure(phase: Phase, scheduler: Any, health: Any, prompts: Sequence[str], 
 
 
 def _flood(stub: Any, prompts: Sequence[str], flood: Flood, stop: threading.Event, thread: int) -> None:
-    import grpc
-
-    from strata.v1 import scheduler_pb2
-
     i = 0
     while not stop.is_set():
         request_id = f"edge-flood-{uuid.uuid4().hex[:12]}"
@@ -165,11 +167,6 @@ class Watches:
     """WATCHERS clients holding STREAMS_PER_WATCHER Watch streams each, on hashes no one submits."""
 
     def __init__(self, stubs: Sequence[Any]) -> None:
-        import grpc
-
-        from strata.hashing import content_hash
-        from strata.v1 import scheduler_pb2
-
         self.streams: list[Any] = []
         self.errors: list[str] = []
         self.threads: list[threading.Thread] = []
@@ -199,9 +196,6 @@ class Watches:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.config import StrataSettings
-    from strata.errors import CliError
-    from strata_tools.bench.infra import bench_infra
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     if args.prompts < 2:
@@ -217,12 +211,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
-    from grpc_health.v1 import health_pb2_grpc
-
-    from strata import rpc
-    from strata.config import StrataSettings
-    from strata_tools.tiering.arms import LiveTiers
-
     tokens_file = Path(infra.state_dir) / "edge-tokens"
     tokens = _write_tokens(tokens_file)
     prompts = _split_prompts(args.warmup, args.prompts)
@@ -237,8 +225,6 @@ def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
         outcomes = Outcomes(infra)
         channels = {n: rpc.channel(live.scheduler_address, StrataSettings(grpc_token=t)) for n, t in tokens.items()}
         try:
-            from strata.v1 import scheduler_pb2_grpc
-
             stubs = {n: scheduler_pb2_grpc.SchedulerStub(c) for n, c in channels.items()}
             health = health_pb2_grpc.HealthStub(channels["measure"])
             warm: list[str] = []
@@ -260,8 +246,6 @@ def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
 
 def _write_tokens(tokens_file: Path) -> dict[str, str]:
     """A fresh bearer token per client (the measurer, the flooder, each watcher), written to ``tokens_file``."""
-    from strata.rpc_auth import new_token, token_line
-
     names = ["measure", "flood", *(f"watch{w}" for w in range(WATCHERS))]
     tokens = {name: new_token() for name in names}
     tokens_file.parent.mkdir(parents=True, exist_ok=True)
@@ -293,8 +277,6 @@ class _Prompts:
 
 def _split_prompts(warmup: int, per_phase: int) -> _Prompts:
     """``warmup`` prompts, ``per_phase`` for idle and for load, the rest for the flooder."""
-    from strata_tools.zoo.suite import load_suite
-
     texts = [r.text for r in load_suite("eval")]
     return _Prompts(warmup=texts[:warmup], idle=texts[warmup: warmup + per_phase],
                     load=texts[warmup + per_phase: warmup + 2 * per_phase], flood=texts[warmup + 2 * per_phase:])

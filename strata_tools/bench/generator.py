@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from strata import rpc
 from strata.rpc import RunningServer, ServiceBinding, start_server
+from strata.sampling import Sampling
 from strata.v1 import common_pb2, generator_pb2, generator_pb2_grpc
+from strata_tools.zoo.suite import load_suite
 
 if TYPE_CHECKING:  # torch: imported by a run, not by `strata bench --help`
-    from strata.sampling import Sampling
     from svc_generator.backends.hf import HfBackend
     from svc_generator.batcher import DynamicBatcher
 
@@ -61,7 +62,6 @@ class Speedup:
 
 def run(args: argparse.Namespace) -> int:
     from strata_tools.zoo.build import ensure_zoo
-    from strata_tools.zoo.suite import load_suite
     from svc_generator.__main__ import model_dir
     from svc_generator.config import GeneratorSettings
 
@@ -98,7 +98,6 @@ class _Tally:
 
 def measure(label: str, path: str, settings: Any, prompts: list[str], args: argparse.Namespace) -> Speedup:
     """(a) sequential in-process generate and (b) the service with concurrent clients, on ``path``."""
-    from strata.sampling import Sampling
     from svc_generator.backends.hf import HfBackend
     from svc_generator.batcher import DynamicBatcher
 

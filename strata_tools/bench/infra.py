@@ -8,7 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from kafka.errors import KafkaError
+
+from strata.bus import topics
+from strata.bus.admin import groups_reading
 from strata.config import StrataSettings
+from strata.errors import CliError
+from strata_tools.infra import InfraError, down, up
+from strata_tools.infra.process import free_port, free_port_block
 
 S = TypeVar("S", bound=StrataSettings)
 
@@ -37,13 +44,6 @@ def keep_logs(run_state_dir: Path, reports: Path, bench: str, run_id: str, keep:
 
 
 def _start_infra(settings: StrataSettings) -> None:
-    from kafka.errors import KafkaError
-
-    from strata.bus import topics
-    from strata.bus.admin import groups_reading
-    from strata.errors import CliError
-    from strata_tools.infra import InfraError, up
-
     try:
         up(settings)  # starts managed Kafka and Redis, checks external ones, creates the topics
     except (InfraError, KafkaError, OSError) as exc:
@@ -64,9 +64,6 @@ def bench_infra(settings: S, run_id: str, bench: str, cluster: bool = False) -> 
     (STRATA_KAFKA_BOOTSTRAP / STRATA_REDIS_URL) are used as they are; the events stay there.
     ``cluster``: three brokers (topics replicated 3 times, 2 in sync) and a Redis primary with a
     replica and three Sentinels, each on a block of free ports."""
-    from strata_tools.infra import down
-    from strata_tools.infra.process import free_port, free_port_block
-
     own = settings.kafka_managed or settings.redis_managed
     reports = settings.state_dir / "reports"
     if own:

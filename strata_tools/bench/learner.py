@@ -31,6 +31,7 @@ zoo's Level-1). Last line: ``learner reward_gain=<fraction> sync_s=<seconds>``.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 import threading
@@ -41,13 +42,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strata import redis_client
+from strata.bus import Publisher, Topic
+from strata.bus.admin import ensure_topics
+from strata.config import StrataSettings
+from strata.content_store import ContentStore
+from strata.contract.directions import DIRECTION_NAMES
+from strata.errors import CliError
+from strata.sampling import Sampling
+from strata.service import start_service, stop_service
+from strata.v1 import common_pb2, events_pb2
+from strata_tools.infra import kafka_broker, redis_server
 
 if TYPE_CHECKING:  # torch and the services: imported by a run, not by `strata bench --help`
     import redis
 
-    from strata.bus import Publisher
-    from strata.content_store import ContentStore
-    from strata.sampling import Sampling
     from strata.service import RunningService, ServiceParts
     from svc_generator.backends.hf import HfBackend
     from svc_generator.batcher import DynamicBatcher, SampleResult
@@ -83,10 +91,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _require_infra() -> Any:
-    from strata.config import StrataSettings
-    from strata.errors import CliError
-    from strata_tools.infra import kafka_broker, redis_server
-
     settings = StrataSettings()
     if not kafka_broker.answers(settings):
         raise CliError(f"Kafka at {settings.kafka_address} does not answer: run `strata infra up` "
@@ -98,10 +102,6 @@ def _require_infra() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    import shutil
-
-    from strata.errors import CliError
-
     if args.updates < 2:
         raise CliError("--updates must be >= 2 (a version's sync is timed by the next round's rollouts)")
     infra = _require_infra()
@@ -166,11 +166,7 @@ def _start(args: argparse.Namespace, infra: Any, workdir: Path) -> _Rig:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from strata.bus import Publisher
-    from strata.content_store import ContentStore
     from strata.models.tiny import build_char_policy
-    from strata.sampling import Sampling
-    from strata.service import start_service
 
     hf_logging.disable_progress_bar()  # weights load and save at every version
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
@@ -193,9 +189,6 @@ def _start(args: argparse.Namespace, infra: Any, workdir: Path) -> _Rig:
 
 def _learner_topics(infra: Any, run_id: str) -> LearnerTopics:
     """The run's own rewards, policy and rollouts topics, created."""
-    from strata.bus import Topic
-    from strata.bus.admin import ensure_topics
-    from strata.v1 import events_pb2
     from svc_learner.worker import LearnerTopics
 
     topics = LearnerTopics(
@@ -247,8 +240,6 @@ def _start_generator(
 
 def _stop(rig: _Rig) -> None:
     """Stop the generator's threads and the learner service; close the publisher and Redis."""
-    from strata.service import stop_service
-
     rig.stop.set()
     for thread in rig.threads:
         thread.join(timeout=10)
@@ -297,7 +288,6 @@ def _await_version(rig: _Rig, index: int) -> Any:
 def _play_round(rig: _Rig, args: argparse.Namespace, index: int) -> tuple[float, int]:
     """Generate a batch, store and publish it as the generator worker would, score it; the mean reward and
     the newest policy version it was generated on."""
-    from strata.contract.directions import DIRECTION_NAMES
     from svc_generator.backends.base import GenerationRequest
 
     prompts = toy_prompts(args.batch_size, offset=index * args.batch_size)
@@ -320,8 +310,6 @@ def _publish_sample(
     rig: _Rig, index: int, prompt: str, direction: str, result: SampleResult, reward: float
 ) -> list[Any]:
     """Store one sample, publish its rollout and its final Level-1 reward; the two publish futures."""
-    from strata.v1 import common_pb2, events_pb2
-
     prompt_hash = rig.store.put(prompt)
     response_hash = rig.store.put(result.output.text, result.output.token_ids, rig.backend.tokenizer_id)
     request_id = f"bench-{rig.run_id}-{index}-{prompt_hash[:8]}"

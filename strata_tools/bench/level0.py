@@ -35,6 +35,7 @@ Generation is in process, with the generator's default sampling and without roll
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import statistics
 import time
@@ -42,9 +43,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from strata.config import StrataSettings
+from strata.contract.directions import DIRECTION_NAMES, DIRECTIONS
 from strata.errors import CliError
+from strata.risk import match_keywords
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
 from strata_tools.train_summary import paired_change
+from strata_tools.zoo.oracle import judge
+from strata_tools.zoo.suite import load_suite
 
 if TYPE_CHECKING:
     import torch
@@ -106,8 +112,6 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--prompts must be >= 10, --train-prompts >= 50 and --seeds >= 1")
     import torch
 
-    from strata_tools.zoo.suite import load_suite
-
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -144,7 +148,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> _Models:
     """The built zoo's probe and Level-1 on the CPU, with the probe rules and sampling the services default to."""
-    from strata.config import StrataSettings
     from strata.models.generation import SamplingConfig
     from strata.models.loading import load_causal_lm
     from strata_tools.zoo.build import ensure_zoo
@@ -179,7 +182,6 @@ def _fit_head(models: _Models, records: Sequence[PromptRecord], risk: Sequence[b
     """A head fitted on ``records``: directions from their intents, its risk output from ``risk``."""
     import torch
 
-    from strata.contract.directions import DIRECTION_NAMES, DIRECTIONS
     from strata.models.probe_head import DirectionsHead, FitConfig, fit_head
 
     names = list(DIRECTION_NAMES)
@@ -226,10 +228,7 @@ def _lines(arm: str, records: Sequence[PromptRecord], probed: dict[str, list[Pro
 def _answer(models: _Models, records: Sequence[PromptRecord], lines: Sequence[tuple[str, ...]],
             seed: int) -> list[tuple[float, float]]:
     """The oracle's (score, intent component) of Level-1's answer to each prompt under its directions line."""
-    import dataclasses
-
     from strata.models.generation import generate
-    from strata_tools.zoo.oracle import judge
 
     sampling = dataclasses.replace(models.sampling, seed=seed)
     answers = generate(models.level1, [r.text for r in records], list(lines), sampling, batch_size=32)
@@ -265,8 +264,6 @@ def _print_arms(arms: Sequence[_Arm], prompts: int, seeds: int) -> None:
 def _detectors(models: _Models, records: Sequence[PromptRecord], probed: dict[str, list[ProbeResult]],
                head: DirectionsHead, failure_head: DirectionsHead, served: _Arm, seeds: int) -> list[_Detector]:
     """Keywords, likelihood risk, head topic risk and the learned failure head against the served arm's bad answers."""
-    from strata.risk import match_keywords
-
     bad = [s < BAD_THRESHOLD for s in served.scores]  # seed-major: seeds x prompts
     keyword = [float(match_keywords(r.text, {"risk": models.rules.risk_keywords}) is not None) for r in records]
     failure = [p.risk for p in _probe(models, records, failure_head)]

@@ -50,10 +50,11 @@ from typing import TYPE_CHECKING
 
 from strata.errors import CliError
 from strata_tools.bench.peers_trl import INSTALL_HINT, ArmResult, PeersJob
-from strata_tools.level1 import LivePrompting
+from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
 from strata_tools.train import TrainOptions
 from strata_tools.train_stream import held_out_records, prompt_rounds
 from strata_tools.train_summary import Change, paired_change
+from strata_tools.zoo.oracle import oracle_score
 
 if TYPE_CHECKING:
     from strata.models.loading import LoadedModel
@@ -112,8 +113,6 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
 
 def served_directions(zoo: ZooPaths, prompts: Sequence[str]) -> list[list[str]]:
     """The directions line the stack forwards with each prompt (``strata_tools.level1``)."""
-    from strata_tools.level1 import probe_prompts
-
     prompting = LivePrompting.live(1)
     return [list(prompting.directions(r)) for r in probe_prompts(zoo.probe, prompts)]
 
@@ -171,8 +170,6 @@ def judge(policy_dir: str | Path, records: Sequence[PromptRecord], directions: S
     """The policy's answers to ``records``, prompted as live Level-1 (``strata_tools.level1``, one seed for all
     policies), scored by the light RM (mean over members) and the oracle."""
     from strata.models.reward import score_responses
-    from strata_tools.level1 import generate_answers
-    from strata_tools.zoo.oracle import oracle_score
     from svc_generator.backends.hf import HfBackend
 
     texts = [r.text for r in records]

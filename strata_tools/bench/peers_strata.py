@@ -24,8 +24,10 @@ from typing import Any
 
 from strata import ledger, redis_client
 from strata.config import StrataSettings
+from strata_tools.bench.infra import bench_infra
 from strata_tools.bench.peers_trl import ArmResult, PeersJob, peak_rss_mb
-from strata_tools.trace import Trace
+from strata_tools.stack.inprocess import InProcessStack, StackOverrides
+from strata_tools.trace import Trace, read_events, trace
 from strata_tools.train import RoundStats, TrainOptions, TrainSummary, train
 
 STRATA_ARMS = ("tiered", "tiered-l1", "level1", "conventional")
@@ -63,9 +65,6 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
     """Train the zoo's policy through the stack for ``job.updates`` updates under ``arm``'s routing."""
     import torch
 
-    from strata_tools.bench.infra import bench_infra
-    from strata_tools.stack.inprocess import InProcessStack, StackOverrides
-    from strata_tools.trace import read_events, trace
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     if arm not in STRATA_ARMS:

@@ -23,6 +23,7 @@ import resource
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -208,8 +209,6 @@ def check_job(job: PeersJob) -> None:
 
 def run_trl(job: PeersJob) -> ArmResult:
     """Train with TRL's RLOO for ``job.updates`` updates; the trained policy is saved to ``job.out_dir``."""
-    import tempfile
-
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer

@@ -20,6 +20,7 @@ import torch
 from strata import rpc
 from strata.rpc import ServiceBinding, start_server
 from strata.v1 import probe_pb2, probe_pb2_grpc
+from strata_tools.zoo.suite import load_suite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +39,6 @@ def run(args: argparse.Namespace) -> int:
     from strata.models.probe_head import has_head, load_head, model_hidden_size
     from strata.models.prompts import PromptFormat
     from strata_tools.zoo.build import ensure_zoo
-    from strata_tools.zoo.suite import load_suite
     from svc_probe.__main__ import make_probe_fn, set_torch_threads
     from svc_probe.config import ProbeSettings
     from svc_probe.core import forward_alone

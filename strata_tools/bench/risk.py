@@ -39,6 +39,7 @@ from pathlib import Path
 
 from strata.errors import CliError
 from strata_tools.intervals import BOOTSTRAP_DRAWS, Interval, cluster_bootstraps
+from strata_tools.zoo.suite import load_suite
 
 SPLITS = ("train", "fresh", "test")
 CHOSEN_ON = "fresh"
@@ -112,7 +113,6 @@ class _Split:
 
 
 def _measure(settings: object, encoder: object) -> dict[str, _Split]:
-    from strata_tools.zoo.suite import load_suite
     from svc_scheduler.engine import encode_exemplars, exemplar_similarity
     from svc_scheduler.routing import detect_risk
 

@@ -35,7 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from strata.contract.checksums import weights_checksum
 from strata.contract.template import RM_MAX_LENGTH
+from strata.errors import CliError
+from strata_tools.intervals import cluster_bootstraps
+from strata_tools.rm.lifecycle import eval_sets, eval_swaps, mean_rewards, score_logits
+from strata_tools.rm.light import DistillOptions, distill_version
+from strata_tools.rm.onpolicy import BAD_THRESHOLD, PAIR_MARGIN, onpolicy_figures, policy_answers
+from strata_tools.rm.versions import RM_INFO_FILE, open_registry
 
 if TYPE_CHECKING:  # torch: imported by a run, not by `strata bench --help`
     from strata.models.loading import LoadedModel
@@ -75,13 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _light_members(spec: str, settings: Any) -> list[Path]:
-    from strata.errors import CliError
-
     path = Path(spec).expanduser()
     if path.is_dir():
         members = sorted(p for p in path.glob("member-*") if p.is_dir())
         return members or [path]
-    from strata_tools.rm.versions import open_registry
     from svc_reward.registry import UnknownVersionError
 
     try:
@@ -93,10 +97,6 @@ def _light_members(spec: str, settings: Any) -> list[Path]:
 
 def _distilled_light(strong_path: Path, settings: Any) -> list[Path]:
     """The default distillation of ``strong_path``, built once and cached."""
-    from strata.contract.checksums import weights_checksum
-    from strata_tools.rm.light import DistillOptions, distill_version
-    from strata_tools.rm.versions import RM_INFO_FILE
-
     options = DistillOptions(strong=str(strong_path), rollout_log=False, device="cpu")
     key = f"{weights_checksum([strong_path])[:12]}-{options.key()}"
     cached = Path(settings.cache_dir).expanduser() / "rm" / "bench" / key
@@ -134,7 +134,6 @@ class _RewardModels:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from strata.errors import CliError
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     if args.light and args.distill:
@@ -192,7 +191,6 @@ def _rank_agreement(args: argparse.Namespace, rms: _RewardModels, cache_dir: Pat
     """The held-out sets and the light RM's Spearman and Pearson against the strong RM and the oracle, printed."""
     from strata.models.reward import expected_reward
     from strata_tools.rm.distill import comparison_metrics
-    from strata_tools.rm.lifecycle import eval_sets, mean_rewards, score_logits
 
     sets = eval_sets()
     light_scores, strong_scores, oracle_scores = {}, {}, {}
@@ -214,7 +212,6 @@ def _rank_agreement(args: argparse.Namespace, rms: _RewardModels, cache_dir: Pat
 def _prompt_match(args: argparse.Namespace, rms: _RewardModels) -> float:
     """The light RM's prompt match on the eval prompt swaps (the strong RM's printed beside it)."""
     from strata.models.reward import prompt_match
-    from strata_tools.rm.lifecycle import eval_swaps
 
     swaps = eval_swaps()
     light_match = prompt_match(rms.lights, *swaps, args.max_length)
@@ -228,10 +225,7 @@ def _onpolicy(args: argparse.Namespace, zoo: Any, settings: Any, rms: _RewardMod
               ) -> tuple[OnPolicyFigures, tuple[Interval, Interval]]:
     """Both RMs on the policy's own answers (R24), printed as a table; the light RM's figures, and its Level-1
     Spearman's and bad-case AUC's 95 % intervals from a bootstrap over paraphrase families."""
-    from strata.errors import CliError
     from strata.models.reward import expected_reward
-    from strata_tools.rm.lifecycle import mean_rewards, score_logits
-    from strata_tools.rm.onpolicy import BAD_THRESHOLD, PAIR_MARGIN, onpolicy_figures, policy_answers
 
     if args.onpolicy_prompts is not None and args.onpolicy_prompts < 10:
         raise CliError("--onpolicy-prompts must be at least 10: the figures need both bad and good answers")
@@ -263,9 +257,6 @@ def onpolicy_intervals(answers: Sequence[Any], rewards: Sequence[float], seed: i
                        draws: int = 1000) -> tuple[Interval, Interval]:
     """Level-1 Spearman and bad-case AUC of ``rewards`` on ``answers`` (``PolicyAnswer``), each with a 95 %
     interval from resampling whole paraphrase families (a prompt id is ``<family>#<k>``)."""
-    from strata_tools.intervals import cluster_bootstraps
-    from strata_tools.rm.onpolicy import onpolicy_figures
-
     families = [a.prompt_id.rsplit("#", 1)[0] for a in answers]
 
     def values(idx: Sequence[int]) -> tuple[float, float]:

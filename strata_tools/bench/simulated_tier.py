@@ -16,11 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from strata.bus import Publisher, Worker, topics
+from strata.errors import CliError
 from strata.hashing import content_hash
 from strata.v1 import common_pb2, events_pb2
+from strata_tools.zoo.corpus import DEGRADATIONS, degrade, reference_response
+from strata_tools.zoo.oracle import oracle_score
 
 if TYPE_CHECKING:
-    from strata.bus import Delivery, Publisher
+    from strata.bus import Delivery
     from strata_tools.zoo.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
 
@@ -37,8 +41,6 @@ class Competence:
 
 
 def family_competence(families: Sequence[str], risk: dict[str, bool], seed: int) -> dict[str, Competence]:
-    from strata_tools.zoo.corpus import DEGRADATIONS
-
     rng = random.Random(seed)
     kinds = [k for k in DEGRADATIONS if k not in ("unsafe", "no_caution")]
     table = {}
@@ -51,9 +53,6 @@ def family_competence(families: Sequence[str], risk: dict[str, bool], seed: int)
 
 
 def rollout_reward(record: PromptRecord, competence: Competence, rng: random.Random) -> float:
-    from strata_tools.zoo.corpus import degrade, reference_response
-    from strata_tools.zoo.oracle import oracle_score
-
     response = reference_response(record, rng)
     if rng.random() >= competence.p_good:
         response = degrade(record, response, competence.failure, rng)
@@ -134,8 +133,6 @@ class SimulatedRolloutTier:
 
     def __init__(self, settings: SchedulerSettings, group_id: str, policy: SimulatedPolicy,
                  records: dict[str, PromptRecord], publisher: Publisher) -> None:
-        from strata.bus import Worker, topics
-
         self._policy = policy
         self._records = records
         self._publisher = publisher
@@ -150,8 +147,6 @@ class SimulatedRolloutTier:
         })
 
     def on_batch(self, deliveries: list[Delivery[events_pb2.PromptRouted]]) -> None:
-        from strata.bus import Publisher, topics
-
         futures = []
         done: dict[str, int] = {}
         rollouts = 0
@@ -184,8 +179,6 @@ class SimulatedRolloutTier:
                 self._done.notify_all()
 
     def wait_for(self, request_ids: Sequence[str], timeout_s: float) -> None:
-        from strata.errors import CliError
-
         with self._done:
             finished = self._done.wait_for(
                 lambda: self.error is not None or all(r in self.handled for r in request_ids), timeout_s)

@@ -30,7 +30,17 @@ from typing import Any
 
 import numpy as np
 
-from strata import redis_client
+from strata import redis_client, rpc
+from strata.bus import Publisher, topics
+from strata.config import StrataSettings
+from strata.content_store import ContentStore
+from strata.errors import CliError
+from strata.hashing import content_hash
+from strata.rpc import ServiceBinding, start_server
+from strata.v1 import common_pb2, events_pb2, probe_pb2, probe_pb2_grpc
+from strata_tools.bench.infra import bench_infra
+from strata_tools.bench.scheduler.latency import RecordingPublisher
+from strata_tools.zoo.suite import load_suite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,9 +76,6 @@ class Stages:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.config import StrataSettings
-    from strata.errors import CliError
-    from strata_tools.bench.infra import bench_infra
     from strata_tools.zoo.build import ensure_zoo, zoo_paths
 
     settings = StrataSettings()
@@ -95,16 +102,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _prompts(n: int) -> list[str]:
-    from strata_tools.zoo.suite import load_suite
-
     everything = load_suite("eval")
     return [r.text for r in everything[:: max(1, len(everything) // n)][:n]]
 
 
 def profile_probe(args: argparse.Namespace, settings: Any) -> Stages:
-    from strata import rpc
-    from strata.rpc import ServiceBinding, start_server
-    from strata.v1 import probe_pb2, probe_pb2_grpc
     from svc_probe.__main__ import make_probe_fn, set_torch_threads
     from svc_probe.config import ProbeSettings
     from svc_probe.core import (
@@ -163,11 +165,6 @@ def profile_probe(args: argparse.Namespace, settings: Any) -> Stages:
 def profile_scheduler(args: argparse.Namespace, settings: Any) -> Stages:
     import torch
 
-    from strata.bus import Publisher, topics
-    from strata.content_store import ContentStore
-    from strata.hashing import content_hash
-    from strata.v1 import common_pb2, events_pb2
-    from strata_tools.bench.scheduler.latency import RecordingPublisher
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.encoder import Encoder
     from svc_scheduler.engine import SchedulerEngine
@@ -230,9 +227,6 @@ def _timed(call: Callable[[], object]) -> float:
 def profile_generator(args: argparse.Namespace, settings: Any, model_dir: str) -> Stages:
     import torch
 
-    from strata.bus import Publisher, topics
-    from strata.content_store import ContentStore
-    from strata.v1 import events_pb2
     from svc_generator.backends.hf import HfBackend
 
     backend = HfBackend(model_dir, device="cpu")
@@ -273,11 +267,8 @@ def profile_generator(args: argparse.Namespace, settings: Any, model_dir: str) -
 def profile_reward(args: argparse.Namespace, settings: Any, rm_dir: str) -> Stages:
     import torch
 
-    from strata.bus import Publisher, topics
-    from strata.content_store import ContentStore
     from strata.models.loading import load_reward_model
     from strata.models.prompts import PromptFormat
-    from strata.v1 import events_pb2
 
     rm = load_reward_model(rm_dir, device="cpu")
     fmt = PromptFormat.of(rm.tokenizer)

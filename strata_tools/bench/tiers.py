@@ -84,6 +84,11 @@ from pathlib import Path
 from typing import Any
 
 from strata import ledger, redis_client
+from strata.config import StrataSettings
+from strata.content_store import ContentStore
+from strata.errors import CliError
+from strata.hashing import content_hash
+from strata_tools.bench.infra import bench_infra
 from strata_tools.bench.tiers_epochs import (
     Audits,
     epoch_arm,
@@ -93,6 +98,7 @@ from strata_tools.bench.tiers_epochs import (
     in_order_of,
     settled_audits,
 )
+from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
 from strata_tools.pricing import parse_price_as
 from strata_tools.rm.escalation import ServedThreshold, add_threshold_arguments, resolve_threshold
 from strata_tools.tiering import tier_eval
@@ -112,7 +118,8 @@ from strata_tools.tiering.headline import (
 )
 from strata_tools.tiering.lines import arm_table, price_lines, routing_lines, stage_lines, threshold_lines
 from strata_tools.tiering.tier_eval import ArmFigures, PromptOutcome
-from strata_tools.zoo.suite import stratified_sample
+from strata_tools.zoo.oracle import oracle_score
+from strata_tools.zoo.suite import SEALED_SPLIT, load_suite, stratified_sample
 
 log = logging.getLogger(__name__)
 
@@ -220,9 +227,6 @@ def expected_scores(zoo: Any, records: Sequence[Any], samples: int, seed: int,
     hash): ``samples`` answers per tier, prompted and sampled as the live tiers are (``strata_tools.level1``):
     Level-2 as the all-Level-2 arm sends it (no directions), Level-1 with the directions the probe forwards.
     Level-1 answers to prompts the router judges are not sampled again: it judged the one it saw."""
-    from strata.hashing import content_hash
-    from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
-    from strata_tools.zoo.oracle import oracle_score
     from svc_generator.backends.hf import HfBackend
 
     if samples < 1:
@@ -257,10 +261,6 @@ def expected_scores(zoo: Any, records: Sequence[Any], samples: int, seed: int,
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.config import StrataSettings
-    from strata.errors import CliError
-    from strata_tools.bench.infra import bench_infra
-
     if args.price_as is not None:
         try:
             parse_price_as(args.price_as)
@@ -285,9 +285,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int:
 
-    from strata.content_store import ContentStore
     from strata_tools.zoo.build import ensure_zoo
-    from strata_tools.zoo.suite import SEALED_SPLIT, load_suite
 
     def progress(line: str) -> None:
         print(line, flush=True)
@@ -347,8 +345,6 @@ def warm_up(live: LiveTiers, history: Sequence[Any], args: argparse.Namespace,
             progress: Callable[[str], None]) -> None:
     """``WARM_UP_PROMPTS`` train prompts (none of the history's) through each route, unmeasured: cold services
     pay their first batches here, in no arm's cost."""
-    from strata_tools.zoo.suite import load_suite
-
     taken = {r.id for r in history}
     prompts = [r for r in pick_prompts(load_suite("train"), 2 * WARM_UP_PROMPTS, args.seed + 2)
                if r.id not in taken][:WARM_UP_PROMPTS]
@@ -474,8 +470,6 @@ def _expected_sweep(arms: _ReportArms, answers: dict[str, list[Answers]],
 def _report_arms(bad_threshold: float, records: Sequence[Any], runs: dict[str, ArmRun],
                  answers: dict[str, list[Answers]], threshold: float) -> _ReportArms:
     """The all-Level-2 baseline, the live arms and the replayed routers, each compared to the baseline."""
-    from strata.errors import CliError
-
     hashes = [r.prompt_hash for r in runs["all-Level-2"].requests]
     try:
         level2, baseline = baseline_figures(hashes, answers["all-Level-2"], [r.risk for r in records], bad_threshold)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata import rpc
+from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.tiering.answers import Answers, live_figures
 from strata_tools.tiering.arms import ArmRun
 from strata_tools.tiering.headline import (
@@ -57,8 +58,6 @@ class Audits:
 
 def settled_audits(scheduler_address: str, timeout_s: float = 60.0) -> Audits:
     """The scheduler's audit figures once every audit's fresh reward is folded in (or ``timeout_s``)."""
-    from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
-
     deadline = time.monotonic() + timeout_s
     with rpc.channel(scheduler_address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING
 from scipy.stats import spearmanr
 
 from strata.contract.template import format_probe_query, format_rm_input
+from strata.errors import CliError
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import LoadedModel, load_causal_lm, load_reward_model
 from strata.models.reward import prompt_match, score_responses
-from strata_tools.zoo.arguments import add_zoo_arguments
+from strata_tools.zoo.arguments import add_zoo_arguments, zoo_settings_from_args
 from strata_tools.zoo.corpus import PromptSwap, prompt_swaps, rm_pairs
 from strata_tools.zoo.oracle import oracle_score
 from strata_tools.zoo.suite import PromptRecord, load_suite
@@ -117,8 +118,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _open_zoo(args: argparse.Namespace) -> ZooPaths:
     """The zoo of ``--preset``, built first with ``--build`` if it is missing; its header line printed."""
-    from strata.errors import CliError
-    from strata_tools.zoo.arguments import zoo_settings_from_args
     from strata_tools.zoo.build import ensure_zoo, zoo_paths
 
     if args.prompts < 1 or args.rm_prompts < 0:

@@ -30,10 +30,21 @@ import dataclasses
 import json
 import random
 import sys
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import redis
+
+from strata.config import StrataSettings
+from strata.contract.checksums import version_id, weights_checksum
 from strata.errors import CliError
+from strata.risk import detect_unsafe_advice
+from strata_tools.rm.escalation import choose_threshold, judge_level1
+from strata_tools.rm.versions import open_registry
+from strata_tools.zoo.corpus import DEGRADATIONS, RISK_ONLY_DEGRADATIONS, degrade, reference_response
+from strata_tools.zoo.oracle import judge
+from strata_tools.zoo.suite import load_suite
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run, not by `strata calibrate --help`
     from svc_reward.calibrate import OperatingPoint, ScoreCalibration
@@ -89,12 +100,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_unsafe(args: argparse.Namespace) -> int:
-    from collections import defaultdict
-
-    from strata.risk import detect_unsafe_advice
-    from strata_tools.zoo.corpus import DEGRADATIONS, RISK_ONLY_DEGRADATIONS, degrade, reference_response
-    from strata_tools.zoo.oracle import judge
-    from strata_tools.zoo.suite import load_suite
     from svc_reward.calibrate import detection_figures
 
     records = load_suite(None if args.split == "all" else args.split)
@@ -160,7 +165,6 @@ class _Calibrated:
 
 def _calibrate(args: argparse.Namespace, measured: _Escalation, light_paths: list[str],
                options: ScoringOptions) -> _Calibrated:
-    from strata.contract.checksums import weights_checksum
     from svc_reward.calibrate import (
         cross_validated_error,
         fit_isotonic,
@@ -193,11 +197,6 @@ def _calibrate(args: argparse.Namespace, measured: _Escalation, light_paths: lis
 def _write(light_paths: list[str], calibration: ScoreCalibration, json_output: bool) -> tuple[str, str | None]:
     """Write the calibration beside the light RM, then into the registry. The file's path, and the
     version it is registered under (None when Redis did not answer: the file alone is then written)."""
-    import redis
-
-    from strata.config import StrataSettings
-    from strata.contract.checksums import version_id
-    from strata_tools.rm.versions import open_registry
     from svc_reward.calibration_store import write_calibration
     from svc_reward.registry import RegistryError, UnknownVersionError, describe
 
@@ -266,8 +265,6 @@ def _print_calibration(args: argparse.Namespace, measured: _Escalation, fitted: 
 
 
 def run_escalation(args: argparse.Namespace) -> int:
-    from strata.config import StrataSettings
-    from strata_tools.rm.escalation import choose_threshold, judge_level1
     from strata_tools.zoo.build import ensure_zoo
     from svc_reward.calibrate import operating_points
     from svc_reward.config import RewardSettings
@@ -318,9 +315,6 @@ def _escalation_json(args: argparse.Namespace, measured: _Escalation, fitted: _C
 def run_rule(args: argparse.Namespace) -> int:
     """Fit the escalation rule on the split's Level-1 answers (prompted and scored as live), report what each
     signal buys out of fold against the light RM's score alone, and --write it beside the light RM."""
-    from strata.config import StrataSettings
-    from strata.contract.checksums import weights_checksum
-    from strata_tools.rm.escalation import judge_level1
     from strata_tools.zoo.build import ensure_zoo
     from svc_reward.calibration_store import write_rule
     from svc_reward.config import RewardSettings

@@ -37,15 +37,18 @@ from strata import ledger, redis_client, rpc
 from strata.bus import topics
 from strata.bus.scan import TopicScan
 from strata.config import StrataSettings
+from strata.content_store import ContentStore
 from strata.errors import CliError
 from strata.v1 import annotation_pb2, annotation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.cli.progress import redraw
-from strata_tools.cli.report_cmd import price_option
+from strata_tools.cli.report_cmd import price_option, projection_lines, skip_lines, summary_lines
 from strata_tools.infra import InfraError
 from strata_tools.infra import up as infra_up
 from strata_tools.pricing import PriceAs
 from strata_tools.rm.escalation import add_threshold_arguments, resolve_threshold
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
+from strata_tools.rm.refresh import RefreshOptions
+from strata_tools.rm.versions import open_registry
 from strata_tools.stack import control
 from strata_tools.stack.spec import default_services
 from strata_tools.tiering import tier_eval
@@ -140,8 +143,6 @@ def annotation_lines(address: str, desk: SimulatedDesk) -> list[str]:
 def refresh_turn(settings: StrataSettings) -> None:
     """[6/6]: one turn of the RM loop on what the desk labelled (this run's and earlier runs')."""
     from strata_tools.rm.loop import run_turn
-    from strata_tools.rm.refresh import RefreshOptions
-    from strata_tools.rm.versions import open_registry
     from strata_tools.zoo.build import ZooSettings
 
     print("[6/6] reward models: one refresh turn on the annotators' labels (strata rm refresh)", flush=True)
@@ -268,8 +269,6 @@ def baseline_answers(settings: StrataSettings, chosen: list[Request], n_samples:
     """The chosen requests' prompts sent again straight to Level-2 (``n_samples`` each); the run's own
     answers and the baseline's, each oracle-judged and costed from the ledger, in ``chosen``'s order, and
     the baseline's run."""
-    from strata.content_store import ContentStore
-
     runner = ArmRunner(settings, f"demo-{uuid.uuid4().hex[:8]}", seed=0)
     baseline = runner.run_arm("all-Level-2 baseline", [r.record for r in chosen], "level2", timeout_s,
                               progress, n_samples=n_samples)
@@ -348,8 +347,6 @@ class _Snapshot:
 
 def _snapshot(settings: StrataSettings, desk: SimulatedDesk) -> _Snapshot:
     """The cost ledger, the scheduler's skipping, the rollout log's size and the desk's figures now."""
-    from strata_tools.cli.report_cmd import skip_lines
-
     client = redis_client.connect(settings.redis_address)
     try:
         cost, skipping = ledger.read(client), skip_lines(client)
@@ -412,8 +409,6 @@ def _print_report(settings: StrataSettings, summary: TrainSummary, snapshot: _Sn
         print("      " + line)
     with rpc.channel(Addresses().scheduler) as channel:
         stats = scheduler_pb2_grpc.SchedulerStub(channel).Stats(scheduler_pb2.StatsRequest(), timeout=10)
-
-    from strata_tools.cli.report_cmd import projection_lines, summary_lines
 
     print("      decisions: "
           + ", ".join(f"{k.removeprefix('DECISION_').lower()}={v}" for k, v in sorted(stats.decisions.items()))

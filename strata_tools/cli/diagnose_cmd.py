@@ -10,12 +10,14 @@ docs/diagnostics.md.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import threading
 
 from strata.config import add_settings_flags, settings_from_flags
-
-if TYPE_CHECKING:
-    from strata_tools.diagnose.settings import DiagnoseSettings
+from strata.errors import CliError
+from strata.lifecycle import stop_on_signals
+from strata.telemetry import start_metrics_server
+from strata_tools.diagnose.exporter import exporter_registry
+from strata_tools.diagnose.settings import DiagnoseSettings
 
 CHECK_NAMES = ("rm-noise", "shift", "rm-overfit", "memory", "repetition", "annotators", "hacking")
 HELP = {
@@ -35,8 +37,6 @@ HELP = {
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from strata_tools.diagnose.settings import DiagnoseSettings
-
     parser = subparsers.add_parser("diagnose", help="R16 diagnostics against a running stack (PASS/ALARM + cure)")
     checks = parser.add_subparsers(dest="check", metavar="CHECK", required=True)
     for name in (*CHECK_NAMES, "all", "exporter"):
@@ -50,9 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.errors import CliError
     from strata_tools.diagnose import runner
-    from strata_tools.diagnose.settings import DiagnoseSettings
 
     try:
         settings = settings_from_flags(DiagnoseSettings, args)
@@ -74,12 +72,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve_exporter(settings: DiagnoseSettings) -> int:
-    import threading
-
-    from strata.lifecycle import stop_on_signals
-    from strata.telemetry import start_metrics_server
-    from strata_tools.diagnose.exporter import exporter_registry
-
     groups = [g.strip() for g in settings.lag_groups.split(",") if g.strip()]
     host = settings.metrics_bind_host
     port = start_metrics_server(settings.exporter_port, exporter_registry(settings, groups), host=host)

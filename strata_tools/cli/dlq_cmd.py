@@ -8,10 +8,29 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from kafka.errors import KafkaError
+
+from strata.bus.dlq import (
+    DeadLetterQueues,
+    SourceUnavailable,
+    decoded_event,
+    digest_note,
+    one_line,
+    parse_position,
+    replay,
+    resolve_topic,
+    shown_header,
+    shown_key,
+)
+from strata.bus.producer import PublishError
+from strata.bus.serde import PoisonMessageError
+from strata.bus.topics import ALL_TOPICS
+from strata.config import StrataSettings
 from strata.errors import CliError
+from strata.telemetry import quiet_kafka_logs
 
 if TYPE_CHECKING:
-    from strata.bus.dlq import DeadLetter, DeadLetterQueues, ReplayReport
+    from strata.bus.dlq import DeadLetter, ReplayReport
     from strata.bus.topics import Topic
 
 
@@ -45,14 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def known_topics() -> Sequence[Topic[Any]]:
     """The topics whose DLQs ``strata dlq`` reads (tests add their own)."""
-    from strata.bus.topics import ALL_TOPICS
-
     return ALL_TOPICS
 
 
 def _position(text: str) -> tuple[int, int]:
-    from strata.bus.dlq import parse_position
-
     try:
         return parse_position(text)
     except ValueError as exc:
@@ -63,13 +78,6 @@ def _position(text: str) -> tuple[int, int]:
 def _queues(verbose: bool) -> Iterator[DeadLetterQueues]:
     """The DLQ reader on the configured cluster; Kafka failures become one-line errors, without
     kafka-python's own log lines about each failed connection (unless -v)."""
-    from kafka.errors import KafkaError
-
-    from strata.bus.dlq import DeadLetterQueues
-    from strata.bus.producer import PublishError
-    from strata.config import StrataSettings
-    from strata.telemetry import quiet_kafka_logs
-
     with quiet_kafka_logs(verbose), DeadLetterQueues(StrataSettings()) as queues:
         try:
             yield queues
@@ -89,8 +97,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from strata.bus.dlq import resolve_topic
-
     with _queues(args.verbose) as queues:
         if args.topic is None:
             _list_topics(queues, args.json)
@@ -112,8 +118,6 @@ def _list_topics(queues: DeadLetterQueues, as_json: bool) -> None:
 
 
 def _letter_row(letter: DeadLetter, replayed: bool) -> dict[str, Any]:
-    from strata.bus.dlq import one_line, shown_key
-
     return {
         "dlq_topic": letter.dlq_topic, "offset": letter.position, "timestamp": letter.timestamp,
         "key": shown_key(letter.key), "stage": letter.stage or None, "attempts": letter.attempts,
@@ -149,8 +153,6 @@ def _list_letters(queues: DeadLetterQueues, topic: Topic[Any], as_json: bool) ->
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from strata.bus.dlq import SourceUnavailable, digest_note, resolve_topic, shown_header, shown_key
-
     topic = resolve_topic(args.topic, known_topics())
     partition, offset = args.position
     with _queues(args.verbose) as queues:
@@ -181,9 +183,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def _print_event(topic: Topic[Any], letter: DeadLetter, value: bytes | None, origin: str) -> None:
-    from strata.bus.dlq import decoded_event, digest_note
-    from strata.bus.serde import PoisonMessageError
-
     kind = topic.message_type.__name__
     if letter.dropped is not None and value is None:
         print(f"event {kind}: not shown, {origin}")
@@ -202,8 +201,6 @@ def _print_event(topic: Topic[Any], letter: DeadLetter, value: bytes | None, ori
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from strata.bus.dlq import replay, resolve_topic
-
     topic = resolve_topic(args.topic, known_topics())
     with _queues(args.verbose) as queues:
         report = replay(queues, topic, None if args.all else args.positions, again=args.again, dry_run=args.dry_run)

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 from strata.errors import CliError
+from strata.rpc_auth import new_token, token_line
+from strata_tools.tlsgen import DEFAULT_HOSTS, init_dev_pki
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,8 +34,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_tls_init(args: argparse.Namespace) -> int:
-    from strata_tools.tlsgen import DEFAULT_HOSTS, init_dev_pki
-
     if (args.directory / "ca.pem").exists() and not args.force:
         raise CliError(f"{args.directory}/ca.pem exists; pass --force to replace the certificates")
     if args.days < 1:
@@ -46,8 +46,6 @@ def run_tls_init(args: argparse.Namespace) -> int:
 
 
 def run_token_new(args: argparse.Namespace) -> int:
-    from strata.rpc_auth import new_token, token_line
-
     if not args.name or not all(c.isalnum() or c in "-_." for c in args.name):
         raise CliError("the client name must be letters, digits, '-', '_' or '.'")
     token = new_token()

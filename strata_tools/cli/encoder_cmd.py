@@ -19,7 +19,16 @@ import argparse
 import json
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from strata.errors import CliError
+from strata_tools.encoder.finetune import (
+    FinetuneConfig,
+    describe,
+    finetune_encoder,
+    history_from_redis,
+    serving_floor,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,8 +36,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="encoder_what", metavar="WHAT", required=True)
     finetune = sub.add_parser("finetune", help="fine-tune the encoder on the scheduler's reward history",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from strata_tools.encoder.finetune import FinetuneConfig
-
     defaults = FinetuneConfig()
     finetune.add_argument("--out", type=Path, default=None,
                           help="folder the fine-tuned encoder is written under (default: <cache>/encoders/tuned)")
@@ -53,15 +60,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_finetune(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from strata_tools.encoder.finetune import (
-        FinetuneConfig,
-        describe,
-        finetune_encoder,
-        history_from_redis,
-        serving_floor,
-    )
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.store import connect
 

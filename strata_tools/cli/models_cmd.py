@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
+from strata.errors import CliError
 from strata_tools.zoo.arguments import add_zoo_arguments, zoo_settings_from_args
 
 
@@ -65,9 +67,6 @@ def _path(args: argparse.Namespace) -> int:
 
 
 def _tiny(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from strata.errors import CliError
     from strata.models.tiny import build_tiny_model
 
     out = Path(args.out)

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from strata.contract.directions import DIRECTIONS
 from strata.errors import CliError
 from strata.jsonl import read_jsonl
 
@@ -87,7 +88,6 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def read_directions(path: Path | None) -> dict[str, str]:
     """The direction set, in order: ``--directions`` (a JSON object name -> description) or the canonical one."""
-    from strata.contract.directions import DIRECTIONS
     from strata.models.prompts import direction_phrase
 
     if path is None:

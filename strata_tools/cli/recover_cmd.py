@@ -28,17 +28,28 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from strata import redis_client
+import redis
+from kafka.errors import KafkaError
+from pydantic import ValidationError
+
+from strata import epoch, redis_client
+from strata.bus import PoisonMessageError
+from strata.bus.scan import TopicScan
+from strata.content_store import ContentStore, StoreUnavailableError
+from strata.contract.checksums import recorded_policy_version, version_id
+from strata.contract.control import ControlEventError, ControlEventUnavailable, check_policy_update, check_rm_update
 from strata.errors import CliError
+from strata.telemetry import quiet_kafka_logs
+from strata.v1 import common_pb2
+from strata_tools import recover
+from strata_tools.recover import RecoverTopics
+from strata_tools.train import request_done
 
 if TYPE_CHECKING:
-    import redis
-
-    from strata.bus.scan import TopicScan
     from strata.bus.worker import Delivery
     from strata.epoch import Marker
     from strata.v1 import events_pb2
-    from strata_tools.recover import LossSummary, PromptLoss, RecoverTopics, Verdict
+    from strata_tools.recover import LossSummary, PromptLoss, Verdict
     from svc_reward.registry import RmRegistry
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.store import SchedulerStore
@@ -79,8 +90,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def recover_topics() -> RecoverTopics:
     """The topics ``strata recover`` reads (tests pass their own)."""
-    from strata_tools.recover import RecoverTopics
-
     return RecoverTopics()
 
 
@@ -88,8 +97,6 @@ def recover_topics() -> RecoverTopics:
 
 
 def _settings() -> SchedulerSettings:
-    from pydantic import ValidationError
-
     from svc_scheduler.config import SchedulerSettings
 
     try:
@@ -102,13 +109,6 @@ def _settings() -> SchedulerSettings:
 def _connections(settings: SchedulerSettings, verbose: bool) -> Iterator[tuple[redis.Redis, TopicScan]]:
     """Redis and the Kafka reader, checked up front; their failures become one-line errors naming the
     address, without kafka-python's log line per failed connection (unless -v)."""
-    import redis
-    from kafka.errors import KafkaError
-
-    from strata.bus.scan import TopicScan
-    from strata.content_store import StoreUnavailableError
-    from strata.telemetry import quiet_kafka_logs
-
     where = settings.redis_address_masked
     client = redis_client.connect(settings.redis_address, socket_timeout=5, socket_connect_timeout=3)
     try:
@@ -173,10 +173,6 @@ class Rebuilder:
         self._promotions: list[events_pb2.RewardModelUpdated] = []
 
     def reward(self, delivery: Delivery[events_pb2.RewardScored]) -> None:
-        import redis
-
-        from strata.v1 import common_pb2
-
         message, result = delivery.message, self.result
         if message.scorer == common_pb2.SCORER_REUSED:  # StatsUpdater.apply never folds these either
             return
@@ -196,10 +192,6 @@ class Rebuilder:
                         delivery.offset, message.prompt_hash[:12], exc)
 
     def policy(self, delivery: Delivery[events_pb2.PolicyUpdated]) -> None:
-        from strata.bus import PoisonMessageError
-        from strata.contract.checksums import recorded_policy_version
-        from strata.contract.control import ControlEventError, ControlEventUnavailable, check_policy_update
-
         event, result = delivery.message, self.result
         if result.writing:
             try:
@@ -219,9 +211,6 @@ class Rebuilder:
         result.policy_version = max(result.policy_version or 0, event.policy_version)
 
     def rm(self, delivery: Delivery[events_pb2.RewardModelUpdated]) -> None:
-        from strata.contract.checksums import version_id
-        from strata.contract.control import ControlEventError, check_rm_update
-
         message, result = delivery.message, self.result
         try:
             check_rm_update(message.rm_version, list(message.ensemble_paths) or [message.path], message.checksum,
@@ -315,8 +304,6 @@ class Report:
 
 def _write_marker(client: redis.Redis, marker: Marker | None, recovered: bool, where: str) -> Marker:
     """The epoch marker, written when missing, and stamped ``recovered_at`` after a rebuild."""
-    from strata import epoch
-
     if marker is None:
         try:
             marker, _ = epoch.ensure_marker(client, CREATED_BY)
@@ -330,10 +317,6 @@ def _write_marker(client: redis.Redis, marker: Marker | None, recovered: bool, w
 
 
 def run_redis(args: argparse.Namespace) -> int:
-    from strata import epoch
-    from strata.content_store import ContentStore
-    from strata_tools import recover
-    from strata_tools.train import request_done
     from svc_reward.registry import RmRegistry
     from svc_scheduler.store import SchedulerStore
     from svc_scheduler.worker import StatsUpdater

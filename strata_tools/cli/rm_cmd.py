@@ -32,8 +32,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from strata.config import StrataSettings
 from strata.errors import CliError
 from strata_tools.rm.light import DistillOptions, distill_version
+from strata_tools.rm.refresh import RefreshOptions
+from strata_tools.rm.sources import SourcesOptions, run_sources, summary_line, table
 from strata_tools.rm.strong import PSEUDO_LABELS_FILE, StrongOptions, train_strong
 from strata_tools.rm.versions import open_registry, promote_version, version_table
 
@@ -276,7 +281,6 @@ def _print_metrics(metrics: dict[str, float]) -> None:
 
 
 def _human_labels(args: argparse.Namespace) -> int:
-    from strata.config import StrataSettings
     from strata_tools.rm.loop import annotation_rows
 
     rows, missing = annotation_rows(StrataSettings())
@@ -331,8 +335,6 @@ def _distill(args: argparse.Namespace) -> int:
 def _options(kind: Any, command: str, flags: dict[str, Any], flag_names: dict[str, str] | None = None) -> Any:
     """A pydantic options object from the flags that were given (the rest from the environment and
     defaults), or a CliError naming each bad flag (``flag_names``: field -> flag, where they differ)."""
-    from pydantic import ValidationError
-
     names = set(kind.model_fields)
     try:
         return kind(**{k: v for k, v in flags.items() if k in names and v is not None})
@@ -345,7 +347,6 @@ def _options(kind: Any, command: str, flags: dict[str, Any], flag_names: dict[st
 
 def _refresh(args: argparse.Namespace) -> int:
     from strata_tools.rm.loop import run_every, run_turn
-    from strata_tools.rm.refresh import RefreshOptions
 
     flags = {"every_s": args.every, **{k: v for k, v in vars(args).items() if k != "every"}}
     if args.data is not None:
@@ -372,8 +373,6 @@ def _refresh(args: argparse.Namespace) -> int:
 
 
 def _sources(args: argparse.Namespace) -> int:
-    from strata_tools.rm.sources import SourcesOptions, run_sources, summary_line, table
-
     flags = dict(vars(args))
     if args.arms is not None:
         flags["arms"] = tuple(args.arms)

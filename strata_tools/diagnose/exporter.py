@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from strata import redis_client
+from strata import ledger, redis_client
 from strata.bus.admin import consumer_lags
 from strata.config import StrataSettings
 
@@ -65,9 +65,6 @@ class StackCollector(Collector):
         yield up
 
     def _ledger(self) -> Iterator[Metric]:
-
-        from strata import ledger
-
         client = redis_client.connect(self._settings.redis_address, socket_timeout=5)
         try:
             summary = ledger.read(client)

@@ -13,6 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata_tools.zoo.corpus import rm_pairs
+from strata_tools.zoo.oracle import judge
+from strata_tools.zoo.suite import load_suite
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -32,10 +36,6 @@ class ScoredBatch:
 
 def suite_pairs(n: int, split: str = "fresh", seed: int = 0) -> list[Pair]:
     """``n`` pairs from the zoo suite's ``split`` (cycled when the split is smaller), oracle-scored."""
-    from strata_tools.zoo.corpus import rm_pairs
-    from strata_tools.zoo.oracle import judge
-    from strata_tools.zoo.suite import load_suite
-
     records = load_suite(split)
     if not records:
         raise ValueError(f"the prompt suite has no {split!r} prompts")

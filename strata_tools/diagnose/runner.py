@@ -11,13 +11,16 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import grpc
 import redis
 
-from strata import redis_client
+from strata import redis_client, rpc
+from strata.content_store import ContentStore
 from strata.errors import CliError
+from strata.v1 import annotation_pb2, annotation_pb2_grpc
 from strata_tools.diagnose import annotators, hacking, memory, repetition, rm_noise, rm_overfit, shift, sources
 from strata_tools.diagnose.items import Pair, load_pairs, suite_pairs
 from strata_tools.diagnose.settings import DiagnoseSettings
@@ -52,7 +55,6 @@ def run_rm_noise(settings: DiagnoseSettings) -> CheckResult:
 
 def run_shift(settings: DiagnoseSettings, since_ms: int | None = None) -> CheckResult:
 
-    from strata.content_store import ContentStore
     from strata.models.loading import load_causal_lm
     from strata.models.tokens import tokenizer_id
 
@@ -137,9 +139,6 @@ def run_repetition(settings: DiagnoseSettings) -> CheckResult:
 
 
 def run_annotators(settings: DiagnoseSettings) -> CheckResult:
-    from strata import rpc
-    from strata.v1 import annotation_pb2, annotation_pb2_grpc
-
     with rpc.channel(settings.annotation_address, settings) as channel:
         status = annotation_pb2_grpc.AnnotationStub(channel).Status(annotation_pb2.StatusRequest(),
                                                                     timeout=min(settings.rpc_timeout_s, 30.0))
@@ -200,8 +199,6 @@ def exit_code(results: Sequence[CheckResult]) -> int:
 
 
 def _with_detail(result: CheckResult, **extra: Any) -> CheckResult:
-    from dataclasses import replace
-
     return replace(result, details={**result.details, **extra})
 
 

@@ -22,7 +22,9 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from strata.content_store import ContentStore
 from strata_tools.encoder.pairs import (
     FloorFigures,
     RewardPair,
@@ -121,7 +124,6 @@ def history_from_redis(settings: SchedulerSettings, client: redis.Redis) -> list
     flagged unsafe (R12: an unsafe prompt's reward is never reused, so it teaches nothing about
     reuse), and newest sample within ``max_policy_lag`` versions of the newest policy seen.
     """
-    from strata.content_store import ContentStore
     from svc_scheduler.store import SchedulerStore
 
     store = SchedulerStore(client, settings)
@@ -153,8 +155,6 @@ def serving_floor(settings: SchedulerSettings, encoder_path: str | None) -> floa
 
 def _load(path: str | None) -> tuple[Any, str, Path]:
     """(SentenceTransformer, its name, its directory) of ``path``, or the packaged all-MiniLM-L6-v2."""
-    import os
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
@@ -308,8 +308,6 @@ def _split_keys(history: Sequence[ScoredPrompt], vectors: np.ndarray, k: int, fl
 
 def _write_atomically(model: Any, card: dict[str, Any], out: Path) -> None:
     """The model and its card at ``out``, or nothing: written beside it, then renamed into place."""
-    import shutil
-
     from svc_scheduler.encoder import CARD_FILE
 
     partial = out.with_name(f".{out.name}.partial")

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from kafka import KafkaAdminClient
+from kafka.errors import KafkaError
+
 from strata.bus.security import KafkaTarget, kafka_connection
 from strata.config import StrataSettings
 from strata_tools.infra.process import (
@@ -315,9 +318,6 @@ def stop_node(settings: StrataSettings, node: int, timeout_s: float = 60.0, kill
 
 def answers(cluster: KafkaTarget, timeout_s: float = 5.0) -> bool:
     """True when the cluster answers a metadata request (logging in as the settings say)."""
-    from kafka import KafkaAdminClient
-    from kafka.errors import KafkaError
-
     connection = kafka_connection(cluster)
     host, _, port = connection["bootstrap_servers"].split(",")[0].rpartition(":")
     if not port_open(host or "127.0.0.1", int(port)):

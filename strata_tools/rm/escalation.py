@@ -17,7 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from strata.confidence import logprob_summary
 from strata.errors import CliError
+from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
+from strata_tools.zoo.oracle import judge
+from strata_tools.zoo.seal import check_sealed
+from strata_tools.zoo.suite import load_suite
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run
     from strata_tools.zoo.build import ZooPaths
@@ -128,9 +133,6 @@ def judge_level1(zoo: ZooPaths, split: str, prompts: int, seed: int, light_paths
                  options: ScoringOptions) -> JudgedLevel1:
     """``prompts`` of ``split`` (seeded sample), answered by Level-1 and scored by the light RM ``light_paths``
     (raw scores) and the oracle. CliError when the probe leaves no prompt to Level-1."""
-    from strata_tools.zoo.seal import check_sealed
-    from strata_tools.zoo.suite import load_suite
-
     records = load_suite(split)
     records = random.Random(seed).sample(records, min(prompts, len(records)))
     check_sealed((r.text for r in records), "the escalation threshold's calibration")
@@ -153,8 +155,6 @@ def choose_threshold(judged: JudgedLevel1, bad_threshold: float, target_catch: f
 
 def _level1_records(records: list[PromptRecord], zoo: ZooPaths) -> list[tuple[PromptRecord, ProbeResult]]:
     """The prompts the zoo's probe leaves to Level-1 (not cautious), each with its probe result."""
-    from strata_tools.level1 import probe_prompts
-
     results = probe_prompts(zoo.probe, [r.text for r in records])
     level1_records = [(r, res) for r, res in zip(records, results, strict=True) if not res.caution]
     if not level1_records:
@@ -168,9 +168,6 @@ def _score_level1(zoo: ZooPaths, level1_records: list[tuple[PromptRecord, ProbeR
     """Level-1's answers, prompted and sampled as the live stack does (``strata_tools.level1``): the light
     RM's raw scores, the oracle's, and each answer's escalation features as the reward service reads them
     from the rollout event (the generator's log-probabilities, the members' spread, the answer's form)."""
-    from strata.confidence import logprob_summary
-    from strata_tools.level1 import LivePrompting, generate_answers
-    from strata_tools.zoo.oracle import judge
     from svc_generator.backends.hf import HfBackend
     from svc_reward.escalation_rule import Signals, features
     from svc_reward.models import RewardModels

@@ -9,10 +9,15 @@ A response scored by several annotators gets the mean of their scores.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from strata.bus import topics
+from strata.bus.tail import TailReader
+from strata.content_store import ContentNotFoundError
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,6 @@ def human_labels(events: Iterable[Any]) -> list[HumanLabel]:
 
 def label_rows(labels: Sequence[HumanLabel], text_of: Any) -> tuple[list[dict[str, Any]], int]:
     """The JSONL rows of ``labels`` whose texts are still in the content store, and how many were not."""
-    from strata.content_store import ContentNotFoundError
-
     rows, missing = [], 0
     for label in labels:
         try:
@@ -60,11 +63,6 @@ def label_rows(labels: Sequence[HumanLabel], text_of: Any) -> tuple[list[dict[st
 
 def read_completed(settings: Any, timeout_s: float = 60.0) -> list[Any]:
     """Every ``AnnotationCompleted`` Kafka still holds."""
-    import time
-
-    from strata.bus import topics
-    from strata.bus.tail import TailReader
-
     reader = TailReader(settings, [topics.ANNOTATIONS_COMPLETED], client_id="strata-rm-human-labels")
     events: list[Any] = []
     try:

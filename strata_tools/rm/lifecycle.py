@@ -13,8 +13,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kafka.errors import KafkaError
+
+from strata.bus import topics
+from strata.bus.scan import TopicScan, newest_of
+from strata.content_store import ContentNotFoundError, ContentStore, StoreUnavailableError
+from strata.contract.checksums import weights_checksum
 from strata.errors import CliError
 from strata.jsonl import read_jsonl
+from strata_tools.zoo.corpus import prompt_swaps, rm_pairs
+from strata_tools.zoo.oracle import oracle_score
+from strata_tools.zoo.suite import load_suite
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +58,6 @@ def read_pairs(path: Path, need_score: bool) -> list[dict[str, Any]]:
 
 def eval_sets(seed: int = EVAL_SEED) -> dict[str, tuple[list[str], list[str], list[float]]]:
     """Per held-out split: prompts, synthetic responses of mixed quality, and their oracle scores."""
-    from strata_tools.zoo.corpus import rm_pairs
-    from strata_tools.zoo.oracle import oracle_score
-    from strata_tools.zoo.suite import load_suite
-
     sets = {}
     for split in EVAL_SPLITS:
         pairs = rm_pairs(load_suite(split), 1, seed)
@@ -67,7 +72,6 @@ def score_logits(rm: Any, prompts: Sequence[str], responses: Sequence[str], max_
     (weights checksum, max_length, texts) when ``cache_dir`` is given."""
     import torch
 
-    from strata.contract.checksums import weights_checksum
     from strata_tools.rm.recipe import score_in_length_order
 
     cache_file = None
@@ -104,13 +108,6 @@ class SourceUnavailableError(Exception):
 def historical_rollouts(settings: Any, limit: int, timeout_s: float = 30.0) -> tuple[list[dict[str, Any]], int]:
     """The newest ``limit`` distinct (prompt, response) pairs of the rollout log, with their texts from
     the content store. Returns the rows and how many were logged but have expired from the store."""
-    from kafka.errors import KafkaError
-
-    from strata.bus import topics
-    from strata.bus.scan import TopicScan, newest_of
-    from strata.content_store import ContentNotFoundError, ContentStore, StoreUnavailableError
-    from strata.errors import CliError
-
     logged: dict[tuple[str, str], float] = {}
     if limit > 0:
         try:
@@ -148,9 +145,6 @@ def rollout_rows(settings: Any, limit: int) -> tuple[list[dict[str, Any]], str]:
 
 def eval_swaps(split: str = "eval", seed: int = EVAL_SEED) -> tuple[list[str], list[str], list[str]]:
     """Prompt swaps of a held-out split: responses, their own prompts, other prompts (prompt match)."""
-    from strata_tools.zoo.corpus import prompt_swaps
-    from strata_tools.zoo.suite import load_suite
-
     records = load_suite(split)
     swaps = prompt_swaps(records, seed, records)
     return [s.response for s in swaps], [s.record.text for s in swaps], [s.other.text for s in swaps]

@@ -16,8 +16,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from strata.contract.template import RM_MAX_LENGTH
 from strata.errors import CliError
+from strata_tools.rm.augment import KINDS, augment_responses
 from strata_tools.rm.lifecycle import (
     eval_sets,
     eval_swaps,
@@ -27,7 +30,10 @@ from strata_tools.rm.lifecycle import (
     score_logits,
     zoo_of,
 )
+from strata_tools.rm.refresh import is_held_out
 from strata_tools.rm.versions import finalize_version, promote_version, serving_light
+from strata_tools.zoo.seal import check_sealed
+from strata_tools.zoo.suite import load_suite
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,6 @@ class DistillOptions:
 
     def validate(self) -> None:
         """Raise a CliError naming the option that cannot work."""
-        from strata_tools.rm.augment import KINDS
-
         if unknown := set(self.augment) - set(KINDS):
             raise CliError(f"unknown augmentation(s) {sorted(unknown)}: use {', '.join(KINDS)} or none")
         if self.members < 1:
@@ -104,8 +108,6 @@ class DistillResult:
 
 def held_out_prompt(prompt: str, share: float) -> bool:
     """Whether a rollout's prompt is in the held-out share (by its content hash: stable across runs)."""
-    from strata_tools.rm.refresh import is_held_out
-
     return share > 0 and is_held_out(prompt, share)
 
 
@@ -149,7 +151,6 @@ def _distill_sources(options: DistillOptions, zoo: Any, settings: Any
     sources: dict[str, Any] = {}
     if options.zoo_pairs:
         from strata_tools.zoo.rm_data import distill_pairs
-        from strata_tools.zoo.suite import load_suite
 
         swaps = zoo.config.rm_light_distill_swaps if options.swaps is None else options.swaps
         zoo_rows = read_pairs(zoo.rm_data, need_score=False)
@@ -161,7 +162,6 @@ def _distill_sources(options: DistillOptions, zoo: Any, settings: Any
         rows = read_pairs(Path(path), need_score=False)
         pairs += [(r["prompt"], r["response"]) for r in rows]
         sources[str(path)] = len(rows)
-    from strata_tools.zoo.seal import check_sealed  # the zoo imports this module: imported at run time
 
     check_sealed((prompt for prompt, _ in pairs), "the light RM's distillation pairs")
     held_prompts: list[str] = []
@@ -186,8 +186,6 @@ def _distill_sources(options: DistillOptions, zoo: Any, settings: Any
 
 def _augment_pairs(pairs: list[tuple[str, str]], options: DistillOptions) -> int:
     """Perturbed copies of a share of ``pairs``, appended to it (R8's adversarial augmentation); how many."""
-    from strata_tools.rm.augment import augment_responses
-
     if not options.augment or options.augment_fraction <= 0:
         return 0
     rng = random.Random(options.seed)
@@ -201,8 +199,6 @@ def _fit_light_members(options: DistillOptions, zoo: Any, strong: Any, strong_pa
                        teacher: Any, staging: Path) -> tuple[list[Path], list[float], str]:
     """Each light RM member fitted by KL to the teacher's bin distributions and saved under ``staging``;
     their directories, final losses and what the last one started from."""
-    from tqdm import tqdm
-
     from strata.models.reward import save_rm_tokenizer
     from strata_tools.rm.distill import DistillConfig, train_light
     from strata_tools.zoo.config import RM_LIGHT_TRAIN

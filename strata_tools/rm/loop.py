@@ -11,6 +11,7 @@ way, and every turn writes a report (``<state_dir>/rm-refresh/``) with the figur
 from __future__ import annotations
 
 import contextlib
+import dataclasses as dc
 import json
 import shutil
 import time
@@ -20,8 +21,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from strata import redis_client
+from strata.content_store import ContentNotFoundError, ContentStore
 from strata.errors import CliError
+from strata.models.loading import load_reward_model
+from strata_tools.rm.human import human_labels, label_rows, read_completed
+from strata_tools.rm.lifecycle import mean_rewards, read_pairs
 from strata_tools.rm.light import DistillOptions, run_distill
 from strata_tools.rm.recipe import student_init_dir
 from strata_tools.rm.refresh import (
@@ -37,6 +44,7 @@ from strata_tools.rm.refresh import (
     verdict,
 )
 from strata_tools.rm.strong import StrongOptions, train_strong
+from strata_tools.rm.versions import finalize_version, promote_version, serving_light
 
 REPORT_DIR = "rm-refresh"
 
@@ -70,11 +78,6 @@ class TurnReport:
 def annotation_rows(settings: Any, timeout_s: float = 60.0) -> tuple[list[dict[str, Any]], int]:
     """The annotators' scores Kafka still holds, as {prompt, response, score} rows with their texts from
     the content store; and how many were left out because their texts had expired."""
-    import redis
-
-    from strata.content_store import ContentStore
-    from strata_tools.rm.human import human_labels, label_rows, read_completed
-
     try:
         labels = human_labels(read_completed(settings, timeout_s))
     except Exception as exc:  # Kafka unreachable or too slow: one line naming it
@@ -91,9 +94,6 @@ def annotation_rows(settings: Any, timeout_s: float = 60.0) -> tuple[list[dict[s
 def audit_rows(settings: Any) -> tuple[list[dict[str, Any]], int]:
     """The audited Level-1 answers svc_reward keeps, as {prompt, response, score} rows labelled by the strong
     RM, with their texts from the content store; and how many were left out because their texts had expired."""
-    import redis
-
-    from strata.content_store import ContentNotFoundError, ContentStore
     from svc_reward import audit_store
 
     rows, expired = [], 0
@@ -116,8 +116,6 @@ def audit_rows(settings: Any) -> tuple[list[dict[str, Any]], int]:
 
 def collect_labels(options: RefreshOptions, settings: Any) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Every label of the turn (annotations, audits, then files; one per (prompt, response), the first kept)."""
-    from strata_tools.rm.lifecycle import read_pairs
-
     rows: list[dict[str, Any]] = []
     sources: dict[str, int] = {}
     if options.annotations:
@@ -140,7 +138,6 @@ def collect_labels(options: RefreshOptions, settings: Any) -> tuple[list[dict[st
 
 def serving_pair(registry: Any, settings: Any, zoo: Any) -> tuple[tuple[str, list[Path]], tuple[str, Path]]:
     """The light RM in service and the strong RM it was distilled from (registered), else ``zoo``'s."""
-    from strata_tools.rm.versions import serving_light
     from svc_reward.registry import RegistryError, describe, recorded_teacher
 
     light = serving_light(registry, settings)
@@ -166,9 +163,6 @@ def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 
 def _held_out_figures(models: dict[str, Sequence[Path]], held: Sequence[dict[str, Any]], max_length: int,
                       device: str) -> tuple[dict[str, SliceFigures], dict[str, list[float]]]:
-    from strata.models.loading import load_reward_model
-    from strata_tools.rm.lifecycle import mean_rewards
-
     prompts = [r["prompt"] for r in held]
     responses = [r["response"] for r in held]
     labels = [float(r["score"]) for r in held]
@@ -192,8 +186,6 @@ def carry_calibration(current_paths: Sequence[str | Path], candidate: Any, held:
     The candidate's scores are computed as svc_reward computes them (its settings' temperature and
     aggregation). Returns the ``TurnReport.calibration`` text: "" (nothing to carry), "carried", or why not.
     """
-    import dataclasses as dc
-
     from svc_reward.calibrate import fit_isotonic
     from svc_reward.calibration_store import write_calibration
     from svc_reward.config import RewardSettings
@@ -228,8 +220,6 @@ def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Ca
              labelled: tuple[list[dict[str, Any]], dict[str, int]] | None = None) -> TurnReport:
     """One turn: labels (``labelled``: already collected), split, strong fine-tune, light re-distil,
     held-out verdict, maybe promotion."""
-    from strata_tools.rm.lifecycle import read_pairs
-    from strata_tools.rm.versions import finalize_version, promote_version
     from strata_tools.zoo.build import ensure_zoo
 
     started = time.time()

@@ -19,6 +19,7 @@ and scores an RM on it:
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
@@ -27,7 +28,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from tqdm import tqdm
+
+from strata.contract.checksums import weights_checksum
+from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
 from strata_tools.rm.refresh import PAIR_MARGIN, pairwise_accuracy, spearman
+from strata_tools.zoo.oracle import oracle_score
+from strata_tools.zoo.suite import load_suite, stratified_sample
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +81,6 @@ def detection_auc(rewards: Sequence[float], bad: Sequence[bool]) -> float:
     good_rewards = sorted(r for r, b in zip(rewards, bad, strict=True) if not b)
     if not bad_rewards or not good_rewards:
         return float("nan")
-    import bisect
 
     wins = 0.0
     for reward in bad_rewards:
@@ -112,8 +118,6 @@ def onpolicy_figures(answers: Sequence[PolicyAnswer], rewards: Sequence[float],
 
 def answers_key(model_dirs: Sequence[Path], split: str, seed: int, sampling: Mapping[str, Any]) -> str:
     """Cache key of an answer set: the probe's and generators' weights, the split, seed and sampling."""
-    from strata.contract.checksums import weights_checksum
-
     payload = {"format": ANSWERS_FORMAT, "models": [weights_checksum([d]) for d in model_dirs], "split": split,
                "seed": seed, "sampling": dict(sampling)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -124,10 +128,6 @@ def sample_policy_answers(probe_dir: Path, generator_dirs: Mapping[str, Path], r
     """One answer per tier in ``generator_dirs`` to each record (a ``PromptRecord``) that live Level-1 would
     answer (the probe is not cautious about it), prompted and sampled as each tier is live
     (``strata_tools.level1``), judged by the oracle."""
-    from tqdm import tqdm
-
-    from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
-    from strata_tools.zoo.oracle import oracle_score
     from svc_generator.backends.hf import HfBackend
 
     results = probe_prompts(probe_dir, [record.text for record in records])
@@ -150,9 +150,6 @@ def policy_answers(zoo: Any, split: str = "fresh", seed: int = ANSWERS_SEED, cac
     """Level-1 and Level-2 answers to every prompt of ``split`` that live Level-1 would answer (``limit``: a
     seeded sample of that many, spread over topics and families), from the zoo ``zoo`` (``ZooPaths``), cached as
     JSONL under ``cache_dir`` when given."""
-    from strata_tools.level1 import LivePrompting
-    from strata_tools.zoo.suite import load_suite, stratified_sample
-
     records = load_suite(split)
     if limit is not None:
         records = stratified_sample(records, limit, seed)

@@ -23,10 +23,12 @@ import torch
 from tqdm import tqdm
 from transformers import GPT2ForSequenceClassification, PreTrainedModel
 
+from strata.contract.checksums import version_id, weights_checksum
 from strata.models.growth import deepen, widen, widen_bert
 from strata.models.loading import ZOO_INFO_FILE
-from strata.models.reward import save_rm_tokenizer
+from strata.models.reward import reward_logits, save_rm_tokenizer
 from strata.models.training import TrainConfig
+from strata_tools.rm.distill import in_length_order
 from strata_tools.rm.train import train_reward_model
 
 # Keyword arguments of ``train_reward_model`` for the feature heads and match steps of one phase
@@ -125,8 +127,6 @@ def student_init_dir(strong_dir: Path) -> Path | None:
 
 def teacher_version(strong_dir: Path) -> str:
     """The registry version of a strong RM directory (``strong-<checksum>``), as a light RM records it."""
-    from strata.contract.checksums import version_id, weights_checksum
-
     return version_id("strong", weights_checksum([strong_dir]))
 
 
@@ -135,9 +135,6 @@ def score_in_length_order(rm: Any, prompts: Sequence[str], responses: Sequence[s
     """An RM's bin logits (N, bins) for the pairs, scored in length order (little padding) behind a
     progress bar, returned in the pairs' order: the strong RM labelling the light RM's pairs here, and
     every scoring pass of ``strata rm`` (``strata_tools.rm.lifecycle.score_logits`` adds a disk cache)."""
-    from strata.models.reward import reward_logits
-    from strata_tools.rm.distill import in_length_order
-
     with tqdm(total=len(prompts), desc=desc, unit="pair", leave=False, disable=not progress) as bar:
         return in_length_order(lambda p, r: reward_logits(rm, p, r, batch_size, max_length), prompts, responses,
                                chunk=256, on_chunk=bar.update)

@@ -37,7 +37,15 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from strata_tools.rm.onpolicy import OnPolicyFigures, PolicyAnswer, onpolicy_figures
+from strata_tools.rm.augment import perturb_each
+from strata_tools.rm.lifecycle import mean_rewards, read_pairs
+from strata_tools.rm.onpolicy import (
+    OnPolicyFigures,
+    PolicyAnswer,
+    onpolicy_figures,
+    policy_answers,
+    sample_policy_answers,
+)
 from strata_tools.rm.refresh import (
     RefreshOptions,
     fine_tune_steps,
@@ -46,6 +54,9 @@ from strata_tools.rm.refresh import (
     replay_groups,
     spearman,
 )
+from strata_tools.rm.strong import StrongOptions, train_strong
+from strata_tools.zoo.oracle import oracle_score
+from strata_tools.zoo.suite import load_suite
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +201,6 @@ class _Arm:
 
 
 def _perturbed(answers: Sequence[PolicyAnswer], records: dict[str, Any], seed: int) -> list[PolicyAnswer]:
-    from strata_tools.rm.augment import perturb_each
-    from strata_tools.zoo.oracle import oracle_score
-
     return [PolicyAnswer(answer.prompt_id, answer.prompt, "perturbed", text, answer.directions,
                          oracle_score(records[answer.prompt_id], text))
             for answer, text in zip(answers, perturb_each([a.response for a in answers], seed), strict=True)
@@ -201,7 +209,6 @@ def _perturbed(answers: Sequence[PolicyAnswer], records: dict[str, Any], seed: i
 
 def run_sources(options: SourcesOptions, settings: Any, progress: Callable[[str], None] = print) -> SourcesReport:
     """Sample every source's answers, fine-tune one RM per arm, judge each on the fresh answers."""
-    from strata_tools.rm.onpolicy import policy_answers
     from strata_tools.zoo.build import ensure_zoo
 
     started = time.time()
@@ -224,9 +231,6 @@ def _sample_arms(options: SourcesOptions, zoo: Any, progress: Callable[[str], No
                  ) -> tuple[list[dict[str, Any]], list[_Arm], dict[str, str]]:
     """The base rows, each arm's added answers with the light RM's rewards of them, and the arms skipped."""
     from strata.models.loading import load_reward_model
-    from strata_tools.rm.lifecycle import mean_rewards
-    from strata_tools.rm.onpolicy import sample_policy_answers
-    from strata_tools.zoo.suite import load_suite
     from svc_learner.config import LearnerSettings
 
     records = random.Random(options.seed).sample(load_suite("train"), options.prompts)
@@ -275,9 +279,7 @@ def _fine_tune_and_judge(options: SourcesOptions, settings: Any, zoo: Any, base_
                          progress: Callable[[str], None]) -> SourcesReport:
     """The RM before fine-tuning, then one fine-tune per arm (the base first), each judged on ``fresh``."""
     from strata.models.loading import load_reward_model
-    from strata_tools.rm.lifecycle import mean_rewards, read_pairs
     from strata_tools.rm.recipe import student_init_dir
-    from strata_tools.rm.strong import StrongOptions, train_strong
 
     recipe = zoo.config
     init = student_init_dir(zoo.rm_strong) or zoo.rm_strong

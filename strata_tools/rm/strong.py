@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from strata.errors import CliError
 from strata_tools.rm.lifecycle import eval_sets, read_pairs, rollout_rows, score_logits, zoo_of
 from strata_tools.rm.versions import finalize_version
+from strata_tools.zoo.suite import load_suite
 
 if TYPE_CHECKING:  # torch: imported by the runs that train, not by `strata rm --help`
     from strata_tools.rm.recipe import StrongRecipe
@@ -150,7 +151,6 @@ def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str]
     from strata.models.reward import save_rm_tokenizer
     from strata_tools.rm.recipe import STUDENT_INIT_DIR, fit_strong, groups_of, rm_init_overrides
     from strata_tools.zoo.build import match_training, resolve_config, rm_init_dir
-    from strata_tools.zoo.suite import load_suite
 
     zoo = None if (options.data and options.init) else zoo_of(settings)
     data_path = options.data or zoo.rm_data

@@ -15,7 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from strata import redis_client
+from strata.bus import Publisher, PublishError
+from strata.contract.checksums import version_id, weights_checksum
 from strata.errors import CliError
 
 RM_INFO_FILE = "strata_rm.json"
@@ -23,8 +27,6 @@ RM_INFO_FILE = "strata_rm.json"
 
 def open_registry(settings: Any) -> Any:
     """The registry on the configured Redis, or a CliError saying how to get one."""
-    import redis
-
     from svc_reward.registry import RmRegistry
 
     client = redis_client.connect(settings.redis_address, socket_timeout=5, socket_connect_timeout=5)
@@ -43,7 +45,6 @@ def finalize_version(staging: Path, members: Sequence[Path], kind: str, out: Pat
 
     Returns the ``RmVersion`` describing the final directories.
     """
-    from strata.contract.checksums import version_id, weights_checksum
     from svc_reward.registry import describe
 
     version = version_id(kind, weights_checksum(members))
@@ -75,7 +76,6 @@ def serving_light(registry: Any, settings: Any) -> tuple[str, list[Path]]:
 
 
 def promote_version(registry: Any, settings: Any, version: str, verify: bool) -> None:
-    from strata.bus import Publisher, PublishError
     from svc_reward.registry import RegistryError
 
     try:

@@ -11,13 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from strata import rpc
+from strata import redis_client, rpc
+from strata.bus.admin import consumer_lags
 from strata.config import StrataSettings
+from strata.telemetry import quiet_kafka_logs
 from strata_tools.infra.process import InfraError, owned_pid, process_alive, start_detached, stop_pid
 from strata_tools.stack.spec import ServiceSpec, default_services
 from strata_tools.stack.supervisor import log_dir, state_file
+from strata_tools.trace import read_events, trace
 
 _SUPERVISOR_MODULE = "strata_tools.stack.supervisor"
 
@@ -91,9 +95,6 @@ def stop(settings: StrataSettings, timeout_s: float = 90.0) -> bool:
 def _lags(settings: StrataSettings, groups: set[str]) -> tuple[dict[str, int], str | None]:
     """(group -> events not yet committed over all its topics, why none could be read): the error is
     said once, by `strata status`, rather than in kafka-python's line per failed connection."""
-    from strata.bus.admin import consumer_lags
-    from strata.telemetry import quiet_kafka_logs
-
     try:
         with quiet_kafka_logs():
             per_topic = consumer_lags(settings, sorted(groups), "strata-status", timeout_ms=5000)
@@ -136,9 +137,6 @@ def logs(settings: StrataSettings, service: str | None, lines: int, follow: bool
 def critical_path_line(settings: StrataSettings, newest_events: int = 5000) -> str:
     """The critical path of the stack's recent PPO updates (``strata_tools.trace``), from the newest events
     Kafka holds; one line, or why there is none."""
-    from strata.telemetry import quiet_kafka_logs
-    from strata_tools.trace import read_events, trace
-
     try:
         with quiet_kafka_logs():
             return trace(*read_events(settings, newest=newest_events, idle_timeout_s=5.0)).line()
@@ -151,9 +149,6 @@ def live_audit_lines(settings: StrataSettings) -> list[str]:
     """The reward service's live audit (hacking gap, catch, false pass, the alarm) as report lines, read
     from Redis with the thresholds the reward service wrote there (else ``STRATA_HACKING_*`` from this
     environment, as the service would read them)."""
-    import redis
-
-    from strata import redis_client
     from svc_reward import audit_store, defence
     from svc_reward.audit import describe, windows
     from svc_reward.config import RewardSettings

@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from strata.bus import topics
+from strata.bus.admin import start_group_at_end
 from strata.config import StrataSettings
+from strata.service import start_service, stop_service
 from strata_tools.train import Addresses
 
 if TYPE_CHECKING:
@@ -46,9 +49,6 @@ class InProcessStack:
     @classmethod
     def start(cls, infra: StrataSettings, zoo: ZooPaths, checkpoint_dir: Path,
               overrides: StackOverrides = StackOverrides(), run_id: str | None = None) -> InProcessStack:
-        from strata.bus import topics
-        from strata.bus.admin import start_group_at_end
-        from strata.service import start_service
         from svc_generator.__main__ import build as build_generator
         from svc_generator.config import GeneratorSettings
         from svc_learner.config import LearnerSettings
@@ -97,8 +97,6 @@ class InProcessStack:
                             for name in ("scheduler", "probe", "generator", "learner", "reward")})
 
     def stop(self) -> None:
-        from strata.service import stop_service
-
         for name, service in self._running.items():
             stop_service(self._named[name], service, grace_s=0)
         self._running.clear()

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata import ledger
+from strata.v1 import common_pb2
 from strata_tools.tiering import tier_eval
 from strata_tools.tiering.tier_eval import Answer, ArmFigures, PromptOutcome
 from strata_tools.train import Request
+from strata_tools.zoo.oracle import judge
 
 
 def _path_cost(stages: Sequence[ledger.StageCost], tiers: set[int]) -> tuple[float, float, float]:
@@ -34,9 +36,6 @@ class Answers:
 
 
 def answers_of(request: Request, client: Any, store: Any) -> Answers:
-    from strata.v1 import common_pb2
-    from strata_tools.zoo.oracle import judge
-
     stages = ledger.read_request(client, request.prompt_hash, request.request_id)
     encoder = _path_cost([s for s in stages if s.stage == "encoder"], {0})
     if any(e.scorer == common_pb2.SCORER_REUSED for e in request.events):

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from strata import ledger, redis_client, rpc
-from strata_tools.train import Request
+from strata.bus import Publisher, topics
+from strata.bus.admin import start_group_at_end
+from strata.bus.tail import TailReader
+from strata.content_store import ContentStore
+from strata.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
+from strata_tools.infra.process import free_port
+from strata_tools.stack.control import health
+from strata_tools.train import Request, request_done
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +53,6 @@ class ArmRunner:
         """Send ``records`` through one arm (route: level2 | level0 | scheduler) and wait for every final;
         ``n_samples`` rollouts per prompt. Prompt ``i`` is sampled with the seed of position ``first_index + i``,
         so an arm run in parts samples as it would whole, paired with the other arms prompt by prompt."""
-
-        from strata.bus import topics
-        from strata.bus.tail import TailReader
-        from strata.content_store import ContentStore
-
         s = self.settings
         client = redis_client.connect(s.redis_address, socket_timeout=30)
         store = ContentStore(client, s.content_ttl_s, s.content_max_bytes)
@@ -83,8 +85,6 @@ class ArmRunner:
                         ) -> list[ledger.StageCost]:
         """The arm's stages once every scored sample's RM cost is booked (the reward worker books a
         batch in the transaction that marks it done, just after its events are acknowledged)."""
-        from strata.v1 import common_pb2
-
         # One RM score per answer: an answer awaiting the desk gets a provisional event and a final one.
         rm_scorers = (common_pb2.SCORER_LIGHT, common_pb2.SCORER_STRONG)
         scored = len({(r.request_id, e.tier, e.sample_index) for r in requests for e in r.events
@@ -102,9 +102,6 @@ class ArmRunner:
 
     def _publish(self, requests: Sequence[Request], route: str, store: Any, n_samples: int = 1,
                  first_index: int = 0) -> None:
-        from strata.bus import Publisher, topics
-        from strata.v1 import common_pb2, events_pb2
-
         level2 = route == "level2"
         publisher = Publisher(self.settings, client_id=f"bench-tiers-{self.run_id}")
         try:
@@ -127,9 +124,6 @@ class ArmRunner:
             publisher.close()
 
     def _submit(self, requests: Sequence[Request], n_samples: int = 1, first_index: int = 0) -> None:
-
-        from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-
         batch_size = 32  # under the scheduler's max_batch_size (64)
         with rpc.channel(self.scheduler_address) as channel:
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -153,8 +147,6 @@ class ArmRunner:
     @staticmethod
     def _wait(tail: Any, by_id: dict[str, Request], deadline: float, name: str,
               progress: Callable[[str], None], n_samples: int = 1) -> None:
-        from strata_tools.train import request_done
-
         last = 0.0
         while True:
             pending = [r for r in by_id.values() if not request_done(r.events, n_samples)]
@@ -223,9 +215,6 @@ class LiveTiers(ArmRunner):
 
     def _consumer_groups(self) -> dict[str, tuple[str, list[str]]]:
         """Each service's consumer group and the topics it reads, every group started at the topics' end."""
-        from strata.bus import topics
-        from strata.bus.admin import start_group_at_end
-
         # Consumer groups of this run only, started at the end of their topics: what an earlier run (or
         # another bench on the same Kafka) left there is never rolled out or folded in again.
         groups = {
@@ -276,8 +265,6 @@ class LiveTiers(ArmRunner):
                processes: dict[str, subprocess.Popen]) -> None:
         """Start each service on a free gRPC port, logging to ``logs``. Each goes into ``processes`` as it
         starts, so that the caller's ``finally`` stops those running when a later one fails to start."""
-        from strata_tools.infra.process import free_port
-
         common = self._common_env()
         for name, (module, argv, env) in specs.items():
             port = self.ports[name] = free_port(avoid=set(self.ports.values()))
@@ -289,8 +276,6 @@ class LiveTiers(ArmRunner):
     @staticmethod
     def _await_healthy(processes: dict[str, subprocess.Popen], ports: dict[str, int], logs: Path) -> None:
         """Return once every service answers its health check; raise if one exits or 300 s pass."""
-        from strata_tools.stack.control import health
-
         deadline = time.monotonic() + 300
         pending = dict(ports)
         while pending:

@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from strata_tools.intervals import Interval, cluster_bootstrap, cluster_bootstraps
+from strata_tools.rm.onpolicy import detection_auc
 from strata_tools.tiering import tier_eval
 from strata_tools.tiering.answers import Answers, baseline_figures, live_figures
 from strata_tools.tiering.tier_eval import Answer, ArmFigures, PromptOutcome
@@ -74,8 +75,6 @@ def escalation_auc(replay: Sequence[PromptOutcome], bad_threshold: float) -> flo
     """How well the light RM's reward, the signal the served threshold escalates on, finds the bad Level-1
     answers (oracle under ``bad_threshold``): the probability a bad answer scores under a good one (ties
     half; a prompt's answers averaged, as the replay keeps them); None without both kinds."""
-    from strata_tools.rm.onpolicy import detection_auc
-
     answered = [o.level1 for o in replay if o.level1 is not None and not o.risk]
     auc = detection_auc([a.rm for a in answered], [a.oracle < bad_threshold for a in answered])
     return None if math.isnan(auc) else auc

@@ -50,6 +50,7 @@ from strata.models.loading import ZOO_INFO_FILE, load_causal_lm, load_reward_mod
 from strata.models.pretrained import trunk_dir
 from strata.models.reward import save_rm_tokenizer
 from strata.models.training import ModelShape, TrainConfig
+from strata_tools.rm.distill import DistillConfig, train_light
 from strata_tools.rm.recipe import (
     STUDENT_INIT_DIR,
     StrongRecipe,
@@ -365,8 +366,6 @@ class ZooBuilder:
     def _rm_light(self, out: Path) -> dict[str, Any]:
         """The light RM, distilled from the strong RM (R6): its student init fitted to its bin
         distributions by KL on RM pairs and prompt swaps that the strong RM labels."""
-        from strata_tools.rm.distill import DistillConfig, train_light
-
         cfg = self.cfg
         teacher = load_reward_model(self.paths.rm_strong, device="cpu")
         # The teacher before growth (its student init), or the teacher itself when it did not grow; with

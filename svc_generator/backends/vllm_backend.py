@@ -32,6 +32,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoConfig, GenerationConfig
+
 from strata.models.loading import ModelLoadError, _load_tokenizer, check_model_dir, params_on_disk, resolve_dtype
 from strata.models.prompts import PromptFormat, stop_token_ids
 from strata.models.tokens import tokenizer_id
@@ -55,8 +58,6 @@ def claim_cuda_device(spec: str) -> str:
 
     Call it before anything in the process touches CUDA: the visible GPUs are read once.
     """
-    import torch
-
     spec = spec.strip().lower()
     if spec == "cpu":
         raise ModelLoadError("device 'cpu': the vllm backend runs on a CUDA GPU only; use --backend hf on the CPU, "
@@ -110,8 +111,6 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 def generation_config(model_dir: Path) -> Any:
     """The generation config ``from_pretrained`` would give the model: its file, else from config.json."""
-    from transformers import AutoConfig, GenerationConfig
-
     if (model_dir / "generation_config.json").is_file():
         return GenerationConfig.from_pretrained(model_dir, local_files_only=True)
     return GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_dir, local_files_only=True))
@@ -124,8 +123,6 @@ def _shape_config(model_dir: Path) -> dict[str, Any]:
 
 def _vllm_dtype(spec: str) -> str:
     """The dtype the HF backend would pick on a GPU (``auto``: bfloat16 where supported), as vLLM names it."""
-    import torch
-
     return str(resolve_dtype(spec, torch.device("cuda"))).removeprefix("torch.")
 
 
@@ -211,8 +208,6 @@ class VllmBackend:
             raise
 
     def _drop_engine(self) -> None:
-        import torch
-
         self._llm = None
         gc.collect()
         if torch.cuda.is_available():

@@ -47,8 +47,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
+
+from strata import rpc
+from strata.bus.admin import consumer_lags
+from strata.config import StrataSettings
+from strata.errors import CliError
+from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.bench.chaos.faults import Fault, FaultRecord, Injector, cluster_schedule, schedule
 from strata_tools.bench.chaos.outcomes import Outcomes, Stream, doubled_batches, report, rhythm, stalls, tally
+from strata_tools.bench.infra import bench_infra
+from strata_tools.infra.process import free_port
+from strata_tools.stack.control import health
+from strata_tools.stack.spec import ServiceSpec
+from strata_tools.stack.supervisor import Supervisor
+from strata_tools.zoo.suite import load_suite
 
 __all__ = ["add_arguments", "run"]
 
@@ -77,9 +90,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.config import StrataSettings
-    from strata.errors import CliError
-    from strata_tools.bench.infra import bench_infra
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     if args.pace <= 0 or args.spacing <= 0:
@@ -95,9 +105,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _specs(infra: Any, zoo_preset: str, checkpoints: Path, learner_batch: int) -> list[Any]:
-    from strata_tools.infra.process import free_port
-    from strata_tools.stack.spec import ServiceSpec
-
     common = {"STRATA_KAFKA_BOOTSTRAP": infra.kafka_address, "STRATA_REDIS_URL": infra.redis_address,
               "STRATA_STATE_DIR": str(infra.state_dir), "STRATA_ZOO_PRESET": zoo_preset, "STRATA_DEVICE": "cpu",
               "STRATA_LOG_LEVEL": "INFO", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -123,9 +130,6 @@ def _specs(infra: Any, zoo_preset: str, checkpoints: Path, learner_batch: int) -
 
 @contextmanager
 def _supervised(specs: Sequence[Any], state_dir: Path, health_grace_s: float) -> Iterator[Any]:
-    from strata_tools.stack.control import health
-    from strata_tools.stack.supervisor import Supervisor
-
     supervisor = Supervisor(list(specs), state_dir, grace_s=20.0, health_interval_s=3.0,
                             health_grace_s=health_grace_s, health_timeout_s=3.0, health_failures_to_kill=3)
     thread = threading.Thread(target=supervisor.run, name="supervisor", daemon=True)
@@ -146,12 +150,6 @@ def _supervised(specs: Sequence[Any], state_dir: Path, health_grace_s: float) ->
 
 def _submit_stream(address: str, prompts: Sequence[str], run_id: str, pace_s: float, accept_timeout_s: float,
                    stream: Stream, stop: threading.Event) -> None:
-    import grpc
-
-    from strata import rpc
-    from strata.config import StrataSettings
-    from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
-
     retry = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
     channel = rpc.channel(address, StrataSettings())
@@ -190,8 +188,6 @@ def _say(line: str) -> None:
 
 
 def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
-    from strata.bus.admin import consumer_lags
-
     # The clients of this process see every restart of Kafka; the fault log says what happened.
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
     logging.getLogger("strata.supervisor").setLevel(logging.WARNING)
@@ -246,8 +242,6 @@ def _run(args: argparse.Namespace, infra: Any, zoo: Any, run_id: str) -> int:
 
 def _prompts(seed: int, n: int) -> list[str]:
     """``n`` eval prompts (all of them if fewer), drawn by ``seed``."""
-    from strata_tools.zoo.suite import load_suite
-
     records = load_suite("eval")
     rng = random.Random(seed)
     return [r.text for r in rng.sample(records, min(len(records), n))]

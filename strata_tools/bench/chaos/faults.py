@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
+from kafka import KafkaAdminClient
+
 from strata import redis_client
+from strata.bus import Publisher, topics
+from strata.bus.security import kafka_connection
+from strata.v1 import common_pb2, events_pb2
+from strata_tools.infra import kafka_broker, redis_server
+from strata_tools.stack.control import health
+from strata_tools.stack.supervisor import state_file
 
 SERVICES = ("scheduler", "probe", "generator-l1", "generator-l2", "reward", "learner")
 POISONS = ("undecodable-prompt", "nan-reward", "forged-policy", "missing-content")
@@ -64,8 +73,6 @@ class FaultRecord:
 
 
 def _pids(state_dir: Path) -> dict[str, int | None]:
-    from strata_tools.stack.supervisor import state_file
-
     services = json.loads(state_file(state_dir).read_text())["services"]
     return {name: state.get("pid") for name, state in services.items()}
 
@@ -75,8 +82,6 @@ class Injector:
 
     def __init__(self, infra: Any, specs: Sequence[Any], state_dir: Path, checkpoints: Path, pause_ms: int,
                  run_id: str) -> None:
-        from strata.bus import Publisher
-
         self.infra, self.state_dir, self.checkpoints, self.pause_ms = infra, state_dir, checkpoints, pause_ms
         self.ports = {s.name: s.port for s in specs}
         self.run_id = run_id
@@ -85,8 +90,6 @@ class Injector:
         self._killed_redis: Any = None
 
     def publisher(self) -> Any:
-        from strata.bus import Publisher
-
         if self._publisher is None:
             self._publisher = Publisher(self.infra, client_id="chaos-poison")
         return self._publisher
@@ -107,14 +110,10 @@ class Injector:
             record.note = f"pid {pid}"
             record.recovered_s = self._until(lambda: self._new_pid_serving(fault.target, pid), 600) - started
         elif fault.kind == "kafka-restart":
-            from strata_tools.infra import kafka_broker
-
             kafka_broker.stop(self.infra)
             kafka_broker.start(self.infra)
             record.recovered_s = time.monotonic() - started
         elif fault.kind == "redis-restart":
-            from strata_tools.infra import redis_server
-
             redis_server.stop(self.infra)
             redis_server.start(self.infra)
             record.recovered_s = time.monotonic() - started
@@ -137,8 +136,6 @@ class Injector:
         """Kill or restart the leader broker or the Redis primary; ``recovered_s``: until the cluster
         serves again (every partition led by a live broker; a primary that takes writes; the
         restarted node back in sync)."""
-        from strata_tools.infra import kafka_broker, redis_server
-
         kind = record.fault.kind
         if kind == "broker-kill":
             node, led = _busiest_leader(self.infra)
@@ -168,8 +165,6 @@ class Injector:
             record.note = "nothing to restart"
 
     def _new_pid_serving(self, name: str, old_pid: int) -> bool:
-        from strata_tools.stack.control import health
-
         pid = _pids(self.state_dir).get(name)
         return pid is not None and pid != old_pid and health(self.ports[name])
 
@@ -181,9 +176,6 @@ class Injector:
         return time.monotonic()
 
     def _poison(self, kind: str) -> str:
-        from strata.bus import topics
-        from strata.v1 import common_pb2, events_pb2
-
         tag = f"poison-{self.run_id}-{kind}"
         fake = uuid.uuid4().hex * 2  # a sha256-shaped hash no content has
         publisher = self.publisher()
@@ -205,11 +197,6 @@ class Injector:
 
 
 def _strata_partitions(infra: Any) -> list[dict]:
-    from kafka import KafkaAdminClient
-
-    from strata.bus import topics
-    from strata.bus.security import kafka_connection
-
     admin = KafkaAdminClient(**kafka_connection(infra), client_id="chaos-cluster", request_timeout_ms=5000)
     try:
         return [p for t in admin.describe_topics([t.name for t in topics.ALL_TOPICS]) for p in t["partitions"]]
@@ -239,10 +226,6 @@ def _in_sync(infra: Any, node: int) -> bool:
 
 def _primary_writable(infra: Any, old_port: int) -> bool:
     """A write through the Sentinels lands on a primary other than the killed one."""
-    import redis
-
-    from strata_tools.infra import redis_server
-
     if redis_server.current_primary_port(infra) in (None, old_port):
         return False
     try:
@@ -256,10 +239,6 @@ def _primary_writable(infra: Any, old_port: int) -> bool:
 
 
 def _replica_linked(infra: Any, node: Any) -> bool:
-    import redis
-
-    from strata_tools.infra import redis_server
-
     try:
         client = redis_client.connect(redis_server.node_url(infra, node), socket_timeout=2)
         try:

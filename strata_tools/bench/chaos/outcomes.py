@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from strata.bus import topics
+from strata.bus.tail import TailReader
 from strata_tools.bench.chaos.faults import FaultRecord
 
 
@@ -110,9 +112,6 @@ class Outcomes:
         self.dead_letters: Counter = Counter()  # DLQ topic -> records
 
     def read(self) -> None:
-        from strata.bus import topics
-        from strata.bus.tail import TailReader
-
         watched = [topics.REWARDS_SCORED, topics.PROMPTS_LEVEL0, topics.PROMPTS_LEVEL1, topics.PROMPTS_LEVEL2,
                    topics.ROLLOUTS_GENERATED, topics.POLICY_UPDATED]
         dlqs = {t.dlq for t in watched}

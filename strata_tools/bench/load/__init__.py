@@ -70,6 +70,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from strata import redis_client, rpc
+from strata.bus.admin import LagReader
+from strata.config import StrataSettings
+from strata.errors import CliError
+from strata.v1 import scheduler_pb2_grpc
+from strata_tools.bench.infra import bench_infra
 from strata_tools.bench.load.client import OpenLoopClient, grpc_submitter, send_offsets
 from strata_tools.bench.load.figures import MIXES
 from strata_tools.bench.load.phases import (
@@ -84,6 +90,9 @@ from strata_tools.bench.load.phases import (
     steps_and_overload,
 )
 from strata_tools.bench.load.stack import Finals, Monitor, run_groups, service_pids, stack_reader
+from strata_tools.tiering.arms import LiveTiers
+from strata_tools.train import CPU_LEARNER_ARGS
+from strata_tools.zoo.suite import load_suite
 
 WARMUP_TIMEOUT_S = 1800.0
 
@@ -131,8 +140,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> Plan:
     """The plan the flags describe; CliError naming the flag that is wrong."""
-    from strata.errors import CliError
-
     try:
         rates = [float(r) for r in args.rates.split(",") if r.strip()]
     except ValueError as exc:
@@ -168,10 +175,7 @@ def scheduler_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.config import StrataSettings
-    from strata_tools.bench.infra import bench_infra
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
-    from strata_tools.zoo.suite import load_suite
 
     plan = check_arguments(args)
     pools = split_pools(load_suite("train"), args.warmup_families, args.seed)
@@ -187,8 +191,6 @@ def _check_fresh_enough(args: argparse.Namespace, plan: Plan, pools: Pools) -> N
     """Refuse before starting anything when the fresh prompts could run out: the fresh mix's every step (the
     most it can take), then the overload at twice the highest rate (fresh prompts whatever the mixes),
     counted with the seeds the phases send with."""
-    from strata.errors import CliError
-
     if args.soak:
         return
     poisson = args.arrivals == "poisson"
@@ -201,12 +203,6 @@ def _check_fresh_enough(args: argparse.Namespace, plan: Plan, pools: Pools) -> N
 
 
 def _run(args: argparse.Namespace, plan: Plan, pools: Pools, infra: Any, zoo: Any, run_id: str) -> int:
-    from strata import redis_client, rpc
-    from strata.bus.admin import LagReader
-    from strata.v1 import scheduler_pb2_grpc
-    from strata_tools.tiering.arms import LiveTiers
-    from strata_tools.train import CPU_LEARNER_ARGS
-
     print(f"load bench: {args.zoo} zoo, open-loop Submit ({args.arrivals} arrivals, one sample each), "
           f"final-reward p99 bound {args.p99_bound_ms:g} ms, deadline {args.final_deadline:g} s", flush=True)
     print(f"  the door sheds past {args.shed_wait_s:g} s of queued work in a tier with at least "

@@ -11,7 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+
 from strata.rpc import RETRY_PUSHBACK_KEY
+from strata.v1 import common_pb2, scheduler_pb2
 
 _RETRY_IN = re.compile(r"retry in (\d+(?:\.\d+)?) ?s")
 
@@ -87,10 +90,6 @@ def retry_hint_s(metadata: Sequence[tuple[str, Any]], details: str) -> float | N
 
 def grpc_submitter(stub: Any, timeout_s: float) -> Submitter:
     """Submit one prompt with one sample through ``stub`` (a SchedulerStub); a refusal becomes its code."""
-    import grpc
-
-    from strata.v1 import common_pb2, scheduler_pb2
-
     def submit(request_id: str, prompt: str) -> Reply:
         request = scheduler_pb2.SubmitRequest(prompt=prompt, n_samples=1, request_id=request_id)
         try:

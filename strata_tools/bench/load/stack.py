@@ -12,8 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from strata.bus import topics
+from strata.bus.tail import TailReader
 from strata_tools.bench.load.client import Call
 from strata_tools.bench.load.figures import Sample
+from strata_tools.infra.process import process_cmdline
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +31,6 @@ class Finals:
     ``strata.rewards.scored`` by a thread of its own from the end of the topic at construction."""
 
     def __init__(self, settings: Any, prefix: str) -> None:
-        from strata.bus import topics
-        from strata.bus.tail import TailReader
-
         self._reader = TailReader(settings, [topics.REWARDS_SCORED], client_id=f"load-{uuid.uuid4().hex[:6]}")
         self._reader.seek_to_end()
         self._prefix = prefix
@@ -96,8 +96,6 @@ def rss_bytes(pid: int) -> int:
 def service_pids(ports: Mapping[str, int], parent: int) -> dict[str, int]:
     """The pid of each service ``parent`` started, by name, found by the ``--grpc-port`` on its command line
     (LiveTiers keeps its processes to itself)."""
-    from strata_tools.infra.process import process_cmdline
-
     by_port = {f"--grpc-port {port} ": name for name, port in ports.items()}
     found = {}
     for entry in Path("/proc").iterdir():

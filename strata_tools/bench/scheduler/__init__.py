@@ -83,6 +83,8 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from strata.errors import CliError
+from strata_tools.bench.infra import bench_infra
 from strata_tools.bench.scheduler.common import SIDE_RUNS, CachedEncoder, checked_redis, quiet_logger, side_run
 from strata_tools.bench.scheduler.encoders import run_tuned
 from strata_tools.bench.scheduler.latency import print_latency, run_latency, run_latency_only, suite_recall
@@ -97,6 +99,7 @@ from strata_tools.bench.scheduler.report import (
     print_tuned,
 )
 from strata_tools.bench.scheduler.stream import RuleResult, make_stream, run_routing
+from strata_tools.zoo.suite import load_suite
 
 if TYPE_CHECKING:
     import redis
@@ -151,7 +154,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.errors import CliError
     from svc_scheduler.config import SchedulerSettings
 
     if args.batch < 1 or args.n_samples < 1 or args.passes < 1 or args.policy_step_every < 0 or args.live_passes < 0:
@@ -164,7 +166,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.batch > settings.max_batch_size:
         raise CliError(f"--batch {args.batch} is over the scheduler's max_batch_size {settings.max_batch_size}")
-    from strata_tools.bench.infra import bench_infra
 
     with bench_infra(settings, run_id, "scheduler") as settings:
         if args.latency_only:
@@ -173,7 +174,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, settings: SchedulerSettings, run_id: str) -> int:
-    from strata_tools.zoo.suite import load_suite
     from svc_scheduler.encoder import Encoder
 
     client = checked_redis(settings)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from strata.errors import CliError
+
 if TYPE_CHECKING:
     import redis
 
@@ -26,8 +28,6 @@ OFFSET_POLL_S = 0.02  # interval between reads of the statistics group's committ
 
 def wait_for_stats(lag: GroupLag, timeout_s: float, running: RunningService | None = None) -> None:
     """Until the statistics worker's group has folded in everything published so far."""
-    from strata.errors import CliError
-
     def check() -> None:
         if running is not None and running.failures:
             raise CliError(f"the scheduler service failed: {running.failures[0]!r}")
@@ -111,7 +111,6 @@ def side_run(settings: SchedulerSettings, side: str, **changes: object) -> Sched
 
 def checked_redis(settings: SchedulerSettings) -> redis.Redis:
     """The bench's Redis client (a long timeout: a shared 2-core machine stalls), or a CliError."""
-    from strata.errors import CliError
     from svc_scheduler.store import connect
 
     client = connect(settings.model_copy(update={"redis_timeout_s": 30.0}))

@@ -7,6 +7,8 @@ floor, and with both again from the policy version the main run ended at (``Tune
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,13 @@ from typing import TYPE_CHECKING
 from strata.hashing import content_hash
 from strata_tools.bench.scheduler.common import CachedEncoder, side_run
 from strata_tools.bench.scheduler.stream import RuleResult, make_stream, run_routing, submit_calls
+from strata_tools.encoder.finetune import (
+    FinetuneConfig,
+    describe,
+    finetune_encoder,
+    history_from_redis,
+    serving_floor,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -41,9 +50,6 @@ def run_tuned(args: argparse.Namespace, settings: SchedulerSettings, client: red
               records: Sequence[PromptRecord], base_encoder: CachedEncoder) -> TunedRun:
     """Fine-tune on the main run's history (or load ``--compare-encoder DIR``), then route with it: the same
     stream, the off-the-shelf encoder at its floor, and both encoders again from the policy the run ended at."""
-    import dataclasses
-    import tempfile
-
     from svc_scheduler.__main__ import with_card_thresholds
     from svc_scheduler.encoder import Encoder
 
@@ -82,16 +88,6 @@ def run_tuned(args: argparse.Namespace, settings: SchedulerSettings, client: red
 def _tuned_encoder_path(args: argparse.Namespace, settings: SchedulerSettings, client: redis.Redis,
                         records: Sequence[PromptRecord], folder: Path) -> tuple[str, FinetuneResult | None]:
     """``--compare-encoder DIR``, or an encoder fine-tuned on the main run's history (families held out)."""
-    import dataclasses
-
-    from strata_tools.encoder.finetune import (
-        FinetuneConfig,
-        describe,
-        finetune_encoder,
-        history_from_redis,
-        serving_floor,
-    )
-
     if args.compare_encoder != "finetune":
         return args.compare_encoder, None
     family_of = {content_hash(r.text): str(r.family) for r in records}

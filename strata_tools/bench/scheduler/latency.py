@@ -20,6 +20,7 @@ import numpy as np
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
 from strata_tools.bench.scheduler.common import CachedEncoder, checked_redis, quiet_logger
+from strata_tools.zoo.suite import load_suite
 
 if TYPE_CHECKING:
     import redis
@@ -99,8 +100,6 @@ def _rss_mb() -> float:
 def run_latency(args: argparse.Namespace, settings: SchedulerSettings, encoder: Encoder,
                 client: redis.Redis) -> list[LatencyRow]:
     """One row per ``--latency-sizes`` size, each printed as it is measured."""
-    from strata_tools.zoo.suite import load_suite
-
     rng = np.random.default_rng(args.seed)
     centres = rng.normal(size=(max(100, 2000), encoder.dim)).astype(np.float32)
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
@@ -201,7 +200,6 @@ def _time_repeats(engine: SchedulerEngine, prompts: Sequence[str]) -> list[float
 
 def suite_recall(settings: SchedulerSettings, encoder: CachedEncoder) -> float:
     """HNSW (the default parameters) against exact search over the suite's own embeddings."""
-    from strata_tools.zoo.suite import load_suite
     from svc_scheduler.index import PromptIndex
 
     texts = [r.text for r in load_suite()]

@@ -19,11 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from strata import rpc
-from strata.v1 import common_pb2
+from strata.bus import topics
+from strata.bus.admin import GroupLag
+from strata.v1 import common_pb2, learner_pb2, learner_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.bench.scheduler.common import AUDITED, SYNC_TIMEOUT_S, rule_of, wait_for_stats
+from strata_tools.tiering.arms import LiveTiers
+from strata_tools.train import CPU_LEARNER_ARGS
 
 if TYPE_CHECKING:
-    from strata.v1 import scheduler_pb2
     from strata.v1.learner_pb2 import LearnerStatus
     from strata_tools.zoo.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
@@ -106,11 +109,6 @@ def run_live(args: argparse.Namespace, settings: SchedulerSettings, run_id: str,
     """``stream`` through the real services (each its own process, the ``--live-zoo`` models), batch
     by batch: each batch's rewards are folded into the scheduler's statistics before the next."""
 
-    from strata.bus import topics
-    from strata.bus.admin import GroupLag
-    from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
-    from strata_tools.tiering.arms import LiveTiers
-    from strata_tools.train import CPU_LEARNER_ARGS
     from strata_tools.zoo.build import ZooSettings, ensure_zoo
 
     zoo = ensure_zoo(ZooSettings(cache_dir=settings.cache_dir, zoo_preset=args.live_zoo))
@@ -180,7 +178,5 @@ def _live_result(zoo: str, submitted: int, skipped: int, level2: int, stats: sch
 
 def _learner_status(port: int) -> LearnerStatus:
     """The live learner's status: the policy version it has published (0: none yet), samples taken, dropped."""
-    from strata.v1 import learner_pb2, learner_pb2_grpc
-
     with rpc.channel(f"127.0.0.1:{port}") as channel:
         return learner_pb2_grpc.LearnerStub(channel).Status(learner_pb2.LearnerStatusRequest(), timeout=30)

@@ -18,6 +18,7 @@ from strata_tools.bench.scheduler.encoders import TunedRun
 from strata_tools.bench.scheduler.latency import LatencyRow, latency_fields
 from strata_tools.bench.scheduler.live import LiveResult, live_passes
 from strata_tools.bench.scheduler.stream import RuleResult
+from strata_tools.bench.simulated_tier import EXPECTED_SAMPLES
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
 
 if TYPE_CHECKING:
@@ -42,8 +43,6 @@ class Measured:
 
 def print_rules(measured: Measured) -> None:
     """The three rules' table, the knn decisions by the rule that made them and each skip rule's error."""
-    from strata_tools.bench.simulated_tier import EXPECTED_SAMPLES
-
     knn = measured.knn
     print()
     print(f"{'rule':<34} {'submitted':>9} {'rollouts':>9} {'trigger':>8} {'level-2':>8} {'skipped':>8} "

@@ -15,23 +15,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import grpc
 import numpy as np
 
 from strata import rpc
+from strata.bus import Publisher, topics
+from strata.bus.admin import GroupLag, delete_groups, start_group_at_end
+from strata.errors import CliError
 from strata.hashing import content_hash
-from strata.v1 import common_pb2
+from strata.service import start_service, stop_service
+from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.bench.reuse_ceiling import CeilingResult, ReuseHistory
 from strata_tools.bench.scheduler.common import OWN_HISTORY, SYNC_TIMEOUT_S, CachedEncoder, rule_of, wait_for_stats
+from strata_tools.bench.simulated_tier import SimulatedPolicy, SimulatedRolloutTier
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
 
 if TYPE_CHECKING:
-    import grpc
-
-    from strata.bus import Publisher
-    from strata.bus.admin import GroupLag
     from strata.service import RunningService, ServiceParts
-    from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
-    from strata_tools.bench.simulated_tier import SimulatedPolicy, SimulatedRolloutTier
     from strata_tools.zoo.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.engine import SchedulerEngine
@@ -113,11 +113,6 @@ class _RoutingRig:
 def _start_routing(args: argparse.Namespace, settings: SchedulerSettings, encoder: CachedEncoder, run_id: str,
                    records: Sequence[PromptRecord]) -> _RoutingRig:
     """The scheduler service, its statistics group and the simulated tier, started on fresh consumer groups."""
-    from strata.bus import Publisher, topics
-    from strata.bus.admin import GroupLag, start_group_at_end
-    from strata.service import start_service
-    from strata.v1 import scheduler_pb2_grpc
-    from strata_tools.bench.simulated_tier import SimulatedPolicy, SimulatedRolloutTier
     from svc_scheduler.__main__ import build_parts
 
     policy = SimulatedPolicy(records, args.seed, args.truth_samples)
@@ -145,9 +140,6 @@ def _start_routing(args: argparse.Namespace, settings: SchedulerSettings, encode
 
 def _stop_routing(settings: SchedulerSettings, rig: _RoutingRig) -> None:
     """Stop the tier and the service, then delete the run's consumer groups."""
-    from strata.bus.admin import delete_groups
-    from strata.service import stop_service
-
     rig.stop_tier.set()
     rig.tier_thread.join()
     rig.channel.close()
@@ -244,11 +236,6 @@ def submit_calls(args: argparse.Namespace, submissions: int) -> int:
 def _submit_batch(stub: scheduler_pb2_grpc.SchedulerStub, chunk: Sequence[PromptRecord], request_ids: Sequence[str],
                   n_samples: int) -> Sequence[scheduler_pb2.SubmitBatchResult]:
     """The scheduler's results for one ``SubmitBatch`` call, or a CliError."""
-    import grpc
-
-    from strata.errors import CliError
-    from strata.v1 import scheduler_pb2
-
     request = scheduler_pb2.SubmitBatchRequest(requests=[
         scheduler_pb2.SubmitRequest(prompt=r.text, n_samples=n_samples, request_id=rid)
         for r, rid in zip(chunk, request_ids, strict=True)
@@ -262,7 +249,6 @@ def _submit_batch(stub: scheduler_pb2_grpc.SchedulerStub, chunk: Sequence[Prompt
 def _record_submission(tally: _Tally, settings: SchedulerSettings, policy: SimulatedPolicy, record: PromptRecord,
                        rid: str, result: scheduler_pb2.SubmitBatchResult, n_samples: int, anatomy: bool) -> bool:
     """Count one submission under every rule; True when the scheduler routed it to the tier."""
-    from strata.errors import CliError
     from svc_scheduler.routing import detect_risk
 
     if result.WhichOneof("result") == "error":
