@@ -185,24 +185,51 @@ class LiveTiers(ArmRunner):
         self.reward_env = reward_env or {}
         self.learner_args = None if learner_args is None else list(learner_args)
         self.checkpoint_dir = Path(settings.state_dir) / "bench" / run_id / "checkpoints"
+        # While started, by service name: gRPC port, process id and consumer group (what benches watch).
         self.ports: dict[str, int] = {}
+        self.pids: dict[str, int] = {}
+        self.consumer_groups: dict[str, str] = {}
+        self._specs: dict[str, _ServiceSpec] = {}
+        self._processes: dict[str, subprocess.Popen] = {}
+        self._logs = Path(settings.state_dir) / "logs"
 
     @contextmanager
     def started(self) -> Iterator[LiveTiers]:
         """Each service in its own process, as deployed: on a shared CPU, device-seconds are each
         process's CPU seconds (``strata.devicetime``), which one process per service keeps apart."""
-        specs = self._service_specs(self._consumer_groups())
-        logs = self.settings.state_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        self.ports = {}
-        processes: dict[str, subprocess.Popen] = {}
+        groups = self._consumer_groups()
+        self.consumer_groups = {name: group for name, (group, _) in groups.items()}
+        self._specs = self._service_specs(groups)
+        self._logs.mkdir(parents=True, exist_ok=True)
+        self.ports, self._processes = {}, {}
         try:
-            self._spawn(specs, logs, processes)
-            self._await_healthy(processes, self.ports, logs)
+            self._spawn(self._specs, self._logs, self._processes)
+            self._await_healthy(self._processes, self.ports, self._logs)
+            self.pids = {name: process.pid for name, process in self._processes.items()}
             self.scheduler_address = f"127.0.0.1:{self.ports['scheduler']}"
             yield self
         finally:
-            self._stop_processes(processes)
+            self._stop_processes(self._processes)
+            self.pids = {}
+
+    def restart(self, name: str) -> float:
+        """Kill service ``name`` (SIGKILL: a crash, nothing flushed) and start it again on its port, with its
+        group and settings; return the seconds until it answered its health check again. Its uncommitted
+        events are redelivered to the new process (at-least-once; handlers are idempotent by hash)."""
+        if name not in self._processes:
+            raise KeyError(f"no service {name!r} running; running: {', '.join(self._processes)}")
+        started = time.monotonic()
+        old = self._processes[name]
+        old.kill()
+        old.wait(timeout=30)
+        module, argv, env = self._specs[name]
+        with open(self._logs / f"{name}.log", "ab") as out:  # the crash and the restart in one log
+            self._processes[name] = subprocess.Popen(
+                [sys.executable, "-m", module, "--grpc-port", str(self.ports[name]), *argv],
+                env={**os.environ, **self._common_env(), **env}, stdout=out, stderr=subprocess.STDOUT)
+        self._await_healthy(self._processes, {name: self.ports[name]}, self._logs)
+        self.pids[name] = self._processes[name].pid
+        return time.monotonic() - started
 
     def _common_env(self) -> dict[str, str]:
         """The environment every service gets: this run's Kafka, Redis and state dir, on the CPU."""

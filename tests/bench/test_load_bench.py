@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import random
 import subprocess
@@ -48,8 +49,16 @@ from strata_tools.bench.load.figures import (
     step_figures,
     within_bound,
 )
-from strata_tools.bench.load.phases import WARMUP_PROMPTS_PER_FAMILY, Plan, Pools, skip_prompts, split_pools
-from strata_tools.bench.load.stack import cpu_seconds, rss_bytes, run_groups, service_pids, stack_reader
+from strata_tools.bench.load.phases import (
+    WARMUP_PROMPTS_PER_FAMILY,
+    HeldFigures,
+    Plan,
+    Pools,
+    held_figures,
+    skip_prompts,
+    split_pools,
+)
+from strata_tools.bench.load.stack import cpu_seconds, open_fds, rss_bytes, stack_reader, thread_count
 
 # -- scripted schedulers, in process ------------------------------------------------------------------------
 
@@ -354,17 +363,23 @@ def test_good_arguments_give_the_rates_in_order() -> None:
     assert load.check_arguments(_args(rates="4, 1,2,2")) == Plan([1.0, 2.0, 4.0], ["skip", "fresh"])
 
 
-def test_the_services_are_found_among_the_children_by_their_grpc_port() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "--grpc-port", "54321"],
-                             stdin=subprocess.PIPE)
+def test_a_process_is_read_while_it_runs_and_reads_zero_once_gone() -> None:
+    code = ("import sys, threading; files = [open(sys.executable, 'rb') for _ in range(5)]; "
+            "threading.Thread(target=sys.stdin.read, daemon=True).start(); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        found = service_pids({"reward": 54321, "probe": 5432}, os.getpid())
-        assert found == {"reward": child.pid}
+        # Each reading is of the live process: its memory, its threads, the five files it opened.
+        deadline = time.monotonic() + 30
+        while thread_count(child.pid) < 2:
+            assert time.monotonic() < deadline, "the child's second thread never started"
+            time.sleep(0.01)  # poll interval of a real condition
         assert rss_bytes(child.pid) > 1_000_000
+        assert open_fds(child.pid) >= 3 + 5  # stdin, stdout, stderr and the five
     finally:
         child.communicate(timeout=30)  # closing its stdin ends it
     assert cpu_seconds(os.getpid()) > 0
-    assert rss_bytes(child.pid) == 0 and cpu_seconds(child.pid) == 0.0  # gone
+    gone = child.pid
+    assert (rss_bytes(gone), cpu_seconds(gone), thread_count(gone), open_fds(gone)) == (0, 0.0, 0, 0)
 
 
 def test_the_shedding_flags_reach_the_schedulers_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -398,16 +413,35 @@ class ScriptedLags:
 
 
 def test_the_monitor_reads_lag_through_the_one_reader_of_the_run() -> None:
-    admin = SimpleNamespace(list_groups=lambda: [{"group_id": g} for g in
-                                                ("bench-r1-probe", "bench-r1-l1", "bench-r2-probe", "svc-reward")])
-    groups = run_groups(admin, "r1")
-    assert groups == {"generator-l1": "bench-r1-l1", "probe": "bench-r1-probe"}
+    groups = {"generator-l1": "bench-r1-l1", "probe": "bench-r1-probe"}  # LiveTiers.consumer_groups
     lags = ScriptedLags()
     redis = SimpleNamespace(info=lambda section: {"used_memory": 4096})
-    read = stack_reader(lags, groups, {"self": os.getpid()}, redis)
-    first, second = read(), read()
+    pids = {"self": os.getpid()}  # LiveTiers.pids: the reader sees a restart's new pid
+    read = stack_reader(lags, groups, pids, redis)
+    first = read()
+    pids["self"] = 2**22 + 1  # above Linux's pid_max: a process that does not exist
+    second = read()
     assert first.lags == {"generator-l1": 5, "probe": 1} and second.lags["probe"] == 2  # summed over topics
-    assert lags.reads == 2 and first.redis_bytes == 4096 and first.rss_bytes["self"] > 0
+    assert lags.reads == 2 and first.redis_bytes == 4096
+    assert first.rss_bytes["self"] > 0 and first.threads["self"] >= 1 and first.fds["self"] >= 3
+    assert (second.rss_bytes["self"], second.threads["self"], second.fds["self"]) == (0, 0, 0)
+
+
+def test_what_a_soak_held_is_the_worst_service_against_its_own_start() -> None:
+    start = Sample(0.0, {}, {"a": 100, "b": 200}, 1000, fds={"a": 10, "b": 20}, threads={"a": 4, "b": 8})
+    end = Sample(9.0, {}, {"a": 110, "b": 300}, 1500, fds={"a": 12, "b": 21}, threads={"a": 4, "b": 11})
+    held = held_figures(start, end, ["a", "b"])
+    assert held == HeldFigures(rss_growth=0.5, redis_growth=0.5, threads_added=3, fds_added=2)
+    # The restarted service is left out: its new process starts small, and would hide or fake a leak.
+    assert held_figures(start, end, ["a"]) == HeldFigures(pytest.approx(0.1), 0.5, 0, 2)
+    missing = held_figures(None, end, ["a"])
+    assert math.isnan(missing.rss_growth) and missing.threads_added == -1
+
+
+def test_a_restart_is_only_a_soaks() -> None:
+    with pytest.raises(CliError, match="--soak"):
+        load.check_arguments(_args(restart="generator-l1"))
+    load.check_arguments(_args(restart="generator-l1", soak=60.0))
 
 
 def test_the_fresh_pool_is_checked_against_the_schedules_the_phases_send() -> None:

@@ -52,10 +52,13 @@ is 1 when something accepted was lost or doubled, a refusal had another code, or
 ``--soak SECONDS`` replaces the steps and the overload: the learner runs too (training the zoo's policy
 on the soak's rewards, its checkpoints followed by the Level-1 generator, as in training), and after the
 warm-up the skip mix goes at ``--soak-rate`` for that long, ending with ``soak seconds= accepted= lost=
-doubled= rss_growth= redis_growth=`` (growth from the start to the end as a fraction of the start: the
-largest over the services for RSS).
+doubled= rss_growth= redis_growth= threads_added= fds_added=`` (growth from the start to the end: as a
+fraction of the start for memory, the largest over the services for RSS; the most threads and open file
+descriptors any service gained). ``--restart SERVICE`` kills that service (SIGKILL) halfway and starts it
+again on its port and group, adding ``restarted= restart_s=`` (seconds until it answered again); accepted
+requests must still get exactly one final each, and the restarted service is left out of the growth figures.
 
-Not covered yet: the learner during the steps (the policy stays fixed there); a restart under load;
+Not covered yet: the learner during the steps (the policy stays fixed there);
 more than one scheduler replica or client (the per-client Submit rate is
 far above the offered rates); Kafka's own CPU and memory, and Redis' CPU. With ``--shed-wait-s 0`` the
 door never sheds, and overload shows as growing lag and late finals instead of refusals.
@@ -65,7 +68,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -89,12 +91,14 @@ from strata_tools.bench.load.phases import (
     step_seed,
     steps_and_overload,
 )
-from strata_tools.bench.load.stack import Finals, Monitor, run_groups, service_pids, stack_reader
+from strata_tools.bench.load.stack import Finals, Monitor, stack_reader
 from strata_tools.tiering.arms import LiveTiers
 from strata_tools.train import CPU_LEARNER_ARGS
 from strata_tools.zoo.suite import load_suite
 
 WARMUP_TIMEOUT_S = 1800.0
+# Services --restart may crash: every one LiveTiers starts for the soak (the learner trains there).
+RESTARTABLE = ("probe", "generator-l1", "generator-l2", "reward", "scheduler", "learner")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,6 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds at --soak-rate with the skip mix and the learner training, instead of the "
                         "steps (0: no soak)")
     parser.add_argument("--soak-rate", type=float, default=1.0, help="offered rate of the soak, prompts/s")
+    parser.add_argument("--restart", default="", choices=("", *RESTARTABLE),
+                        help="with --soak: kill this service (SIGKILL) halfway and start it again")
     parser.add_argument("--zoo", default="ci", help="zoo preset whose models the tiers serve")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -155,6 +161,8 @@ def check_arguments(args: argparse.Namespace) -> Plan:
             raise CliError(f"--{flag.replace('_', '-')} must be above 0, got {getattr(args, flag):g}")
     if args.soak < 0:
         raise CliError(f"--soak must be 0 (no soak) or seconds above 0, got {args.soak:g}")
+    if args.restart and not args.soak:
+        raise CliError("--restart restarts a service halfway through the soak: give --soak SECONDS too")
     if args.shed_wait_s < 0:
         raise CliError(f"--shed-wait-s must be 0 (never shed) or seconds above 0, got {args.shed_wait_s:g}")
     if args.shed_min_backlog < 1:
@@ -217,13 +225,12 @@ def _run(args: argparse.Namespace, plan: Plan, pools: Pools, infra: Any, zoo: An
         print(f"  warm-up: {len(pools.warmup)} prompts x {WARMUP_SAMPLES} samples ...", flush=True)
         live.run_arm("warm-up", [_Text(t) for t in pools.warmup], "scheduler", WARMUP_TIMEOUT_S,
                      lambda line: print(line, flush=True), n_samples=WARMUP_SAMPLES)
-        pids = service_pids(live.ports, os.getpid())
+        pids, groups = live.pids, live.consumer_groups  # the same dicts: a restart shows in them
         with contextlib.ExitStack() as opened:  # closed in reverse: the client first, Redis last
             redis = redis_client.connect(infra.redis_address, socket_timeout=10)
             opened.callback(redis.close)
             lag_reader = LagReader(infra, client_id="load-lag")  # one for the run, read by the monitor alone
             opened.callback(lag_reader.close)
-            groups = run_groups(lag_reader.admin, run_id)
             channel = opened.enter_context(rpc.channel(live.scheduler_address))
             prefix = f"load-{run_id}"
             finals = Finals(infra, prefix)
@@ -233,7 +240,7 @@ def _run(args: argparse.Namespace, plan: Plan, pools: Pools, infra: Any, zoo: An
             client = OpenLoopClient(grpc_submitter(scheduler_pb2_grpc.SchedulerStub(channel), args.submit_timeout),
                                     args.workers)
             opened.callback(client.close)
-            rig = Rig(client, finals, monitor, pids, prefix, args)
+            rig = Rig(client, finals, monitor, pids, prefix, args, restart=live.restart)
             print(f"  watching consumer groups of {', '.join(groups)}; services {', '.join(pids)}", flush=True)
             return soak(rig, pools) if args.soak else steps_and_overload(rig, plan, pools)
 

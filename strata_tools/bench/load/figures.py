@@ -18,12 +18,15 @@ MIN_ACCEPTED_SHARE = 0.9  # of the requests a step offered, for it to count belo
 
 @dataclass(frozen=True)
 class Sample:
-    """One reading of the stack: lag per service's consumer group, RSS per service, Redis memory."""
+    """One reading of the stack: lag per service's consumer group; RSS, threads and open file descriptors per
+    service; Redis memory."""
 
     at: float  # time.monotonic()
     lags: dict[str, int]
     rss_bytes: dict[str, int]
     redis_bytes: int
+    fds: dict[str, int] = field(default_factory=dict)
+    threads: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import random
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from strata_tools.bench.load.client import Call, OpenLoopClient, send_offsets
 from strata_tools.bench.load.figures import (
+    Sample,
     StepFigures,
     account,
     final_latencies_ms,
@@ -98,9 +100,10 @@ class Rig:
     client: OpenLoopClient
     finals: Finals
     monitor: Monitor
-    pids: dict[str, int]
+    pids: dict[str, int]  # LiveTiers.pids itself: a restarted service's new pid shows here
     prefix: str  # of every request id this run sends
     args: argparse.Namespace
+    restart: Callable[[str], float] | None = None  # LiveTiers.restart: the soak's crash halfway
 
 
 def run_phase(rig: Rig, mix: str, rate: float, duration_s: float, prompts: Iterator[str],
@@ -110,11 +113,14 @@ def run_phase(rig: Rig, mix: str, rate: float, duration_s: float, prompts: Itera
     args = rig.args
     offsets = send_offsets(rate, duration_s, seed, args.arrivals == "poisson")
     before = rig.monitor.last_before(time.monotonic())
-    cpu_before = {s: cpu_seconds(p) for s, p in rig.pids.items()}
+    pids_before = dict(rig.pids)
+    cpu_before = {s: cpu_seconds(p) for s, p in pids_before.items()}
     started = time.monotonic()
     calls = rig.client.run(offsets, requests_of(prompts, f"{rig.prefix}-{mix}-{rate:g}-{seed}"))
     ended = time.monotonic()
-    cpu = {s: (cpu_seconds(p) - cpu_before[s]) / (ended - started) for s, p in rig.pids.items()}
+    # A service restarted meanwhile counts its new process only (the old one's seconds went with it).
+    cpu = {s: (cpu_seconds(p) - (cpu_before[s] if pids_before.get(s) == p else 0.0)) / (ended - started)
+           for s, p in rig.pids.items()}
     drained_s = rig.monitor.wait_drained(args.drain_timeout)
     rig.finals.wait(calls, args.final_deadline)
     finals_ms = final_latencies_ms(calls, rig.finals.arrivals(), args.final_deadline)
@@ -148,22 +154,74 @@ def steps_and_overload(rig: Rig, plan: Plan, pools: Pools) -> int:
 
 
 def soak(rig: Rig, pools: Pools) -> int:
+    """The skip mix at ``--soak-rate`` for ``--soak`` seconds; with ``--restart SERVICE``, that service is killed
+    and started again halfway. Accepted requests must each get one final; the services' RSS, threads and
+    open files and Redis' memory are compared from start to end (the restarted service's are not: it is
+    a new process)."""
     args = rig.args
     print(f"  soak: skip mix at {args.soak_rate:g}/s for {args.soak:g} s ...", flush=True)
     reading_timeout_s = 10 * args.sample_interval + 30  # a reading costs a round of Kafka admin calls
     start = rig.monitor.fresh(reading_timeout_s)
-    calls, figures = run_phase(rig, "soak", args.soak_rate, args.soak, skip_prompts(pools, random.Random(args.seed)),
-                               args.seed)
+    restarts: list[float] = []
+    crash = None
+    if args.restart:
+        if rig.restart is None:
+            raise RuntimeError("--restart needs a stack that can restart its services")
+        restart = rig.restart
+
+        def kill_and_restart() -> None:
+            print(f"  soak: killing {args.restart} halfway (SIGKILL) and starting it again ...", flush=True)
+            restarts.append(restart(args.restart))
+            print(f"  soak: {args.restart} answered again after {restarts[-1]:.1f} s", flush=True)
+
+        crash = threading.Timer(args.soak / 2, kill_and_restart)
+        crash.start()
+    try:
+        calls, figures = run_phase(rig, "soak", args.soak_rate, args.soak,
+                                   skip_prompts(pools, random.Random(args.seed)), args.seed)
+    finally:
+        if crash is not None:
+            crash.cancel()
+            crash.join()
     end = rig.monitor.fresh(reading_timeout_s)
     print_header()
     print_step(figures)
     accounting = account(calls, rig.finals.arrivals(), args.final_deadline)
-    rss_growth = max((growth(start.rss_bytes.get(s, 0), end.rss_bytes.get(s, 0)) for s in rig.pids),
-                     default=float("nan")) if start and end else float("nan")
-    redis_growth = growth(start.redis_bytes, end.redis_bytes) if start and end else float("nan")
+    kept = [s for s in rig.pids if s != args.restart]
+    held = held_figures(start, end, kept)
+    for service in kept:
+        if start and end:
+            print(f"  {service}: rss {start.rss_bytes.get(service, 0) / 2**20:.0f} -> "
+                  f"{end.rss_bytes.get(service, 0) / 2**20:.0f} MB, threads {start.threads.get(service, 0)} -> "
+                  f"{end.threads.get(service, 0)}, open files {start.fds.get(service, 0)} -> {end.fds.get(service, 0)}")
+    restarted = (f" restarted={args.restart} restart_s={restarts[0]:.1f}" if restarts
+                 else f" restarted={args.restart} restart_s=nan" if args.restart else "")
     print(f"soak seconds={args.soak:g} accepted={accounting.accepted} lost={accounting.lost} "
-          f"doubled={accounting.doubled} rss_growth={rss_growth:.3f} redis_growth={redis_growth:.3f}")
-    return 0 if not accounting.lost and not accounting.doubled else 1
+          f"doubled={accounting.doubled} rss_growth={held.rss_growth:.3f} redis_growth={held.redis_growth:.3f} "
+          f"threads_added={held.threads_added} fds_added={held.fds_added}{restarted}")
+    return 0 if not accounting.lost and not accounting.doubled and (restarts or not args.restart) else 1
+
+
+@dataclass(frozen=True)
+class HeldFigures:
+    """What a soak held from start to end: the largest growth over the services (RSS as a fraction, threads
+    and open files as counts) and Redis' memory growth; nan / -1 without both readings."""
+
+    rss_growth: float
+    redis_growth: float
+    threads_added: int
+    fds_added: int
+
+
+def held_figures(start: Sample | None, end: Sample | None, services: Sequence[str]) -> HeldFigures:
+    if start is None or end is None:
+        return HeldFigures(float("nan"), float("nan"), -1, -1)
+    return HeldFigures(
+        rss_growth=max((growth(start.rss_bytes.get(s, 0), end.rss_bytes.get(s, 0)) for s in services),
+                       default=float("nan")),
+        redis_growth=growth(start.redis_bytes, end.redis_bytes),
+        threads_added=max((end.threads.get(s, 0) - start.threads.get(s, 0) for s in services), default=0),
+        fds_added=max((end.fds.get(s, 0) - start.fds.get(s, 0) for s in services), default=0))
 
 
 def growth(start: float, end: float) -> float:

@@ -1,5 +1,5 @@
-"""The load bench's view of the running stack: final rewards as they arrive, the services' processes (CPU
-and RSS), this run's consumer groups, and a monitor thread reading their lag, RSS and Redis' memory."""
+"""The load bench's view of the running stack: final rewards as they arrive, the services' processes (CPU,
+RSS, threads, open files) and a monitor thread reading their groups' lag, those and Redis' memory."""
 
 from __future__ import annotations
 
@@ -16,15 +16,8 @@ from strata.bus import topics
 from strata.bus.tail import TailReader
 from strata_tools.bench.load.client import Call
 from strata_tools.bench.load.figures import Sample
-from strata_tools.infra.process import process_cmdline
 
 log = logging.getLogger(__name__)
-
-# Consumer groups of LiveTiers (bench-<run>-<suffix>) by the service that owns them, so that lag and CPU
-# name the same thing.
-SERVICE_OF_GROUP = {"probe": "probe", "l1": "generator-l1", "l2": "generator-l2", "reward": "reward",
-                    "stats": "scheduler", "learner": "learner"}
-
 
 class Finals:
     """Arrival times (``time.monotonic()``) of the final rewards per request id with ``prefix``, read from
@@ -82,41 +75,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process (VmRSS in /proc/<pid>/status); 0 when it is gone."""
+def _status_field(pid: int, name: str) -> int:
+    """An integer field of /proc/<pid>/status (its first number); 0 when the process is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+            if line.startswith(f"{name}:"):
+                return int(line.split()[1])
     except OSError:
         pass
     return 0
 
 
-def service_pids(ports: Mapping[str, int], parent: int) -> dict[str, int]:
-    """The pid of each service ``parent`` started, by name, found by the ``--grpc-port`` on its command line
-    (LiveTiers keeps its processes to itself)."""
-    by_port = {f"--grpc-port {port} ": name for name, port in ports.items()}
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int(Path(entry, "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        cmdline = process_cmdline(int(entry.name)) + " "
-        if ppid == parent:
-            found.update({name: int(entry.name) for marker, name in by_port.items() if marker in cmdline})
-    return found
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (VmRSS, kB in /proc/<pid>/status); 0 when it is gone."""
+    return _status_field(pid, "VmRSS") * 1024
 
 
-def run_groups(admin: Any, run_id: str) -> dict[str, str]:
-    """This run's consumer groups (``bench-<run>-<suffix>``, as LiveTiers names them) by the service owning
-    each, listed through ``admin`` (a KafkaAdminClient: the run's LagReader's)."""
-    prefix = f"bench-{run_id}-"
-    groups = [g["group_id"] for g in admin.list_groups() if g["group_id"].startswith(prefix)]
-    return {SERVICE_OF_GROUP.get(g[len(prefix):], g[len(prefix):]): g for g in sorted(groups)}
+def thread_count(pid: int) -> int:
+    """Threads of a process; 0 when it is gone."""
+    return _status_field(pid, "Threads")
+
+
+def open_fds(pid: int) -> int:
+    """File descriptors a process holds open (sockets included); 0 when it is gone."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
 
 
 class Monitor:
@@ -176,16 +161,20 @@ class Monitor:
 
 def stack_reader(lag_reader: Any, groups: Mapping[str, str], pids: Mapping[str, int], redis: Any
                  ) -> Callable[[], Sample]:
-    """A reading of the stack now: lag summed over each group's topics, each service's RSS, Redis memory.
-    ``lag_reader`` (a ``strata.bus.admin.LagReader``) stays open between readings: the caller closes it,
-    after the monitor that calls this."""
+    """A reading of the stack now: lag summed over each group's topics, each service's RSS, threads and open
+    file descriptors, Redis memory. ``groups`` and ``pids`` are by service name (``LiveTiers.consumer_groups``
+    and ``.pids``, read at each reading: a restarted service is read in its new process). ``lag_reader`` (a
+    ``strata.bus.admin.LagReader``) stays open between readings: the caller closes it, after the monitor
+    that calls this."""
     service_of = {group: service for service, group in groups.items()}
 
     def read() -> Sample:
         lags = dict.fromkeys(groups, 0)
         for (group, _topic), position in lag_reader.positions(list(groups.values())).items():
             lags[service_of[group]] += position.lag
-        return Sample(time.monotonic(), lags, {s: rss_bytes(p) for s, p in pids.items()},
-                      int(redis.info("memory")["used_memory"]))
+        now = dict(pids)
+        return Sample(time.monotonic(), lags, {s: rss_bytes(p) for s, p in now.items()},
+                      int(redis.info("memory")["used_memory"]), fds={s: open_fds(p) for s, p in now.items()},
+                      threads={s: thread_count(p) for s, p in now.items()})
 
     return read
