@@ -28,7 +28,7 @@ from strata_tools.rm.strong import StrongOptions, train_strong
 def main() -> int:
     from strata.models.loading import load_reward_model
     from strata_tools.rm.recipe import student_init_dir
-    from strata_tools.zoo.build import ensure_zoo
+    from strata_tools.zoo.build import ZooOnDemand, ensure_zoo
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", default="200,200", help="steps of each round, comma-separated")
@@ -65,7 +65,8 @@ def main() -> int:
         result = train_strong(StrongOptions(
             init=current, n_bins=config.rm_n_bins, steps=extra, lr=config.rm_strong_train.lr,
             groups_per_step=config.rm_strong_train.batch_size, match_pairs=0, max_length=config.rm_max_length,
-            widen=1, grow_layers=0, pseudo_label=False, seed=steps, device="cpu"), settings, lambda line: None)
+            widen=1, grow_layers=0, pseudo_label=False, seed=steps, device="cpu"), settings, ZooOnDemand(settings),
+            lambda line: None)
         steps += extra
         current = str(result.entry.path)
         rows.append(row(steps, judge(current, f"{steps} steps"), built, time.time() - started))

@@ -43,12 +43,12 @@ from strata.v1 import (
     scheduler_pb2_grpc,
 )
 from strata_tools.level1 import LivePrompting
+from strata_tools.task.oracle import oracle_score
+from strata_tools.task.suite import PromptRecord, load_suite
 
 # TrainOptions, TrainSummary, RoundStats and Request are the driver's API: import them from here.
 from strata_tools.train_stream import TrainOptions, held_out_records, prompt_rounds, round_size, samples_to_send
 from strata_tools.train_summary import Booked, Checkpoint, Evaluation, Request, RoundStats, TrainSummary, write_report
-from strata_tools.zoo.oracle import oracle_score
-from strata_tools.zoo.suite import PromptRecord, load_suite
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata_tools.zoo.seal import check_sealed
-from strata_tools.zoo.suite import SEALED_SPLIT, PromptRecord, load_suite, stratified_sample
+from strata_tools.task.seal import check_sealed
+from strata_tools.task.suite import SEALED_SPLIT, PromptRecord, load_suite, stratified_sample
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,7 @@ class TrainSummary:
 class Request:
     """One prompt's request, and the reward events it got."""
 
-    record: Any                       # strata_tools.zoo.suite.PromptRecord
+    record: Any                       # strata_tools.task.suite.PromptRecord
     request_id: str
     prompt_hash: str = ""
     decision: str = ""                # the scheduler's decision (its enum name), or "refused"

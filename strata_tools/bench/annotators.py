@@ -2,7 +2,7 @@
 
 Each trial is a pool of ``--annotators`` of the zoo's ``SimulatedAnnotator`` (the oracle's score plus
 Gaussian noise of ``--noise-sd``, rounded to 0.5, clipped to 0-5), each scoring ``--items`` items:
-the prompt suite's reference answers and their degradations (``strata_tools.zoo.corpus.rm_pairs``), whose
+the prompt suite's reference answers and their degradations (``strata_tools.task.corpus.rm_pairs``), whose
 true score is the oracle's. No model is involved: the bench neither builds nor reads a model zoo.
 One annotator, drawn at random, drifts from its item ``--drift-from`` on by ``+--drift`` over
 ``--drift-items`` items (a linear ramp, the seed's 3.8 -> 4.2 over 300 items; ``--drift-items 1``
@@ -37,9 +37,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from strata_tools.zoo.corpus import RmPair, rm_pairs
-from strata_tools.zoo.oracle import MAX_SCORE, SimulatedAnnotator, oracle_score
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.corpus import RmPair, rm_pairs
+from strata_tools.task.oracle import MAX_SCORE, SimulatedAnnotator, oracle_score
+from strata_tools.task.suite import load_suite
 from svc_annotation.drift import DriftSettings, DriftTracker, Observation, item_observations
 
 POOL_SEED = 0  # the corpus of (prompt, response) items is the same in every run

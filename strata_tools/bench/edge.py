@@ -41,8 +41,8 @@ from strata.hashing import content_hash
 from strata.rpc_auth import new_token, token_line
 from strata.v1 import scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.bench.infra import bench_infra
+from strata_tools.task.suite import load_suite
 from strata_tools.tiering.arms import LiveTiers
-from strata_tools.zoo.suite import load_suite
 
 WATCHERS = 4
 STREAMS_PER_WATCHER = 16

@@ -23,7 +23,7 @@ from strata import rpc
 from strata.rpc import RunningServer, ServiceBinding, start_server
 from strata.sampling import Sampling
 from strata.v1 import common_pb2, generator_pb2, generator_pb2_grpc
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 if TYPE_CHECKING:  # torch: imported by a run, not by `strata bench --help`
     from svc_generator.backends.hf import HfBackend

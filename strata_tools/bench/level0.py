@@ -48,16 +48,16 @@ from strata.contract.directions import DIRECTION_NAMES, DIRECTIONS
 from strata.errors import CliError
 from strata.risk import match_keywords
 from strata_tools.rm.onpolicy import BAD_THRESHOLD
+from strata_tools.task.oracle import judge
+from strata_tools.task.suite import load_suite
 from strata_tools.train_summary import paired_change
-from strata_tools.zoo.oracle import judge
-from strata_tools.zoo.suite import load_suite
 
 if TYPE_CHECKING:
     import torch
 
     from strata.models.loading import LoadedModel
     from strata.models.probe_head import DirectionsHead
-    from strata_tools.zoo.suite import PromptRecord
+    from strata_tools.task.suite import PromptRecord
     from svc_probe.core import ProbeResult
 
 ARMS = ("none", "likelihood top-3", "likelihood top-1", "head top-3", "head top-1", "true intent")

@@ -51,15 +51,15 @@ from typing import TYPE_CHECKING
 from strata.errors import CliError
 from strata_tools.bench.peers_trl import INSTALL_HINT, ArmResult, PeersJob
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
+from strata_tools.task.oracle import oracle_score
 from strata_tools.train import TrainOptions
 from strata_tools.train_stream import held_out_records, prompt_rounds
 from strata_tools.train_summary import Change, paired_change
-from strata_tools.zoo.oracle import oracle_score
 
 if TYPE_CHECKING:
     from strata.models.loading import LoadedModel
+    from strata_tools.task.suite import PromptRecord
     from strata_tools.zoo.build import ZooPaths
-    from strata_tools.zoo.suite import PromptRecord
 
 ARMS = ("tiered", "tiered-l1", "level1", "conventional", "trl")
 

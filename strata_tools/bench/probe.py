@@ -20,7 +20,7 @@ import torch
 from strata import rpc
 from strata.rpc import ServiceBinding, start_server
 from strata.v1 import probe_pb2, probe_pb2_grpc
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

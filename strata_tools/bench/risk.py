@@ -39,7 +39,7 @@ from pathlib import Path
 
 from strata.errors import CliError
 from strata_tools.intervals import BOOTSTRAP_DRAWS, Interval, cluster_bootstraps
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 SPLITS = ("train", "fresh", "test")
 CHOSEN_ON = "fresh"

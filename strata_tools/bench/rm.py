@@ -97,6 +97,8 @@ def _light_members(spec: str, settings: Any) -> list[Path]:
 
 def _distilled_light(strong_path: Path, settings: Any) -> list[Path]:
     """The default distillation of ``strong_path``, built once and cached."""
+    from strata_tools.zoo.build import ZooOnDemand
+
     options = DistillOptions(strong=str(strong_path), rollout_log=False, device="cpu")
     key = f"{weights_checksum([strong_path])[:12]}-{options.key()}"
     cached = Path(settings.cache_dir).expanduser() / "rm" / "bench" / key
@@ -104,7 +106,7 @@ def _distilled_light(strong_path: Path, settings: Any) -> list[Path]:
         print(f"light RM: cached distillation {cached}")
         return [cached]
     print("light RM: distilling now (once; cached for the next runs)")
-    entry = distill_version(options, settings, None, out=cached)
+    entry = distill_version(options, settings, ZooOnDemand(settings), None, out=cached)
     return [Path(p) for p in entry.paths]
 
 

@@ -20,12 +20,12 @@ from strata.bus import Publisher, Worker, topics
 from strata.errors import CliError
 from strata.hashing import content_hash
 from strata.v1 import common_pb2, events_pb2
-from strata_tools.zoo.corpus import DEGRADATIONS, degrade, reference_response
-from strata_tools.zoo.oracle import oracle_score
+from strata_tools.task.corpus import DEGRADATIONS, degrade, reference_response
+from strata_tools.task.oracle import oracle_score
 
 if TYPE_CHECKING:
     from strata.bus import Delivery
-    from strata_tools.zoo.suite import PromptRecord
+    from strata_tools.task.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
 
 TARGET_P_GOOD = 0.95  # what a policy update moves each family's competence toward

@@ -40,7 +40,7 @@ from strata.rpc import ServiceBinding, start_server
 from strata.v1 import common_pb2, events_pb2, probe_pb2, probe_pb2_grpc
 from strata_tools.bench.infra import bench_infra
 from strata_tools.bench.scheduler.latency import RecordingPublisher
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -101,6 +101,8 @@ from strata_tools.bench.tiers_epochs import (
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
 from strata_tools.pricing import parse_price_as
 from strata_tools.rm.escalation import ServedThreshold, add_threshold_arguments, resolve_threshold
+from strata_tools.task.oracle import oracle_score
+from strata_tools.task.suite import SEALED_SPLIT, load_suite, stratified_sample
 from strata_tools.tiering import tier_eval
 from strata_tools.tiering.answers import Answers, answers_of, baseline_figures, live_figures
 from strata_tools.tiering.arms import ArmRun, LiveTiers
@@ -118,8 +120,6 @@ from strata_tools.tiering.headline import (
 )
 from strata_tools.tiering.lines import arm_table, price_lines, routing_lines, stage_lines, threshold_lines
 from strata_tools.tiering.tier_eval import ArmFigures, PromptOutcome
-from strata_tools.zoo.oracle import oracle_score
-from strata_tools.zoo.suite import SEALED_SPLIT, load_suite, stratified_sample
 
 log = logging.getLogger(__name__)
 

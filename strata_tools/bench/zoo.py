@@ -28,10 +28,10 @@ from strata.errors import CliError
 from strata.models.generation import SamplingConfig, generate
 from strata.models.loading import LoadedModel, load_causal_lm, load_reward_model
 from strata.models.reward import prompt_match, score_responses
+from strata_tools.task.corpus import PromptSwap, prompt_swaps, rm_pairs
+from strata_tools.task.oracle import oracle_score
+from strata_tools.task.suite import PromptRecord, load_suite
 from strata_tools.zoo.arguments import add_zoo_arguments, zoo_settings_from_args
-from strata_tools.zoo.corpus import PromptSwap, prompt_swaps, rm_pairs
-from strata_tools.zoo.oracle import oracle_score
-from strata_tools.zoo.suite import PromptRecord, load_suite
 
 if TYPE_CHECKING:
     from strata_tools.zoo.build import ZooPaths

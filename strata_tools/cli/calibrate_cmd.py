@@ -42,9 +42,9 @@ from strata.errors import CliError
 from strata.risk import detect_unsafe_advice
 from strata_tools.rm.escalation import choose_threshold, judge_level1
 from strata_tools.rm.versions import open_registry
-from strata_tools.zoo.corpus import DEGRADATIONS, RISK_ONLY_DEGRADATIONS, degrade, reference_response
-from strata_tools.zoo.oracle import judge
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.corpus import DEGRADATIONS, RISK_ONLY_DEGRADATIONS, degrade, reference_response
+from strata_tools.task.oracle import judge
+from strata_tools.task.suite import load_suite
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run, not by `strata calibrate --help`
     from svc_reward.calibrate import OperatingPoint, ScoreCalibration

@@ -51,6 +51,7 @@ from strata_tools.rm.refresh import RefreshOptions
 from strata_tools.rm.versions import open_registry
 from strata_tools.stack import control
 from strata_tools.stack.spec import default_services
+from strata_tools.task.desk import SimulatedDesk, demo_pool
 from strata_tools.tiering import tier_eval
 from strata_tools.tiering.answers import Answers, answers_of
 from strata_tools.tiering.arms import ArmRun, ArmRunner
@@ -68,7 +69,6 @@ from strata_tools.train import (
     train,
 )
 from strata_tools.train_summary import Change, checkpoint_lines
-from strata_tools.zoo.desk import SimulatedDesk, demo_pool
 
 if TYPE_CHECKING:
     from strata_tools.zoo.build import ZooPaths
@@ -143,12 +143,12 @@ def annotation_lines(address: str, desk: SimulatedDesk) -> list[str]:
 def refresh_turn(settings: StrataSettings) -> None:
     """[6/6]: one turn of the RM loop on what the desk labelled (this run's and earlier runs')."""
     from strata_tools.rm.loop import run_turn
-    from strata_tools.zoo.build import ZooSettings
+    from strata_tools.zoo.build import ZooOnDemand, ZooSettings
 
     print("[6/6] reward models: one refresh turn on the annotators' labels (strata rm refresh)", flush=True)
     zoo_settings = ZooSettings()
-    run_turn(RefreshOptions(), zoo_settings, open_registry(zoo_settings), progress=lambda line: print("     ", line,
-                                                                                                        flush=True))
+    run_turn(RefreshOptions(), zoo_settings, ZooOnDemand(zoo_settings), open_registry(zoo_settings),
+             progress=lambda line: print("     ", line, flush=True))
 
 
 def reward_service_args(light_rm: str | None, rm_temperature: float | None,

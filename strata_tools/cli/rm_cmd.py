@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from strata.config import StrataSettings
 from strata.errors import CliError
 from strata_tools.rm.light import DistillOptions, distill_version
+from strata_tools.rm.models import ZooSource
 from strata_tools.rm.refresh import RefreshOptions
 from strata_tools.rm.sources import SourcesOptions, run_sources, summary_line, table
 from strata_tools.rm.strong import PSEUDO_LABELS_FILE, StrongOptions, train_strong
@@ -266,6 +267,13 @@ def _settings() -> Any:
     return ZooSettings()
 
 
+def _zoo(settings: Any) -> ZooSource:
+    """The zoo of ``settings`` for an RM run: built (``ensure_zoo``) only when the run reads its models."""
+    from strata_tools.zoo.build import ZooOnDemand
+
+    return ZooOnDemand(settings)
+
+
 def _set_threads(threads: int | None) -> None:
     import torch
 
@@ -301,7 +309,8 @@ def _train_strong(args: argparse.Namespace) -> int:
     registry = open_registry(settings) if args.register else None
     _set_threads(args.threads)
     names = {f.name for f in dataclasses.fields(StrongOptions)}
-    result = train_strong(StrongOptions(**{k: v for k, v in vars(args).items() if k in names}), settings)
+    result = train_strong(StrongOptions(**{k: v for k, v in vars(args).items() if k in names}), settings,
+                          _zoo(settings))
     entry = result.entry
     print(f"strong RM {entry.version} at {entry.path} (final loss {result.loss:.3f})")
     _print_metrics(result.metrics)
@@ -324,8 +333,8 @@ def _distill(args: argparse.Namespace) -> int:
     fields = {k: v for k, v in vars(args).items() if k in names}
     fields["data"] = tuple(str(p) for p in args.data)
     fields["augment"] = tuple(a.strip() for a in args.augment.split(",") if a.strip() and a.strip() != "none")
-    distill_version(DistillOptions(**fields), settings, registry, out=args.out, from_log=args.from_log,
-                    promote=args.promote, promote_if_better=args.promote_if_better)
+    distill_version(DistillOptions(**fields), settings, _zoo(settings), registry, out=args.out,
+                    from_log=args.from_log, promote=args.promote, promote_if_better=args.promote_if_better)
     return 0
 
 
@@ -361,11 +370,11 @@ def _refresh(args: argparse.Namespace) -> int:
         print(f"refreshing every {options.every_s:.0f} s once {options.min_new_labels} new labels arrived "
               "(Ctrl-C stops)")
         try:
-            run_every(options, settings, registry)
+            run_every(options, settings, _zoo(settings), registry)
         except KeyboardInterrupt:
             print("stopped")
         return 0
-    run_turn(options, settings, registry)
+    run_turn(options, settings, _zoo(settings), registry)
     return 0
 
 
@@ -378,7 +387,8 @@ def _sources(args: argparse.Namespace) -> int:
         flags["arms"] = tuple(args.arms)
     options = _options(SourcesOptions, "sources", flags, {"arms": "arm"})
     _set_threads(args.threads)
-    report = run_sources(options, _settings())
+    settings = _settings()
+    report = run_sources(options, settings, _zoo(settings))
     print(f"zoo {report.zoo}: {report.n_prompts} train prompts, {report.steps} steps per arm, {report.seconds:.0f} s")
     for line in table(report):
         print(line)

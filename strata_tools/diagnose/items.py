@@ -1,7 +1,7 @@
 """The (prompt, response) items the RM checks score: the zoo suite's fresh prompts, or a user's file.
 
 Default items need no model: suite prompts with corpus responses of mixed quality (references and
-degraded ones, ``strata_tools.zoo.corpus.rm_pairs``), each with its oracle score (0-5) as the reference.
+degraded ones, ``strata_tools.task.corpus.rm_pairs``), each with its oracle score (0-5) as the reference.
 The ``fresh`` split holds one subject per topic that no zoo model was trained on (RM overfit, R16).
 A user's own items come from JSONL: ``{"prompt": ..., "response": ..., "score": optional}``.
 """
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata_tools.zoo.corpus import rm_pairs
-from strata_tools.zoo.oracle import judge
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.corpus import rm_pairs
+from strata_tools.task.oracle import judge
+from strata_tools.task.suite import load_suite
 
 
 @dataclass(frozen=True)

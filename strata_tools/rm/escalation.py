@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 from strata.confidence import logprob_summary
 from strata.errors import CliError
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
-from strata_tools.zoo.oracle import judge
-from strata_tools.zoo.seal import check_sealed
-from strata_tools.zoo.suite import load_suite
+from strata_tools.rm.models import ZooModels
+from strata_tools.task.oracle import judge
+from strata_tools.task.seal import check_sealed
+from strata_tools.task.suite import load_suite
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run
-    from strata_tools.zoo.build import ZooPaths
-    from strata_tools.zoo.suite import PromptRecord
+    from strata_tools.task.suite import PromptRecord
     from svc_probe.core import ProbeResult
     from svc_reward.calibrate import OperatingPoint
     from svc_reward.models import ScoringOptions
@@ -91,7 +91,7 @@ def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
                         help="labelled prompts the calibrated threshold is chosen on (never the eval split)")
 
 
-def resolve_threshold(args: argparse.Namespace, zoo: ZooPaths, light_paths: list[str], bad_threshold: float,
+def resolve_threshold(args: argparse.Namespace, zoo: ZooModels, light_paths: list[str], bad_threshold: float,
                       seed: int, progress: Callable[[str], None]) -> ServedThreshold:
     """The raw threshold ``args.escalation_threshold`` asks for (the arguments of ``add_threshold_arguments``):
     measured on the calibration split for the light RM ``light_paths`` (a few seconds of Level-1 generation),
@@ -129,7 +129,7 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-def judge_level1(zoo: ZooPaths, split: str, prompts: int, seed: int, light_paths: list[str],
+def judge_level1(zoo: ZooModels, split: str, prompts: int, seed: int, light_paths: list[str],
                  options: ScoringOptions) -> JudgedLevel1:
     """``prompts`` of ``split`` (seeded sample), answered by Level-1 and scored by the light RM ``light_paths``
     (raw scores) and the oracle. CliError when the probe leaves no prompt to Level-1."""
@@ -153,7 +153,7 @@ def choose_threshold(judged: JudgedLevel1, bad_threshold: float, target_catch: f
     return ChosenThreshold(chosen, target_catch, bad_threshold, sum(bad), operating_point(judged.scores, bad, chosen))
 
 
-def _level1_records(records: list[PromptRecord], zoo: ZooPaths) -> list[tuple[PromptRecord, ProbeResult]]:
+def _level1_records(records: list[PromptRecord], zoo: ZooModels) -> list[tuple[PromptRecord, ProbeResult]]:
     """The prompts the zoo's probe leaves to Level-1 (not cautious), each with its probe result."""
     results = probe_prompts(zoo.probe, [r.text for r in records])
     level1_records = [(r, res) for r, res in zip(records, results, strict=True) if not res.caution]
@@ -162,7 +162,7 @@ def _level1_records(records: list[PromptRecord], zoo: ZooPaths) -> list[tuple[Pr
     return level1_records
 
 
-def _score_level1(zoo: ZooPaths, level1_records: list[tuple[PromptRecord, ProbeResult]], light_paths: list[str],
+def _score_level1(zoo: ZooModels, level1_records: list[tuple[PromptRecord, ProbeResult]], light_paths: list[str],
                   options: ScoringOptions, seed: int
                   ) -> tuple[list[float], list[float], list[dict[str, float | None]]]:
     """Level-1's answers, prompted and sampled as the live stack does (``strata_tools.level1``): the light

@@ -21,20 +21,14 @@ from strata.content_store import ContentNotFoundError, ContentStore, StoreUnavai
 from strata.contract.checksums import weights_checksum
 from strata.errors import CliError
 from strata.jsonl import read_jsonl
-from strata_tools.zoo.corpus import prompt_swaps, rm_pairs
-from strata_tools.zoo.oracle import oracle_score
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.corpus import prompt_swaps, rm_pairs
+from strata_tools.task.oracle import oracle_score
+from strata_tools.task.suite import load_suite
 
 log = logging.getLogger(__name__)
 
 EVAL_SEED = 7  # synthetic (prompt, response) pairs of the eval and fresh splits, one per prompt
 EVAL_SPLITS: tuple[str, ...] = ("eval", "fresh")
-
-
-def zoo_of(settings: Any) -> Any:
-    from strata_tools.zoo.build import ensure_zoo
-
-    return ensure_zoo(settings)
 
 
 def read_pairs(path: Path, need_score: bool) -> list[dict[str, Any]]:

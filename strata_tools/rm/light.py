@@ -28,12 +28,12 @@ from strata_tools.rm.lifecycle import (
     read_pairs,
     rollout_rows,
     score_logits,
-    zoo_of,
 )
+from strata_tools.rm.models import ZooModels, ZooSource
 from strata_tools.rm.refresh import is_held_out
 from strata_tools.rm.versions import finalize_version, promote_version, serving_light
-from strata_tools.zoo.seal import check_sealed
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.seal import check_sealed
+from strata_tools.task.suite import load_suite
 
 
 @dataclass(frozen=True)
@@ -143,14 +143,14 @@ def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions,
     return model, init
 
 
-def _distill_sources(options: DistillOptions, zoo: Any, settings: Any
+def _distill_sources(options: DistillOptions, zoo: ZooModels | None, settings: Any
                      ) -> tuple[list[tuple[str, str]], dict[str, Any], tuple[list[str], list[str]]]:
     """The distinct (prompt, response) pairs to pseudo-label, how many came from each source, and the
     rollout log's held-out pairs: the zoo's RM pairs and prompt swaps, the user's files, the rollout log."""
     pairs: list[tuple[str, str]] = []
     sources: dict[str, Any] = {}
     if options.zoo_pairs:
-        from strata_tools.zoo.rm_data import distill_pairs
+        from strata_tools.rm.rows import distill_pairs
 
         swaps = zoo.config.rm_light_distill_swaps if options.swaps is None else options.swaps
         zoo_rows = read_pairs(zoo.rm_data, need_score=False)
@@ -195,13 +195,13 @@ def _augment_pairs(pairs: list[tuple[str, str]], options: DistillOptions) -> int
     return len(copies)
 
 
-def _fit_light_members(options: DistillOptions, zoo: Any, strong: Any, strong_path: Path, texts: list[str],
-                       teacher: Any, staging: Path) -> tuple[list[Path], list[float], str]:
+def _fit_light_members(options: DistillOptions, zoo: ZooModels | None, strong: Any, strong_path: Path,
+                       texts: list[str], teacher: Any, staging: Path) -> tuple[list[Path], list[float], str]:
     """Each light RM member fitted by KL to the teacher's bin distributions and saved under ``staging``;
     their directories, final losses and what the last one started from."""
     from strata.models.reward import save_rm_tokenizer
     from strata_tools.rm.distill import DistillConfig, train_light
-    from strata_tools.zoo.config import RM_LIGHT_TRAIN
+    from strata_tools.rm.recipe import RM_LIGHT_TRAIN
 
     zoo_recipe = zoo.config.rm_light_train if zoo is not None else RM_LIGHT_TRAIN  # the schedule from an init
     members: list[Path] = []
@@ -259,14 +259,15 @@ def _distill_metrics(light_rms: list[Any], strong: Any, held: tuple[list[str], l
     return metrics, held_strong
 
 
-def run_distill(options: DistillOptions, settings: Any, staging: Path) -> DistillResult:
-    """Pseudo-label pairs with the strong RM, fit light RM(s) to its bin distributions, evaluate."""
+def run_distill(options: DistillOptions, settings: Any, zoo: ZooSource, staging: Path) -> DistillResult:
+    """Pseudo-label pairs with the strong RM, fit light RM(s) to its bin distributions, evaluate. The zoo's
+    models are read (and the zoo built) for its strong RM (no ``strong``) or its pairs (``zoo_pairs``)."""
     from strata.models.loading import ModelLoadError, load_reward_model
     from strata.models.prompts import PromptFormat
     from svc_reward.registry import describe
 
-    zoo = zoo_of(settings) if (options.strong is None or options.zoo_pairs) else None
-    strong_path = Path(options.strong) if options.strong else zoo.rm_strong
+    models = zoo.models() if (options.strong is None or options.zoo_pairs) else None
+    strong_path = Path(options.strong) if options.strong else models.rm_strong
     try:
         strong = load_reward_model(strong_path, device=options.device)
     except ModelLoadError as exc:
@@ -277,7 +278,7 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     cache_dir = Path(settings.cache_dir).expanduser() / "rm" / "logits"
 
     # 1. Pairs to pseudo-label; 2. adversarial augmentation: perturbed copies, re-scored like the rest.
-    pairs, sources, (held_prompts, held_responses) = _distill_sources(options, zoo, settings)
+    pairs, sources, (held_prompts, held_responses) = _distill_sources(options, models, settings)
     augmented = _augment_pairs(pairs, options)
     prompts, responses = [p for p, _ in pairs], [r for _, r in pairs]
     print(f"distilling {strong_path} ({strong.n_params / 1e6:.1f}M params) on {len(pairs)} pairs "
@@ -289,7 +290,7 @@ def run_distill(options: DistillOptions, settings: Any, staging: Path) -> Distil
     texts = [rm_format.rm_text(p, r) for p, r in pairs]
 
     # 4. Light RM(s): from the student init (or fresh), on the strong RM's tokenizer, fitted by KL.
-    members, losses, started_from = _fit_light_members(options, zoo, strong, strong_path, texts, teacher, staging)
+    members, losses, started_from = _fit_light_members(options, models, strong, strong_path, texts, teacher, staging)
 
     # 5. Evaluation on held-out prompts.
     light_rms = [load_reward_model(m, device=options.device) for m in members]
@@ -342,8 +343,9 @@ def resolve_strong(spec: str | None, registry: Any) -> str | None:
     return str(entry.path)
 
 
-def distill_version(options: DistillOptions, settings: Any, registry: Any, *, out: Path | None = None,
-                    from_log: bool = False, promote: bool = False, promote_if_better: bool = True) -> Any:
+def distill_version(options: DistillOptions, settings: Any, zoo: ZooSource, registry: Any, *,
+                    out: Path | None = None, from_log: bool = False, promote: bool = False,
+                    promote_if_better: bool = True) -> Any:
     """Distil, write the version directory, register it (with a registry) and maybe promote it.
 
     ``from_log``: one turn of the loop (R6): re-distil the light RM in service on newly logged
@@ -356,7 +358,7 @@ def distill_version(options: DistillOptions, settings: Any, registry: Any, *, ou
     if from_log:
         if not options.rollout_log:
             raise CliError("--from-log reads the rollout log: drop --no-rollout-log")
-        current = serving_light(registry, settings)
+        current = serving_light(registry, zoo)
         if options.members != 1 or len(current[1]) != 1:
             raise CliError("--from-log re-distils a single light RM (the one in service is an ensemble, or "
                            "--members was given): use --init with one member instead")
@@ -367,7 +369,7 @@ def distill_version(options: DistillOptions, settings: Any, registry: Any, *, ou
     staging = Path(settings.cache_dir).expanduser() / "rm" / f".staging-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
     try:
-        result = run_distill(options, settings, staging)
+        result = run_distill(options, settings, zoo, staging)
         if from_log and not result.held_out[0]:
             raise CliError("the rollout log has no held-out prompts to compare the versions on: run more "
                            "rollouts first (or raise --hold-out)")

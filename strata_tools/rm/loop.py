@@ -30,6 +30,7 @@ from strata.models.loading import load_reward_model
 from strata_tools.rm.human import human_labels, label_rows, read_completed
 from strata_tools.rm.lifecycle import mean_rewards, read_pairs
 from strata_tools.rm.light import DistillOptions, run_distill
+from strata_tools.rm.models import ZooModels, ZooSource
 from strata_tools.rm.recipe import student_init_dir
 from strata_tools.rm.refresh import (
     RefreshOptions,
@@ -136,11 +137,13 @@ def collect_labels(options: RefreshOptions, settings: Any) -> tuple[list[dict[st
     return list(distinct.values()), sources
 
 
-def serving_pair(registry: Any, settings: Any, zoo: Any) -> tuple[tuple[str, list[Path]], tuple[str, Path]]:
-    """The light RM in service and the strong RM it was distilled from (registered), else ``zoo``'s."""
+def serving_pair(registry: Any, zoo: ZooSource, models: ZooModels
+                 ) -> tuple[tuple[str, list[Path]], tuple[str, Path]]:
+    """The light RM in service and the strong RM it was distilled from (registered), else the zoo's
+    (``models``, what ``zoo`` gives)."""
     from svc_reward.registry import RegistryError, describe, recorded_teacher
 
-    light = serving_light(registry, settings)
+    light = serving_light(registry, zoo)
     parent = None
     if registry is not None:
         with contextlib.suppress(RegistryError):
@@ -153,7 +156,7 @@ def serving_pair(registry: Any, settings: Any, zoo: Any) -> tuple[tuple[str, lis
                 return light, (entry.version, Path(entry.path))
         except RegistryError:
             pass
-    return light, (describe("strong", [zoo.rm_strong]).version, zoo.rm_strong)
+    return light, (describe("strong", [models.rm_strong]).version, models.rm_strong)
 
 
 def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -216,12 +219,11 @@ def carry_calibration(current_paths: Sequence[str | Path], candidate: Any, held:
     return "carried"
 
 
-def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Callable[[str], None] = print,
+def run_turn(options: RefreshOptions, settings: Any, zoo: ZooSource, registry: Any,
+             progress: Callable[[str], None] = print,
              labelled: tuple[list[dict[str, Any]], dict[str, int]] | None = None) -> TurnReport:
     """One turn: labels (``labelled``: already collected), split, strong fine-tune, light re-distil,
-    held-out verdict, maybe promotion."""
-    from strata_tools.zoo.build import ensure_zoo
-
+    held-out verdict, maybe promotion. The zoo is read (and built) only by a turn that trains."""
     started = time.time()
     rows, sources = labelled or collect_labels(options, settings)
     train, held = split_by_prompt(rows, options.hold_out)
@@ -232,9 +234,9 @@ def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Ca
         report.refused, report.reason = why, f"no refresh: {why}"
         return _finish(report, settings, registry, progress)
 
-    zoo = ensure_zoo(settings)
-    recipe = zoo.config
-    (light_version, light_paths), (strong_version, strong_path) = serving_pair(registry, settings, zoo)
+    models = zoo.models()
+    recipe = models.config
+    (light_version, light_paths), (strong_version, strong_path) = serving_pair(registry, zoo, models)
     report.parents = {"light": light_version, "strong": strong_version}
     progress(f"in service: light {light_version}, distilled from strong {strong_version}")
     work = Path(settings.cache_dir).expanduser() / "rm" / f".refresh-{uuid.uuid4().hex[:8]}"
@@ -243,7 +245,7 @@ def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Ca
         # fine-tuned before growth (its student init, at the size the recipe trains at) and grown again:
         # fine-tuning the widened RM itself lost 0.08 Spearman on held-out labels (docs/reward-models.md).
         n_prompts = len({r["prompt"] for r in train})
-        replay = replay_groups(read_pairs(zoo.rm_data, need_score=True), round(options.replay * n_prompts),
+        replay = replay_groups(read_pairs(models.rm_data, need_score=True), round(options.replay * n_prompts),
                                options.seed)
         strong_data = work / "strong-data.jsonl"
         _write_jsonl(strong_data, grouped_by_prompt(train) + replay)
@@ -259,7 +261,7 @@ def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Ca
             groups_per_step=groups_per_step, match_pairs=0, max_length=recipe.rm_max_length,
             widen=recipe.rm_strong_widen if before_growth else 1,
             grow_layers=recipe.rm_strong_grow_layers if before_growth else 0,
-            pseudo_label=False, seed=options.seed, device=options.device), settings, progress)
+            pseudo_label=False, seed=options.seed, device=options.device), settings, zoo, progress)
         report.strong_version = strong.entry.version
         if registry is not None:
             registry.register(replace(strong.entry, parent=strong_version))
@@ -277,7 +279,7 @@ def run_turn(options: RefreshOptions, settings: Any, registry: Any, progress: Ca
                                  device=options.device)
         distill.validate()
         staging = work / "light"
-        result = run_distill(distill, settings, staging)
+        result = run_distill(distill, settings, zoo, staging)
         result.info["refresh"] = {"held_out_share": options.hold_out, "n_train": len(train)}
         light = finalize_version(staging, result.members, "light", None, settings, result.info)
         report.light_version = light.version
@@ -341,8 +343,9 @@ def _clear_redistil(settings: Any, answered: dict[str, Any]) -> bool:
         return audit_store.clear_redistil(client, answered)
 
 
-def run_every(options: RefreshOptions, settings: Any, registry: Any, progress: Callable[[str], None] = print,
-              turns: int | None = None, sleep: Callable[[float], None] = time.sleep) -> list[TurnReport]:
+def run_every(options: RefreshOptions, settings: Any, zoo: ZooSource, registry: Any,
+              progress: Callable[[str], None] = print, turns: int | None = None,
+              sleep: Callable[[float], None] = time.sleep) -> list[TurnReport]:
     """The cadence: every ``every_s`` seconds, a turn when ``min_new_labels`` labels arrived since the
     last one (the first turn needs them too: a restart does not retrain on the same labels), or at once
     with the audited answers when the hacking defence asked for a re-distillation (svc_reward/defence.py)."""
@@ -354,7 +357,7 @@ def run_every(options: RefreshOptions, settings: Any, registry: Any, progress: C
         if request is not None:
             progress(f"{time.strftime('%H:%M:%S')} the hacking defence asked for a re-distillation at policy "
                      f"v{request.get('policy_version')}: a turn on the audited answers")
-            report = run_turn(options.model_copy(update={"audits": True}), settings, registry, progress)
+            report = run_turn(options.model_copy(update={"audits": True}), settings, zoo, registry, progress)
             reports.append(report)
             if report.refused is None and not _clear_redistil(settings, request):
                 progress("a newer re-distillation request came during the turn: it runs at the next check")
@@ -365,7 +368,7 @@ def run_every(options: RefreshOptions, settings: Any, registry: Any, progress: C
         rows = labelled[0]
         previous = (registry.last_refresh() or {}).get("n_labels", 0) if registry is not None else 0
         if len(rows) - previous >= options.min_new_labels:
-            reports.append(run_turn(options, settings, registry, progress, labelled))
+            reports.append(run_turn(options, settings, zoo, registry, progress, labelled))
         else:
             progress(f"{time.strftime('%H:%M:%S')} {len(rows) - previous} new labels since the last turn, of "
                      f"{options.min_new_labels} (min_new_labels): waiting {options.every_s:.0f} s")

@@ -32,9 +32,10 @@ from tqdm import tqdm
 
 from strata.contract.checksums import weights_checksum
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
+from strata_tools.rm.models import ZooModels
 from strata_tools.rm.refresh import PAIR_MARGIN, pairwise_accuracy, spearman
-from strata_tools.zoo.oracle import oracle_score
-from strata_tools.zoo.suite import load_suite, stratified_sample
+from strata_tools.task.oracle import oracle_score
+from strata_tools.task.suite import load_suite, stratified_sample
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +146,10 @@ def sample_policy_answers(probe_dir: Path, generator_dirs: Mapping[str, Path], r
     return answers
 
 
-def policy_answers(zoo: Any, split: str = "fresh", seed: int = ANSWERS_SEED, cache_dir: Path | None = None,
+def policy_answers(zoo: ZooModels, split: str = "fresh", seed: int = ANSWERS_SEED, cache_dir: Path | None = None,
                    limit: int | None = None, progress: bool = True) -> list[PolicyAnswer]:
     """Level-1 and Level-2 answers to every prompt of ``split`` that live Level-1 would answer (``limit``: a
-    seeded sample of that many, spread over topics and families), from the zoo ``zoo`` (``ZooPaths``), cached as
+    seeded sample of that many, spread over topics and families), from the zoo ``zoo`` (``ZooModels``), cached as
     JSONL under ``cache_dir`` when given."""
     records = load_suite(split)
     if limit is not None:

@@ -8,7 +8,7 @@
 - scoring pairs in length order (``score_in_length_order``), what every labelling pass uses.
 
 The zoo supplies its task's data (oracle-labelled rows, prompt swaps, feature labels:
-``strata_tools.zoo.rm_data``); ``strata rm`` supplies a user's. Nothing here imports the zoo.
+``strata_tools.rm.rows``); ``strata rm`` supplies a user's. Nothing here imports the zoo.
 """
 
 from __future__ import annotations
@@ -26,14 +26,19 @@ from transformers import GPT2ForSequenceClassification, PreTrainedModel
 from strata.contract.checksums import version_id, weights_checksum
 from strata.models.growth import deepen, widen, widen_bert
 from strata.models.loading import ZOO_INFO_FILE
+from strata.models.pretrained import TRUNKS, trunk_dir
 from strata.models.reward import reward_logits, save_rm_tokenizer
 from strata.models.training import TrainConfig
 from strata_tools.rm.distill import in_length_order
+from strata_tools.rm.models import ZooModels
 from strata_tools.rm.train import train_reward_model
 
 # Keyword arguments of ``train_reward_model`` for the feature heads and match steps of one phase
 # (``grown``: the phase after growth), drawn with ``seed``; the zoo's come from its task.
 TrainingAids = Callable[[bool, int], dict[str, Any]]
+# The light RM's distillation schedule (R6): the zoo's default (``ZooConfig.rm_light_train``) and what
+# ``strata rm`` distils with when no zoo init names one.
+RM_LIGHT_TRAIN = TrainConfig(steps=150, batch_size=32, lr=5e-5, warmup_steps=10)
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,11 @@ def score_in_length_order(rm: Any, prompts: Sequence[str], responses: Sequence[s
     with tqdm(total=len(prompts), desc=desc, unit="pair", leave=False, disable=not progress) as bar:
         return in_length_order(lambda p, r: reward_logits(rm, p, r, batch_size, max_length), prompts, responses,
                                chunk=256, on_chunk=bar.update)
+
+
+def rm_init_dir(zoo: ZooModels, init: str) -> Path:
+    """Where the strong RM of ``zoo``'s recipe starts: a zoo LM's directory, or a pretrained trunk's."""
+    return trunk_dir(init) if init in TRUNKS else Path(getattr(zoo, init))
 
 
 def rm_init_overrides(init_layers: int) -> dict[str, int]:

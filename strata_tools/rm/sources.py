@@ -39,6 +39,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from strata_tools.rm.augment import perturb_each
 from strata_tools.rm.lifecycle import mean_rewards, read_pairs
+from strata_tools.rm.models import ZooModels, ZooSource
 from strata_tools.rm.onpolicy import (
     OnPolicyFigures,
     PolicyAnswer,
@@ -55,8 +56,8 @@ from strata_tools.rm.refresh import (
     spearman,
 )
 from strata_tools.rm.strong import StrongOptions, train_strong
-from strata_tools.zoo.oracle import oracle_score
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.oracle import oracle_score
+from strata_tools.task.suite import load_suite
 
 log = logging.getLogger(__name__)
 
@@ -207,27 +208,26 @@ def _perturbed(answers: Sequence[PolicyAnswer], records: dict[str, Any], seed: i
             if text is not None]
 
 
-def run_sources(options: SourcesOptions, settings: Any, progress: Callable[[str], None] = print) -> SourcesReport:
+def run_sources(options: SourcesOptions, settings: Any, zoo: ZooSource,
+                progress: Callable[[str], None] = print) -> SourcesReport:
     """Sample every source's answers, fine-tune one RM per arm, judge each on the fresh answers."""
-    from strata_tools.zoo.build import ensure_zoo
-
     started = time.time()
-    zoo = ensure_zoo(settings)
+    models = zoo.models()
     cache = Path(settings.cache_dir).expanduser() / "rm"
-    fresh = policy_answers(zoo, "fresh", cache_dir=cache / "onpolicy", limit=options.eval_prompts)
-    base_rows, arms, skipped = _sample_arms(options, zoo, progress)
-    report = _fine_tune_and_judge(options, settings, zoo, base_rows, arms, fresh, cache, progress)
+    fresh = policy_answers(models, "fresh", cache_dir=cache / "onpolicy", limit=options.eval_prompts)
+    base_rows, arms, skipped = _sample_arms(options, models, progress)
+    report = _fine_tune_and_judge(options, settings, zoo, models, base_rows, arms, fresh, cache, progress)
     report.skipped = skipped
     report.seconds = round(time.time() - started, 1)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
-    out = Path(settings.state_dir) / REPORT_DIR / f"{zoo.root.name}-{stamp}.json"
+    out = Path(settings.state_dir) / REPORT_DIR / f"{models.root.name}-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report.to_json(), encoding="utf-8")
     progress(f"report: {out}")
     return report
 
 
-def _sample_arms(options: SourcesOptions, zoo: Any, progress: Callable[[str], None],
+def _sample_arms(options: SourcesOptions, zoo: ZooModels, progress: Callable[[str], None],
                  ) -> tuple[list[dict[str, Any]], list[_Arm], dict[str, str]]:
     """The base rows, each arm's added answers with the light RM's rewards of them, and the arms skipped."""
     from strata.models.loading import load_reward_model
@@ -274,22 +274,23 @@ def _sample_arms(options: SourcesOptions, zoo: Any, progress: Callable[[str], No
     return label_rows(level1[0], "sample:level1") + label_rows(level2, "sample:level2"), arms, skipped
 
 
-def _fine_tune_and_judge(options: SourcesOptions, settings: Any, zoo: Any, base_rows: list[dict[str, Any]],
-                         arms: list[_Arm], fresh: list[PolicyAnswer], cache: Path,
+def _fine_tune_and_judge(options: SourcesOptions, settings: Any, zoo: ZooSource, models: ZooModels,
+                         base_rows: list[dict[str, Any]], arms: list[_Arm], fresh: list[PolicyAnswer], cache: Path,
                          progress: Callable[[str], None]) -> SourcesReport:
-    """The RM before fine-tuning, then one fine-tune per arm (the base first), each judged on ``fresh``."""
+    """The RM before fine-tuning (``models``' strong RM, what ``zoo`` gives), then one fine-tune per arm (the
+    base first), each judged on ``fresh``."""
     from strata.models.loading import load_reward_model
     from strata_tools.rm.recipe import student_init_dir
 
-    recipe = zoo.config
-    init = student_init_dir(zoo.rm_strong) or zoo.rm_strong
-    replay = replay_groups(read_pairs(zoo.rm_data, need_score=True), round(options.replay * options.prompts),
+    recipe = models.config
+    init = student_init_dir(models.rm_strong) or models.rm_strong
+    replay = replay_groups(read_pairs(models.rm_data, need_score=True), round(options.replay * options.prompts),
                            options.seed)
     groups_per_step = recipe.rm_strong_train.batch_size
     steps = fine_tune_steps(options.prompts, len({r["group"] for r in replay}), groups_per_step,
                             RefreshOptions(strong_epochs=options.strong_epochs))
     lr = 0.6 * recipe.rm_strong_train.lr
-    report = SourcesReport(zoo=zoo.root.name, n_prompts=options.prompts, steps=steps, lr=lr)
+    report = SourcesReport(zoo=models.root.name, n_prompts=options.prompts, steps=steps, lr=lr)
     progress(f"each arm: {steps} steps at lr {lr:g} from {init.name} + {len(replay)} replayed zoo pairs; judged on "
              f"{len(fresh) // 2} fresh prompts' Level-1 and Level-2 answers")
 
@@ -313,7 +314,8 @@ def _fine_tune_and_judge(options: SourcesOptions, settings: Any, zoo: Any, base_
             result = train_strong(StrongOptions(
                 data=data, init=str(init), n_bins=recipe.rm_n_bins, steps=steps, lr=lr, groups_per_step=groups_per_step,
                 match_pairs=0, max_length=recipe.rm_max_length, widen=1, grow_layers=0, pseudo_label=False,
-                seed=options.seed, device=options.device, out=work / f"{arm.name}-rm"), settings, lambda message: None)
+                seed=options.seed, device=options.device, out=work / f"{arm.name}-rm"), settings, zoo,
+                lambda message: None)
             rewards = judge(Path(result.entry.path), f"judge: {arm.name}")
             if base_rewards is None:
                 base_rewards, gain, se = rewards, float("nan"), float("nan")

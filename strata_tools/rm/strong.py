@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strata.errors import CliError
-from strata_tools.rm.lifecycle import eval_sets, read_pairs, rollout_rows, score_logits, zoo_of
+from strata_tools.rm.lifecycle import eval_sets, read_pairs, rollout_rows, score_logits
+from strata_tools.rm.models import ZooRecipe, ZooSource
 from strata_tools.rm.versions import finalize_version
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 if TYPE_CHECKING:  # torch: imported by the runs that train, not by `strata rm --help`
     from strata_tools.rm.recipe import StrongRecipe
-    from strata_tools.zoo.config import ZooConfig
 
 PSEUDO_LABELS_FILE = "pseudo_labels.jsonl"
 
@@ -57,7 +57,7 @@ class StrongResult:
     n_pseudo_labelled: int
 
 
-def _with_recipe_defaults(options: StrongOptions, recipe: ZooConfig) -> StrongOptions:
+def _with_recipe_defaults(options: StrongOptions, recipe: ZooRecipe) -> StrongOptions:
     """The options a user left unset taken from the zoo recipe (the ``ZooConfig``), then checked."""
     defaults = {"steps": recipe.rm_strong_train.steps, "lr": recipe.rm_strong_train.lr,
                 "groups_per_step": recipe.rm_strong_train.batch_size, "max_length": recipe.rm_max_length,
@@ -125,7 +125,7 @@ def _pseudo_label(rm: Any, rows: list[dict[str, Any]], max_length: int, path: Pa
             fh.write(json.dumps(row) + "\n")
 
 
-def _strong_recipe(options: StrongOptions, recipe: ZooConfig, batch_size: int) -> StrongRecipe:
+def _strong_recipe(options: StrongOptions, recipe: ZooRecipe, batch_size: int) -> StrongRecipe:
     """The ``StrongRecipe`` for these options: the zoo recipe's growth schedule, the user's steps and rate."""
     from strata.models.training import TrainConfig
     from strata_tools.rm.recipe import StrongRecipe
@@ -144,22 +144,23 @@ def _strong_recipe(options: StrongOptions, recipe: ZooConfig, batch_size: int) -
         seed=options.seed)
 
 
-def train_strong(options: StrongOptions, settings: Any, progress: Callable[[str], None] = print) -> StrongResult:
+def train_strong(options: StrongOptions, settings: Any, zoo: ZooSource,
+                 progress: Callable[[str], None] = print) -> StrongResult:
     """Train, evaluate and finalize a strong RM version (R5); pseudo-label logged rollouts when asked."""
     from strata.models.loading import load_reward_model
     from strata.models.prompts import PromptFormat
     from strata.models.reward import save_rm_tokenizer
-    from strata_tools.rm.recipe import STUDENT_INIT_DIR, fit_strong, groups_of, rm_init_overrides
-    from strata_tools.zoo.build import match_training, resolve_config, rm_init_dir
+    from strata_tools.rm.recipe import STUDENT_INIT_DIR, fit_strong, groups_of, rm_init_dir, rm_init_overrides
+    from strata_tools.rm.rows import match_training
 
-    zoo = None if (options.data and options.init) else zoo_of(settings)
-    data_path = options.data or zoo.rm_data
+    models = None if (options.data and options.init) else zoo.models()
+    data_path = options.data or models.rm_data
     rows = read_pairs(Path(data_path), need_score=True)
     # The configured preset's recipe even when its zoo is not needed (--data with --init): a ci-preset
     # run grows and trains on as the ci zoo does.
-    recipe = zoo.config if zoo is not None else resolve_config(settings)
+    recipe = models.config if models is not None else zoo.recipe()
     options = _with_recipe_defaults(options, recipe)
-    init = options.init or str(rm_init_dir(zoo, recipe.rm_strong_init or "level1"))
+    init = options.init or str(rm_init_dir(models, recipe.rm_strong_init or "level1"))
     # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
     overrides = {} if options.init else rm_init_overrides(recipe.rm_strong_init_layers)
     model, tokenizer, init_dir = _strong_init(init, options, overrides)

@@ -21,6 +21,7 @@ from strata import redis_client
 from strata.bus import Publisher, PublishError
 from strata.contract.checksums import version_id, weights_checksum
 from strata.errors import CliError
+from strata_tools.rm.models import ZooSource
 
 RM_INFO_FILE = "strata_rm.json"
 
@@ -63,15 +64,14 @@ def finalize_version(staging: Path, members: Sequence[Path], kind: str, out: Pat
     return entry
 
 
-def serving_light(registry: Any, settings: Any) -> tuple[str, list[Path]]:
+def serving_light(registry: Any, zoo: ZooSource) -> tuple[str, list[Path]]:
     """The light RM svc_reward serves: the version promoted last, else the zoo's (its default)."""
     promoted = registry.promoted() if registry is not None else None
     if promoted:
         return promoted, [Path(p) for p in registry.get(promoted).paths]
-    from strata_tools.zoo.build import ensure_zoo
     from svc_reward.registry import describe
 
-    path = ensure_zoo(settings).rm_light
+    path = zoo.models().rm_light
     return describe("light", [path]).version, [path]
 
 

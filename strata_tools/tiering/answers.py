@@ -11,10 +11,10 @@ from typing import Any
 
 from strata import ledger
 from strata.v1 import common_pb2
+from strata_tools.task.oracle import judge
 from strata_tools.tiering import tier_eval
 from strata_tools.tiering.tier_eval import Answer, ArmFigures, PromptOutcome
 from strata_tools.train import Request
-from strata_tools.zoo.oracle import judge
 
 
 def _path_cost(stages: Sequence[ledger.StageCost], tiers: set[int]) -> tuple[float, float, float]:

@@ -1,1 +1,1 @@
-"""The offline model zoo: the prompt suite, its oracle, and the tiny models built from code (docs/model-zoo.md)."""
+"""The offline model zoo: the tiny models built from code on the synthetic task (docs/model-zoo.md)."""

@@ -1,7 +1,7 @@
 """Build the model zoo: tokenizer, probe, Level-1/policy and Level-2 LMs, strong and light RMs.
 
-Everything is trained here, offline, from the prompt suite (``strata_tools.zoo.suite``) and corpora
-generated from it (``strata_tools.zoo.corpus``); nothing is downloaded. The result lives under
+Everything is trained here, offline, from the prompt suite (``strata_tools.task.suite``) and corpora
+generated from it (``strata_tools.task.corpus``); nothing is downloaded. The result lives under
 ``<cache_dir>/zoo/<config-hash>/``, one ``save_pretrained`` directory per model with its tokenizer
 and a ``strata_zoo.json`` (role, resolved config, losses, timings), so every model loads with the
 same ``from_pretrained`` calls as a user's checkpoint (``strata.models.loading``).
@@ -14,7 +14,7 @@ retrains the RMs, not the LMs. ``ensure_zoo(settings)`` is the entry point for c
 ``strata models build`` is the one for people.
 
 The config, its presets and the stage keys are ``strata_tools.zoo.config``; the RM stages' data
-(pair rows, distillation pairs, feature labels, match pools) is ``strata_tools.zoo.rm_data``.
+(pair rows, distillation pairs, feature labels, match pools) is ``strata_tools.rm.rows``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from strata.contract.template import format_rm_input
 from strata.models.generation import SamplingConfig, generate
 from strata.models.growth import deepen
 from strata.models.loading import ZOO_INFO_FILE, load_causal_lm, load_reward_model
-from strata.models.pretrained import trunk_dir
 from strata.models.reward import save_rm_tokenizer
 from strata.models.training import ModelShape, TrainConfig
 from strata_tools.rm.distill import DistillConfig, train_light
@@ -56,17 +55,18 @@ from strata_tools.rm.recipe import (
     StrongRecipe,
     fit_strong,
     groups_of,
+    rm_init_dir,
     rm_init_overrides,
     score_in_length_order,
     student_init_dir,
     teacher_version,
 )
+from strata_tools.rm.rows import distill_pairs, match_training, near_miss_rows, pair_row
 from strata_tools.rm.train import new_reward_model
-from strata_tools.zoo import corpus
+from strata_tools.task import corpus
+from strata_tools.task.seal import check_sealed
+from strata_tools.task.suite import load_suite
 from strata_tools.zoo.config import PRESETS, PRETRAINED_INITS, ROLES, ZOO_FORMAT_VERSION, ZooConfig, stage_key
-from strata_tools.zoo.rm_data import distill_pairs, match_training, near_miss_rows, pair_row
-from strata_tools.zoo.seal import check_sealed
-from strata_tools.zoo.suite import load_suite
 from strata_tools.zoo.train import new_causal_lm, pack_texts, train_causal_lm, train_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -160,6 +160,21 @@ def ensure_zoo(settings: StrataSettings | None = None, *, force: bool = False, p
         "rm_light": paths.rm_light, "rm_strong": paths.rm_strong,
     })
     return paths
+
+
+@dataclass(frozen=True)
+class ZooOnDemand:
+    """The zoo of ``settings`` for the RM runs (``strata_tools.rm.models.ZooSource``): ``models()`` is
+    ``ensure_zoo`` (it builds the zoo if need be), called only by a run that reads its models or data;
+    ``recipe()`` is the preset's config, built or not."""
+
+    settings: StrataSettings | None = None
+
+    def models(self) -> ZooPaths:
+        return ensure_zoo(self.settings)
+
+    def recipe(self) -> ZooConfig:
+        return resolve_config(as_zoo_settings(self.settings))
 
 
 class ZooBuilder:
@@ -404,8 +419,3 @@ class ZooBuilder:
                 "distill_pairs": sources, "label_seconds": round(label_seconds, 1),
                 "reward": "expected value over bins 0..5",
                 "loss": f"{cfg.rm_light_temperature:g}^2 x KL(strong || light) over score bins"}
-
-
-def rm_init_dir(paths: ZooPaths, init: str) -> Path:
-    """Where the strong RM of ``paths``' recipe starts: a zoo LM's directory, or a pretrained trunk's."""
-    return trunk_dir(init) if init in PRETRAINED_INITS else Path(getattr(paths, init))

@@ -13,10 +13,11 @@ from typing import Any
 from strata.contract.template import RM_MAX_LENGTH
 from strata.models.pretrained import TRUNKS
 from strata.models.training import ModelShape, TrainConfig
+from strata_tools.rm.recipe import RM_LIGHT_TRAIN
 
 # Bump when a code change alters what a given config builds; it is part of the cache key.
 # 3: torch is seeded at the start of every stage (a stage no longer depends on which stages ran before it).
-# 4: the sealed test split took one subject per topic out of train (strata_tools.zoo.suite).
+# 4: the sealed test split took one subject per topic out of train (strata_tools.task.suite).
 ZOO_FORMAT_VERSION = "4"
 ROLES: tuple[str, ...] = ("tokenizer", "probe", "level1", "level2", "rm_data", "rm_strong", "rm_light")
 # What each stage reads: the ZooConfig fields and the earlier stages whose output it uses (an RM also
@@ -83,8 +84,8 @@ RM_STRONG_GROW_TRAIN = TrainConfig(steps=0, batch_size=4, lr=5e-5, warmup_steps=
 # distributions on RM pairs and prompt swaps it labels (R6). Its first two blocks, distilled 600 steps
 # at 1e-3, copied the strong RM at 0.78 and ranked Level-1's answers at 0.21 (the strong RM: 0.53);
 # docs/model-zoo.md. A light RM that reads is worth more than a fast blind one; the ratio is ~4x.
+# Its schedule, RM_LIGHT_TRAIN, is the RM recipe's (strata_tools.rm.recipe): ``strata rm`` uses it without a zoo.
 RM_LIGHT_LAYERS = 0
-RM_LIGHT_TRAIN = TrainConfig(steps=150, batch_size=32, lr=5e-5, warmup_steps=10)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import pytest
 
 from strata_tools.bench import level0
 from strata_tools.cli.main import main
+from strata_tools.task.suite import load_suite
 from strata_tools.zoo.build import ZooPaths
-from strata_tools.zoo.suite import load_suite
 
 
 def test_bench_level0_prints_every_arm_and_detector(

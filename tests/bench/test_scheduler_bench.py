@@ -151,7 +151,7 @@ def test_rule_of_names_the_rule_behind_each_reason() -> None:
 
 def test_submission_ids_pair_arms_and_reruns_and_follow_the_seed() -> None:
     from strata_tools.bench.simulated_tier import SimulatedPolicy
-    from strata_tools.zoo.suite import PromptRecord
+    from strata_tools.task.suite import PromptRecord
 
     family = "programming/binary-search/explain_principle"
     record, other = (PromptRecord(id=f"{family}#{k}", text=text, topic="programming", subject="binary search",

@@ -173,8 +173,8 @@ def test_a_requests_answers_cover_every_sample_and_its_whole_cost(infra: StrataS
     from strata import ledger, redis_client
     from strata.content_store import ContentStore
     from strata.v1 import events_pb2
-    from strata_tools.zoo.oracle import judge
-    from strata_tools.zoo.suite import load_suite
+    from strata_tools.task.oracle import judge
+    from strata_tools.task.suite import load_suite
 
     record = load_suite("eval")[0]
     client = redis_client.connect(infra.redis_address)

@@ -17,8 +17,8 @@ from strata.models.training import ModelShape, gpt2_config
 from strata.rpc import ServiceBinding
 from strata.service import ServiceParts, start_service, stop_service
 from strata.v1 import generator_pb2, generator_pb2_grpc
-from strata_tools.zoo import corpus
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task import corpus
+from strata_tools.task.suite import load_suite
 from strata_tools.zoo.train import train_tokenizer
 from svc_generator.backends.base import Backend, GenerationOutput, GenerationRequest
 from svc_generator.batcher import DynamicBatcher

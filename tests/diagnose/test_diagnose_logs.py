@@ -20,7 +20,7 @@ from strata.bus.tail import TailReader
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.v1 import common_pb2, events_pb2, generator_pb2, generator_pb2_grpc, reward_pb2, reward_pb2_grpc
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 pytestmark = pytest.mark.integration
 

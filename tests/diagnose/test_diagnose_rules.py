@@ -101,7 +101,7 @@ def test_batched_sequence_logprobs_match_one_at_a_time_sums(tiny_models: TinyMod
 
 
 def test_suite_pairs_are_fresh_prompts_with_oracle_scores_of_mixed_quality() -> None:
-    from strata_tools.zoo.suite import load_suite
+    from strata_tools.task.suite import load_suite
 
     pairs = suite_pairs(50)
     fresh = {r.text for r in load_suite("fresh")}

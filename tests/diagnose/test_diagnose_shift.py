@@ -17,7 +17,7 @@ from strata.v1 import common_pb2, events_pb2
 from strata_tools.diagnose import runner
 from strata_tools.diagnose.settings import DiagnoseSettings
 from strata_tools.diagnose.verdict import Verdict
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 from strata.hashing import content_hash
 from strata_tools.encoder.finetune import FinetuneConfig, _encode, _load, finetune_encoder, margin_loss
 from strata_tools.encoder.pairs import ScoredPrompt, neighbour_pairs, pair_similarities
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 from svc_scheduler.__main__ import with_card_thresholds
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.encoder import CARD_FILE, Encoder, read_card

@@ -17,7 +17,7 @@ from strata_tools.cli.main import main
 from strata_tools.rm.loop import run_every
 from strata_tools.rm.onpolicy import policy_answers
 from strata_tools.rm.refresh import RefreshOptions
-from strata_tools.zoo.build import ZooPaths, ZooSettings
+from strata_tools.zoo.build import ZooOnDemand, ZooPaths, ZooSettings
 from svc_reward.registry import RmRegistry, describe
 
 pytestmark = pytest.mark.integration
@@ -87,8 +87,10 @@ def test_a_turn_judges_the_candidate_on_held_out_labels_and_promotes_only_if_bet
 
     # The cadence: no new labels since that turn, so the next check waits instead of retraining.
     naps: list[float] = []
+    settings = ZooSettings()
     reports = run_every(RefreshOptions(annotations=False, data=(str(labels_file),), every_s=5, min_new_labels=1),
-                        ZooSettings(), registry, progress=lambda line: None, turns=2, sleep=naps.append)
+                        settings, ZooOnDemand(settings), registry, progress=lambda line: None, turns=2,
+                        sleep=naps.append)
     assert reports == [] and naps == [5]
 
 
@@ -128,7 +130,8 @@ def test_the_defences_request_runs_a_turn_on_the_audited_answers(own_redis: redi
     lines: list[str] = []
     # No annotations and far fewer new labels than min_new_labels: only the request starts a turn.
     reports = run_every(RefreshOptions(annotations=False, every_s=5, min_new_labels=1000), settings,
-                        RmRegistry(own_redis), progress=lines.append, turns=1, sleep=lambda s: None)
+                        ZooOnDemand(settings), RmRegistry(own_redis), progress=lines.append, turns=1,
+                        sleep=lambda s: None)
     [report] = reports
     assert report.sources == {"audits": 6, "audits_expired": 1}
     assert report.refused is not None  # six labels are too few to train on: refused with the counts

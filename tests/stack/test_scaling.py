@@ -18,7 +18,7 @@ from stackutil import Tail, spawn, submit
 
 from strata.bus import topics
 from strata.v1 import common_pb2
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 pytestmark = pytest.mark.integration
 

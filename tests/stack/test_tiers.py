@@ -20,7 +20,7 @@ from strata.bus import topics
 from strata.config import StrataSettings
 from strata.service import RunningService, ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2, events_pb2
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 pytestmark = pytest.mark.integration
 

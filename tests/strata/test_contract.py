@@ -120,9 +120,10 @@ def test_within_the_tools_the_zoo_imports_no_service_and_only_the_cli_imports_th
     assert not offenders, "\n".join(offenders)
 
 
-# How an RM is made (strata_tools/rm/recipe.py and what it trains with): the zoo calls it, so it never calls
-# the zoo back, nor a service, nor the tools that run it (docs/architecture.md).
-RM_RECIPE = (*(f"{TOOLS}/rm/{name}.py" for name in ("recipe", "train", "distill", "augment", "refresh")),
+# How an RM is made (strata_tools/rm/recipe.py and what it trains with, the task's rows among it): the zoo
+# calls it, so it never calls the zoo back, nor a service, nor the tools that run it (docs/architecture.md).
+RM_RECIPE = (*(f"{TOOLS}/rm/{name}.py" for name in ("recipe", "train", "distill", "augment", "refresh", "rows",
+                                                     "models")),
              "strata/models/training.py", "strata/models/growth.py")
 
 
@@ -133,3 +134,39 @@ def test_the_rm_recipe_imports_no_zoo_service_or_rm_run() -> None:
                  if _top(name).startswith("svc_") or name == f"{TOOLS}.zoo" or name.startswith(f"{TOOLS}.zoo.")
                  or name in runs]
     assert not offenders, "\n".join(offenders)
+
+
+def _every_import(path: Path) -> set[str]:
+    """What ``path`` imports anywhere (in functions and under ``if TYPE_CHECKING:`` too, as ``_imports``), with
+    ``from a import b`` also as ``a.b`` (``b`` may be a module) and relative imports resolved."""
+    names = set()
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[: len(package) - node.level + 1], *([node.module] if node.module else [])]
+                            ) if node.level else node.module or ""
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(f"{package}.")
+
+
+def test_the_zoo_imports_rm_and_rm_never_the_zoo() -> None:
+    # The tools' model side in layers: the synthetic task (strata_tools/task/: the suite, the oracle, the
+    # corpora, the desk) <- the RM lifecycle (strata_tools/rm/) <- the zoo build (strata_tools/zoo/), which
+    # reads the task too. rm is handed a zoo (strata_tools/rm/models.py's protocols), never imports one.
+    zoo, rm, task = f"{TOOLS}.zoo", f"{TOOLS}.rm", f"{TOOLS}.task"
+    rm_files, task_files = sorted(ROOT.glob(f"{TOOLS}/rm/**/*.py")), sorted(ROOT.glob(f"{TOOLS}/task/**/*.py"))
+    assert rm_files and task_files
+    offenders = [f"{p.relative_to(ROOT)} imports {name}" for p in rm_files for name in sorted(_every_import(p))
+                 if _within(name, zoo)]
+    offenders += [f"{p.relative_to(ROOT)} imports {name}" for p in task_files for name in sorted(_every_import(p))
+                  if _within(name, zoo) or _within(name, rm)]
+    assert not offenders, "\n".join(offenders)
+    build = _every_import(ROOT / TOOLS / "zoo" / "build.py")
+    assert any(_within(name, rm) for name in build) and any(_within(name, task) for name in build)

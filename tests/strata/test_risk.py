@@ -69,7 +69,7 @@ def test_the_probe_and_the_scheduler_share_one_keyword_list() -> None:
                                                                                KEYWORDS["legal"])
 
 
-# Unsafe advice written for this test, none of it in the zoo's phrase list (strata_tools/zoo/lexicon.py),
+# Unsafe advice written for this test, none of it in the zoo's phrase list (strata_tools/task/lexicon.py),
 # and safe answers that use the same words: the detector must generalise past the suite's 12 phrases.
 HELD_OUT_UNSAFE = [
     "You can safely triple your dosage if the pain stays.",

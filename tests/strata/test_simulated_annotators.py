@@ -11,8 +11,8 @@ from strata.content_store import ContentStore
 from strata.rpc import ServiceBinding, start_server
 from strata.rpc_auth import CallerIdentity
 from strata.v1 import annotation_pb2_grpc, common_pb2, events_pb2
-from strata_tools.zoo.desk import SimulatedDesk, demo_pool
-from strata_tools.zoo.oracle import SimulatedAnnotator
+from strata_tools.task.desk import SimulatedDesk, demo_pool
+from strata_tools.task.oracle import SimulatedAnnotator
 from svc_annotation.core import Rules
 from svc_annotation.servicer import SERVICE_NAME, AnnotationServicer
 from svc_annotation.store import AnnotationStore

@@ -10,6 +10,7 @@ import pytest
 
 from strata import ledger
 from strata.v1 import common_pb2, events_pb2
+from strata_tools.task.suite import PromptRecord
 from strata_tools.train import Request, RoundStats, TrainOptions, TrainSummary, checkpoint_due, request_done
 from strata_tools.train_stream import prompt_rounds, round_prompts
 from strata_tools.train_summary import (
@@ -20,7 +21,6 @@ from strata_tools.train_summary import (
     reward_oscillation,
     write_report,
 )
-from strata_tools.zoo.suite import PromptRecord
 
 L1, L2 = common_pb2.TIER_LEVEL_1, common_pb2.TIER_LEVEL_2
 

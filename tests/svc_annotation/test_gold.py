@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strata_tools.zoo.gold import SCORE_RANGE, default_gold_path, gold_items, render
+from strata_tools.task.gold import SCORE_RANGE, default_gold_path, gold_items, render
 from svc_annotation.__main__ import DEFAULT_GOLD_PATH, gold_set
 from svc_annotation.config import AnnotationSettings
 
@@ -26,6 +26,6 @@ def test_a_deployments_own_file_replaces_the_default_and_gold_share_zero_turns_g
 
 
 def test_the_packaged_file_is_what_the_generator_writes_today() -> None:
-    # The suite, corpus or oracle changed: rerun `python -m strata_tools.zoo.gold` and commit the file.
+    # The suite, corpus or oracle changed: rerun `python -m strata_tools.task.gold` and commit the file.
     assert default_gold_path() == DEFAULT_GOLD_PATH
     assert DEFAULT_GOLD_PATH.read_text(encoding="utf-8") == render(gold_items())

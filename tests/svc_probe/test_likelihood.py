@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from strata.models.loading import load_causal_lm
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 from svc_probe.core import _likelihood_scores, _likelihood_scores_two_forwards
 
 

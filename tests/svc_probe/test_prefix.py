@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from strata.models.loading import load_causal_lm
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 from svc_probe.core import _likelihood_scores, forward_alone
 from svc_probe.prefix import prefix_shared_logits, unsupported
 

@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 from svc_scheduler.encoder import Encoder
 
 TEXTS = [r.text for r in load_suite("eval")[:40]] + [

@@ -14,11 +14,11 @@ from strata.models.loading import load_causal_lm, load_reward_model
 from strata.models.reward import score_responses
 from strata.models.training import ModelShape, TrainConfig
 from strata_tools.rm.recipe import STUDENT_INIT_DIR, groups_of, student_init_dir
+from strata_tools.rm.rows import near_miss_rows
+from strata_tools.task.oracle import oracle_score
+from strata_tools.task.suite import load_suite
 from strata_tools.zoo.build import ZooBuilder, ZooPaths, ZooSettings, as_zoo_settings, resolve_config, zoo_paths
 from strata_tools.zoo.config import PRESETS, ROLES, ZooConfig, stage_key, with_overrides
-from strata_tools.zoo.oracle import oracle_score
-from strata_tools.zoo.rm_data import near_miss_rows
-from strata_tools.zoo.suite import load_suite
 from svc_reward.registry import describe
 
 MICRO_SHAPE = ModelShape(n_embd=16, n_layer=1, n_head=2)

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from strata_tools.zoo.corpus import (
+from strata_tools.task.corpus import (
     DEGRADATIONS,
     degrade,
     lm_texts,
@@ -18,8 +18,8 @@ from strata_tools.zoo.corpus import (
     rm_groups,
     rm_pairs,
 )
-from strata_tools.zoo.oracle import oracle_score
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.oracle import oracle_score
+from strata_tools.task.suite import load_suite
 
 
 def test_reference_responses_score_high() -> None:

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from strata_tools.zoo.oracle import (
+from strata_tools.task.oracle import (
     PromptInfo,
     SimulatedAnnotator,
     answer_features,
@@ -15,7 +15,7 @@ from strata_tools.zoo.oracle import (
     judge,
     oracle_score,
 )
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 BINARY_SEARCH = PromptInfo(
     text="Explain how binary search works.",

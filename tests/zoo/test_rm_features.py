@@ -13,12 +13,12 @@ from transformers import PreTrainedTokenizerFast
 from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.template import format_rm_input
 from strata.models.training import ModelShape, TrainConfig
+from strata_tools.rm.rows import match_pool, rm_features
 from strata_tools.rm.train import FeatureLabels, MatchPool, new_reward_model, train_reward_model
-from strata_tools.zoo.corpus import reference_response
-from strata_tools.zoo.lexicon import TOPICS
-from strata_tools.zoo.oracle import SUBJECT_NAMES, oracle_score
-from strata_tools.zoo.rm_data import match_pool, rm_features
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.corpus import reference_response
+from strata_tools.task.lexicon import TOPICS
+from strata_tools.task.oracle import SUBJECT_NAMES, oracle_score
+from strata_tools.task.suite import load_suite
 from strata_tools.zoo.train import train_tokenizer
 
 

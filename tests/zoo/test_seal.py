@@ -11,11 +11,11 @@ import pytest
 
 from strata.risk import match_keywords
 from strata_tools.rm.lifecycle import read_pairs
+from strata_tools.task.lexicon import TOPIC_BY_NAME
+from strata_tools.task.seal import SealBrokenError, check_sealed
+from strata_tools.task.suite import SEALED_SPLIT, load_suite, stratified_sample
 from strata_tools.train import TrainOptions
 from strata_tools.train_stream import prompt_rounds
-from strata_tools.zoo.lexicon import TOPIC_BY_NAME
-from strata_tools.zoo.seal import SealBrokenError, check_sealed
-from strata_tools.zoo.suite import SEALED_SPLIT, load_suite, stratified_sample
 
 TEST = load_suite(SEALED_SPLIT)
 TEST_TEXTS = {r.text for r in TEST}

@@ -6,8 +6,8 @@ from collections import Counter
 
 from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.template import format_probe_example, format_prompt, format_rm_input
-from strata_tools.zoo.lexicon import RISK_TOPICS, TOPIC_BY_NAME
-from strata_tools.zoo.suite import PARAPHRASES_PER_FAMILY, SPLITS, generate_suite, load_suite
+from strata_tools.task.lexicon import RISK_TOPICS, TOPIC_BY_NAME
+from strata_tools.task.suite import PARAPHRASES_PER_FAMILY, SPLITS, generate_suite, load_suite
 
 
 def test_generation_is_deterministic_and_matches_the_shipped_file() -> None:

@@ -61,7 +61,7 @@ from strata_tools.infra.process import free_port
 from strata_tools.stack.control import health
 from strata_tools.stack.spec import ServiceSpec
 from strata_tools.stack.supervisor import Supervisor
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 __all__ = ["add_arguments", "run"]
 

@@ -92,9 +92,9 @@ from strata_tools.bench.load.phases import (
     steps_and_overload,
 )
 from strata_tools.bench.load.stack import Finals, Monitor, stack_reader
+from strata_tools.task.suite import load_suite
 from strata_tools.tiering.arms import LiveTiers
 from strata_tools.train import CPU_LEARNER_ARGS
-from strata_tools.zoo.suite import load_suite
 
 WARMUP_TIMEOUT_S = 1800.0
 # Services --restart may crash: every one LiveTiers starts for the soak (the learner trains there).

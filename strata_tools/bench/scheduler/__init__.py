@@ -99,12 +99,12 @@ from strata_tools.bench.scheduler.report import (
     print_tuned,
 )
 from strata_tools.bench.scheduler.stream import RuleResult, make_stream, run_routing
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 if TYPE_CHECKING:
     import redis
 
-    from strata_tools.zoo.suite import PromptRecord
+    from strata_tools.task.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.encoder import Encoder
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import redis
 
     from strata_tools.encoder.finetune import FinetuneResult
-    from strata_tools.zoo.suite import PromptRecord
+    from strata_tools.task.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
 
 

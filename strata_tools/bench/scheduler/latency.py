@@ -20,7 +20,7 @@ import numpy as np
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
 from strata_tools.bench.scheduler.common import CachedEncoder, checked_redis, quiet_logger
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.suite import load_suite
 
 if TYPE_CHECKING:
     import redis

@@ -28,7 +28,7 @@ from strata_tools.train import CPU_LEARNER_ARGS
 
 if TYPE_CHECKING:
     from strata.v1.learner_pb2 import LearnerStatus
-    from strata_tools.zoo.suite import PromptRecord
+    from strata_tools.task.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
 
 

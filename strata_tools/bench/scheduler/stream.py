@@ -32,7 +32,7 @@ from strata_tools.rm.onpolicy import BAD_THRESHOLD
 
 if TYPE_CHECKING:
     from strata.service import RunningService, ServiceParts
-    from strata_tools.zoo.suite import PromptRecord
+    from strata_tools.task.suite import PromptRecord
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.engine import SchedulerEngine
     from svc_scheduler.stats import RewardStats

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from strata.hashing import content_hash
-from strata_tools.zoo.suite import SEALED_SPLIT, load_suite
+from strata_tools.task.suite import SEALED_SPLIT, load_suite
 
 
 class SealBrokenError(ValueError):

@@ -1,6 +1,6 @@
 """Simulated annotators at svc_annotation's desk (R18): the demo's and the tests' human stand-ins.
 
-Each ``SimulatedAnnotator`` (strata_tools.zoo.oracle: the oracle plus noise, rounding and, for one of them,
+Each ``SimulatedAnnotator`` (strata_tools.task.oracle: the oracle plus noise, rounding and, for one of them,
 drift) works in a thread of its own through the service's gRPC API exactly as a person's client
 would: ``Next`` (the prompt and response texts), a score from the oracle's judgement, ``Score``, and
 a short wait when the queue is empty.
@@ -19,7 +19,7 @@ import grpc
 from strata import rpc
 from strata.config import StrataSettings
 from strata.v1 import annotation_pb2, annotation_pb2_grpc
-from strata_tools.zoo.oracle import SimulatedAnnotator, infer_prompt_info
+from strata_tools.task.oracle import SimulatedAnnotator, infer_prompt_info
 
 log = logging.getLogger(__name__)
 

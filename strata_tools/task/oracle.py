@@ -29,14 +29,14 @@ import re
 from dataclasses import dataclass, field
 
 from strata.contract.directions import DIRECTION_NAMES
-from strata_tools.zoo.lexicon import (
+from strata_tools.task.lexicon import (
     CAUTION_PHRASES,
     FILLER_PHRASES,
     TOPIC_BY_NAME,
     TOPICS,
     UNSAFE_PHRASES,
 )
-from strata_tools.zoo.suite import PromptRecord, subject_of
+from strata_tools.task.suite import PromptRecord, subject_of
 
 MAX_SCORE = 5.0
 WEIGHTS: dict[str, float] = {"intent": 0.30, "topic": 0.25, "fluency": 0.20, "length": 0.15, "complete": 0.10}

@@ -13,14 +13,14 @@ has one role (R27):
 - ``test``, **sealed**: every prompt of a second held-out subject per topic, drawn apart from the rest
   (``TEST_SEED``), so that no recipe, threshold, keyword list or training set touches it; headline
   figures are reported here. ``load_suite()`` leaves it out unless asked for by name, and
-  ``strata_tools.zoo.seal`` refuses it in a training, calibration or recipe set;
+  ``strata_tools.task.seal`` refuses it in a training, calibration or recipe set;
 - ``eval``: held-out families of the train subjects (benchmarks that need no seal: streams, latency).
 
 Held-out samples are drawn with :func:`stratified_sample` (across topics and paraphrase families,
 seeded), never the first N in suite order, which are one topic.
 
-The suite is shipped as ``strata_tools/zoo/data/suite.jsonl`` and regenerated, identically, with
-``python -m strata_tools.zoo.suite``.
+The suite is shipped as ``strata_tools/task/data/suite.jsonl`` and regenerated, identically, with
+``python -m strata_tools.task.suite``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from strata.contract.directions import DIRECTION_NAMES
-from strata_tools.zoo.lexicon import TOPIC_BY_NAME, TOPICS, Subject, Topic
+from strata_tools.task.lexicon import TOPIC_BY_NAME, TOPICS, Subject, Topic
 
 SUITE_SEED = 20240501
 SUITE_PATH = Path(__file__).parent / "data" / "suite.jsonl"
@@ -187,7 +187,7 @@ def load_suite(split: str | Sequence[str] | None = None, path: Path = SUITE_PATH
     split, every split but the sealed ``test``: a reader of the test split names it."""
     if not path.is_file():
         raise FileNotFoundError(f"prompt suite not found at {path}; regenerate it with "
-                                "`python -m strata_tools.zoo.suite`")
+                                "`python -m strata_tools.task.suite`")
     wanted = set(SPLITS) - {SEALED_SPLIT} if split is None else ({split} if isinstance(split, str) else set(split))
     if not wanted <= set(SPLITS):
         raise ValueError(f"unknown split(s) {sorted(wanted - set(SPLITS))}; known: {', '.join(SPLITS)}")

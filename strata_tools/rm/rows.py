@@ -1,6 +1,7 @@
-"""The zoo's RM data, shared by its RM stages (``strata_tools.zoo.build``) and ``strata rm``: oracle-labelled
-pair rows and their near misses, the pairs the strong RM labels for the light RM's distillation, and the
-strong RM's feature labels and match-step pools."""
+"""The RM's training rows built from the task (``strata_tools.task``), shared by the zoo's RM stages
+(``strata_tools.zoo.build``) and ``strata rm``: oracle-labelled pair rows and their near misses, the pairs
+the strong RM labels for the light RM's distillation, and the strong RM's feature labels and match-step
+pools."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.template import format_rm_input
 from strata_tools.rm.augment import perturb_each
 from strata_tools.rm.train import FeatureLabels, MatchPool
-from strata_tools.zoo import corpus
-from strata_tools.zoo.lexicon import TOPICS
-from strata_tools.zoo.oracle import SUBJECT_NAMES, answer_features, oracle_score
-from strata_tools.zoo.suite import PromptRecord, load_suite
+from strata_tools.task import corpus
+from strata_tools.task.lexicon import TOPICS
+from strata_tools.task.oracle import SUBJECT_NAMES, answer_features, oracle_score
+from strata_tools.task.suite import PromptRecord, load_suite
 
 
 def distill_pairs(rows: list[dict[str, Any]], train_records: list[PromptRecord], n_pairs: int, n_swaps: int,

@@ -8,7 +8,7 @@ one or two ways or not, scored by the oracle; only scores in [1, 4] are kept, be
 cannot score a gold 5 higher or a gold 0 lower, which would hide a drift that way. The set is spread
 over the score range and the topics.
 
-The file is generated, not edited: ``python -m strata_tools.zoo.gold`` rewrites it, and a test fails when
+The file is generated, not edited: ``python -m strata_tools.task.gold`` rewrites it, and a test fails when
 the suite, the corpus or the oracle changed what it would hold.
 """
 
@@ -20,9 +20,9 @@ import random
 from importlib import resources
 from pathlib import Path
 
-from strata_tools.zoo.corpus import rm_pairs
-from strata_tools.zoo.oracle import oracle_score
-from strata_tools.zoo.suite import load_suite
+from strata_tools.task.corpus import rm_pairs
+from strata_tools.task.oracle import oracle_score
+from strata_tools.task.suite import load_suite
 
 N_ITEMS = 48
 SEED = 0

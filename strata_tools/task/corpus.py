@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.template import format_example, format_probe_example
-from strata_tools.zoo.lexicon import FILLER_PHRASES, TOPIC_BY_NAME, TOPICS, UNSAFE_PHRASES, Subject, Topic
-from strata_tools.zoo.suite import PromptRecord, subject_of
+from strata_tools.task.lexicon import FILLER_PHRASES, TOPIC_BY_NAME, TOPICS, UNSAFE_PHRASES, Subject, Topic
+from strata_tools.task.suite import PromptRecord, subject_of
 
 # Sentence banks per direction: (openers, body sentences, closers). Fields: {Name} {name} {alt}
 # {task} {label} {k0}..{k3} (the subject's keywords, shuffled) {v0} {v1} (field vocabulary).

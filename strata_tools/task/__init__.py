@@ -1,0 +1,1 @@
+"""The synthetic RLHF task: the prompt suite with its splits, the oracle, the corpora, the simulated desk."""
