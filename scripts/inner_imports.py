@@ -8,7 +8,8 @@ can see from the code:
 
 * ``heavy``: it loads torch or another model library (seconds), directly or through a project module
   that does at import time, so that commands which never need it start fast;
-* ``service``: it loads a service package (``svc_*``) only for the command that runs that service;
+* ``service``: it loads a service package (``svc_*``) the module does not load at import time, so that
+  only the commands that run or drive that service load it;
 * ``optional``: it sits in a ``try`` that catches ``ImportError`` (an optional dependency);
 * ``cycle``: the imported project module imports this one at import time;
 * or a reason written in ``REASONS`` below ("path:function" -> why).

@@ -6,6 +6,7 @@ and turns a refusal into ``RESOURCE_EXHAUSTED`` with the reason these return.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -67,6 +68,31 @@ class RateLimiter:
             bucket = self._buckets.get(client)
             if bucket is not None:
                 bucket.tokens = min(self.burst, bucket.tokens + n)
+
+
+class RetryHints:
+    """When each client was last told to come back (a refusal's retry hint), so that a refusal is refunded
+    (``RateLimiter.refund``) only to a client that honoured the hint before it: one that waits is not also
+    refused for the rate its refusals spent, and one that loops through refusals pays for each. The least
+    recently told clients are forgotten past ``max_clients``."""
+
+    def __init__(self, max_clients: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self._until: OrderedDict[str, float] = OrderedDict()
+        self._max_clients = max_clients
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def honoured(self, client: str) -> bool:
+        """True when ``client`` was never told to wait, or its last hint has passed."""
+        with self._lock:
+            return self._clock() >= self._until.get(client, -math.inf)
+
+    def told(self, client: str, retry_after_s: float) -> None:
+        with self._lock:
+            self._until.pop(client, None)
+            self._until[client] = self._clock() + retry_after_s  # most recently told last
+            while len(self._until) > self._max_clients:
+                self._until.popitem(last=False)
 
 
 class StreamLimiter:

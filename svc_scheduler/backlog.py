@@ -73,7 +73,8 @@ class Shed:
     def message(self) -> str:
         """What the refused client reads: which stage is behind and when to retry, in the product's terms
         (consumer groups and topics are the deployment's business: ``detail`` has them, for the log)."""
-        return (f"the rollout tiers are behind: {stage_name(self.stage.group)} has {self.stage.lag} prompts "
+        name, unit = stage_name(self.stage.group)
+        return (f"the rollout tiers are behind: {name} has {self.stage.lag} {unit} "
                 f"queued ({self._wait()}, bound {self.bound_s:g} s); prompts that need a rollout are refused "
                 f"until it drains, skips are served; retry in {self.retry_after_s:.1f} s")
 
@@ -85,24 +86,26 @@ class Shed:
     def jittered(self, fraction: float) -> Shed:
         """The same refusal with its hint stretched by ``fraction`` (one draw per call): refused clients
         told one time would all come back at once and be refused together."""
-        return replace(self, retry_after_s=self.retry_after_s * (1.0 + fraction))
+        # Whole milliseconds: the trailer carries ms, and the message must say the same wait.
+        return replace(self, retry_after_s=round(self.retry_after_s * (1.0 + fraction), 3))
 
     def _wait(self) -> str:
         return "with nothing draining" if math.isinf(self.stage.wait_s) else f"~{self.stage.wait_s:.0f} s of work"
 
 
-# The services' default consumer groups, named as a client knows the stages (svc_probe, svc_generator and
-# svc_reward's configs; tests/svc_scheduler/test_backlog.py ties them).
+# The services' default consumer groups, named as a client knows the stages, with what their queues hold
+# (svc_probe, svc_generator and svc_reward's configs; tests/svc_scheduler/test_backlog.py ties them).
 STAGE_NAMES = {
-    "svc-probe": "the Level-0 probe",
-    "svc-generator-l1": "Level-1 generation",
-    "svc-generator-l2": "Level-2 generation",
-    "svc-reward": "reward scoring",
+    "svc-probe": ("the Level-0 probe", "prompts"),
+    "svc-generator-l1": ("Level-1 generation", "prompts"),
+    "svc-generator-l2": ("Level-2 generation", "prompts"),
+    "svc-reward": ("reward scoring", "rollouts"),
 }
 
 
-def stage_name(group: str) -> str:
-    return STAGE_NAMES.get(group, "a rollout stage")
+def stage_name(group: str) -> tuple[str, str]:
+    """What a client reads for ``group``: the stage's name and what its queue holds."""
+    return STAGE_NAMES.get(group, ("a rollout stage", "events"))
 
 
 def shed_decision(readings: Sequence[StageReading], bound_s: float, min_backlog: int,

@@ -272,7 +272,9 @@ class SchedulerSettings(StrataSettings):
     backlog_window_s: float = Field(
         30.0, gt=0, description="seconds of readings a tier's drain rate is measured over (longer than a batch)"
     )
-    max_retry_after_s: float = Field(60.0, gt=0, description="longest retry hint a shed prompt is given")
+    max_retry_after_s: float = Field(
+        60.0, gt=0, description="longest retry hint a shed prompt is given, before its jitter (shed_retry_jitter)"
+    )
 
     def submit_limits(self) -> SubmitLimits:
         """What one submission may ask for (strata.validation.validate_submit)."""

@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError, Message
 from strata.content_store import StoreUnavailableError
 from strata.hashing import is_content_hash
 from strata.models.budget import TokenBudget
-from strata.ratelimit import RateLimiter, StreamLimiter
+from strata.ratelimit import RateLimiter, RetryHints, StreamLimiter
 from strata.rpc import abort_exhausted, abort_invalid, abort_unavailable, set_retry_pushback
 from strata.rpc_auth import CallerIdentity
 from strata.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -184,6 +184,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.watch_streams = StreamLimiter(settings.max_watch_streams, settings.max_watch_streams_per_client,
                                            "Watch streams")
         self.submit_rate = RateLimiter(settings.submit_rate_per_client, settings.submit_burst_per_client)
+        self.retry_hints = RetryHints()
 
     def _charge(self, context: grpc.ServicerContext, prompts: int) -> None:
         """Per-client Submit rate: RESOURCE_EXHAUSTED, with when to retry, past it."""
@@ -192,6 +193,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             rate, burst = self.settings.submit_rate_per_client, self.settings.submit_burst_per_client
             limits = f"{rate:g} prompts/s, burst {burst}"
             abort_exhausted(context, f"this client is over its Submit rate ({limits}); retry in {wait_s:.2f} s", wait_s)
+
+    def _refund_shed(self, context: grpc.ServicerContext, shed: int, retry_after_s: float) -> None:
+        """Shed prompts cost a client that honoured its last retry hint none of its Submit rate (the retry the
+        new hint asks for must not be refused for the rate); one that came back early pays for them, so that
+        looping through refusals, each an encoder pass, is stopped by the rate."""
+        client = self.identity.of(context)
+        if self.retry_hints.honoured(client):
+            self.submit_rate.refund(client, shed)
+        self.retry_hints.told(client, retry_after_s)
 
     def Submit(self, request: Any, context: grpc.ServicerContext) -> scheduler_pb2.SubmitResponse:
         self._charge(context, 1)
@@ -203,7 +213,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             abort_invalid(context, exc.field, exc.problem)
         [result] = self._submit(context, [prompt])
         if isinstance(result, PromptShedError):
-            self.submit_rate.refund(self.identity.of(context), 1)  # the retry the hint asks for is not charged twice
+            self._refund_shed(context, 1, result.shed.retry_after_s)
             abort_exhausted(context, str(result), result.shed.retry_after_s)
         if isinstance(result, NotAcceptedError):
             abort_unavailable(context, str(result))
@@ -235,8 +245,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             else:
                 results[i].response.CopyFrom(response_of(outcome))
         if retry_after_s:  # the batch is answered; the trailer says when its shed prompts may come again
-            shed = sum(isinstance(outcome, PromptShedError) for outcome in outcomes)
-            self.submit_rate.refund(self.identity.of(context), shed)
+            self._refund_shed(context, sum(isinstance(o, PromptShedError) for o in outcomes), retry_after_s)
             set_retry_pushback(context, retry_after_s)
         return scheduler_pb2.SubmitBatchResponse(results=results)
 

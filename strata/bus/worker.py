@@ -28,7 +28,7 @@ from typing import Any, Generic
 
 from kafka import KafkaConsumer
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import CommitFailedError
+from kafka.errors import CommitFailedError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from strata.bus.errors import TransientError, is_too_large, is_transient
@@ -119,6 +119,9 @@ class Worker:
         # Events already dead-lettered but not yet committed: a partition rewound for a retry must
         # not send them to the DLQ twice. Pruned at each commit.
         self._dead: set[tuple[str, int, int]] = set()
+        # Offsets of finished events whose commit met a rebalance in progress: committed at the next poll, so
+        # that a rebalance costs no redelivery it need not.
+        self._unsent: dict[TopicPartition, OffsetAndMetadata] = {}
         self.handled = 0
         self.dead_lettered = 0
 
@@ -199,7 +202,7 @@ class Worker:
                     break  # retry later from this record; later records of tp wait behind it
                 done[tp] = OffsetAndMetadata(record.offset + 1, "", -1)
                 count += 1
-        if done:
+        if done or self._unsent:
             self._commit(done)
         return count
 
@@ -340,15 +343,26 @@ class Worker:
         log.error("%s[%d]@%d dead-lettered to %s (%s): %s",
                   record.topic, record.partition, record.offset, topic.dlq, stage, reason)
 
-    def _commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+    def _commit(self, done: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        consumer = self._require_consumer()
+        # Deferred offsets are of events this worker finished: right to commit whoever owns the partition now.
+        offsets = {**self._unsent, **done}
+        self._unsent = {}
+        if not offsets:
+            return
         try:
-            self._require_consumer().commit(offsets)
+            consumer.commit(offsets)
             def pending(key: tuple[str, int, int]) -> bool:
                 tp = TopicPartition(key[0], key[1])
                 return tp not in offsets or key[2] >= offsets[tp].offset
 
             self._dead = {k for k in self._dead if pending(k)}
             self._attempts = {k: v for k, v in self._attempts.items() if pending(k)}
+        except RebalanceInProgressError:
+            # The group is rebalancing now: keep the offsets for the next commit; a partition that goes to
+            # another member meanwhile is redelivered there (handlers are idempotent).
+            log.info("group %s: commit deferred, the group is rebalancing", self.group_id)
+            self._unsent = offsets
         except CommitFailedError as exc:
             # The group rebalanced under us: the new owner will redeliver; handlers are idempotent.
             log.warning("group %s: commit failed after a rebalance, events will be redelivered: %s",

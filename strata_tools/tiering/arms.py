@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -192,6 +193,10 @@ class LiveTiers(ArmRunner):
         self._specs: dict[str, _ServiceSpec] = {}
         self._processes: dict[str, subprocess.Popen] = {}
         self._logs = Path(settings.state_dir) / "logs"
+        # A restart (from another thread: a soak's timer) and the stop never interleave: no process is
+        # started after the stop took its list.
+        self._process_lock = threading.Lock()
+        self._stopping = False
 
     @contextmanager
     def started(self) -> Iterator[LiveTiers]:
@@ -201,7 +206,7 @@ class LiveTiers(ArmRunner):
         self.consumer_groups = {name: group for name, (group, _) in groups.items()}
         self._specs = self._service_specs(groups)
         self._logs.mkdir(parents=True, exist_ok=True)
-        self.ports, self._processes = {}, {}
+        self.ports, self._processes, self._stopping = {}, {}, False
         try:
             self._spawn(self._specs, self._logs, self._processes)
             self._await_healthy(self._processes, self.ports, self._logs)
@@ -209,6 +214,8 @@ class LiveTiers(ArmRunner):
             self.scheduler_address = f"127.0.0.1:{self.ports['scheduler']}"
             yield self
         finally:
+            with self._process_lock:
+                self._stopping = True
             self._stop_processes(self._processes)
             self.pids = {}
 
@@ -219,16 +226,19 @@ class LiveTiers(ArmRunner):
         if name not in self._processes:
             raise KeyError(f"no service {name!r} running; running: {', '.join(self._processes)}")
         started = time.monotonic()
-        old = self._processes[name]
-        old.kill()
-        old.wait(timeout=30)
         module, argv, env = self._specs[name]
-        with open(self._logs / f"{name}.log", "ab") as out:  # the crash and the restart in one log
-            self._processes[name] = subprocess.Popen(
-                [sys.executable, "-m", module, "--grpc-port", str(self.ports[name]), *argv],
-                env={**os.environ, **self._common_env(), **env}, stdout=out, stderr=subprocess.STDOUT)
+        with self._process_lock:
+            if self._stopping:
+                raise RuntimeError(f"not restarting {name}: the services are stopping")
+            old = self._processes[name]
+            old.kill()
+            old.wait(timeout=30)
+            with open(self._logs / f"{name}.log", "ab") as out:  # the crash and the restart in one log
+                self._processes[name] = subprocess.Popen(
+                    [sys.executable, "-m", module, "--grpc-port", str(self.ports[name]), *argv],
+                    env={**os.environ, **self._common_env(), **env}, stdout=out, stderr=subprocess.STDOUT)
+            self.pids[name] = self._processes[name].pid  # read from now on, while it loads
         self._await_healthy(self._processes, {name: self.ports[name]}, self._logs)
-        self.pids[name] = self._processes[name].pid
         return time.monotonic() - started
 
     def _common_env(self) -> dict[str, str]:

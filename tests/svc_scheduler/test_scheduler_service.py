@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import REGISTRY
 
@@ -25,7 +26,7 @@ from strata.bus.tail import TailReader
 from strata.config import StrataSettings
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
-from strata.ratelimit import RateLimiter
+from strata.ratelimit import RateLimiter, RetryHints
 from strata.rpc import RETRY_PUSHBACK_KEY
 from strata.service import RunningService, ServiceParts, start_service, stop_service
 from strata.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -68,6 +69,20 @@ def eventually(condition: Callable[[], object], what: str, timeout_s: float = TI
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)  # poll interval of a condition read from Redis, not a stand-in for sync
+
+
+def commit_once_stable(member: KafkaConsumer, offsets: dict) -> None:
+    """Commit as a group member: a join round in flight (the topic's metadata arriving after the first
+    assignment starts one) refuses commits until a poll completes it, as kafka-python's error says."""
+    def attempt() -> bool:
+        try:
+            member.commit(offsets)
+            return True
+        except RebalanceInProgressError:
+            member.poll(timeout_ms=200)
+            return False
+
+    eventually(attempt, "the member's commit once its group is stable")
 
 
 class Replica:
@@ -635,7 +650,7 @@ def test_the_door_sheds_rollouts_while_a_tier_is_behind_and_still_serves_skips(
             member.subscribe([topic.name])
             eventually(lambda: member.poll(timeout_ms=200) is not None and member.assignment(), "the member's join")
             partition = TopicPartition(topic.name, 0)
-            member.commit({partition: OffsetAndMetadata(0, "", -1)})
+            commit_once_stable(member, {partition: OffsetAndMetadata(0, "", -1)})
             producer = KafkaProducer(**kafka_connection(infra))
             for _ in range(100):
                 producer.send(topic.name, value=b"queued", partition=0)
@@ -652,7 +667,7 @@ def test_the_door_sheds_rollouts_while_a_tier_is_behind_and_still_serves_skips(
                 submit(door.stub, fresh, request_id="shed-1")
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             details = refused.value.details()
-            assert "a rollout stage has 100 prompts queued" in details and group not in details  # no internals
+            assert "a rollout stage has 100 events queued" in details and group not in details  # no internals
             assert "skips are served" in details and "retry in" in details
             hint_ms = int(dict(refused.value.trailing_metadata() or ())[RETRY_PUSHBACK_KEY])
             # Nothing drains: the longest hint, stretched by this call's draw; the message says the same wait.
@@ -671,16 +686,31 @@ def test_the_door_sheds_rollouts_while_a_tier_is_behind_and_still_serves_skips(
             assert batch.results[0].error.startswith("requests[0]: RESOURCE_EXHAUSTED: the rollout tiers are behind")
             assert batch.results[1].response.decision == common_pb2.DECISION_SKIP
             assert REGISTRY.get_sample_value("strata_scheduler_shed_total", {"group": group}) == shed_before + 2
-            # Shed prompts cost the client none of its Submit rate: with a burst of 2 and almost no refill,
-            # four refusals in a row, each for the backlog, never for the rate.
-            door.parts.bindings[0].servicer.submit_rate = RateLimiter(rate=0.001, burst=2)
+            # A client that honours each retry hint pays none of its Submit rate for being shed: with a burst
+            # of 2 and almost no refill, four refusals in a row, each for the backlog, never for the rate.
+            servicer = door.parts.bindings[0].servicer
+            servicer.submit_rate = RateLimiter(rate=0.001, burst=2)
+            hints_clock = [0.0]
+            servicer.retry_hints = RetryHints(clock=lambda: hints_clock[0])
             for attempt in range(4):
+                hints_clock[0] += 1000.0  # past the last hint: the client waited as told
                 with pytest.raises(grpc.RpcError) as again:
-                    submit(door.stub, fresh, request_id=f"shed-again-{attempt}")
+                    submit(door.stub, fresh, request_id=f"shed-waited-{attempt}")
                 assert "rollout tiers are behind" in again.value.details(), again.value.details()
+            # One that comes straight back pays for each refusal (each an encoder pass): its rate stops it.
+            servicer.submit_rate = RateLimiter(rate=0.001, burst=2)
+            refusals = []
+            for attempt in range(3):
+                with pytest.raises(grpc.RpcError) as again:
+                    submit(door.stub, fresh, request_id=f"shed-early-{attempt}")
+                refusals.append(again.value.details())
+            assert all("rollout tiers are behind" in r for r in refusals[:2])
+            assert "over its Submit rate" in refusals[2], refusals[2]
+            servicer.submit_rate = RateLimiter(door.settings.submit_rate_per_client,
+                                               door.settings.submit_burst_per_client)
 
             # The tier catches up: the door opens again.
-            member.commit({partition: OffsetAndMetadata(100, "", -1)})
+            commit_once_stable(member, {partition: OffsetAndMetadata(100, "", -1)})
             eventually(lambda: door.engine.shed() is None, "the door to see the tier caught up")
             accepted = submit(door.stub, fresh, request_id="shed-2")
             assert accepted.decision == common_pb2.DECISION_LEVEL_1

@@ -1,6 +1,6 @@
 """Per-client limits at the edge: open streams and the Submit rate (strata.ratelimit)."""
 
-from strata.ratelimit import RateLimiter, StreamLimiter
+from strata.ratelimit import RateLimiter, RetryHints, StreamLimiter
 from strata.rpc_auth import address_of
 
 
@@ -72,3 +72,19 @@ def test_a_refund_gives_back_what_was_charged_up_to_the_burst() -> None:
     assert limiter.take("a", 3) is None and limiter.take("a") is not None  # never more than the burst
     limiter.refund("unknown", 5)  # a client never charged: nothing to give back, nothing kept
     assert "unknown" not in limiter._buckets
+
+
+def test_a_hint_is_honoured_once_it_has_passed() -> None:
+    clock = Clock()
+    hints = RetryHints(max_clients=2, clock=clock)
+    assert hints.honoured("a")  # never told to wait
+    hints.told("a", 5.0)
+    clock.now = 4.9
+    assert not hints.honoured("a")  # came back early
+    clock.now = 5.0
+    assert hints.honoured("a")
+    hints.told("b", 1.0)
+    hints.told("c", 1.0)  # past max_clients: "a", told longest ago, is forgotten
+    clock.now = 5.1
+    hints.told("b", 100.0)
+    assert hints.honoured("a") and not hints.honoured("b")

@@ -119,7 +119,7 @@ def run_phase(rig: Rig, mix: str, rate: float, duration_s: float, prompts: Itera
     calls = rig.client.run(offsets, requests_of(prompts, f"{rig.prefix}-{mix}-{rate:g}-{seed}"))
     ended = time.monotonic()
     # A service restarted meanwhile counts its new process only (the old one's seconds went with it).
-    cpu = {s: (cpu_seconds(p) - (cpu_before[s] if pids_before.get(s) == p else 0.0)) / (ended - started)
+    cpu = {s: max(0.0, cpu_seconds(p) - (cpu_before[s] if pids_before.get(s) == p else 0.0)) / (ended - started)
            for s, p in rig.pids.items()}
     drained_s = rig.monitor.wait_drained(args.drain_timeout)
     rig.finals.wait(calls, args.final_deadline)
