@@ -54,9 +54,11 @@ on the soak's rewards, its checkpoints followed by the Level-1 generator, as in 
 warm-up the skip mix goes at ``--soak-rate`` for that long, ending with ``soak seconds= accepted= lost=
 doubled= rss_growth= redis_growth= threads_added= fds_added=`` (growth from the start to the end: as a
 fraction of the start for memory, the largest over the services for RSS; the most threads and open file
-descriptors any service gained). ``--restart SERVICE`` kills that service (SIGKILL) halfway and starts it
-again on its port and group, adding ``restarted= restart_s=`` (seconds until it answered again); accepted
-requests must still get exactly one final each, and the restarted service is left out of the growth figures.
+descriptors any service gained, then the same over the second half alone, ``second_half_threads_added=
+second_half_fds_added=``: a pool that filled early is flat there, a leak is not). ``--restart SERVICE``
+kills that service (SIGKILL) halfway and starts it again on its port and group, adding ``restarted=
+restart_s=`` (seconds until it answered again); accepted requests must still get exactly one final each,
+and the restarted service is left out of the growth figures.
 
 Not covered yet: the learner during the steps (the policy stays fixed there);
 more than one scheduler replica or client (the per-client Submit rate is

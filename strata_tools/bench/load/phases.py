@@ -156,8 +156,8 @@ def steps_and_overload(rig: Rig, plan: Plan, pools: Pools) -> int:
 def soak(rig: Rig, pools: Pools) -> int:
     """The skip mix at ``--soak-rate`` for ``--soak`` seconds; with ``--restart SERVICE``, that service is killed
     and started again halfway. Accepted requests must each get one final; the services' RSS, threads and
-    open files and Redis' memory are compared from start to end (the restarted service's are not: it is
-    a new process)."""
+    open files and Redis' memory are compared from start to end, and from halfway to the end (a pool that
+    filled early is flat there, a leak is not); the restarted service's are not: it is a new process."""
     args = rig.args
     print(f"  soak: skip mix at {args.soak_rate:g}/s for {args.soak:g} s ...", flush=True)
     reading_timeout_s = 10 * args.sample_interval + 30  # a reading costs a round of Kafka admin calls
@@ -176,6 +176,7 @@ def soak(rig: Rig, pools: Pools) -> int:
 
         crash = threading.Timer(args.soak / 2, kill_and_restart)
         crash.start()
+    sending_from = time.monotonic()
     try:
         calls, figures = run_phase(rig, "soak", args.soak_rate, args.soak,
                                    skip_prompts(pools, random.Random(args.seed)), args.seed)
@@ -189,16 +190,21 @@ def soak(rig: Rig, pools: Pools) -> int:
     accounting = account(calls, rig.finals.arrivals(), args.final_deadline)
     kept = [s for s in rig.pids if s != args.restart]
     held = held_figures(start, end, kept)
+    # Growth in the second half alone tells a pool that filled early (flat after) from a leak (still growing).
+    mid = rig.monitor.last_before(sending_from + args.soak / 2)
+    late = held_figures(mid, end, kept)
+    readings = [r for r in (start, mid, end) if r is not None]
     for service in kept:
-        if start and end:
-            print(f"  {service}: rss {start.rss_bytes.get(service, 0) / 2**20:.0f} -> "
-                  f"{end.rss_bytes.get(service, 0) / 2**20:.0f} MB, threads {start.threads.get(service, 0)} -> "
-                  f"{end.threads.get(service, 0)}, open files {start.fds.get(service, 0)} -> {end.fds.get(service, 0)}")
+        print(f"  {service} (start -> halfway -> end): rss "
+              + " -> ".join(f"{r.rss_bytes.get(service, 0) / 2**20:.0f}" for r in readings) + " MB, threads "
+              + " -> ".join(str(r.threads.get(service, 0)) for r in readings) + ", open files "
+              + " -> ".join(str(r.fds.get(service, 0)) for r in readings))
     restarted = (f" restarted={args.restart} restart_s={restarts[0]:.1f}" if restarts
                  else f" restarted={args.restart} restart_s=nan" if args.restart else "")
     print(f"soak seconds={args.soak:g} accepted={accounting.accepted} lost={accounting.lost} "
           f"doubled={accounting.doubled} rss_growth={held.rss_growth:.3f} redis_growth={held.redis_growth:.3f} "
-          f"threads_added={held.threads_added} fds_added={held.fds_added}{restarted}")
+          f"threads_added={held.threads_added} fds_added={held.fds_added} "
+          f"second_half_threads_added={late.threads_added} second_half_fds_added={late.fds_added}{restarted}")
     return 0 if not accounting.lost and not accounting.doubled and (restarts or not args.restart) else 1
 
 
