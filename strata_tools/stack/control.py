@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -67,6 +68,8 @@ def start(settings: StrataSettings, services: list[ServiceSpec], service_args: d
         progress(f"supervisor started (pid {pid}); service logs in {log_dir(settings.state_dir)}/")
     deadline = time.monotonic() + timeout_s
     pending = {s.name: s.port for s in services}
+    supervisor_log = log_dir(settings.state_dir) / "supervisor.log"
+    seen_from = supervisor_log.stat().st_size if supervisor_log.exists() else 0
     while pending:
         for name, port in list(pending.items()):
             if health(port):
@@ -76,11 +79,42 @@ def start(settings: StrataSettings, services: list[ServiceSpec], service_args: d
             break
         pid = supervisor_pid(settings)
         if pid is None or not process_alive(pid):
-            raise InfraError(f"the supervisor exited; see {log_dir(settings.state_dir) / 'supervisor.log'}")
+            raise InfraError(f"the supervisor exited; see {supervisor_log}")
+        if looping := crash_looping(supervisor_log, seen_from, set(pending)):
+            name = looping[0]
+            raise InfraError(f"{name} keeps exiting before it is healthy: {last_error(settings.state_dir, name)} "
+                             f"(the supervisor restarts it; `strata logs {name}` has the rest, `strata down` stops it)")
         if time.monotonic() > deadline:
             raise InfraError(f"not healthy after {timeout_s:.0f} s: {', '.join(pending)}; "
                              f"see the logs in {log_dir(settings.state_dir)}/ (strata logs <service>)")
         time.sleep(1.0)
+
+
+CRASH_LOOP_EXITS = 2  # a service that exits this often while `strata up` waits for it is not starting
+
+
+def crash_looping(supervisor_log: Path, offset: int, names: set[str]) -> list[str]:
+    """The services among ``names`` the supervisor saw exit at least ``CRASH_LOOP_EXITS`` times in its log
+    past ``offset`` (bytes: where this wait began)."""
+    try:
+        with open(supervisor_log, "rb") as log:
+            log.seek(offset)
+            text = log.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    exits = re.findall(r"([\w.-]+) exited with code -?\d+ after ", text)  # the supervisor's restart line
+    return sorted(name for name in names if exits.count(name) >= CRASH_LOOP_EXITS)
+
+
+def last_error(state_dir: Path, name: str) -> str:
+    """The last line of a service's log that names an error (its traceback's last line), else its last line."""
+    try:
+        lines = [line.strip() for line in (log_dir(state_dir) / f"{name}.log").read_text(
+            encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log yet"
+    errors = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception"))]
+    return (errors or lines or ["an empty log"])[-1][:500]
 
 
 def stop(settings: StrataSettings, timeout_s: float = 90.0) -> bool:
