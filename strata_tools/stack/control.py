@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -69,7 +68,6 @@ def start(settings: StrataSettings, services: list[ServiceSpec], service_args: d
     deadline = time.monotonic() + timeout_s
     pending = {s.name: s.port for s in services}
     supervisor_log = log_dir(settings.state_dir) / "supervisor.log"
-    seen_from = supervisor_log.stat().st_size if supervisor_log.exists() else 0
     while pending:
         for name, port in list(pending.items()):
             if health(port):
@@ -80,7 +78,7 @@ def start(settings: StrataSettings, services: list[ServiceSpec], service_args: d
         pid = supervisor_pid(settings)
         if pid is None or not process_alive(pid):
             raise InfraError(f"the supervisor exited; see {supervisor_log}")
-        if looping := crash_looping(supervisor_log, seen_from, set(pending)):
+        if looping := crash_looping(state_file(settings.state_dir), pid, set(pending)):
             name = looping[0]
             raise InfraError(f"{name} keeps exiting before it is healthy: {last_error(settings.state_dir, name)} "
                              f"(the supervisor restarts it; `strata logs {name}` has the rest, `strata down` stops it)")
@@ -90,20 +88,21 @@ def start(settings: StrataSettings, services: list[ServiceSpec], service_args: d
         time.sleep(1.0)
 
 
-CRASH_LOOP_EXITS = 2  # a service that exits this often while `strata up` waits for it is not starting
+CRASH_LOOP_EXITS = 2  # quick exits in a row (the supervisor's count) of a service that is not starting
 
 
-def crash_looping(supervisor_log: Path, offset: int, names: set[str]) -> list[str]:
-    """The services among ``names`` the supervisor saw exit at least ``CRASH_LOOP_EXITS`` times in its log
-    past ``offset`` (bytes: where this wait began)."""
+def crash_looping(stack_state: Path, supervisor: int, names: set[str]) -> list[str]:
+    """The services among ``names`` that supervisor ``supervisor`` saw exit ``CRASH_LOOP_EXITS`` times in a row
+    soon after starting (its ``failures_in_a_row`` in ``stack.json``; a file another supervisor left counts
+    for nothing)."""
     try:
-        with open(supervisor_log, "rb") as log:
-            log.seek(offset)
-            text = log.read().decode("utf-8", "replace")
-    except OSError:
+        state = json.loads(stack_state.read_text())
+        if state["supervisor_pid"] != supervisor:
+            return []
+        services = state["services"]
+    except (OSError, ValueError, KeyError):
         return []
-    exits = re.findall(r"([\w.-]+) exited with code -?\d+ after ", text)  # the supervisor's restart line
-    return sorted(name for name in names if exits.count(name) >= CRASH_LOOP_EXITS)
+    return sorted(n for n in names if services.get(n, {}).get("failures_in_a_row", 0) >= CRASH_LOOP_EXITS)
 
 
 def last_error(state_dir: Path, name: str) -> str:
