@@ -226,17 +226,14 @@ class LiveTiers(ArmRunner):
         if name not in self._processes:
             raise KeyError(f"no service {name!r} running; running: {', '.join(self._processes)}")
         started = time.monotonic()
-        module, argv, env = self._specs[name]
         with self._process_lock:
             if self._stopping:
                 raise RuntimeError(f"not restarting {name}: the services are stopping")
             old = self._processes[name]
             old.kill()
             old.wait(timeout=30)
-            with open(self._logs / f"{name}.log", "ab") as out:  # the crash and the restart in one log
-                self._processes[name] = subprocess.Popen(
-                    [sys.executable, "-m", module, "--grpc-port", str(self.ports[name]), *argv],
-                    env={**os.environ, **self._common_env(), **env}, stdout=out, stderr=subprocess.STDOUT)
+            # The crash and the restart in one log.
+            self._processes[name] = self._popen(name, self._specs[name], self._logs / f"{name}.log", "ab")
             self.pids[name] = self._processes[name].pid  # read from now on, while it loads
         self._await_healthy(self._processes, {name: self.ports[name]}, self._logs)
         return time.monotonic() - started
@@ -302,13 +299,17 @@ class LiveTiers(ArmRunner):
                processes: dict[str, subprocess.Popen]) -> None:
         """Start each service on a free gRPC port, logging to ``logs``. Each goes into ``processes`` as it
         starts, so that the caller's ``finally`` stops those running when a later one fails to start."""
-        common = self._common_env()
-        for name, (module, argv, env) in specs.items():
-            port = self.ports[name] = free_port(avoid=set(self.ports.values()))
-            with open(logs / f"{name}.log", "wb") as out:
-                processes[name] = subprocess.Popen(
-                    [sys.executable, "-m", module, "--grpc-port", str(port), *argv],
-                    env={**os.environ, **common, **env}, stdout=out, stderr=subprocess.STDOUT)
+        for name, spec in specs.items():
+            self.ports[name] = free_port(avoid=set(self.ports.values()))
+            processes[name] = self._popen(name, spec, logs / f"{name}.log", "wb")
+
+    def _popen(self, name: str, spec: _ServiceSpec, log: Path, mode: str) -> subprocess.Popen:
+        """Service ``name`` as a process on its port, writing to ``log`` (``mode`` "ab": after a crash's)."""
+        module, argv, env = spec
+        with open(log, mode) as out:
+            return subprocess.Popen([sys.executable, "-m", module, "--grpc-port", str(self.ports[name]), *argv],
+                                    env={**os.environ, **self._common_env(), **env}, stdout=out,
+                                    stderr=subprocess.STDOUT)
 
     @staticmethod
     def _await_healthy(processes: dict[str, subprocess.Popen], ports: dict[str, int], logs: Path) -> None:
