@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import scriptutil
 
 
-def load_script():  # scripts/ is not a package
-    spec = importlib.util.spec_from_file_location("inner_imports", ROOT / "scripts" / "inner_imports.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def load_script():
+    return scriptutil.load_script("inner_imports")
 
 
 def test_every_import_inside_a_function_has_a_reason_and_they_are_few() -> None:

@@ -3,18 +3,13 @@ function over 60 lines has a reason there, and the table matches the tree."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import scriptutil
 
 
-def load_script():  # scripts/ is not a package
-    spec = importlib.util.spec_from_file_location("long_functions", ROOT / "scripts" / "long_functions.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_script():
+    return scriptutil.load_script("long_functions")
 
 
 def test_every_long_function_has_a_reason_and_the_docs_table_is_current() -> None:
