@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from typing import TYPE_CHECKING
 
 import faiss
 import numpy as np
+
+from strata_tools.infra.process import rss_bytes
 
 if TYPE_CHECKING:
     from svc_scheduler.config import SchedulerSettings
@@ -44,14 +47,6 @@ def synthetic(n: int, rng: np.random.Generator, centres: np.ndarray, cosine: flo
     sigma = np.sqrt((1 / cosine**2 - 1) / dim)  # |noise|^2 = 1/cos^2 - 1 against a unit centre
     x = centres[rng.integers(0, len(centres), n)] + rng.normal(scale=sigma, size=(n, dim)).astype(np.float32)
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def latency_ms(search: Callable[[np.ndarray], object], queries: np.ndarray, threads: int) -> tuple[float, float]:
@@ -198,9 +193,9 @@ def _make_dataset(args: argparse.Namespace) -> _Dataset:
 def _measure(kind: str, args: argparse.Namespace, defaults: SchedulerSettings, dataset: _Dataset) -> _Row:
     """One candidate built, its memory, recall@10 and latency measured; its line printed."""
     faiss.omp_set_num_threads(2)
-    before = rss_mb()
+    before = rss_bytes(os.getpid()) / 2**20
     built = _build(kind, args, defaults, dataset.data)
-    grown = rss_mb() - before
+    grown = rss_bytes(os.getpid()) / 2**20 - before
     faiss.omp_set_num_threads(2)
     found = built.search(dataset.queries)
     recall = float(np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, dataset.truth.tolist(), strict=True)]))

@@ -179,6 +179,45 @@ def process_alive(pid: int) -> bool:
     return state != "Z"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of a process so far (/proc/<pid>/stat); 0 when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()  # after "(comm)", which may hold spaces: state is fields[0]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _status_field(pid: int, name: str) -> int:
+    """An integer field of /proc/<pid>/status (its first number); 0 when the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{name}:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (VmRSS, kB in /proc/<pid>/status); 0 when it is gone."""
+    return _status_field(pid, "VmRSS") * 1024
+
+
+def thread_count(pid: int) -> int:
+    """Threads of a process; 0 when it is gone."""
+    return _status_field(pid, "Threads")
+
+
+def open_fds(pid: int) -> int:
+    """File descriptors a process holds open (sockets included); 0 when it is gone."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str,
                abort: Callable[[], str | None] | None = None, interval_s: float = 0.25) -> None:
     """Poll ``check`` until true; ``abort`` returns a reason to give up early (process died)."""

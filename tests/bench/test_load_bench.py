@@ -58,7 +58,8 @@ from strata_tools.bench.load.phases import (
     skip_prompts,
     split_pools,
 )
-from strata_tools.bench.load.stack import cpu_seconds, open_fds, rss_bytes, stack_reader, thread_count
+from strata_tools.bench.load.stack import stack_reader
+from strata_tools.infra.process import cpu_seconds, open_fds, rss_bytes, thread_count
 
 # -- scripted schedulers, in process ------------------------------------------------------------------------
 

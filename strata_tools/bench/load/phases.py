@@ -24,7 +24,8 @@ from strata_tools.bench.load.figures import (
     step_figures,
     within_bound,
 )
-from strata_tools.bench.load.stack import Finals, Monitor, cpu_seconds
+from strata_tools.bench.load.stack import Finals, Monitor
+from strata_tools.infra.process import cpu_seconds
 
 WARMUP_PROMPTS_PER_FAMILY = 4  # served in the warm-up; the families' other members are the paraphrases
 WARMUP_SAMPLES = 4  # rewards per warm-up prompt: at least the scheduler's min_samples_per_neighbour (3)

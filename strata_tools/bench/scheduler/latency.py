@@ -8,11 +8,11 @@ which stands in for Kafka here.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +20,7 @@ import numpy as np
 from strata.content_store import ContentStore
 from strata.hashing import content_hash
 from strata_tools.bench.scheduler.common import CachedEncoder, checked_redis, quiet_logger
+from strata_tools.infra.process import rss_bytes
 from strata_tools.task.suite import load_suite
 
 if TYPE_CHECKING:
@@ -90,13 +91,6 @@ class LatencyRow:
         return self.p99 / self.limit_p99
 
 
-def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def run_latency(args: argparse.Namespace, settings: SchedulerSettings, encoder: Encoder,
                 client: redis.Redis) -> list[LatencyRow]:
     """One row per ``--latency-sizes`` size, each printed as it is measured."""
@@ -122,14 +116,14 @@ def _latency_at(size: int, settings: SchedulerSettings, encoder: Encoder, client
     engine = SchedulerEngine(sized, encoder, SchedulerStore(client, sized),
                              ContentStore(client, 3600, sized.content_max_bytes), RecordingPublisher())
     engine.ensure_ready()
-    rss_before = _rss_mb()
+    rss_before = rss_bytes(os.getpid()) / 2**20
     built = time.perf_counter()
     for start in range(0, size, 20_000):
         n = min(20_000, size - start)
         vectors = synthetic(n, encoder.dim, rng, centres)
         engine.index.add([f"synthetic-{size}-{start + i}" for i in range(n)], vectors)
     build_s = time.perf_counter() - built
-    rss_mb = _rss_mb() - rss_before
+    rss_mb = rss_bytes(os.getpid()) / 2**20 - rss_before
     engine.route(prompts[:5])  # warm-up
     stages = _time_stages(engine, encoder, client, sized.k, prompts)
     repeat_ms = _time_repeats(engine, prompts)
