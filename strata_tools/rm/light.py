@@ -2,7 +2,7 @@
 (the zoo's RM pairs and prompt swaps, the user's files, the rollout log) and their augmentation, the
 members fitted by KL to the strong RM's bins, their metrics, and ``distill_version``, which
 ``strata rm distill`` and ``strata bench rm`` run (the RM loop runs ``run_distill``). The zoo builds its
-own light RM (``strata_tools.zoo.build``)."""
+own light RM (``strata_tools.zoo.build``) with the same ``fit_light`` (``strata_tools.rm.recipe``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from strata.contract.template import RM_MAX_LENGTH
 from strata.errors import CliError
@@ -43,8 +41,10 @@ class DistillOptions:
     ``init``: ``auto`` starts from the strong RM's student init (the zoo's strong RM keeps its trunk
     before growth; so does a grown ``strata rm train-strong``) and else from a fresh model of
     ``n_embd`` x ``n_layer``; ``fresh``; or a directory (e.g. the light RM in service, to re-distil).
-    ``steps`` and ``lr`` default to the zoo's light-RM recipe from an init, to a longer, faster
-    schedule from scratch. ``swaps``: prompt swaps of the suite's train prompts (0 without zoo pairs).
+    ``steps`` and ``lr`` override the schedule: from an init, the zoo's light-RM schedule
+    (``LightRecipe.of_zoo``, its warm-up, weight decay and clip included); from scratch,
+    ``FRESH_LIGHT_TRAIN``, a longer, faster one (``strata_tools.rm.recipe``). ``swaps``: prompt swaps
+    of the suite's train prompts (0 without zoo pairs).
     """
 
     strong: str | None = None  # directory; None = the zoo's strong RM
@@ -200,29 +200,23 @@ def _fit_light_members(options: DistillOptions, zoo: ZooModels | None, strong: A
     """Each light RM member fitted by KL to the teacher's bin distributions and saved under ``staging``;
     their directories, final losses and what the last one started from."""
     from strata.models.reward import save_rm_tokenizer
-    from strata_tools.rm.distill import DistillConfig, train_light
-    from strata_tools.rm.recipe import RM_LIGHT_TRAIN
+    from strata_tools.rm.recipe import FRESH_LIGHT_TRAIN, RM_LIGHT_TRAIN, LightRecipe, fit_light
 
-    zoo_recipe = zoo.config.rm_light_train if zoo is not None else RM_LIGHT_TRAIN  # the schedule from an init
+    # From an init, the zoo's whole schedule (warm-up, weight decay and clip too); a fresh model, its own.
+    warm_train = LightRecipe.of_zoo(zoo.config).train if zoo is not None else RM_LIGHT_TRAIN
     members: list[Path] = []
     losses: list[float] = []
     started_from = ""
     for member in range(options.members):
         model, started_from = _student(options.init, strong, strong_path, options, teacher.shape[1],
                                        options.seed + member)
-        warm = started_from != "fresh"
-        steps = options.steps or (zoo_recipe.steps if warm else 700)
-        lr = options.lr or (zoo_recipe.lr if warm else 3e-3)
-        cfg = DistillConfig(steps=steps, batch_size=options.batch_size, lr=lr, temperature=options.temperature,
-                            max_length=options.max_length, seed=options.seed + member)
+        train = warm_train if started_from != "fresh" else FRESH_LIGHT_TRAIN
+        train = replace(train, steps=options.steps or train.steps, lr=options.lr or train.lr,
+                        batch_size=options.batch_size)
+        recipe = LightRecipe(train, options.max_length, options.temperature, options.seed + member)
         model.config.pad_token_id = strong.tokenizer.pad_token_id
-        with tqdm(total=cfg.steps, desc=f"light RM {member + 1}/{options.members}", unit="step", leave=False) as bar:
-            def report(step: int, loss: float, bar: Any = bar) -> None:
-                bar.update(1)
-                if step % 20 == 0:
-                    bar.set_postfix(kl=f"{loss:.4f}", refresh=False)
-
-            losses.append(train_light(model, strong.tokenizer, texts, teacher, cfg, report))
+        losses.append(fit_light(model, strong.tokenizer, texts, teacher, recipe,
+                                f"light RM {member + 1}/{options.members}"))
         out = staging if options.members == 1 else staging / f"member-{member}"
         model.config.problem_type = "single_label_classification"
         model.save_pretrained(out)

@@ -3,8 +3,9 @@
 - the strong RM (R5): ``StrongRecipe`` (typed: the schedule, the ranking loss's weight, the head's
   rate, the growth) and ``fit_strong``: train on labelled rows, save the model before growth as the
   *student init*, grow it (``strata.models.growth``: the same function at ~4-10x the cost) and train on;
-- the light RM's start (R6): ``student_init_dir`` (the strong RM before growth), ``rm_init_overrides``
-  (its first N blocks); the distillation itself is ``strata_tools.rm.distill``;
+- the light RM (R6): its start, ``student_init_dir`` (the strong RM before growth) and
+  ``rm_init_overrides`` (its first N blocks); ``LightRecipe`` (typed: the schedule, the temperature) and
+  ``fit_light``, the distillation (its loss and loop are ``strata_tools.rm.distill``);
 - scoring pairs in length order (``score_in_length_order``), what every labelling pass uses.
 
 The zoo supplies its task's data (oracle-labelled rows, prompt swaps, feature labels:
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 from tqdm import tqdm
-from transformers import GPT2ForSequenceClassification, PreTrainedModel
+from transformers import GPT2ForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
 from strata.contract.checksums import version_id, weights_checksum
 from strata.models.growth import deepen, widen, widen_bert
@@ -29,7 +30,7 @@ from strata.models.loading import ZOO_INFO_FILE
 from strata.models.pretrained import TRUNKS, trunk_dir
 from strata.models.reward import reward_logits, save_rm_tokenizer
 from strata.models.training import TrainConfig
-from strata_tools.rm.distill import in_length_order
+from strata_tools.rm.distill import DistillConfig, in_length_order, train_light
 from strata_tools.rm.models import ZooModels
 from strata_tools.rm.train import train_reward_model
 
@@ -39,6 +40,8 @@ TrainingAids = Callable[[bool, int], dict[str, Any]]
 # The light RM's distillation schedule (R6): the zoo's default (``ZooConfig.rm_light_train``) and what
 # ``strata rm`` distils with when no zoo init names one.
 RM_LIGHT_TRAIN = TrainConfig(steps=150, batch_size=32, lr=5e-5, warmup_steps=10)
+# What ``strata rm distill`` trains a fresh light RM (no init to start from) with: longer and faster.
+FRESH_LIGHT_TRAIN = TrainConfig(steps=700, batch_size=32, lr=3e-3, warmup_steps=40, weight_decay=0.01)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,46 @@ def fit_strong(model: PreTrainedModel, tokenizer: Any, texts: Sequence[str], sco
                                   pairwise_weight=recipe.pairwise_weight, head_lr_scale=recipe.head_lr_scale,
                                   **extra(True, recipe.seed + 1))
     return model, loss, info
+
+
+@dataclass(frozen=True)
+class LightRecipe:
+    """How the light RM is distilled from the strong RM's bin logits: one schedule, fitting
+    softmax(logits / ``temperature``) by KL on ``max_length`` tokens of each RM input."""
+
+    train: TrainConfig
+    max_length: int
+    temperature: float = 2.0  # the distillation's T (not svc_reward's scoring temperature)
+    seed: int = 0
+
+    @classmethod
+    def of_zoo(cls, config: Any) -> LightRecipe:
+        """The recipe of a ``ZooConfig`` (its ``rm_light_*`` fields)."""
+        return cls(train=config.rm_light_train, max_length=config.rm_max_length,
+                   temperature=config.rm_light_temperature, seed=config.seed)
+
+    def distill_config(self) -> DistillConfig:
+        """The distillation loop's settings: all of the schedule, the temperature, the length, the seed."""
+        train = self.train
+        return DistillConfig(steps=train.steps, batch_size=train.batch_size, lr=train.lr,
+                             warmup_steps=train.warmup_steps, weight_decay=train.weight_decay,
+                             grad_clip=train.grad_clip, temperature=self.temperature, max_length=self.max_length,
+                             seed=self.seed)
+
+
+def fit_light(student: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str],
+              teacher_logits: torch.Tensor, recipe: LightRecipe, desc: str, progress: bool = True) -> float:
+    """Fit ``student`` (a sequence classifier over the teacher's bins) to ``teacher_logits`` (N, bins) of
+    ``texts`` (RM inputs) by ``recipe``, behind a progress bar with the KL every 20 steps. Returns the
+    final loss (an exponential moving average of T^2 x KL)."""
+    distill = recipe.distill_config()
+    with tqdm(total=distill.steps, desc=desc, unit="step", leave=False, disable=not progress) as bar:
+        def report(step: int, kl: float) -> None:
+            bar.update(1)
+            if step % 20 == 0:
+                bar.set_postfix(kl=f"{kl:.4f}", refresh=False)
+
+        return train_light(student, tokenizer, texts, teacher_logits, distill, report)
 
 
 STUDENT_INIT_DIR = "student_init"

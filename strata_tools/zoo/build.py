@@ -49,10 +49,11 @@ from strata.models.growth import deepen
 from strata.models.loading import ZOO_INFO_FILE, load_causal_lm, load_reward_model
 from strata.models.reward import save_rm_tokenizer
 from strata.models.training import ModelShape, TrainConfig
-from strata_tools.rm.distill import DistillConfig, train_light
 from strata_tools.rm.recipe import (
     STUDENT_INIT_DIR,
+    LightRecipe,
     StrongRecipe,
+    fit_light,
     fit_strong,
     groups_of,
     rm_init_dir,
@@ -400,15 +401,9 @@ class ZooBuilder:
         teacher_logits = score_in_length_order(teacher, prompts, responses, cfg.rm_max_length, "strong RM labels",
                                                progress=self.progress)
         label_seconds = time.perf_counter() - started
-        distill = DistillConfig(steps=cfg.rm_light_train.steps, batch_size=cfg.rm_light_train.batch_size,
-                                lr=cfg.rm_light_train.lr, warmup_steps=cfg.rm_light_train.warmup_steps,
-                                weight_decay=cfg.rm_light_train.weight_decay, grad_clip=cfg.rm_light_train.grad_clip,
-                                temperature=cfg.rm_light_temperature, max_length=cfg.rm_max_length, seed=cfg.seed)
         texts = [format_rm_input(p, r) for p, r in zip(prompts, responses, strict=True)]
-        with tqdm(total=distill.steps, desc="rm_light (distilling)", unit="step", leave=False,
-                  disable=not self.progress) as bar:
-            loss = train_light(student, teacher.tokenizer, texts, teacher_logits, distill,
-                               lambda step, kl: bar.update(1))
+        loss = fit_light(student, teacher.tokenizer, texts, teacher_logits, LightRecipe.of_zoo(cfg),
+                         "rm_light (distilling)", self.progress)
         student.config.problem_type = "single_label_classification"
         # A pretrained trunk's RMs read with its own tokenizer; the zoo's GPT-2 RMs with the zoo's.
         tokenizer = teacher.tokenizer if cfg.rm_strong_init in PRETRAINED_INITS else None

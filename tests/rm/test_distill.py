@@ -1,6 +1,9 @@
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -10,7 +13,9 @@ from transformers import PreTrainedTokenizerFast
 from strata.contract.checksums import version_id, weights_checksum
 from strata.models.loading import load_reward_model
 from strata.models.reward import expected_reward
+from strata.models.training import TrainConfig
 from strata_tools.cli.main import CliError, main
+from strata_tools.rm import recipe as recipe_module
 from strata_tools.rm.distill import (
     DistillConfig,
     collate,
@@ -24,11 +29,18 @@ from strata_tools.rm.distill import (
     train_light,
 )
 from strata_tools.rm.lifecycle import read_pairs
-from strata_tools.rm.light import DistillOptions
-from strata_tools.rm.recipe import STUDENT_INIT_DIR, student_init_dir
+from strata_tools.rm.light import DistillOptions, _fit_light_members
+from strata_tools.rm.recipe import (
+    FRESH_LIGHT_TRAIN,
+    RM_LIGHT_TRAIN,
+    STUDENT_INIT_DIR,
+    LightRecipe,
+    fit_light,
+    student_init_dir,
+)
 from strata_tools.rm.train import new_reward_model
 from strata_tools.rm.versions import RM_INFO_FILE
-from strata_tools.zoo.config import ZooConfig
+from strata_tools.zoo.config import PRESETS, ZooConfig, with_overrides
 from svc_reward.registry import describe
 
 
@@ -300,3 +312,65 @@ def test_a_missing_data_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_init_layers_need_an_init_and_at_least_one_block(options: DistillOptions, problem: str) -> None:
     with pytest.raises(CliError, match=problem):
         options.validate()
+
+
+# --- the light RM's recipe: one for the zoo build and `strata rm distill` ---------------------------
+
+
+def test_light_recipe_of_zoo_reads_every_light_field_of_the_config() -> None:
+    train = TrainConfig(steps=11, batch_size=5, lr=1e-4, warmup_steps=3, weight_decay=0.05, grad_clip=0.5)
+    config = with_overrides(ZooConfig(), seed=7, rm_light_temperature=1.5, rm_max_length=200, rm_light_train=train)
+    recipe = LightRecipe.of_zoo(config)
+    assert recipe == LightRecipe(train=train, max_length=200, temperature=1.5, seed=7)
+    # All of the schedule reaches the loop (shape: not read by it).
+    assert recipe.distill_config() == DistillConfig(steps=11, batch_size=5, lr=1e-4, warmup_steps=3, weight_decay=0.05,
+                                                    grad_clip=0.5, temperature=1.5, max_length=200, seed=7)
+
+
+def test_the_ci_zoo_distils_with_the_numbers_it_always_had() -> None:
+    # The zoo's ids hash configs only: a change here would silently change the ci zoo's light RM.
+    ci = PRESETS["ci"]()
+    assert LightRecipe.of_zoo(ci).distill_config() == DistillConfig(
+        steps=150, batch_size=32, lr=5e-4, warmup_steps=10, weight_decay=0.1, grad_clip=1.0, temperature=2.0,
+        max_length=ci.rm_max_length, seed=0)
+
+
+def test_fit_light_is_train_light_by_the_recipe(tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    texts = [f"Q: q{i}\nA: {'bread dough' if i % 2 else 'tea'} {i}" for i in range(8)]
+    teacher = torch.randn(len(texts), N_BINS, generator=torch.Generator().manual_seed(0))
+    recipe = LightRecipe(TrainConfig(steps=4, batch_size=4, lr=1e-2, warmup_steps=2), max_length=64, seed=3)
+    fitted, by_hand = (new_reward_model(tiny_tokenizer, TINY, n_positions=128, n_bins=N_BINS, seed=1) for _ in "ab")
+    loss = fit_light(fitted, tiny_tokenizer, texts, teacher, recipe, "light", progress=False)
+    assert loss == train_light(by_hand, tiny_tokenizer, texts, teacher, recipe.distill_config())
+    for a, b in zip(fitted.parameters(), by_hand.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("init", "zoo", "steps", "lr", "expected"), [
+    # From an init: the zoo's whole schedule (warm-up, weight decay, clip), its steps and rate unless given.
+    ("strong", PRESETS["ci"](), None, None, PRESETS["ci"]().rm_light_train),
+    ("strong", PRESETS["ci"](), 5, 1e-3, replace(PRESETS["ci"]().rm_light_train, steps=5, lr=1e-3)),
+    ("strong", None, None, None, RM_LIGHT_TRAIN),  # no zoo read: the default zoo's schedule
+    # A fresh model: its own longer, faster schedule, as before the recipe (DistillConfig's other defaults).
+    ("fresh", PRESETS["ci"](), None, None, FRESH_LIGHT_TRAIN),
+    ("fresh", None, 9, None, replace(FRESH_LIGHT_TRAIN, steps=9)),
+])
+def test_cli_members_distil_by_the_light_recipe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_strong: Path,
+                                                tiny_tokenizer: PreTrainedTokenizerFast, init: str,
+                                                zoo: ZooConfig | None, steps: int | None, lr: float | None,
+                                                expected: TrainConfig) -> None:
+    seen: list[LightRecipe] = []
+
+    def fit_light_spy(*args: Any) -> float:  # fit_light(student, tokenizer, texts, teacher_logits, recipe, desc)
+        seen.append(args[4])
+        return 0.0
+
+    monkeypatch.setattr(recipe_module, "fit_light", fit_light_spy)
+    options = DistillOptions(init=str(tiny_strong) if init == "strong" else "fresh", steps=steps, lr=lr,
+                             n_embd=32, n_layer=1, max_length=64, members=2, seed=4)
+    strong = SimpleNamespace(tokenizer=tiny_tokenizer, zoo_info=None)
+    _fit_light_members(options, None if zoo is None else SimpleNamespace(config=zoo), strong, tiny_strong, ["a"],
+                       torch.zeros(1, N_BINS), tmp_path / "staging")
+    assert seen == [LightRecipe(expected, max_length=64, temperature=2.0, seed=seed) for seed in (4, 5)]
+    if init == "fresh" and steps is None:
+        assert seen[0].distill_config() == DistillConfig(steps=700, batch_size=32, lr=3e-3, max_length=64, seed=4)
