@@ -33,7 +33,7 @@ from svc_annotation.drift_book import DriftBook
 from svc_annotation.servicer import SERVICE_NAME, AnnotationServicer
 from svc_annotation.store import AnnotationStore
 from svc_annotation.web import WebServer, create_app
-from svc_annotation.worker import AnnotationWorker, DeskLoop
+from svc_annotation.worker import AnnotationWorker, DeskLoop, HumanAudit
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,9 @@ def build(settings: AnnotationSettings, clock: Callable[[], float] = time.time) 
     drift = DriftBook(client, settings.redis_prefix)
     loop = DeskLoop(store, publisher, client, f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
                     settings.loop_interval_s, settings.loop_batch, settings.publisher_lease_s, gold,
-                    gold_refresh_s=settings.content_ttl_s / 2, drift=drift)
+                    gold_refresh_s=settings.content_ttl_s / 2, drift=drift,
+                    audit=HumanAudit(settings.human_bad_below, settings.human_audit_ttl_s) if settings.human_audit
+                    else None)
     tokens = token_table(settings)
     servicer = AnnotationServicer(store, CallerIdentity(tokens), drift)
     binding = ServiceBinding(annotation_pb2_grpc.add_AnnotationServicer_to_server, servicer, SERVICE_NAME)

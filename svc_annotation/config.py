@@ -42,6 +42,15 @@ class AnnotationSettings(StrataSettings):
         "within this adds nothing"
     )
     loop_interval_s: float = Field(1.0, gt=0, description="period of the loop that closes due items and publishes")
+    human_audit: bool = Field(
+        True, description="tally people's scores of Level-1 answers (annotate_level1_share) beside the light RM's "
+        "reward of the same answers, per policy version: the live audit's second judge (strata.audit), which the "
+        "reward service's hacking alarm and defence read too")
+    human_bad_below: float = Field(
+        3.2, ge=0, le=5, description="a Level-1 answer whose mean human score is under this counts as bad in the "
+        "human audit's catch and false-pass estimates (the brief's escalation threshold)")
+    human_audit_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long a policy version's human audit tally "
+                                   "is kept")
     loop_batch: int = Field(64, ge=1, description="items closed and published per loop pass at most")
     publisher_lease_s: float = Field(
         30.0, gt=0, description="one replica at a time publishes; another takes over this long after it stops"

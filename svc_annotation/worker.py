@@ -23,11 +23,13 @@ import math
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import redis
 from prometheus_client import Counter, Gauge
 
 from strata import ledger
+from strata.audit import HUMAN_AUDIT, AuditTally, add_to
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.bus.errors import is_transient
 from strata.content_store import ContentStore
@@ -59,6 +61,7 @@ ITEMS_COMPLETED = Counter("strata_annotation_items_completed",
 EXPIRED_TO_PROVISIONAL = Counter("strata_annotation_expired_to_provisional",
                                  "Items with no human score by the deadline: the provisional reward became final")
 FINAL_REWARDS = Counter("strata_annotation_final_rewards", "Final rewards published, by scorer", ["scorer"])
+HUMAN_AUDITS = Counter("strata_annotation_human_audits", "Level-1 answers people scored, added to the human audit")
 
 
 def item_of(request: events_pb2.AnnotationRequested, now: float, rules: Rules) -> Item:
@@ -154,14 +157,39 @@ def drift_observations(entry: Ready, request: events_pb2.AnnotationRequested | N
     return item_observations(item.item_id, {s.annotator: s.score for s in entry.scores}, None, model)
 
 
+@dataclass(frozen=True)
+class HumanAudit:
+    """The desk's side of the live audit (``strata.audit``): people's scores of Level-1 answers beside the
+    light RM's reward of the same answers, tallied per policy version."""
+
+    bad_below: float  # a mean human score under this marks the answer bad (catch and false-pass estimates)
+    ttl_s: int  # how long a policy version's tally is kept
+
+
+def human_audit_of(entry: Ready, request: events_pb2.AnnotationRequested | None,
+                   bad_below: float) -> tuple[int, AuditTally] | None:
+    """A closed item's contribution to the human audit, by policy version: a Level-1 answer (not gold) people
+    scored, whose request carries the light RM's reward (not the strong RM's, which the hacking defence may
+    have published instead). None for anything else. Pure."""
+    if request is None or entry.item.gold or not entry.scores or request.tier != common_pb2.TIER_LEVEL_1:
+        return None
+    provisional = request.provisional if request.HasField("provisional") else None
+    if provisional is None or provisional.scorer != common_pb2.SCORER_LIGHT or not math.isfinite(provisional.reward):
+        return None
+    human = sum(score.score for score in entry.scores) / len(entry.scores)
+    return request.policy_version, AuditTally.of(provisional.reward, human, provisional.escalated, human < bad_below)
+
+
 class DeskLoop:
     """Close due items, publish what is ready, settle; once per ``interval_s``."""
 
     def __init__(self, store: AnnotationStore, publisher: Publisher, client: redis.Redis, owner: str,
                  interval_s: float, batch: int, lease_s: float, gold: Sequence[GoldItem] = (),
-                 gold_refresh_s: float = 24 * 3600, drift: DriftBook | None = None) -> None:
+                 gold_refresh_s: float = 24 * 3600, drift: DriftBook | None = None,
+                 audit: HumanAudit | None = None) -> None:
         self._store = store
         self._drift = drift
+        self._audit = audit
         self._publisher = publisher
         self._redis = client  # the cost ledger's counts
         self._owner = owner
@@ -181,6 +209,19 @@ class DeskLoop:
                 if current.alarm and current.alarm_since is not None:
                     log.warning("annotator %s: drift alarm %s since its item %d", obs.annotator, current.status,
                                 current.alarm_since)
+
+    def _feed_audit(self, entry: Ready, request: events_pb2.AnnotationRequested | None) -> None:
+        """A closed Level-1 item's human score into the audit once (claimed before it is added, as drift is:
+        a crash in between loses one audit rather than counting it twice)."""
+        assert self._audit is not None
+        found = human_audit_of(entry, request, self._audit.bad_below)
+        if found is None or "audit" in entry.sent or not self._store.mark_sent(entry.item, "audit"):
+            return
+        version, tally = found
+        with self._redis.pipeline(transaction=True) as pipe:
+            add_to(pipe, HUMAN_AUDIT, {version: tally}, self._audit.ttl_s)
+            pipe.execute()
+        HUMAN_AUDITS.inc()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -255,6 +296,9 @@ class DeskLoop:
         if self._drift is not None:
             for entry, request in closed:
                 self._feed_drift(entry, request)
+        if self._audit is not None:
+            for entry, request in closed:
+                self._feed_audit(entry, request)
         for entry in ready:
             if self._store.settle(entry.item.item_id, entry.seq):
                 if entry.item.state == COMPLETE:

@@ -1,9 +1,10 @@
-"""The live audit in Redis: one tally hash per policy version and a sorted set of the versions; the
-defence's shared state, its decisions and its re-distillation request; the audited answers' labels.
+"""The reward service's audit state in Redis beside its tallies (``strata.audit``): the defence's shared
+state, its decisions and its re-distillation request; the alarm's served thresholds; the audited answers'
+labels.
 
-Written by the reward worker (tallies and labels inside its rollout transaction, ``add_to`` and
-``add_labels``; the defence by ``apply_step``); read by the worker, ``strata status``, ``strata diagnose``,
-the demo's report and ``strata rm refresh`` (the labels and the request).
+Written by the reward worker (labels inside its rollout transaction, ``add_labels``; the defence by
+``apply_step``); read by the worker, ``strata status``, ``strata diagnose``, the demo's report and
+``strata rm refresh`` (the labels and the request).
 """
 
 from __future__ import annotations
@@ -16,37 +17,7 @@ from typing import Any
 
 import redis
 
-from svc_reward.audit import AuditTally
 from svc_reward.defence import DefenceState, DefenceStep
-
-VERSIONS_KEY = "strata:reward:audit:versions"
-
-
-def tally_key(policy_version: int) -> str:
-    return f"strata:reward:audit:v{policy_version}"
-
-
-def add_to(pipe: redis.client.Pipeline, tallies: Mapping[int, AuditTally], ttl_s: int) -> None:
-    """Queue the tallies' increments on ``pipe`` (the caller's transaction)."""
-    for version, tally in tallies.items():
-        key = tally_key(version)
-        for name, value in tally.fields().items():
-            if value:
-                pipe.hincrbyfloat(key, name, value)
-        pipe.expire(key, ttl_s)
-        pipe.zadd(VERSIONS_KEY, {str(version): version})
-
-
-def read_versions(client: redis.Redis, limit: int = 1000) -> list[tuple[int, AuditTally]]:
-    """The newest ``limit`` policy versions with audits, oldest first, each with its tally (tallies whose
-    hash expired are left out)."""
-    newest = [int(v) for v in client.zrevrange(VERSIONS_KEY, 0, limit - 1)][::-1]
-    with client.pipeline(transaction=False) as pipe:
-        for version in newest:
-            pipe.hgetall(tally_key(version))
-        stored = pipe.execute()
-    return [(version, AuditTally.from_fields(fields)) for version, fields in zip(newest, stored, strict=True) if fields]
-
 
 # -- the defence (svc_reward/defence.py) and its labels -------------------------------------------------
 

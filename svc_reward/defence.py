@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from svc_reward.audit import AuditEstimates, drift, hacking_alarm
+from strata.audit import AuditEstimates, drift, hacking_alarm
 
 # Shares are kept to this many decimals so that steps up and down return to exactly 0.
 _DECIMALS = 6
@@ -62,12 +62,13 @@ class DefenceStep:
 
 
 def respond(state: DefenceState, baseline: AuditEstimates | None, current: AuditEstimates, newest_version: int,
-            bound: float, step: float, max_share: float) -> DefenceStep:
-    """One look at the audit: at most one step per newer audited policy version (``newest_version``)."""
+            bound: float, step: float, max_share: float, judge: str = "the strong RM") -> DefenceStep:
+    """One look at the audit (``judge``'s, as ``strata.audit.deciding`` chose it): at most one step per newer
+    audited policy version (``newest_version``)."""
     if newest_version <= state.acted_on:
         return DefenceStep(state, None, False)
     looked = replace(state, acted_on=newest_version)
-    alarm = hacking_alarm(baseline, current, bound)
+    alarm = hacking_alarm(baseline, current, bound, judge)
     if alarm is not None:
         share = round(min(max_share, state.share + step), _DECIMALS)
         redistil = not state.redistil_requested

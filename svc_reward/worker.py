@@ -23,13 +23,22 @@ from kafka.producer.future import FutureRecordMetadata
 from prometheus_client import Counter, Gauge, Histogram
 
 from strata import ledger, risk
+from strata.audit import (
+    HUMAN_AUDIT,
+    STRONG_AUDIT,
+    AuditTally,
+    add_to,
+    deciding,
+    read_judges,
+    read_versions,
+)
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.contract.identity import request_identity, sample_identity
 from strata.contract.tiers import TIER_NUMBER
 from strata.v1 import common_pb2, events_pb2
 from svc_reward import audit_store
-from svc_reward.audit import AuditTally, estimates, hacking_alarm, sampled_for_audit, strong_calls_bad, windows
+from svc_reward.audit import sampled_for_audit, strong_calls_bad
 from svc_reward.config import RewardSettings
 from svc_reward.decide import RuleVerdict, decide, escalation_threshold, sampled_for_annotation
 from svc_reward.defence import DefenceState, respond
@@ -44,11 +53,15 @@ ESCALATIONS = Counter("strata_reward_escalations_total", "Level-1 prompts escala
 UNSAFE = Counter("strata_reward_unsafe_total", "Responses flagged for unsafe advice (R12)", ["tier", "kind"])
 SCORE_SECONDS = Histogram("strata_reward_score_batch_seconds", "RM scoring time per batch", ["tier"])
 AUDITS = Counter("strata_reward_audits_total", "Level-1 answers also scored by the strong RM (the live audit)")
-AUDIT_GAP = Gauge("strata_reward_audit_hacking_gap", "Light minus strong RM reward on the newest audited versions")
+AUDIT_GAP = Gauge("strata_reward_audit_hacking_gap", "Light RM minus the judge (strong RM or people) on the newest "
+                  "audited versions", ["judge"])
 AUDIT_GAP_DRIFT = Gauge("strata_reward_audit_hacking_gap_drift",
-                        "The hacking gap's growth from the first audited versions to the newest")
-AUDIT_CATCH = Gauge("strata_reward_audit_catch", "Escalated share of the audited answers the strong RM calls bad")
-AUDIT_FALSE_PASS = Gauge("strata_reward_audit_false_pass", "Bad share (strong RM) of the audited answers passed")
+                        "The hacking gap's growth from the first audited versions to the newest", ["judge"])
+AUDIT_CATCH = Gauge("strata_reward_audit_catch", "Escalated share of the audited answers the judge calls bad",
+                    ["judge"])
+AUDIT_FALSE_PASS = Gauge("strata_reward_audit_false_pass", "Bad share (by the judge) of the audited answers passed",
+                         ["judge"])
+
 HACKING_ALARM = Gauge("strata_reward_hacking_alarm", "1 while the live hacking alarm fires")
 DEFENCE_SHARE = Gauge("strata_reward_defence_share",
                       "Strong-RM share of Level-1 answers the hacking defence adds (their reward the strong RM's)")
@@ -240,7 +253,7 @@ class RewardWorker:
                 pipe.hincrby(ledger.COUNTS_KEY, f"final_tier{tier}", 1)
             for event, booked in charges:
                 ledger.book(self._redis, event.prompt_hash, event.request_id, booked, ttl, pipe=pipe)
-            audit_store.add_to(pipe, audits, self._settings.audit_ttl_s)
+            add_to(pipe, STRONG_AUDIT, audits, self._settings.audit_ttl_s)
             if self._settings.audit_labels_kept:
                 audit_store.add_labels(pipe, labels, self._settings.audit_labels_kept)
             pipe.execute()
@@ -285,28 +298,32 @@ class RewardWorker:
         # Rewritten at every read: a Redis restarted since the start (or down then) gets them back.
         audit_store.write_thresholds(self._redis, audit_store.ServedThresholds(
             s.hacking_min_audits, s.hacking_gap_bound, s.hacking_defence))
-        baseline, current = windows(audit_store.read_versions(self._redis), s.hacking_min_audits)
-        if current is None:
+        readings = read_judges({HUMAN_AUDIT: read_versions(self._redis, HUMAN_AUDIT),
+                                STRONG_AUDIT: read_versions(self._redis, STRONG_AUDIT)},
+                               s.hacking_min_audits, s.hacking_gap_bound)
+        for reading in readings:
+            judge = reading.judge.name
+            AUDIT_GAP.labels(judge=judge).set(reading.current.gap)
+            AUDIT_CATCH.labels(judge=judge).set(reading.current.catch.estimate)
+            AUDIT_FALSE_PASS.labels(judge=judge).set(reading.current.false_pass.estimate)
+            if reading.baseline is not None:
+                AUDIT_GAP_DRIFT.labels(judge=judge).set(reading.growth)
+        acting = deciding(readings)
+        if acting is None:
             return
-        now = estimates(current.tally)
-        AUDIT_GAP.set(now.gap)
-        AUDIT_CATCH.set(now.catch.estimate)
-        AUDIT_FALSE_PASS.set(now.false_pass.estimate)
-        before = estimates(baseline.tally) if baseline is not None else None
-        if before is not None:
-            AUDIT_GAP_DRIFT.set(now.gap - before.gap)
-        alarm = hacking_alarm(before, now, s.hacking_gap_bound)
+        alarm = acting.alarm
         HACKING_ALARM.set(1 if alarm else 0)
         if alarm and not self._alarm:
-            log.warning("hacking alarm (policy %s against %s): %s", current.versions,
-                        baseline.versions if baseline else "-", alarm)
+            log.warning("hacking alarm (%s audit, policy v%d): %s", acting.judge.name, acting.last_version, alarm)
         elif self._alarm and not alarm:
-            log.info("hacking alarm cleared (policy %s): gap %+.3f", current.versions, now.gap)
+            log.info("hacking alarm cleared (policy v%d): gap %+.3f (%s audit)", acting.last_version,
+                     acting.current.gap, acting.judge.name)
         self._alarm = alarm
         if s.hacking_defence:
+            newest = max(r.last_version for r in readings)
             step = audit_store.apply_step(self._redis, lambda state: respond(
-                state, before, now, current.last_version, s.hacking_gap_bound, s.defence_share_step,
-                s.defence_max_share))
+                state, acting.baseline, acting.current, newest, s.hacking_gap_bound, s.defence_share_step,
+                s.defence_max_share, acting.judge.who))
             if step is None:  # another replica stepped first: serve what it wrote
                 self._defence = audit_store.read_defence(self._redis)
             else:

@@ -18,6 +18,7 @@ import grpc
 import redis
 
 from strata import redis_client, rpc
+from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, read_versions
 from strata.content_store import ContentStore
 from strata.errors import CliError
 from strata.v1 import annotation_pb2, annotation_pb2_grpc
@@ -151,7 +152,7 @@ def run_hacking(settings: DiagnoseSettings) -> CheckResult:
 
     client = redis_client.connect(settings.redis_address, socket_timeout=10)
     try:
-        by_version = audit_store.read_versions(client)
+        by_judge = {judge: read_versions(client, judge) for judge in (HUMAN_AUDIT, STRONG_AUDIT)}
         served = audit_store.read_thresholds(client)
     finally:
         client.close()
@@ -159,7 +160,7 @@ def run_hacking(settings: DiagnoseSettings) -> CheckResult:
         reward = RewardSettings()
         served = audit_store.ServedThresholds(reward.hacking_min_audits, reward.hacking_gap_bound,
                                               reward.hacking_defence)
-    return hacking.evaluate(by_version, served.gap_bound, served.min_audits)
+    return hacking.evaluate(by_judge, served.gap_bound, served.min_audits)
 
 
 CHECKS: dict[str, tuple[Callable[[DiagnoseSettings], CheckResult], str]] = {

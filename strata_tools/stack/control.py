@@ -15,6 +15,7 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strata import redis_client, rpc
+from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, describe, read_versions, windows
 from strata.bus.admin import consumer_lags
 from strata.config import StrataSettings
 from strata.telemetry import quiet_kafka_logs
@@ -183,19 +184,21 @@ def live_audit_lines(settings: StrataSettings) -> list[str]:
     from Redis with the thresholds the reward service wrote there (else ``STRATA_HACKING_*`` from this
     environment, as the service would read them)."""
     from svc_reward import audit_store, defence
-    from svc_reward.audit import describe, windows
     from svc_reward.config import RewardSettings
 
     reward = RewardSettings()
     try:
         client = redis_client.connect(settings.redis_address, socket_timeout=5, socket_connect_timeout=3)
-        by_version = audit_store.read_versions(client)
+        by_judge = {judge: read_versions(client, judge) for judge in (STRONG_AUDIT, HUMAN_AUDIT)}
         state, decisions = audit_store.read_defence(client), audit_store.read_decisions(client)
         pending = audit_store.redistil_request(client) is not None
         served = audit_store.read_thresholds(client) or audit_store.ServedThresholds(
             reward.hacking_min_audits, reward.hacking_gap_bound, reward.hacking_defence)
     except redis.RedisError as exc:
         return [f"live audit: Redis at {settings.redis_address} did not answer ({type(exc).__name__}: {exc})"]
-    baseline, current = windows(by_version, served.min_audits)
-    return (describe(baseline, current, served.gap_bound, served.min_audits)
-            + defence.describe(state, decisions, served.defence, pending))
+    lines = []
+    for judge, by_version in by_judge.items():
+        if judge is HUMAN_AUDIT and not by_version:
+            continue  # no annotators, or none of their Level-1 scores yet: nothing to say
+        lines += describe(*windows(by_version, served.min_audits), served.gap_bound, served.min_audits, judge)
+    return lines + defence.describe(state, decisions, served.defence, pending)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from strata.audit import STRONG_AUDIT, AuditTally
 from strata_tools.diagnose.hacking import evaluate
 from strata_tools.diagnose.verdict import Verdict
-from svc_reward.audit import AuditTally
 
 
 def stream(gaps: list[float], per_version: int = 10) -> list[tuple[int, AuditTally]]:
@@ -20,13 +20,13 @@ def stream(gaps: list[float], per_version: int = 10) -> list[tuple[int, AuditTal
 
 
 def test_a_grown_gap_alarms_and_a_steady_one_passes() -> None:
-    grown = evaluate(stream([0.0] * 4 + [1.0] * 4), bound=0.25, min_audits=30)
+    grown = evaluate({STRONG_AUDIT: stream([0.0] * 4 + [1.0] * 4)}, bound=0.25, min_audits=30)
     assert grown.verdict is Verdict.ALARM and grown.value is not None and grown.value > 0.9
     assert grown.details["baseline"] == "v0-v2" and grown.details["current"] == "v5-v7"
-    steady = evaluate(stream([0.8] * 8), bound=0.25, min_audits=30)
+    steady = evaluate({STRONG_AUDIT: stream([0.8] * 8)}, bound=0.25, min_audits=30)
     assert steady.verdict is Verdict.PASS and abs(steady.value or 0) < 1e-9
 
 
 def test_too_few_audits_cannot_judge() -> None:
-    result = evaluate(stream([0.0] * 2), bound=0.25, min_audits=30)
+    result = evaluate({STRONG_AUDIT: stream([0.0] * 2)}, bound=0.25, min_audits=30)
     assert result.verdict is Verdict.ERROR and "no estimate yet" in result.summary

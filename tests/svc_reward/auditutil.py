@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from svc_reward.audit import AuditTally
+from strata.audit import AuditTally
 
 
 def audit_stream(gap_at: list[float], per_version: int, seed: int = 0, noise: float = 0.4

@@ -7,7 +7,8 @@ import math
 import pytest
 from auditutil import audit_stream
 
-from svc_reward.audit import AuditTally, estimates, hacking_alarm, sampled_for_audit, windows
+from strata.audit import AuditTally, estimates, hacking_alarm, windows
+from svc_reward.audit import sampled_for_audit
 
 
 def test_the_audit_draw_is_fixed_by_the_hash_and_takes_its_share() -> None:
@@ -84,7 +85,7 @@ def test_the_alarm_needs_a_baseline() -> None:
 
 
 def test_the_description_says_what_is_known() -> None:
-    from svc_reward.audit import describe
+    from strata.audit import describe
 
     assert "no estimate yet" in describe(None, None, 0.25, 30)[0]
     stream = audit_stream([0.05 * v for v in range(30)], per_version=8)

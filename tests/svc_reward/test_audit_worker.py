@@ -9,12 +9,12 @@ import uuid
 import pytest
 
 from strata import ledger
+from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, AuditTally, add_to, estimates, read_versions
 from strata.bus import Delivery, topics
 from strata.content_store import ContentStore
 from strata.v1 import common_pb2, events_pb2
 from strata_tools.stack.control import live_audit_lines
 from svc_reward import audit_store
-from svc_reward.audit import AuditTally
 from svc_reward.config import RewardSettings
 from svc_reward.models import Scores
 from svc_reward.worker import RewardWorker
@@ -77,11 +77,11 @@ def test_audited_answers_are_tallied_once_per_version_and_booked_at_tier_1(infra
     worker.handle_batch(deliveries)
     worker.handle_batch(deliveries)  # redelivered: done keys skip it, the tally does not move
 
-    stored = AuditTally.from_fields(redis_client.hgetall(audit_store.tally_key(version)))
+    stored = AuditTally.from_fields(redis_client.hgetall(STRONG_AUDIT.tally_key(version)))
     assert stored.n == 4 and models.strong_calls == 4
     assert stored.gap_sum == pytest.approx(4 * (LIGHT - STRONG))
     assert (stored.bad, stored.passed, stored.passed_bad, stored.bad_escalated) == (4, 4, 4, 0)
-    assert version in [v for v, _ in audit_store.read_versions(redis_client)]
+    assert version in [v for v, _ in read_versions(redis_client, STRONG_AUDIT)]
     assert strong_items_at_tier_1(redis_client) == strong_tier1_before + 4
 
 
@@ -93,7 +93,7 @@ def test_no_audit_without_a_share_or_a_strong_rm(infra, redis_client) -> None:
                           redis_client, Publisher())  # type: ignore[arg-type]
     events = rollouts(store, 3, version)
     worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
-    assert models.strong_calls == 0 and not redis_client.exists(audit_store.tally_key(version))
+    assert models.strong_calls == 0 and not redis_client.exists(STRONG_AUDIT.tally_key(version))
 
 
 class DriftingJudges:
@@ -114,7 +114,7 @@ class DriftingJudges:
 
 @pytest.mark.parametrize("defence", [True, False])
 def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, redis_client, defence) -> None:
-    for key in (audit_store.VERSIONS_KEY, audit_store.DEFENCE_KEY, audit_store.DECISIONS_KEY,
+    for key in (STRONG_AUDIT.versions_key, audit_store.DEFENCE_KEY, audit_store.DECISIONS_KEY,
                 audit_store.REDISTIL_KEY, audit_store.LABELS_KEY):
         redis_client.delete(key)  # the audit's keys are the stack's, not the test's: start from none
     store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
@@ -156,3 +156,53 @@ def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, 
                                                                                      True)
     status = "\n".join(live_audit_lines(infra))
     assert "hacking alarm" in status and "no estimate yet" not in status, status
+
+
+class CopiedJudges:
+    """The strong RM is the light RM's copy: both rate each newer policy version's answers 0.2 higher."""
+
+    has_strong = True
+
+    def score(self, prompts, responses, strong=False) -> Scores:
+        rewards = [2.5 + 0.2 * int(r.split()[0].lstrip("v")) + (0.1 if i % 2 else -0.1)
+                   for i, r in enumerate(responses)]
+        name, charge = ("strong-test", ledger.Charge("rm_strong", 2, 10, 0.01, 100.0)) if strong else \
+            ("light-test", ledger.Charge("rm_light", 1, 10, 0.001, 10.0))
+        return Scores(rewards, [0.0] * len(responses), name, [charge] * len(responses))
+
+
+def test_people_raise_the_alarm_that_a_copy_of_the_judge_cannot(infra, redis_client) -> None:
+    for key in (STRONG_AUDIT.versions_key, HUMAN_AUDIT.versions_key, audit_store.DEFENCE_KEY,
+                audit_store.DECISIONS_KEY, audit_store.REDISTIL_KEY, audit_store.LABELS_KEY):
+        redis_client.delete(key)
+    store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
+    settings = RewardSettings(**infra.model_dump(), audit_level1_share=1.0, hacking_min_audits=4, audit_refresh_s=0,
+                              escalation_threshold=1.0, escalate_on_caution=False, annotate_level1_share=0.0,
+                              hacking_defence=True, defence_share_step=0.5, defence_max_share=0.5)
+    publisher = Publisher()
+    worker = RewardWorker(settings, CopiedJudges(), store, redis_client, publisher)  # type: ignore[arg-type]
+    base = random.randrange(10**6, 10**9)
+    for step in range(6):
+        version = base + step + 1
+        # The desk's scores of this version's answers: people rate them alike while the light RM climbs.
+        people = AuditTally()
+        for i in range(4):
+            people = people + AuditTally.of(2.5 + 0.2 * step + (0.1 if i % 2 else -0.1), 2.5, False, False)
+        with redis_client.pipeline(transaction=True) as pipe:
+            add_to(pipe, HUMAN_AUDIT, {version: people}, 3600)
+            pipe.execute()
+        prompt = store.put(f"How do tides work? {uuid.uuid4()}")
+        events = [events_pb2.RolloutGenerated(
+            prompt_hash=prompt, response_hash=store.put(f"v{step} the Moon pulls {i} {uuid.uuid4()}"),
+            tier=common_pb2.TIER_LEVEL_1, request_id=f"req-{uuid.uuid4().hex[:8]}", sample_index=i,
+            policy_version=version) for i in range(4)]
+        worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
+
+    strong_gaps = [estimates(t).gap for _, t in read_versions(redis_client, STRONG_AUDIT)]
+    assert len(strong_gaps) == 6 and all(abs(g) < 1e-9 for g in strong_gaps)  # the copy sees nothing
+    state = audit_store.read_defence(redis_client)
+    assert state.share == 0.5 and state.redistil_requested
+    decisions = audit_store.read_decisions(redis_client)
+    assert len(decisions) == 1 and "than people" in decisions[0]["decision"]
+    status = "\n".join(live_audit_lines(infra))
+    assert "human audit" in status and "FIRES" in status and "than people" in status, status

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from auditutil import audit_stream
 
-from svc_reward.audit import estimates, windows
+from strata.audit import estimates, windows
 from svc_reward.defence import DefenceState, respond
 
 BOUND, STEP, MAX = 0.25, 0.1, 0.3
