@@ -61,6 +61,10 @@ def main() -> int:
     difference("ensemble", "light")
     difference("ensemble", "member 0")
     difference("strong", "light")
+    for i in range(1, len(args.member) + 1):
+        difference(f"member {i}", "member 0")
+        difference(f"member {i}", "light")
+        difference("ensemble", f"member {i}")
     return 0
 
 
