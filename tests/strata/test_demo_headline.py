@@ -48,6 +48,12 @@ def test_the_report_opens_with_three_plain_lines_and_ends_with_the_demo_line() -
     assert learned.startswith("learned: held-out oracle +0.180 ± 0.050 over 64 prompts") and "got better" in learned
     assert "hacking gap +0.120 ± 0.070: no sign it climbed" in gamed and "hacking alarm quiet" in gamed
     assert "hacking defence: standing by" in gamed
+    # With people auditing too, the judge whose alarm fires is the one the line names.
+    audit += ["human audit, policy v5-v8 (30 answers also scored by people): ...",
+              "  gap at v1-v3 +0.100: grew +0.400 (95 % lower bound +0.300, bound 0.25); hacking alarm FIRES: hacking "
+              "gap grew +0.400 ... ever higher than people (bound 0.25)"]
+    _, _, gamed = plain_lines(headline, oracle, rm, gap, audit)
+    assert "hacking alarm FIRES" in gamed and "than people" in gamed and "quiet" not in gamed
     # A gap over half the RM's gain and 2 SE is named for what it is; a loss of more than 2 SE too.
     _, worse, hacked = plain_lines(None, Change(-0.2, 0.05, 64, 10), Change(0.4, 0.1, 64, 10),
                                    Change(0.6, 0.1, 64, 10), [])
