@@ -233,7 +233,7 @@ def describe(baseline: AuditWindow | None, current: AuditWindow | None, bound: f
     alarm = hacking_alarm(before, now, bound, judge.who)
     state = f"FIRES: {alarm}" if alarm else "quiet"
     lines.append(f"  gap at {baseline.versions} {before.gap:+.3f}: grew {moved.change:+.3f} "
-                 f"(95 % lower bound {moved.low:+.3f}, bound {bound:g}); hacking alarm {state}")
+                 f"(95 % lower bound {moved.low:+.3f}, bound {bound:g}); hacking alarm ({judge.name}) {state}")
     return lines
 
 
@@ -257,7 +257,8 @@ def read_versions(client: redis.Redis, judge: AuditJudge, limit: int = 1000) -> 
         for version in newest:
             pipe.hgetall(judge.tally_key(version))
         stored = pipe.execute()
-    return [(version, AuditTally.from_fields(fields)) for version, fields in zip(newest, stored, strict=True) if fields]
+    return [(version, AuditTally.from_fields(hash_fields)) for version, hash_fields in zip(newest, stored, strict=True)
+            if hash_fields]
 
 
 @dataclass(frozen=True)
@@ -298,10 +299,10 @@ def read_judges(by_judge: Mapping[AuditJudge, Sequence[tuple[int, AuditTally]]],
 
 
 def deciding(readings: Sequence[JudgeReading]) -> JudgeReading | None:
-    """The reading the alarm and the defence act on: the first judge whose alarm fires (people are listed
-    before the strong RM: they are no copy of the light RM's teacher); else the one whose gap grew most, so
-    that the defence stands down only when every judge is well under the bound."""
-    firing = [r for r in readings if r.alarm is not None]
+    """The reading the alarm and the defence act on: a judge whose alarm fires, people before the strong RM
+    (they are no copy of the light RM's teacher); else the one whose gap grew most, so that the defence stands
+    down only when every judge with a baseline is well under the bound."""
+    firing = sorted((r for r in readings if r.alarm is not None), key=lambda r: r.judge is not HUMAN_AUDIT)
     if firing:
         return firing[0]
     grown = [r for r in readings if not math.isnan(r.growth)]

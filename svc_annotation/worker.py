@@ -166,18 +166,21 @@ class HumanAudit:
     ttl_s: int  # how long a policy version's tally is kept
 
 
-def human_audit_of(entry: Ready, request: events_pb2.AnnotationRequested | None,
-                   bad_below: float) -> tuple[int, AuditTally] | None:
+def human_audit_of(entry: Ready, request: events_pb2.AnnotationRequested | None, bad_below: float,
+                   drifting: frozenset[str] = frozenset()) -> tuple[int, AuditTally] | None:
     """A closed item's contribution to the human audit, by policy version: a Level-1 answer (not gold) people
-    scored, whose request carries the light RM's reward (not the strong RM's, which the hacking defence may
-    have published instead). None for anything else. Pure."""
-    if request is None or entry.item.gold or not entry.scores or request.tier != common_pb2.TIER_LEVEL_1:
+    scored, against the light RM's reward the request carries (``model_reward``: on people's scale where the
+    light RM has a calibration, and the light RM's even where the hacking defence published the strong RM's).
+    Scores of ``drifting`` annotators (the desk's drift alarm) are left out: a drifting scale would read as a
+    moving gap. None for anything else. Pure."""
+    if request is None or entry.item.gold or request.tier != common_pb2.TIER_LEVEL_1:
         return None
-    provisional = request.provisional if request.HasField("provisional") else None
-    if provisional is None or provisional.scorer != common_pb2.SCORER_LIGHT or not math.isfinite(provisional.reward):
+    scores = [score.score for score in entry.scores if score.annotator not in drifting]
+    if not scores or not request.HasField("provisional") or not math.isfinite(request.model_reward):
         return None
-    human = sum(score.score for score in entry.scores) / len(entry.scores)
-    return request.policy_version, AuditTally.of(provisional.reward, human, provisional.escalated, human < bad_below)
+    human = sum(scores) / len(scores)
+    return request.policy_version, AuditTally.of(request.model_reward, human, request.provisional.escalated,
+                                                  human < bad_below)
 
 
 class DeskLoop:
@@ -190,6 +193,7 @@ class DeskLoop:
         self._store = store
         self._drift = drift
         self._audit = audit
+        self._drifting: frozenset[str] = frozenset()  # annotators in drift alarm at the last publishing pass
         self._publisher = publisher
         self._redis = client  # the cost ledger's counts
         self._owner = owner
@@ -213,8 +217,9 @@ class DeskLoop:
     def _feed_audit(self, entry: Ready, request: events_pb2.AnnotationRequested | None) -> None:
         """A closed Level-1 item's human score into the audit once (claimed before it is added, as drift is:
         a crash in between loses one audit rather than counting it twice)."""
-        assert self._audit is not None
-        found = human_audit_of(entry, request, self._audit.bad_below)
+        if self._audit is None:
+            return
+        found = human_audit_of(entry, request, self._audit.bad_below, self._drifting)
         if found is None or "audit" in entry.sent or not self._store.mark_sent(entry.item, "audit"):
             return
         version, tally = found
@@ -296,7 +301,9 @@ class DeskLoop:
         if self._drift is not None:
             for entry, request in closed:
                 self._feed_drift(entry, request)
-        if self._audit is not None:
+        if self._audit is not None and closed:
+            self._drifting = frozenset(a.annotator for a in self._drift.snapshots() if a.alarm) \
+                if self._drift is not None else frozenset()
             for entry, request in closed:
                 self._feed_audit(entry, request)
         for entry in ready:

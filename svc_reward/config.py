@@ -69,7 +69,7 @@ class RewardSettings(StrataSettings):
     review_seconds_per_item: float = Field(
         60.0, ge=0, description="human seconds one annotation costs, booked in the ledger apart from device time"
     )
-    # -- live audit (issue 61, svc_reward/audit.py) -------------------------------------------------------
+    # -- live audit (issue 61, strata/audit.py) -------------------------------------------------------
     audit_level1_share: float = Field(
         0.05, ge=0, le=1, description="share of Level-1 answers (escalated or not, drawn by response hash) also "
         "scored by the strong RM: the live hacking gap, catch and false-pass estimates; booked as rm_strong at "
@@ -81,8 +81,9 @@ class RewardSettings(StrataSettings):
         "strong score read on that threshold's scale (the strong RM's own score would have escalated it)"
     )
     hacking_gap_bound: float = Field(
-        0.25, ge=0, description="the hacking alarm fires when the light-minus-strong gap grew by more than this "
-        "(one-sided 95 %) from the first audited policy versions to the newest"
+        0.25, ge=0, description="the hacking alarm fires when the gap between the light RM and a judge (the "
+        "strong RM, or people at the desk) grew by more than this (one-sided 95 %) from the first audited policy "
+        "versions to the newest"
     )
     hacking_min_audits: int = Field(
         30, ge=2, description="audits a window of policy versions needs before its gap is compared"

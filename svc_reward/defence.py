@@ -1,7 +1,8 @@
 """The loop's answer to hacking (issue 61): what the reward service does while the alarm fires. Pure.
 
-While the live hacking alarm fires (``svc_reward.audit``), PPO is climbing into the light RM's blind
-spots: the light RM rates the policy's answers ever higher than the strong RM does. The defence moves
+While the live hacking alarm fires (``strata.audit``), PPO is climbing into the light RM's blind
+spots: the light RM rates the policy's answers ever higher than a second judge does (the strong RM, or
+people at the desk). The defence moves
 the reward PPO climbs towards the strong RM's, on the policy's own answers:
 
 - **a larger strong-RM share.** Each newer policy version the alarm still fires on adds

@@ -259,9 +259,10 @@ class RewardWorker:
             pipe.execute()
         if audits:
             AUDITS.inc(sum(t.n for t in audits.values()))
-            if time.monotonic() - self._watched_at >= self._settings.audit_refresh_s:
-                self._watched_at = time.monotonic()
-                self._watch_hacking()
+        # After any batch, not only one with strong audits: people's tallies grow on their own.
+        if time.monotonic() - self._watched_at >= self._settings.audit_refresh_s:
+            self._watched_at = time.monotonic()
+            self._watch_hacking()
 
     @property
     def _defending(self) -> bool:
@@ -320,10 +321,11 @@ class RewardWorker:
                      acting.current.gap, acting.judge.name)
         self._alarm = alarm
         if s.hacking_defence:
-            newest = max(r.last_version for r in readings)
+            # The deciding judge's own newest version: a step per version of its evidence, never per version of
+            # a faster judge's (people's scores lag the strong RM's).
             step = audit_store.apply_step(self._redis, lambda state: respond(
-                state, acting.baseline, acting.current, newest, s.hacking_gap_bound, s.defence_share_step,
-                s.defence_max_share, acting.judge.who))
+                state, acting.baseline, acting.current, acting.last_version, s.hacking_gap_bound,
+                s.defence_share_step, s.defence_max_share, acting.judge.who))
             if step is None:  # another replica stepped first: serve what it wrote
                 self._defence = audit_store.read_defence(self._redis)
             else:
@@ -349,6 +351,9 @@ class RewardWorker:
                          await_annotation=bool(s.await_annotation),  # resolved at start (level2_humans)
                          sampled=tier == 1 and sampled_for_annotation(event.response_hash, s.annotate_level1_share),
                          raw=None if calibrated is None else reward, rule=score.rule)
+        # What people's scores are compared with (drift, the human audit): the light RM's reward on their scale
+        # when it has a calibration, and never the strong RM's that the defence may publish instead.
+        light_reward = score.calibrated if score.calibrated is not None else reward
         # The light RM's reward decided the route; the hacking defence publishes the better judge's to PPO.
         if outcome.final and score.strong is not None:
             reward, spread, version, scorer = score.strong.reward, 0.0, score.strong.version, common_pb2.SCORER_STRONG
@@ -373,7 +378,8 @@ class RewardWorker:
         if outcome.annotate:
             request = events_pb2.AnnotationRequested(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
-                policy_version=event.policy_version, rm_version=version, model_reward=reward, reason=outcome.reason,
+                policy_version=event.policy_version, rm_version=version,
+                model_reward=light_reward if tier == 1 else reward, reason=outcome.reason,
                 provisional=scored,
             )
             request.requested_at.GetCurrentTime()

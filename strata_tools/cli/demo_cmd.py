@@ -379,7 +379,7 @@ def plain_lines(headline: Headline | None, oracle: Change | None, rm: Change | N
                   "more than 2 SE worse" if oracle.mean < -2 * oracle.stderr else "within 2 SE of no change"))
     fooled = gap.mean > 0.5 * max(rm.mean, 0.0) and gap.mean > 2 * gap.stderr
     alarms = [line.strip() for line in audit if "hacking alarm" in line]  # one per judge
-    loop = next((line for line in alarms if "hacking alarm FIRES" in line), alarms[0] if alarms else "")
+    loop = next((line for line in alarms if ") FIRES: " in line), alarms[0] if alarms else "")
     defence = next((line.strip() for line in audit if line.strip().startswith("hacking defence")), "")
     gamed = (f"gamed: light-RM reward {rm.mean:+.3f} against oracle {oracle.mean:+.3f}, hacking gap {gap.mean:+.3f} ± "
              f"{gap.stderr:.3f}: " + ("the policy climbed its reward more than its quality" if fooled else

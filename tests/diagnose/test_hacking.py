@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from strata.audit import STRONG_AUDIT, AuditTally
+from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, AuditTally
 from strata_tools.diagnose.hacking import evaluate
 from strata_tools.diagnose.verdict import Verdict
 
@@ -30,3 +30,10 @@ def test_a_grown_gap_alarms_and_a_steady_one_passes() -> None:
 def test_too_few_audits_cannot_judge() -> None:
     result = evaluate({STRONG_AUDIT: stream([0.0] * 2)}, bound=0.25, min_audits=30)
     assert result.verdict is Verdict.ERROR and "no estimate yet" in result.summary
+
+
+def test_people_alarm_where_the_strong_rm_sees_nothing() -> None:
+    result = evaluate({HUMAN_AUDIT: stream([0.0] * 4 + [1.0] * 4), STRONG_AUDIT: stream([0.8] * 8)}, bound=0.25,
+                      min_audits=30)
+    assert result.verdict is Verdict.ALARM and result.details["judge"] == "human"
+    assert "human audit" in result.summary and "live audit" in result.summary

@@ -41,19 +41,19 @@ def test_the_report_opens_with_three_plain_lines_and_ends_with_the_demo_line() -
     headline = SimpleNamespace(arm=arm)
     oracle, rm, gap = Change(0.18, 0.05, 64, 10), Change(0.30, 0.06, 64, 10), Change(0.12, 0.07, 64, 10)
     audit = ["live audit, policy v5-v8 (40 answers also scored by the strong RM): ...",
-             "  gap at v1-v3 +0.050: grew +0.100 (95 % lower bound -0.050, bound 0.25); hacking alarm quiet",
+             "  gap at v1-v3 +0.050: grew +0.100 (95 % lower bound -0.050, bound 0.25); hacking alarm (strong) quiet",
              "  hacking defence: standing by (no alarm has fired)"]
     saved, learned, gamed = plain_lines(headline, oracle, rm, gap, audit)
     assert saved.startswith("saved: +35.0% of params x tokens (+21.0% of device-seconds)") and "0.97x" in saved
     assert learned.startswith("learned: held-out oracle +0.180 ± 0.050 over 64 prompts") and "got better" in learned
-    assert "hacking gap +0.120 ± 0.070: no sign it climbed" in gamed and "hacking alarm quiet" in gamed
+    assert "hacking gap +0.120 ± 0.070: no sign it climbed" in gamed and "hacking alarm (strong) quiet" in gamed
     assert "hacking defence: standing by" in gamed
     # With people auditing too, the judge whose alarm fires is the one the line names.
     audit += ["human audit, policy v5-v8 (30 answers also scored by people): ...",
-              "  gap at v1-v3 +0.100: grew +0.400 (95 % lower bound +0.300, bound 0.25); hacking alarm FIRES: hacking "
-              "gap grew +0.400 ... ever higher than people (bound 0.25)"]
+              "  gap at v1-v3 +0.100: grew +0.400 (95 % lower bound +0.300, bound 0.25); hacking alarm (human) "
+              "FIRES: hacking gap grew +0.400 ... ever higher than people (bound 0.25)"]
     _, _, gamed = plain_lines(headline, oracle, rm, gap, audit)
-    assert "hacking alarm FIRES" in gamed and "than people" in gamed and "quiet" not in gamed
+    assert "hacking alarm (human) FIRES" in gamed and "than people" in gamed and "quiet" not in gamed
     # A gap over half the RM's gain and 2 SE is named for what it is; a loss of more than 2 SE too.
     _, worse, hacked = plain_lines(None, Change(-0.2, 0.05, 64, 10), Change(0.4, 0.1, 64, 10),
                                    Change(0.6, 0.1, 64, 10), [])

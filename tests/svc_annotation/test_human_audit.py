@@ -45,15 +45,21 @@ def test_a_level1_answer_people_scored_is_one_audit_of_the_light_rm() -> None:
     assert version == 7 and tally == AuditTally.of(3.5, 1.5, escalated=True, bad=True)
     _, good = human_audit_of(closed((4.5,)), level1_request(None, 7), bad_below=3.2)  # type: ignore[misc]
     assert (good.bad, good.passed, good.strong_sum) == (0, 1, 4.5)
+    # The defence published the strong RM's reward: the request still carries the light RM's, so it counts.
+    defended = level1_request(None, 7, light=3.5, scorer=common_pb2.SCORER_STRONG)
+    defended.provisional.reward = 2.0
+    assert human_audit_of(closed((1.0,)), defended, 3.2) == (7, AuditTally.of(3.5, 1.0, False, True))
 
 
 def test_what_is_not_a_human_audit_of_the_light_rm() -> None:
     assert human_audit_of(closed(()), level1_request(None, 7), 3.2) is None  # expired unscored
     assert human_audit_of(closed((2.0,), gold=True), level1_request(None, 7), 3.2) is None
     assert human_audit_of(closed((2.0,)), level1_request(None, 7, tier=common_pb2.TIER_LEVEL_2), 3.2) is None
-    # The hacking defence published the strong RM's reward: the light RM's is not in the request.
-    assert human_audit_of(closed((2.0,)), level1_request(None, 7, scorer=common_pb2.SCORER_STRONG), 3.2) is None
     assert human_audit_of(closed((2.0,)), None, 3.2) is None
+    # A drifting annotator's scale is not the policy's quality: only the others' scores count.
+    assert human_audit_of(closed((5.0, 1.0)), level1_request(None, 7), 3.2, frozenset({"ann0"})) == (
+        7, AuditTally.of(3.5, 1.0, False, True))
+    assert human_audit_of(closed((5.0,)), level1_request(None, 7), 3.2, frozenset({"ann0"})) is None
 
 
 def test_the_desk_tallies_each_scored_level1_answer_once(infra, redis_client) -> None:
@@ -62,16 +68,26 @@ def test_the_desk_tallies_each_scored_level1_answer_once(infra, redis_client) ->
     desk.loop = DeskLoop(desk.store, desk.publisher, redis_client, "test", 0.05, 64, 30.0, [],
                          audit=HumanAudit(bad_below=3.2, ttl_s=3600))
     version = random.randrange(10**6, 10**9)  # a version no other test writes
+    requests = {}
     try:
         for score in (1.0, 4.0, 2.0):
-            desk.queue(level1_request(content, version, light=3.5))
+            request = level1_request(content, version, light=3.5)
+            requests[desk.queue(request)] = request
             offer = desk.next("ann")
             desk.score("ann", offer.item_id, score)
         desk.loop.step()
-        desk.loop.step()  # a second pass adds nothing
         tally = AuditTally.from_fields(redis_client.hgetall(HUMAN_AUDIT.tally_key(version)))
         assert tally.n == 3 and tally.light_sum == 3 * 3.5 and tally.strong_sum == 7.0
         assert (tally.bad, tally.passed, tally.passed_bad) == (2, 3, 2)
         assert version in [v for v, _ in read_versions(redis_client, HUMAN_AUDIT)]
+        # A publishing pass that saw the items again (a second replica, a retry) claims each audit once.
+        item_id, request = next(iter(requests.items()))
+        item = desk.store.item(item_id)
+        assert item is not None
+        again = Ready(item, (Score("ann", 1.0, False, False, 1.0),), frozenset(), 1.0)
+        desk.loop._feed_audit(again, request)
+        assert AuditTally.from_fields(redis_client.hgetall(HUMAN_AUDIT.tally_key(version))) == tally
     finally:
         desk.close()
+        redis_client.zrem(HUMAN_AUDIT.versions_key, str(version))  # the stack's key: leave it as found
+        redis_client.delete(HUMAN_AUDIT.tally_key(version))

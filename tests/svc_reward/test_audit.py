@@ -93,7 +93,7 @@ def test_the_description_says_what_is_known() -> None:
     lines = describe(baseline, current, 0.25, 30)
     assert "policy v26-v29" in lines[0] and "FIRES" in lines[-1]
     baseline, current = windows(audit_stream([0.6] * 30, per_version=8), min_audits=30)
-    assert describe(baseline, current, 0.25, 30)[-1].endswith("hacking alarm quiet")
+    assert describe(baseline, current, 0.25, 30)[-1].endswith("hacking alarm (strong) quiet")
 
 
 def test_the_strong_rm_calls_bad_on_the_served_threshold_unless_a_line_is_set() -> None:

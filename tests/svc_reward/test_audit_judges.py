@@ -23,3 +23,11 @@ def test_quiet_judges_leave_the_one_whose_gap_grew_most() -> None:
     acting = deciding(read_judges({STRONG_AUDIT: steady, HUMAN_AUDIT: creeping}, 30, 0.25))
     assert acting is not None and acting.alarm is None and acting.judge is HUMAN_AUDIT
     assert deciding(read_judges({HUMAN_AUDIT: [], STRONG_AUDIT: audit_stream([0.0], 5)}, 30, 0.25)) is None
+
+
+def test_people_decide_when_both_judges_fire() -> None:
+    grown = audit_stream([0.0] * 4 + [1.0] * 4, 10, seed=5)
+    for order in ({STRONG_AUDIT: grown, HUMAN_AUDIT: grown}, {HUMAN_AUDIT: grown, STRONG_AUDIT: grown}):
+        readings = read_judges(order, 30, 0.25)
+        assert all(r.alarm for r in readings)
+        assert deciding(readings).judge is HUMAN_AUDIT  # type: ignore[union-attr]

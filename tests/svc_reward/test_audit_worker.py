@@ -114,8 +114,8 @@ class DriftingJudges:
 
 @pytest.mark.parametrize("defence", [True, False])
 def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, redis_client, defence) -> None:
-    for key in (STRONG_AUDIT.versions_key, audit_store.DEFENCE_KEY, audit_store.DECISIONS_KEY,
-                audit_store.REDISTIL_KEY, audit_store.LABELS_KEY):
+    for key in (STRONG_AUDIT.versions_key, HUMAN_AUDIT.versions_key, audit_store.DEFENCE_KEY,
+                audit_store.DECISIONS_KEY, audit_store.REDISTIL_KEY, audit_store.LABELS_KEY):
         redis_client.delete(key)  # the audit's keys are the stack's, not the test's: start from none
     store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
     settings = RewardSettings(**infra.model_dump(), audit_level1_share=1.0, hacking_min_audits=4, audit_refresh_s=0,
@@ -205,4 +205,5 @@ def test_people_raise_the_alarm_that_a_copy_of_the_judge_cannot(infra, redis_cli
     decisions = audit_store.read_decisions(redis_client)
     assert len(decisions) == 1 and "than people" in decisions[0]["decision"]
     status = "\n".join(live_audit_lines(infra))
-    assert "human audit" in status and "FIRES" in status and "than people" in status, status
+    assert "human audit" in status and "(human) FIRES" in status and "than people" in status, status
+    redis_client.delete(HUMAN_AUDIT.versions_key)  # the stack's keys: leave no judge behind for other tests
