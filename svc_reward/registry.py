@@ -1,4 +1,4 @@
-"""Registry of reward-model versions, in Redis, and their promotion over Kafka (R7).
+"""Registry of reward-model versions, in Redis: what svc_reward registers, and their calibrations (R7).
 
 A version is content-addressed: ``<kind>-<first 12 hex of its checksum>``, where the checksum is
 the SHA-256 of the members' weight files (``strata.contract.checksums.weights_checksum``). For one
@@ -16,10 +16,10 @@ A light version's entry may carry its score calibration (``calibration``: the ``
 ``svc_reward.calibrate.ScoreCalibration`` fitted for its weights), the same one that lies beside
 its weights (``svc_reward.calibration_store``) and that svc_reward serves with it.
 
-``promote`` publishes ``RewardModelUpdated`` on ``strata.rm.updated`` and waits for Kafka's
-acknowledgement; every svc_reward replica follows that topic (``svc_reward.rm_watch``) and swaps
-its light RM between two batches. Only light versions are promoted: they are what the hot path
-serves (the strong RM is a deployment setting, ``--strong-rm``).
+svc_reward registers the RMs it starts with (:func:`register_served`). Listing and promotion are
+the tools' (``strata_tools.rm.registry``, on these keys): ``promote`` publishes ``RewardModelUpdated``
+on ``strata.rm.updated``, which every svc_reward replica follows (``svc_reward.rm_watch``) to swap
+its light RM between two batches.
 """
 
 from __future__ import annotations
@@ -34,9 +34,7 @@ from typing import Any
 
 import redis
 
-from strata.bus import Publisher, Topic, topics
 from strata.contract.checksums import version_id, weights_checksum
-from strata.v1 import events_pb2
 from svc_reward.calibrate import ScoreCalibration
 from svc_reward.calibration_store import read_calibration
 
@@ -53,10 +51,6 @@ class RegistryError(Exception):
 class UnknownVersionError(RegistryError, KeyError):
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown RM version"
-
-
-class ChecksumMismatchError(RegistryError):
-    """The weights on disk are not the ones that were registered."""
 
 
 @dataclass(frozen=True)
@@ -138,17 +132,10 @@ def register_served(registry: RmRegistry, light_paths: Sequence[str | Path], str
         registry.set_calibration(light.version, ScoreCalibration.from_dict(light.calibration))
 
 
-def update_event(entry: RmVersion) -> events_pb2.RewardModelUpdated:
-    """The ``strata.rm.updated`` event announcing ``entry``."""
-    event = events_pb2.RewardModelUpdated(
-        rm_version=entry.version, path=entry.path, ensemble_paths=list(entry.paths), checksum=entry.checksum,
-        metrics={k: float(v) for k, v in entry.metrics.items() if isinstance(v, int | float)},
-    )
-    event.published_at.GetCurrentTime()
-    return event
-
-
 class RmRegistry:
+    """Versions registered and their calibrations, under ``prefix``; the tools list and promote them
+    (``strata_tools.rm.registry.RmRegistryAdmin``)."""
+
     def __init__(self, client: redis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
         self._redis = client
         self._prefix = prefix
@@ -171,48 +158,6 @@ class RmRegistry:
         if raw is None:
             raise UnknownVersionError(f"no RM version {version!r} in the registry (see `strata rm list`)")
         return RmVersion.from_json(raw)
-
-    def list(self, kind: str | None = None) -> list[RmVersion]:
-        """Every version, newest first (optionally one kind)."""
-        names = [n.decode() for n in self._redis.zrevrange(self._key("versions"), 0, -1)]
-        raws = self._redis.mget([self._key("version", n) for n in names]) if names else []
-        entries = [RmVersion.from_json(r) for r in raws if r is not None]
-        return [e for e in entries if kind is None or e.kind == kind]
-
-    def promoted(self) -> str | None:
-        """The light version promoted last (what svc_reward serves once it has caught up)."""
-        raw = self._redis.get(self._key("promoted"))
-        return raw.decode() if raw is not None else None
-
-    def promote(self, version: str, publisher: Publisher, verify: bool = True,
-                topic: Topic[events_pb2.RewardModelUpdated] = topics.RM_UPDATED) -> events_pb2.RewardModelUpdated:
-        """Publish ``version`` on ``strata.rm.updated`` (durable on return), then record it.
-
-        With ``verify``, the weights on disk must still match the registered checksum (the replicas
-        check it again before loading).
-        """
-        entry = self.get(version)
-        if entry.kind != "light":
-            raise RegistryError(f"{version} is a {entry.kind} RM: only light versions are hot-swapped "
-                                "(set the strong RM with svc_reward's --strong-rm)")
-        if verify:
-            try:
-                actual = weights_checksum(entry.paths)
-            except OSError as exc:
-                raise RegistryError(f"cannot read the weights of {version}: {exc}") from exc
-            if actual != entry.checksum:
-                raise ChecksumMismatchError(f"the weights of {version} changed on disk since registration "
-                                            f"(registered {entry.checksum[:12]}, now {actual[:12]})")
-        event = update_event(entry)
-        publisher.publish_and_wait(topic, event)
-        now = time.time()
-        def record(pipe: redis.client.Pipeline) -> None:
-            pipe.set(self._key("promoted"), version)
-            pipe.lpush(self._key("promotions"), json.dumps({"version": version, "at": now}))
-
-        # The entry, the promoted pointer and the history move together, in one transaction.
-        self._update(version, lambda e: RmVersion(**{**asdict(e), "paths": e.paths, "promoted_at": now}), record)
-        return event
 
     def set_calibration(self, version: str, calibration: ScoreCalibration) -> RmVersion:
         """Store ``calibration`` in the entry of the light ``version`` it was fitted for; the updated entry."""
@@ -247,11 +192,3 @@ class RmRegistry:
 
         self._redis.transaction(write, key)
         return updated[0]
-
-    def record_refresh(self, summary: dict[str, Any]) -> None:
-        """Keep the last ``strata rm refresh`` turn's summary (its label count paces the next turn)."""
-        self._redis.set(self._key("refresh", "last"), json.dumps(summary))
-
-    def last_refresh(self) -> dict[str, Any] | None:
-        raw = self._redis.get(self._key("refresh", "last"))
-        return json.loads(raw) if raw is not None else None

@@ -10,7 +10,7 @@ escalations and the share escalated per threshold) and the lowest threshold that
 ``--target-catch``, as the setting to give the reward service.
 
 It also fits the light RM's score calibration: an isotonic map of its raw score onto the oracle's
-0-5 scale (``svc_reward.calibrate.fit_isotonic``), with its mean absolute error against the oracle
+0-5 scale (``strata_tools.rm.calibration.fit_isotonic``), with its mean absolute error against the oracle
 (in-sample and cross-validated) and the chosen threshold on the calibrated scale. ``--write``
 stores it beside the light RM's weights (``strata_calibration.json`` in the first member's
 directory) and in the RM registry under that version; svc_reward serves it whenever it loads that
@@ -47,7 +47,8 @@ from strata_tools.task.oracle import judge
 from strata_tools.task.suite import load_suite
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run, not by `strata calibrate --help`
-    from svc_reward.calibrate import OperatingPoint, ScoreCalibration
+    from strata_tools.rm.calibration import OperatingPoint
+    from svc_reward.calibrate import ScoreCalibration
     from svc_reward.escalation_rule import EscalationRule, RuleReport
     from svc_reward.models import ScoringOptions
 
@@ -100,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_unsafe(args: argparse.Namespace) -> int:
-    from svc_reward.calibrate import detection_figures
+    from strata_tools.rm.calibration import detection_figures
 
     records = load_suite(None if args.split == "all" else args.split)
     rng = random.Random(args.seed)
@@ -165,7 +166,7 @@ class _Calibrated:
 
 def _calibrate(args: argparse.Namespace, measured: _Escalation, light_paths: list[str],
                options: ScoringOptions) -> _Calibrated:
-    from svc_reward.calibrate import (
+    from strata_tools.rm.calibration import (
         cross_validated_error,
         fit_isotonic,
         mean_absolute_error,
@@ -265,8 +266,8 @@ def _print_calibration(args: argparse.Namespace, measured: _Escalation, fitted: 
 
 
 def run_escalation(args: argparse.Namespace) -> int:
+    from strata_tools.rm.calibration import operating_points
     from strata_tools.zoo.build import ensure_zoo
-    from svc_reward.calibrate import operating_points
     from svc_reward.config import RewardSettings
     from svc_reward.decide import escalation_threshold
     from svc_reward.models import ScoringOptions

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from strata.epoch import Marker
     from strata.v1 import events_pb2
     from strata_tools.recover import LossSummary, PromptLoss, Verdict
-    from svc_reward.registry import RmRegistry
+    from strata_tools.rm.registry import RmRegistryAdmin
     from svc_scheduler.config import SchedulerSettings
     from svc_scheduler.store import SchedulerStore
     from svc_scheduler.worker import StatsUpdater
@@ -167,7 +167,7 @@ class Rebuild:
 class Rebuilder:
     """Feeds Kafka's events to the scheduler's own handlers and records the registry's promotions."""
 
-    def __init__(self, store: SchedulerStore, updater: StatsUpdater, registry: RmRegistry, writing: bool) -> None:
+    def __init__(self, store: SchedulerStore, updater: StatsUpdater, registry: RmRegistryAdmin, writing: bool) -> None:
         self.store, self.updater, self.registry = store, updater, registry
         self.result = Rebuild(writing)
         self._promotions: list[events_pb2.RewardModelUpdated] = []
@@ -247,7 +247,7 @@ class Rebuilder:
         return result
 
 
-def _register_promoted(registry: RmRegistry, message: events_pb2.RewardModelUpdated) -> None:
+def _register_promoted(registry: RmRegistryAdmin, message: events_pb2.RewardModelUpdated) -> None:
     """The registry entry of a promoted version, from its announcement (idempotent: an entry that
     exists is kept). Kafka does not carry its parent or training config."""
     from svc_reward.registry import RmVersion
@@ -257,8 +257,8 @@ def _register_promoted(registry: RmRegistry, message: events_pb2.RewardModelUpda
                                 config={"source": f"rebuilt from its announcement by {CREATED_BY}"}))
 
 
-def _record_promotion(client: redis.Redis, registry: RmRegistry, message: events_pb2.RewardModelUpdated) -> None:
-    """The second half of ``RmRegistry.promote`` (the record; Kafka has the announcement already).
+def _record_promotion(client: redis.Redis, registry: RmRegistryAdmin, message: events_pb2.RewardModelUpdated) -> None:
+    """The second half of ``RmRegistryAdmin.promote`` (the record; Kafka has the announcement already).
 
     The registry has no method for it; this writes the keys ``promote`` writes, through its own
     ``_key``, so that the layout stays spelled in one place.
@@ -317,7 +317,7 @@ def _write_marker(client: redis.Redis, marker: Marker | None, recovered: bool, w
 
 
 def run_redis(args: argparse.Namespace) -> int:
-    from svc_reward.registry import RmRegistry
+    from strata_tools.rm.registry import RmRegistryAdmin
     from svc_scheduler.store import SchedulerStore
     from svc_scheduler.worker import StatsUpdater
 
@@ -355,7 +355,7 @@ def run_redis(args: argparse.Namespace) -> int:
         verdict = recover.assess(marker, min(stamps) if stamps else None, so_far.texts_lost + so_far.responses_lost)
         writing = not args.dry_run and (verdict.lost or args.force)
         store = SchedulerStore(client, settings)
-        rebuilder = Rebuilder(store, StatsUpdater(store, settings), RmRegistry(client), writing)
+        rebuilder = Rebuilder(store, StatsUpdater(store, settings), RmRegistryAdmin(client), writing)
         with _quiet("svc_scheduler.worker", args.verbose):
             read(topics.rewards, lambda d: (history.add_reward(d.message, d.timestamp_ms), rebuilder.reward(d)))
             read(topics.policy, rebuilder.policy, scan.refused(topics.policy))

@@ -26,9 +26,9 @@ from strata_tools.task.seal import check_sealed
 from strata_tools.task.suite import load_suite
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run
+    from strata_tools.rm.calibration import OperatingPoint
     from strata_tools.task.suite import PromptRecord
     from svc_probe.core import ProbeResult
-    from svc_reward.calibrate import OperatingPoint
     from svc_reward.models import ScoringOptions
 
 
@@ -143,7 +143,7 @@ def judge_level1(zoo: ZooModels, split: str, prompts: int, seed: int, light_path
 
 def choose_threshold(judged: JudgedLevel1, bad_threshold: float, target_catch: float) -> ChosenThreshold:
     """The raw threshold for ``target_catch``; CliError when the answers hold no bad case."""
-    from svc_reward.calibrate import operating_point, printable_threshold, threshold_for_catch
+    from strata_tools.rm.calibration import operating_point, printable_threshold, threshold_for_catch
 
     bad = judged.bad(bad_threshold)
     try:

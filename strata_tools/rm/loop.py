@@ -189,7 +189,7 @@ def carry_calibration(current_paths: Sequence[str | Path], candidate: Any, held:
     The candidate's scores are computed as svc_reward computes them (its settings' temperature and
     aggregation). Returns the ``TurnReport.calibration`` text: "" (nothing to carry), "carried", or why not.
     """
-    from svc_reward.calibrate import fit_isotonic
+    from strata_tools.rm.calibration import fit_isotonic
     from svc_reward.calibration_store import write_calibration
     from svc_reward.config import RewardSettings
     from svc_reward.models import RewardModels, ScoringOptions, served_calibration

@@ -2,8 +2,9 @@
 
 A version is a directory ``<cache_dir>/rm/<version>/`` (one ``save_pretrained`` directory, or
 ``member-<i>`` directories for an ensemble) with ``strata_rm.json`` (kind, version, checksum,
-metrics, the resolved config, data sources), registered in Redis (``svc_reward.registry``).
-Promotion publishes ``strata.rm.updated``; every svc_reward replica swaps between batches.
+metrics, the resolved config, data sources), registered in Redis (``svc_reward.registry``; listed and
+promoted through ``strata_tools.rm.registry``). Promotion publishes ``strata.rm.updated``; every
+svc_reward replica swaps between batches.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ RM_INFO_FILE = "strata_rm.json"
 
 def open_registry(settings: Any) -> Any:
     """The registry on the configured Redis, or a CliError saying how to get one."""
-    from svc_reward.registry import RmRegistry
+    from strata_tools.rm.registry import RmRegistryAdmin
 
     client = redis_client.connect(settings.redis_address, socket_timeout=5, socket_connect_timeout=5)
     try:
@@ -37,7 +38,7 @@ def open_registry(settings: Any) -> Any:
         client.close()
         raise CliError(f"Redis at {settings.redis_address_masked} does not answer ({exc}): run `strata infra up`, set "
                        "STRATA_REDIS_URL, or pass --no-register") from exc
-    return RmRegistry(client)
+    return RmRegistryAdmin(client)
 
 
 def finalize_version(staging: Path, members: Sequence[Path], kind: str, out: Path | None, settings: Any,

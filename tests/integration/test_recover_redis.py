@@ -40,7 +40,8 @@ from strata_tools.recover import (
     assess,
     text_state,
 )
-from svc_reward.registry import RmRegistry, describe
+from strata_tools.rm.registry import RmRegistryAdmin
+from svc_reward.registry import describe
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.store import SchedulerStore
 from svc_scheduler.worker import StatsUpdater
@@ -251,7 +252,7 @@ def delivered(topic: Topic, message: object) -> Delivery:
 
 def state(client: redis.Redis, store: SchedulerStore, settings: SchedulerSettings, hashes: list[str]) -> dict:
     """What the rebuild must give back: statistics, idempotency keys, versions, the registry."""
-    registry = RmRegistry(client)
+    registry = RmRegistryAdmin(client)
     promoted = registry.promoted()
     return {
         "stats": {h: s.to_dict() for h in hashes if (s := store.get_stats(h)) is not None},
@@ -277,7 +278,7 @@ def test_an_emptied_redis_is_reported_per_prompt_and_rebuilt_as_it_was(
     content = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     store = SchedulerStore(client, settings)
     updater = StatsUpdater(store, settings)
-    registry = RmRegistry(client)
+    registry = RmRegistryAdmin(client)
 
     # A forged announcement (its version is not its checksum's), then two real promotions.
     forged = events_pb2.RewardModelUpdated(rm_version="light-forged", path="/models/x", checksum="0" * 64)

@@ -17,8 +17,9 @@ from strata_tools.cli.main import main
 from strata_tools.rm.loop import run_every
 from strata_tools.rm.onpolicy import policy_answers
 from strata_tools.rm.refresh import RefreshOptions
+from strata_tools.rm.registry import RmRegistryAdmin
 from strata_tools.zoo.build import ZooOnDemand, ZooPaths, ZooSettings
-from svc_reward.registry import RmRegistry, describe
+from svc_reward.registry import describe
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +64,7 @@ def test_a_turn_judges_the_candidate_on_held_out_labels_and_promotes_only_if_bet
     report = json.loads(report_file.read_text())
     assert report["refused"] is None
     assert report["n_train"] + report["n_held_out"] == n_labels and report["n_held_out"] >= 20
-    registry = RmRegistry(own_redis)
+    registry = RmRegistryAdmin(own_redis)
     zoo_light = describe("light", [zoo.rm_light]).version
     assert report["parents"] == {"light": zoo_light, "strong": describe("strong", [zoo.rm_strong]).version}
     light = registry.get(report["light_version"])
@@ -100,7 +101,7 @@ def test_too_few_labels_refuse_the_turn_with_the_counts(
     out = capsys.readouterr().out
     assert code == 0
     assert re.search(r"no refresh: \d+ labels to train on and \d+ held out, of at least 20 and 1000", out)
-    assert RmRegistry(own_redis).list() == []  # nothing trained, nothing registered
+    assert RmRegistryAdmin(own_redis).list() == []  # nothing trained, nothing registered
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -130,7 +131,7 @@ def test_the_defences_request_runs_a_turn_on_the_audited_answers(own_redis: redi
     lines: list[str] = []
     # No annotations and far fewer new labels than min_new_labels: only the request starts a turn.
     reports = run_every(RefreshOptions(annotations=False, every_s=5, min_new_labels=1000), settings,
-                        ZooOnDemand(settings), RmRegistry(own_redis), progress=lines.append, turns=1,
+                        ZooOnDemand(settings), RmRegistryAdmin(own_redis), progress=lines.append, turns=1,
                         sleep=lambda s: None)
     [report] = reports
     assert report.sources == {"audits": 6, "audits_expired": 1}

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from strata.config import StrataSettings
+from strata_tools.rm.calibration import detection_figures, operating_point, operating_points, threshold_for_catch
 from strata_tools.zoo.build import ZooPaths
-from svc_reward.calibrate import detection_figures, operating_point, operating_points, threshold_for_catch
 from svc_reward.calibration_store import read_calibration
 
 # Light-RM scores of six Level-1 answers; the oracle calls the 1st, 3rd and 5th bad.

@@ -25,9 +25,10 @@ from strata.content_store import ContentStore
 from strata.models.loading import load_reward_model
 from strata.models.reward import score_responses
 from strata.v1 import common_pb2, events_pb2
+from strata_tools.rm.registry import RmRegistryAdmin, update_event
 from svc_reward.config import RewardSettings
 from svc_reward.models import RewardModels, ScoringOptions
-from svc_reward.registry import RmRegistry, describe, update_event
+from svc_reward.registry import describe
 from svc_reward.rm_watch import RmWatcher
 from svc_reward.worker import RewardWorker
 
@@ -44,8 +45,8 @@ def publisher(infra: StrataSettings) -> Iterator[Publisher]:
 
 
 @pytest.fixture
-def registry(redis_client: redis.Redis) -> RmRegistry:
-    return RmRegistry(redis_client, prefix=f"test:rm:{uuid.uuid4().hex[:10]}")
+def registry(redis_client: redis.Redis) -> RmRegistryAdmin:
+    return RmRegistryAdmin(redis_client, prefix=f"test:rm:{uuid.uuid4().hex[:10]}")
 
 
 def light_models(path: Path) -> RewardModels:
@@ -88,7 +89,7 @@ class ScoredReader:
 
 
 def test_promote_during_a_stream_loses_nothing_and_each_reward_names_its_rm(
-    infra: StrataSettings, redis_client: redis.Redis, publisher: Publisher, registry: RmRegistry,
+    infra: StrataSettings, redis_client: redis.Redis, publisher: Publisher, registry: RmRegistryAdmin,
     rm_topic: Topic, make_rm: Callable[..., Path],
 ) -> None:
     path_a, path_b = make_rm("rm_a", 3.5), make_rm("rm_b", 4.5)
@@ -168,7 +169,7 @@ def test_promote_during_a_stream_loses_nothing_and_each_reward_names_its_rm(
 
 
 def test_on_start_the_newest_promotion_wins_and_bad_updates_are_refused(
-    infra: StrataSettings, publisher: Publisher, registry: RmRegistry, rm_topic: Topic,
+    infra: StrataSettings, publisher: Publisher, registry: RmRegistryAdmin, rm_topic: Topic,
     make_rm: Callable[..., Path],
 ) -> None:
     path_a, path_b = make_rm("rm_a", 3.5), make_rm("rm_b", 4.5)
@@ -205,7 +206,7 @@ def test_on_start_the_newest_promotion_wins_and_bad_updates_are_refused(
 
 
 def test_an_ensemble_version_swaps_in_as_one(
-    infra: StrataSettings, publisher: Publisher, registry: RmRegistry, rm_topic: Topic,
+    infra: StrataSettings, publisher: Publisher, registry: RmRegistryAdmin, rm_topic: Topic,
     make_rm: Callable[..., Path],
 ) -> None:
     # `strata rm distill --members 3` registers one version covering every member (R8).

@@ -23,16 +23,10 @@ from strata.hashing import content_hash
 from strata.v1 import events_pb2
 from strata_tools.cli.main import main
 from strata_tools.rm.lifecycle import SourceUnavailableError, historical_rollouts
+from strata_tools.rm.registry import ChecksumMismatchError, RmRegistryAdmin
 from strata_tools.rm.strong import PSEUDO_LABELS_FILE
 from strata_tools.rm.train import new_reward_model
-from svc_reward.registry import (
-    ChecksumMismatchError,
-    RegistryError,
-    RmRegistry,
-    UnknownVersionError,
-    describe,
-    register_served,
-)
+from svc_reward.registry import RegistryError, UnknownVersionError, describe, register_served
 
 pytestmark = pytest.mark.integration
 
@@ -40,8 +34,8 @@ TIMEOUT_S = 30.0
 
 
 @pytest.fixture
-def registry(redis_client: redis.Redis) -> RmRegistry:
-    return RmRegistry(redis_client, prefix=f"test:rm:{uuid.uuid4().hex[:10]}")
+def registry(redis_client: redis.Redis) -> RmRegistryAdmin:
+    return RmRegistryAdmin(redis_client, prefix=f"test:rm:{uuid.uuid4().hex[:10]}")
 
 
 @pytest.fixture
@@ -85,7 +79,7 @@ def test_versions_are_content_addressed_like_the_service_reports_them(make_rm: C
         describe("light", [a.parent])
 
 
-def test_register_get_list(registry: RmRegistry, make_rm: Callable[..., Path]) -> None:
+def test_register_get_list(registry: RmRegistryAdmin, make_rm: Callable[..., Path]) -> None:
     strong = registry.register(describe("strong", [make_rm("s", 2.0)], metrics={"spearman/oracle_eval": 0.95}))
     light = registry.register(describe("light", [make_rm("l", 3.5)], parent=strong.version,
                                        config={"steps": 10}))
@@ -102,7 +96,7 @@ def test_register_get_list(registry: RmRegistry, make_rm: Callable[..., Path]) -
 
 
 def test_promote_publishes_a_durable_update_and_records_it(
-    infra: StrataSettings, registry: RmRegistry, publisher: Publisher, rm_topic: Topic,
+    infra: StrataSettings, registry: RmRegistryAdmin, publisher: Publisher, rm_topic: Topic,
     make_rm: Callable[..., Path],
 ) -> None:
     a = registry.register(describe("light", [make_rm("a", 3.5)], metrics={"spearman/strong_eval": 0.91}))
@@ -120,7 +114,7 @@ def test_promote_publishes_a_durable_update_and_records_it(
 
 
 def test_promote_refuses_strong_versions_and_changed_weights(
-    infra: StrataSettings, registry: RmRegistry, publisher: Publisher, rm_topic: Topic,
+    infra: StrataSettings, registry: RmRegistryAdmin, publisher: Publisher, rm_topic: Topic,
     make_rm: Callable[..., Path],
 ) -> None:
     strong = registry.register(describe("strong", [make_rm("s", 2.0)]))
@@ -186,7 +180,7 @@ def test_train_strong_pseudo_labels_logged_rollouts_and_registers(
     ours = [row for row in labels if row["prompt"] == f"logged prompt {tag}"]
     assert len(ours) == 1 and ours[0]["logged_reward"] == 2.0
     assert 0.0 <= ours[0]["score"] <= 5.0 and len(ours[0]["logits"]) == 11
-    entry = RmRegistry(redis_client).get(describe("strong", [out]).version)
+    entry = RmRegistryAdmin(redis_client).get(describe("strong", [out]).version)
     assert entry.kind == "strong" and entry.config["n_pseudo_labelled"] == len(labels)
     assert {"spearman/oracle_eval", "pearson/oracle_fresh"} <= set(entry.metrics)
 
@@ -204,7 +198,7 @@ def test_distill_from_log_re_distils_the_served_light_rm_and_compares_on_held_ou
     monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
     monkeypatch.setenv("STRATA_REDIS_URL", redis_url)
     monkeypatch.setenv("STRATA_CACHE_DIR", str(tmp_path / "cache"))
-    registry = RmRegistry(client)
+    registry = RmRegistryAdmin(client)
     strong, serving = tmp_path / "strong", tmp_path / "serving"
     for out, seed in ((strong, 3), (serving, 5)):
         new_reward_model(tiny_tokenizer, TINY, n_positions=128, n_bins=N_BINS, seed=seed).save_pretrained(out)
@@ -247,19 +241,19 @@ def test_distill_from_log_re_distils_the_served_light_rm_and_compares_on_held_ou
     empty = redis.Redis.from_url(empty_url)
     empty.flushdb()
     monkeypatch.setenv("STRATA_REDIS_URL", empty_url)
-    RmRegistry(empty).register(current)
-    RmRegistry(empty).promote(current.version, publisher, topic=rm_topic)
+    RmRegistryAdmin(empty).register(current)
+    RmRegistryAdmin(empty).promote(current.version, publisher, topic=rm_topic)
     code = main(["rm", "distill", "--from-log", "--strong", str(strong), "--no-zoo-pairs", "--augment", "none",
                  "--steps", "2", "--max-length", "64", "--max-rollouts", "1000", "--out", str(tmp_path / "none"),
                  "--threads", "1"])
     assert code == 2 and "no pairs to distil on" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
-    assert [e.version for e in RmRegistry(empty).list("light")] == [current.version]
+    assert [e.version for e in RmRegistryAdmin(empty).list("light")] == [current.version]
     empty.close()
 
 
 def test_the_served_rms_are_registered_with_the_teacher_the_light_one_names(
-    registry: RmRegistry, make_rm: Callable[..., Path],
+    registry: RmRegistryAdmin, make_rm: Callable[..., Path],
 ) -> None:
     strong, light = make_rm("strong", 2.0), make_rm("light", 3.0)
     teacher = describe("strong", [strong]).version

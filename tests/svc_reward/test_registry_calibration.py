@@ -12,14 +12,16 @@ import pytest
 import redis
 
 from strata.contract.checksums import weights_checksum
-from svc_reward.calibrate import ScoreCalibration, fit_isotonic
+from strata_tools.rm.calibration import fit_isotonic
+from strata_tools.rm.registry import RmRegistryAdmin
+from svc_reward.calibrate import ScoreCalibration
 from svc_reward.calibration_store import CALIBRATION_FILE, write_calibration
-from svc_reward.registry import RegistryError, RmRegistry, RmVersion, UnknownVersionError, describe, register_served
+from svc_reward.registry import RegistryError, RmVersion, UnknownVersionError, describe, register_served
 
 
 @pytest.fixture
-def registry(redis_client: redis.Redis) -> RmRegistry:
-    return RmRegistry(redis_client, prefix=f"test:rm:{uuid.uuid4().hex[:10]}")
+def registry(redis_client: redis.Redis) -> RmRegistryAdmin:
+    return RmRegistryAdmin(redis_client, prefix=f"test:rm:{uuid.uuid4().hex[:10]}")
 
 
 def fitted_for(model_dir: Path) -> ScoreCalibration:
@@ -48,7 +50,7 @@ def test_describe_carries_a_valid_calibration_fitted_for_the_weights(make_rm: Ca
 
 
 @pytest.mark.integration
-def test_set_calibration_round_trip(registry: RmRegistry, make_rm: Callable[..., Path]) -> None:
+def test_set_calibration_round_trip(registry: RmRegistryAdmin, make_rm: Callable[..., Path]) -> None:
     light = make_rm("a", 3.0)
     entry = registry.register(describe("light", [light]))
     assert registry.get(entry.version).calibration is None
@@ -61,7 +63,7 @@ def test_set_calibration_round_trip(registry: RmRegistry, make_rm: Callable[...,
 
 
 @pytest.mark.integration
-def test_set_calibration_refuses_unknown_strong_and_foreign(registry: RmRegistry,
+def test_set_calibration_refuses_unknown_strong_and_foreign(registry: RmRegistryAdmin,
                                                            make_rm: Callable[..., Path]) -> None:
     light, strong = make_rm("a", 3.0), make_rm("s", 2.0)
     with pytest.raises(UnknownVersionError):
@@ -77,7 +79,7 @@ def test_set_calibration_refuses_unknown_strong_and_foreign(registry: RmRegistry
 
 @pytest.mark.integration
 def test_the_served_entry_catches_up_with_a_calibration_written_later(
-    registry: RmRegistry, make_rm: Callable[..., Path],
+    registry: RmRegistryAdmin, make_rm: Callable[..., Path],
 ) -> None:
     light = make_rm("a", 3.0)
     register_served(registry, [light], None)  # first start: no calibration yet

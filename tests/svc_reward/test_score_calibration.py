@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from svc_reward.calibrate import ScoreCalibration, cross_validated_error, fit_isotonic, mean_absolute_error
+from strata_tools.rm.calibration import cross_validated_error, fit_isotonic, mean_absolute_error
+from svc_reward.calibrate import ScoreCalibration
 
 CHECKSUM = "ab" * 32
 
@@ -197,7 +198,7 @@ def test_fit_refuses_what_it_cannot_fit(scores: list[float], targets: list[float
 
 @pytest.mark.parametrize("bad_score", [2.5, 2.123, 2.1234567, 0.1, 3.9999999])
 def test_the_printed_threshold_still_catches_the_bad_case_it_was_chosen_for(bad_score: float) -> None:
-    from svc_reward.calibrate import operating_point, printable_threshold, threshold_for_catch
+    from strata_tools.rm.calibration import operating_point, printable_threshold, threshold_for_catch
 
     scores, bad = [bad_score, bad_score + 1.0], [True, False]
     printed = printable_threshold(threshold_for_catch(scores, bad, 1.0))
