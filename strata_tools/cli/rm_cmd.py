@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 
 from strata.config import StrataSettings
 from strata.errors import CliError
@@ -64,83 +65,88 @@ def register(subparsers: Any) -> None:
 def _register_train_strong(sub: Any) -> None:
     """``rm train-strong``: the strong RM's data, init, recipe and growth options (R5)."""
     strong = sub.add_parser("train-strong", help="train the strong RM on (prompt, response, score) data (R5)")
-    strong.add_argument("--data", type=Path, default=None,
+    defaults = StrongOptions()  # every flag's default is the option's
+    strong.add_argument("--data", type=Path, default=defaults.data,
                         help="JSONL of {prompt, response, score} with scores on 0-5 (default: the zoo's "
                              "oracle-labelled pairs)")
-    strong.add_argument("--init", default=None,
+    strong.add_argument("--init", default=defaults.init,
                         help="checkpoint to start from: a causal LM (its transformer; the score-bin head starts "
                              "fresh) or a sequence-classification RM (default: the zoo's rm_strong_init LM, the probe, "
                              "read with its first rm_strong_init_layers blocks, 0: all)")
-    strong.add_argument("--n-bins", type=int, default=11, help="score bins on [0, 5] (reward = expected value)")
+    strong.add_argument("--n-bins", type=int, default=defaults.n_bins,
+                        help="score bins on [0, 5] (reward = expected value)")
     # Unset numbers default to the zoo's own strong-RM recipe (ZooConfig.rm_strong_train, rm_max_length).
-    strong.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the zoo's recipe)")
-    strong.add_argument("--batch-size", type=int, default=16, help="pairs per step (ungrouped data)")
-    strong.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default: the zoo's)")
-    strong.add_argument("--groups-per-step", type=int, default=None,
+    strong.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps (default: the zoo's recipe)")
+    strong.add_argument("--batch-size", type=int, default=defaults.batch_size, help="pairs per step (ungrouped data)")
+    strong.add_argument("--lr", type=float, default=defaults.lr, help="peak AdamW learning rate (default: the zoo's)")
+    strong.add_argument("--groups-per-step", type=int, default=defaults.groups_per_step,
                         help="with grouped data (rows with a 'group' field: answers to one prompt), groups per step "
                              "(default: the zoo's)")
-    strong.add_argument("--pairwise-weight", type=float, default=1.0,
+    strong.add_argument("--pairwise-weight", type=float, default=defaults.pairwise_weight,
                         help="weight of the in-group Bradley-Terry ranking loss (grouped data only; 0: scores only)")
-    strong.add_argument("--match-pairs", type=int, default=None,
+    strong.add_argument("--match-pairs", type=int, default=defaults.match_pairs,
                         help="prompt swaps per match step, with feature heads, after every step (the zoo's "
                              "recipe; the swaps and labels come from the prompt suite, so the default is the zoo's "
                              "with the zoo's data and 0 with --data)")
-    strong.add_argument("--max-length", type=int, default=None,
+    strong.add_argument("--max-length", type=int, default=defaults.max_length,
                         help="tokens of (prompt, response) read, saved as the tokenizer's model_max_length so that "
                              "serving reads the same (default: the zoo's)")
-    strong.add_argument("--widen", type=int, default=None,
+    strong.add_argument("--widen", type=int, default=defaults.widen,
                         help="after training, multiply every width by this (1: no growth; default: the zoo's "
                              "rm_strong_widen from the zoo's init, 1 with --init)")
-    strong.add_argument("--grow-layers", type=int, default=None,
+    strong.add_argument("--grow-layers", type=int, default=defaults.grow_layers,
                         help="after training, add this many blocks (default: the zoo's rm_strong_grow_layers from the "
                              "zoo's init, 0 with --init); a grown RM trains on for the zoo's rm_strong_grow_train "
                              "steps and keeps the model before growth as the student init of `strata rm distill`")
-    strong.add_argument("--grow-steps", type=int, default=None,
+    strong.add_argument("--grow-steps", type=int, default=defaults.grow_steps,
                         help="steps after growth (default: the zoo's rm_strong_grow_train steps)")
-    strong.add_argument("--pseudo-label", action=argparse.BooleanOptionalAction, default=True,
+    strong.add_argument("--pseudo-label", action=argparse.BooleanOptionalAction, default=defaults.pseudo_label,
                         help="score historical rollouts (rollout log + content store) with the new RM and write "
                              f"{PSEUDO_LABELS_FILE} next to it")
-    strong.add_argument("--max-rollouts", type=int, default=20000, help="newest rollouts to pseudo-label")
-    _add_common(strong)
+    strong.add_argument("--max-rollouts", type=int, default=defaults.max_rollouts,
+                        help="newest rollouts to pseudo-label")
+    _add_common(strong, defaults)
     strong.set_defaults(func=_train_strong)
 
 
 def _register_distill(sub: Any) -> None:
     """``rm distill``: the light RM's data, init and recipe, and the loop's ``--from-log`` turn (R6, R8)."""
     distill = sub.add_parser("distill", help="distil the strong RM into a light RM or ensemble (R6, R8)")
-    distill.add_argument("--strong", default=None,
+    defaults = DistillOptions()  # every flag's default is the option's (--data, a list to append to, is its ())
+    distill.add_argument("--strong", default=defaults.strong,
                          help="strong RM directory or registered strong version (default: the zoo's strong RM)")
     distill.add_argument("--data", type=Path, action="append", default=[],
                          help="extra JSONL of {prompt, response} to pseudo-label (repeatable; scores are ignored)")
-    distill.add_argument("--zoo-pairs", action=argparse.BooleanOptionalAction, default=True,
+    distill.add_argument("--zoo-pairs", action=argparse.BooleanOptionalAction, default=defaults.zoo_pairs,
                          help="include the zoo's RM training pairs")
-    distill.add_argument("--rollout-log", action=argparse.BooleanOptionalAction, default=True,
+    distill.add_argument("--rollout-log", action=argparse.BooleanOptionalAction, default=defaults.rollout_log,
                          help="include historical rollouts from the rollout log (skipped if Kafka/Redis are down)")
-    distill.add_argument("--max-rollouts", type=int, default=5000, help="newest rollouts taken from the log")
-    distill.add_argument("--max-pairs", type=int, default=3000,
+    distill.add_argument("--max-rollouts", type=int, default=defaults.max_rollouts,
+                         help="newest rollouts taken from the log")
+    distill.add_argument("--max-pairs", type=int, default=defaults.max_pairs,
                          help="zoo RM pairs pseudo-labelled (a seeded sample; 0 = all)")
-    distill.add_argument("--swaps", type=int, default=None,
+    distill.add_argument("--swaps", type=int, default=defaults.swaps,
                          help="prompt swaps of the suite's train prompts (an answer under its prompt and under "
                               "another: what teaches the prompt match; default: the zoo's with --zoo-pairs)")
-    distill.add_argument("--augment", default="synonym,reorder",
+    distill.add_argument("--augment", default=",".join(defaults.augment),
                          help="adversarial augmentations: synonym, reorder (comma-separated) or none")
-    distill.add_argument("--augment-fraction", type=float, default=0.3,
+    distill.add_argument("--augment-fraction", type=float, default=defaults.augment_fraction,
                          help="share of the pairs that get one augmented copy per augmentation")
-    distill.add_argument("--members", type=int, default=1, help="light RMs in the ensemble (R8 suggests 3)")
-    defaults = DistillOptions()
+    distill.add_argument("--members", type=int, default=defaults.members,
+                         help="light RMs in the ensemble (R8 suggests 3)")
     distill.add_argument("--init", default=defaults.init,
                          help="what the light RM starts from: auto (the strong RM's student init, its trunk before "
                               "growth, when it has one; else fresh), fresh (--n-embd x --n-layer), or a directory")
-    distill.add_argument("--init-layers", type=int, default=None,
+    distill.add_argument("--init-layers", type=int, default=defaults.init_layers,
                          help="keep the init's first N blocks (default: with auto, the zoo's rm_light_layers when "
                               "the strong RM has that recipe; else all)")
     distill.add_argument("--n-embd", type=int, default=defaults.n_embd, help="light RM width (fresh init)")
     distill.add_argument("--n-layer", type=int, default=defaults.n_layer, help="light RM transformer blocks (fresh)")
     distill.add_argument("--n-head", type=int, default=defaults.n_head, help="light RM attention heads (fresh)")
-    distill.add_argument("--steps", type=int, default=None,
+    distill.add_argument("--steps", type=int, default=defaults.steps,
                          help="optimizer steps per light RM (default: the zoo's from an init, 700 fresh)")
     distill.add_argument("--batch-size", type=int, default=defaults.batch_size, help="pairs per step")
-    distill.add_argument("--lr", type=float, default=None,
+    distill.add_argument("--lr", type=float, default=defaults.lr,
                          help="peak AdamW learning rate (default: the zoo's from an init, 3e-3 fresh)")
     distill.add_argument("--temperature", type=float, default=defaults.temperature,
                          help="distillation temperature T of KL(strong || light) (not the scoring temperature)")
@@ -151,12 +157,12 @@ def _register_distill(sub: Any) -> None:
                          help="one turn of the distillation loop: re-distil the light RM in service (promoted, else "
                               "the zoo's) on new rollouts from the rollout log labelled by the strong RM, and promote "
                               "it (hot swap) if it agrees better with the strong RM on held-out logged prompts")
-    distill.add_argument("--hold-out", type=float, default=0.0,
+    distill.add_argument("--hold-out", type=float, default=defaults.hold_out,
                          help="share of the rollout log's prompts kept out of training to compare on "
-                              "(default 0; 0.2 with --from-log)")
+                              f"(default {defaults.hold_out:g}; 0.2 with --from-log)")
     distill.add_argument("--no-promote-if-better", dest="promote_if_better", action="store_false",
                          help="with --from-log: register the new version but do not promote it")
-    _add_common(distill)
+    _add_common(distill, defaults)
     distill.set_defaults(func=_distill)
 
 
@@ -181,21 +187,26 @@ def _register_refresh(sub: Any) -> None:
     refresh.add_argument("--audits", action=argparse.BooleanOptionalAction, default=None,
                          help="also the audited Level-1 answers labelled by the strong RM (default off; with --every, "
                               "on for the turn that answers the hacking defence's request)")
+    # Unset flags leave the options to the environment, then to their defaults, which the help shows.
+    shown = _shown_defaults(RefreshOptions)
     for name, kind, text in (
-        ("hold-out", float, "share of the labelled prompts held out to judge on (default 0.3)"),
-        ("min-held-out", int, "fewest held-out labels a verdict is drawn from (default 20)"),
-        ("min-train", int, "fewest labels to fine-tune on (default 20)"),
-        ("min-gain", float, "Spearman gain on the held-out labels needed to promote (default 0)"),
-        ("min-gain-se", float, "...and bootstrap standard errors of that gain it must exceed (default 1; 0: any)"),
+        ("hold-out", float, f"share of the labelled prompts held out to judge on (default {shown['hold_out']})"),
+        ("min-held-out", int, f"fewest held-out labels a verdict is drawn from (default {shown['min_held_out']})"),
+        ("min-train", int, f"fewest labels to fine-tune on (default {shown['min_train']})"),
+        ("min-gain", float, f"Spearman gain on the held-out labels needed to promote (default {shown['min_gain']})"),
+        ("min-gain-se", float, "...and bootstrap standard errors of that gain it must exceed "
+                               f"(default {shown['min_gain_se']}; 0: any)"),
         ("strong-epochs", float, "passes over the labelled prompts and the replay the strong RM fine-tunes for "
-                                 "(default 3)"),
+                                 f"(default {shown['strong_epochs']})"),
         ("strong-steps", int, "fine-tuning steps of the strong RM (default: from --strong-epochs)"),
         ("strong-lr", float, "its peak learning rate (default: 0.6 x the zoo recipe's)"),
-        ("replay", float, "groups of the zoo's RM data mixed in per labelled prompt (default 0.5)"),
+        ("replay", float, f"groups of the zoo's RM data mixed in per labelled prompt (default {shown['replay']})"),
         ("distill-steps", int, "KL steps of the light RM (default: the zoo recipe's)"),
-        ("distill-pairs", int, "zoo RM pairs the new strong RM labels for the distillation (default 1000)"),
+        ("distill-pairs", int, "zoo RM pairs the new strong RM labels for the distillation "
+                               f"(default {shown['distill_pairs']})"),
         ("every", float, "run a turn every this many seconds, when --min-new-labels arrived (default: once)"),
-        ("min-new-labels", int, "with --every: fresh labels since the last turn needed to run one (default 50)"),
+        ("min-new-labels", int, "with --every: fresh labels since the last turn needed to run one "
+                                f"(default {shown['min_new_labels']})"),
     ):
         refresh.add_argument(f"--{name}", type=kind, default=None, help=text)
     refresh.add_argument("--promote", action=argparse.BooleanOptionalAction, default=None,
@@ -212,14 +223,16 @@ def _register_sources(sub: Any) -> None:
     sources.add_argument("--arm", dest="arms", action="append", default=None,
                          help="a source to measure (repeatable; default all: samples, best_of_n, perturbed, "
                               "policy_checkpoint)")
+    shown = _shown_defaults(SourcesOptions)
     for name, kind, text in (
-        ("prompts", int, "train-split prompts each arm's labels answer (default 200)"),
-        ("best-of", int, "Level-1 samples the light RM picks its best from (default 4)"),
+        ("prompts", int, f"train-split prompts each arm's labels answer (default {shown['prompts']})"),
+        ("best-of", int, f"Level-1 samples the light RM picks its best from (default {shown['best_of']})"),
         ("policy-checkpoint", Path, "a PPO checkpoint of this zoo's Level-1 policy (default: the learner's newest "
                                     "that started from it)"),
         ("eval-prompts", int, "fresh-split prompts judged on (default all)"),
-        ("replay", float, "zoo RM groups replayed per labelled prompt (default 0.5, as the refresh)"),
-        ("strong-epochs", float, "passes over the prompts and the replay (default 3, as the refresh)"),
+        ("replay", float, f"zoo RM groups replayed per labelled prompt (default {shown['replay']}, as the refresh)"),
+        ("strong-epochs", float, f"passes over the prompts and the replay (default {shown['strong_epochs']}, as the "
+                                 "refresh)"),
     ):
         sources.add_argument(f"--{name}", type=kind, default=None, help=text)
     _add_run_flags(sources)
@@ -242,6 +255,12 @@ def _register_list(sub: Any) -> None:
     listing.set_defaults(func=_list)
 
 
+def _shown_defaults(kind: type[BaseSettings]) -> dict[str, str]:
+    """The declared default of each numeric option of ``kind``, as a flag's help shows it (``0.5``, ``3``)."""
+    return {name: f"{field.default:g}" for name, field in kind.model_fields.items()
+            if isinstance(field.default, int | float) and not isinstance(field.default, bool)}
+
+
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     """Seed, device and threads, unset unless given (their options objects read the environment)."""
     parser.add_argument("--seed", type=int, default=None)
@@ -249,12 +268,13 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser: argparse.ArgumentParser, defaults: StrongOptions | DistillOptions) -> None:
+    """Output, registration, seed, device and threads of a training run; seed and device default as ``defaults``."""
     parser.add_argument("--out", type=Path, default=None, help="output directory (default <cache_dir>/rm/<version>)")
     parser.add_argument("--register", action=argparse.BooleanOptionalAction, default=True,
                         help="register the version in Redis (needs `strata infra up` or STRATA_REDIS_URL)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--device", default=defaults.device, help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
 
 
@@ -304,13 +324,17 @@ def _human_labels(args: argparse.Namespace) -> int:
 # --- train-strong ---------------------------------------------------------------------------------
 
 
+def strong_options(args: argparse.Namespace) -> StrongOptions:
+    """The strong-RM run ``rm train-strong``'s flags ask for."""
+    names = {f.name for f in dataclasses.fields(StrongOptions)}
+    return StrongOptions(**{k: v for k, v in vars(args).items() if k in names})
+
+
 def _train_strong(args: argparse.Namespace) -> int:
     settings = _settings()
     registry = open_registry(settings) if args.register else None
     _set_threads(args.threads)
-    names = {f.name for f in dataclasses.fields(StrongOptions)}
-    result = train_strong(StrongOptions(**{k: v for k, v in vars(args).items() if k in names}), settings,
-                          _zoo(settings))
+    result = train_strong(strong_options(args), settings, _zoo(settings))
     entry = result.entry
     print(f"strong RM {entry.version} at {entry.path} (final loss {result.loss:.3f})")
     _print_metrics(result.metrics)
@@ -325,15 +349,20 @@ def _train_strong(args: argparse.Namespace) -> int:
 # --- distill --------------------------------------------------------------------------------------
 
 
-def _distill(args: argparse.Namespace) -> int:
-    settings = _settings()
-    registry = open_registry(settings) if (args.register or args.promote or args.from_log) else None
-    _set_threads(args.threads)
+def distill_options(args: argparse.Namespace) -> DistillOptions:
+    """The distillation ``rm distill``'s flags ask for."""
     names = {f.name for f in dataclasses.fields(DistillOptions)}
     fields = {k: v for k, v in vars(args).items() if k in names}
     fields["data"] = tuple(str(p) for p in args.data)
     fields["augment"] = tuple(a.strip() for a in args.augment.split(",") if a.strip() and a.strip() != "none")
-    distill_version(DistillOptions(**fields), settings, _zoo(settings), registry, out=args.out,
+    return DistillOptions(**fields)
+
+
+def _distill(args: argparse.Namespace) -> int:
+    settings = _settings()
+    registry = open_registry(settings) if (args.register or args.promote or args.from_log) else None
+    _set_threads(args.threads)
+    distill_version(distill_options(args), settings, _zoo(settings), registry, out=args.out,
                     from_log=args.from_log, promote=args.promote, promote_if_better=args.promote_if_better)
     return 0
 
