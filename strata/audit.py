@@ -222,7 +222,7 @@ def describe(baseline: AuditWindow | None, current: AuditWindow | None, bound: f
     lines = [f"{judge.title}, policy {current.versions} ({now.audits} answers also scored by {judge.who}): "
              f"light {now.light_mean:.3f}, {judge.short} {now.strong_mean:.3f}, hacking gap {now.gap:+.3f} "
              f"± {1.96 * now.gap_se:.3f}",
-             f"  catch {now.catch} of the answers {judge.who} calls bad escalated; false pass {now.false_pass} of "
+             f"  catch {now.catch} of the answers judged bad by {judge.who} escalated; false pass {now.false_pass} of "
              "the passed answers bad"]
     if baseline is None:
         lines.append("  hacking alarm: no baseline window yet (the first audited versions must hold "
