@@ -237,6 +237,18 @@ def describe(baseline: AuditWindow | None, current: AuditWindow | None, bound: f
     return lines
 
 
+def describe_judges(by_judge: Mapping[AuditJudge, Sequence[tuple[int, AuditTally]]], bound: float,
+                    min_audits: int) -> list[str]:
+    """:func:`describe` for each judge in turn; people only once they have scored a Level-1 answer (no annotators,
+    or none of their scores yet: nothing to say)."""
+    lines: list[str] = []
+    for judge, by_version in by_judge.items():
+        if judge is HUMAN_AUDIT and not by_version:
+            continue
+        lines += describe(*windows(by_version, min_audits), bound, min_audits, judge)
+    return lines
+
+
 def add_to(pipe: redis.client.Pipeline, judge: AuditJudge, tallies: Mapping[int, AuditTally], ttl_s: int) -> None:
     """Queue the tallies' increments on ``pipe`` (the caller's transaction)."""
     for version, tally in tallies.items():

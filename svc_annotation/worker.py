@@ -193,7 +193,6 @@ class DeskLoop:
         self._store = store
         self._drift = drift
         self._audit = audit
-        self._drifting: frozenset[str] = frozenset()  # annotators in drift alarm at the last publishing pass
         self._publisher = publisher
         self._redis = client  # the cost ledger's counts
         self._owner = owner
@@ -214,12 +213,14 @@ class DeskLoop:
                     log.warning("annotator %s: drift alarm %s since its item %d", obs.annotator, current.status,
                                 current.alarm_since)
 
-    def _feed_audit(self, entry: Ready, request: events_pb2.AnnotationRequested | None) -> None:
+    def _feed_audit(self, entry: Ready, request: events_pb2.AnnotationRequested | None,
+                    drifting: frozenset[str] = frozenset()) -> None:
         """A closed Level-1 item's human score into the audit once (claimed before it is added, as drift is:
-        a crash in between loses one audit rather than counting it twice)."""
+        a crash in between loses one audit rather than counting it twice); ``drifting``: annotators in drift
+        alarm, left out."""
         if self._audit is None:
             return
-        found = human_audit_of(entry, request, self._audit.bad_below, self._drifting)
+        found = human_audit_of(entry, request, self._audit.bad_below, drifting)
         if found is None or "audit" in entry.sent or not self._store.mark_sent(entry.item, "audit"):
             return
         version, tally = found
@@ -302,10 +303,10 @@ class DeskLoop:
             for entry, request in closed:
                 self._feed_drift(entry, request)
         if self._audit is not None and closed:
-            self._drifting = frozenset(a.annotator for a in self._drift.snapshots() if a.alarm) \
-                if self._drift is not None else frozenset()
+            snapshots = self._drift.snapshots() if self._drift is not None else []
+            drifting = frozenset(a.annotator for a in snapshots if a.alarm)
             for entry, request in closed:
-                self._feed_audit(entry, request)
+                self._feed_audit(entry, request, drifting)
         for entry in ready:
             if self._store.settle(entry.item.item_id, entry.seq):
                 if entry.item.state == COMPLETE:

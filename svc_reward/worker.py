@@ -61,7 +61,6 @@ AUDIT_CATCH = Gauge("strata_reward_audit_catch", "Escalated share of the audited
                     ["judge"])
 AUDIT_FALSE_PASS = Gauge("strata_reward_audit_false_pass", "Bad share (by the judge) of the audited answers passed",
                          ["judge"])
-
 HACKING_ALARM = Gauge("strata_reward_hacking_alarm", "1 while the live hacking alarm fires")
 DEFENCE_SHARE = Gauge("strata_reward_defence_share",
                       "Strong-RM share of Level-1 answers the hacking defence adds (their reward the strong RM's)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from strata.audit import HUMAN_AUDIT, AuditJudge, AuditTally, deciding, describe, drift, estimates, read_judges, windows
+from strata.audit import AuditJudge, AuditTally, deciding, describe_judges, drift, read_judges
 from strata_tools.diagnose.verdict import CheckResult, Verdict, error_result
 
 NAME = "hacking"
@@ -29,16 +29,11 @@ def evaluate(by_judge: Mapping[AuditJudge, Sequence[tuple[int, AuditTally]]], bo
     """``by_judge``: each judge's audit tallies per policy version (``strata.audit.read_versions``); people
     first. ALARM when any judge's gap grew past ``bound``; the verdict's figures are the deciding judge's
     (``strata.audit.deciding``)."""
-    lines: list[str] = []
-    for judge, by_version in by_judge.items():
-        if judge is HUMAN_AUDIT and not by_version:
-            continue
-        lines += describe(*windows(by_version, min_audits), bound, min_audits, judge)
-    summary = " ".join(line.strip() for line in lines)
+    summary = " ".join(line.strip() for line in describe_judges(by_judge, bound, min_audits))
     acting = deciding([r for r in read_judges(by_judge, min_audits, bound) if r.baseline is not None])
-    if acting is None or acting.baseline_window is None:
+    if acting is None or acting.baseline is None or acting.baseline_window is None:
         return error_result(NAME, CURE, summary)
-    before, now = estimates(acting.baseline_window.tally), acting.current
+    before, now = acting.baseline, acting.current
     moved = drift(before, now)
     details = {"judge": acting.judge.name, "baseline": acting.baseline_window.versions,
                "current": acting.current_window.versions, "audits": now.audits,

@@ -15,7 +15,7 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strata import redis_client, rpc
-from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, describe, read_versions, windows
+from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, describe_judges, read_versions
 from strata.bus.admin import consumer_lags
 from strata.config import StrataSettings
 from strata.telemetry import quiet_kafka_logs
@@ -196,9 +196,5 @@ def live_audit_lines(settings: StrataSettings) -> list[str]:
             reward.hacking_min_audits, reward.hacking_gap_bound, reward.hacking_defence)
     except redis.RedisError as exc:
         return [f"live audit: Redis at {settings.redis_address} did not answer ({type(exc).__name__}: {exc})"]
-    lines = []
-    for judge, by_version in by_judge.items():
-        if judge is HUMAN_AUDIT and not by_version:
-            continue  # no annotators, or none of their Level-1 scores yet: nothing to say
-        lines += describe(*windows(by_version, served.min_audits), served.gap_bound, served.min_audits, judge)
-    return lines + defence.describe(state, decisions, served.defence, pending)
+    return (describe_judges(by_judge, served.gap_bound, served.min_audits)
+            + defence.describe(state, decisions, served.defence, pending))
