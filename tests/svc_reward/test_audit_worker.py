@@ -112,27 +112,40 @@ class DriftingJudges:
                       [ledger.Charge("rm_light", 1, 10, 0.001, 10.0)] * len(responses))
 
 
-@pytest.mark.parametrize("defence", [True, False])
-def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, redis_client, defence) -> None:
+def defence_worker(infra, redis_client, judges, defence: bool) -> tuple[RewardWorker, ContentStore, Publisher,
+                                                                          RewardSettings]:
+    """A reward worker auditing every Level-1 answer, alarming on 4 audits a window and defending in steps of 0.5;
+    the audits' and the defence's keys cleared first (they are the stack's, not a test's)."""
     for key in (STRONG_AUDIT.versions_key, HUMAN_AUDIT.versions_key, audit_store.DEFENCE_KEY,
                 audit_store.DECISIONS_KEY, audit_store.REDISTIL_KEY, audit_store.LABELS_KEY):
-        redis_client.delete(key)  # the audit's keys are the stack's, not the test's: start from none
+        redis_client.delete(key)
     store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
     settings = RewardSettings(**infra.model_dump(), audit_level1_share=1.0, hacking_min_audits=4, audit_refresh_s=0,
                               escalation_threshold=1.0, escalate_on_caution=False, annotate_level1_share=0.0,
                               hacking_defence=defence, defence_share_step=0.5, defence_max_share=0.5)
     publisher = Publisher()
-    worker = RewardWorker(settings, DriftingJudges(), store, redis_client, publisher)  # type: ignore[arg-type]
+    return RewardWorker(settings, judges, store, redis_client, publisher), store, publisher, settings
+
+
+def policy_batch(store: ContentStore, step: int, version: int) -> list[Delivery]:
+    """Four Level-1 answers of one prompt by policy ``version``, their texts opening ``v<step>`` (the scripted
+    judges read it)."""
+    prompt = store.put(f"How do tides work? {uuid.uuid4()}")
+    events = [events_pb2.RolloutGenerated(
+        prompt_hash=prompt, response_hash=store.put(f"v{step} the Moon pulls {i} {uuid.uuid4()}"),
+        tier=common_pb2.TIER_LEVEL_1, request_id=f"req-{uuid.uuid4().hex[:8]}", sample_index=i,
+        policy_version=version) for i in range(4)]
+    return [Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)]
+
+
+@pytest.mark.parametrize("defence", [True, False])
+def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, redis_client, defence) -> None:
+    worker, store, publisher, settings = defence_worker(infra, redis_client, DriftingJudges(), defence)
     base = random.randrange(10**6, 10**9)  # versions no other test audits (their tallies would join these)
     scorers = []
     for step in range(6):
-        prompt = store.put(f"How do tides work? {uuid.uuid4()}")
-        events = [events_pb2.RolloutGenerated(
-            prompt_hash=prompt, response_hash=store.put(f"v{step} the Moon pulls {i} {uuid.uuid4()}"),
-            tier=common_pb2.TIER_LEVEL_1, request_id=f"req-{uuid.uuid4().hex[:8]}", sample_index=i,
-            policy_version=base + step + 1) for i in range(4)]
         publisher.published.clear()
-        worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
+        worker.handle_batch(policy_batch(store, step, base + step + 1))
         rewards = [m for t, m in publisher.published if t == topics.REWARDS_SCORED.name]
         scorers.append({(m.scorer, round(m.reward, 3)) for m in rewards})
 
@@ -172,15 +185,7 @@ class CopiedJudges:
 
 
 def test_people_raise_the_alarm_that_a_copy_of_the_judge_cannot(infra, redis_client) -> None:
-    for key in (STRONG_AUDIT.versions_key, HUMAN_AUDIT.versions_key, audit_store.DEFENCE_KEY,
-                audit_store.DECISIONS_KEY, audit_store.REDISTIL_KEY, audit_store.LABELS_KEY):
-        redis_client.delete(key)
-    store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
-    settings = RewardSettings(**infra.model_dump(), audit_level1_share=1.0, hacking_min_audits=4, audit_refresh_s=0,
-                              escalation_threshold=1.0, escalate_on_caution=False, annotate_level1_share=0.0,
-                              hacking_defence=True, defence_share_step=0.5, defence_max_share=0.5)
-    publisher = Publisher()
-    worker = RewardWorker(settings, CopiedJudges(), store, redis_client, publisher)  # type: ignore[arg-type]
+    worker, store, _, _ = defence_worker(infra, redis_client, CopiedJudges(), defence=True)
     base = random.randrange(10**6, 10**9)
     for step in range(6):
         version = base + step + 1
@@ -191,12 +196,7 @@ def test_people_raise_the_alarm_that_a_copy_of_the_judge_cannot(infra, redis_cli
         with redis_client.pipeline(transaction=True) as pipe:
             add_to(pipe, HUMAN_AUDIT, {version: people}, 3600)
             pipe.execute()
-        prompt = store.put(f"How do tides work? {uuid.uuid4()}")
-        events = [events_pb2.RolloutGenerated(
-            prompt_hash=prompt, response_hash=store.put(f"v{step} the Moon pulls {i} {uuid.uuid4()}"),
-            tier=common_pb2.TIER_LEVEL_1, request_id=f"req-{uuid.uuid4().hex[:8]}", sample_index=i,
-            policy_version=version) for i in range(4)]
-        worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
+        worker.handle_batch(policy_batch(store, step, version))
 
     strong_gaps = [estimates(t).gap for _, t in read_versions(redis_client, STRONG_AUDIT)]
     assert len(strong_gaps) == 6 and all(abs(g) < 1e-9 for g in strong_gaps)  # the copy sees nothing
