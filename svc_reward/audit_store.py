@@ -23,7 +23,8 @@ from svc_reward.defence import DefenceState, DefenceStep
 
 DEFENCE_KEY = "strata:reward:defence"  # DefenceState as JSON, shared by the replicas
 DECISIONS_KEY = "strata:reward:defence:decisions"  # newest first: {"at", "decision"}
-REDISTIL_KEY = "strata:reward:redistil"  # a re-distillation asked for: {"requested_at", "policy_version", "why"}
+# A re-distillation asked for: {"requested_at", "policy_version", "why", "labels": "strong" | "people"}
+REDISTIL_KEY = "strata:reward:redistil"
 LABELS_KEY = "strata:reward:audit:labels"  # stream: the strong RM's reward of each audited answer
 THRESHOLDS_KEY = "strata:reward:audit:thresholds"  # the alarm's thresholds the reward service serves
 KEPT_DECISIONS = 50
@@ -76,7 +77,7 @@ def apply_step(client: redis.Redis, step_from: Callable[[DefenceState], DefenceS
                 pipe.ltrim(DECISIONS_KEY, 0, KEPT_DECISIONS - 1)
             if step.redistil:
                 pipe.set(REDISTIL_KEY, json.dumps({"requested_at": time.time(), "policy_version": step.state.acted_on,
-                                                   "why": step.decision}))
+                                                   "why": step.decision, "labels": step.labels}))
             pipe.execute()
             return step
         except redis.WatchError:

@@ -13,6 +13,12 @@ the reward PPO climbs towards the strong RM's, on the policy's own answers:
 - **a re-distillation, once per alarm**: a request that ``strata rm refresh`` answers with a turn on
   the audited answers (the strong RM's labels of the current policy's answers; no humans needed),
   re-distilling the light RM where the policy now writes;
+- **people's labels when people raise the alarm**: the re-distillation learns from their scores of the
+  policy's answers (the desk's annotations), not from the strong RM's audit labels, which would teach the
+  light RM that the answers people call gamed are good wherever the strong RM rates like its student. And
+  when the strong RM's own audit of the same run sees the gap grow by less than half the bound (it rates
+  the policy's answers as the light RM does: it is its teacher), its reward would not change what PPO
+  climbs, so the share holds;
 - **relaxing with hysteresis**: once the gap's growth is back under half the bound, the share comes
   down one step per newer policy version, so it does not flap at the edge.
 
@@ -31,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from strata.audit import AuditEstimates, drift, hacking_alarm
+from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, AuditEstimates, AuditJudge, drift, hacking_alarm
 
 # Shares are kept to this many decimals so that steps up and down return to exactly 0.
 _DECIMALS = 6
@@ -60,31 +66,45 @@ class DefenceStep:
     state: DefenceState
     decision: str | None  # what changed and why, with its figures; None when nothing changed
     redistil: bool  # ask for a re-distillation of the light RM now
+    labels: str = "strong"  # whose labels it learns from: "strong" (the audited answers) or "people" (the desk's)
 
 
 def respond(state: DefenceState, baseline: AuditEstimates | None, current: AuditEstimates, newest_version: int,
-            bound: float, step: float, max_share: float, judge: str = "the strong RM") -> DefenceStep:
+            bound: float, step: float, max_share: float, judge: AuditJudge = STRONG_AUDIT,
+            strong_growth: float = math.nan) -> DefenceStep:
     """One look at the audit (``judge``'s, as ``strata.audit.deciding`` chose it): at most one step per newer
-    audited policy version (``newest_version``)."""
+    audited policy version (``newest_version``). ``strong_growth``: when people decide, how far the strong RM's
+    own gap grew over the run (nan: unknown, or the strong RM decides)."""
     if newest_version <= state.acted_on:
         return DefenceStep(state, None, False)
     looked = replace(state, acted_on=newest_version)
-    alarm = hacking_alarm(baseline, current, bound, judge)
+    alarm = hacking_alarm(baseline, current, bound, judge.who)
     if alarm is not None:
-        share = round(min(max_share, state.share + step), _DECIMALS)
+        blind = strong_growth <= bound / 2  # False for nan
+        share = state.share if blind else round(min(max_share, state.share + step), _DECIMALS)
         redistil = not state.redistil_requested
         if share == state.share and not redistil:
             return DefenceStep(looked, None, False)
-        decision = (f"policy v{newest_version}: {alarm}; strong-RM share of Level-1 answers "
-                    f"{state.share:.2f} -> {share:.2f}, their reward the strong RM's")
+        if blind:
+            decision = (f"policy v{newest_version}: {alarm}; the strong RM's own gap grew {strong_growth:+.3f}: it "
+                        f"rates them as the light RM does, so its share holds at {share:.2f}")
+        else:
+            decision = (f"policy v{newest_version}: {alarm}; strong-RM share of Level-1 answers "
+                        f"{state.share:.2f} -> {share:.2f}, their reward the strong RM's")
+        labels = "people" if judge is HUMAN_AUDIT else "strong"
         if redistil:
-            decision += "; re-distillation of the light RM on the audited answers requested"
-        return DefenceStep(replace(looked, share=share, redistil_requested=True), decision, redistil)
-    if state.share <= 0:
+            taught_by = "people's scores of the policy's answers" if labels == "people" else "the audited answers"
+            decision += f"; re-distillation of the light RM on {taught_by} requested"
+        return DefenceStep(replace(looked, share=share, redistil_requested=True), decision, redistil, labels)
+    if state.share <= 0 and not state.redistil_requested:
         return DefenceStep(looked, None, False)
     growth = math.nan if baseline is None else drift(baseline, current).change
     if math.isnan(growth) or growth > bound / 2:
         return DefenceStep(looked, None, False)  # nothing to compare, or quiet but not well under the bound: hold
+    if state.share <= 0:  # the share never rose (people decided): stand down, so that a later alarm asks again
+        decision = (f"policy v{newest_version}: the gap grew {growth:+.3f} (now {current.gap:+.3f}), under half the "
+                    f"bound {bound:g}: the defence stands down")
+        return DefenceStep(replace(looked, redistil_requested=False), decision, False)
     share = round(max(0.0, state.share - step), _DECIMALS)
     decision = (f"policy v{newest_version}: the gap grew {growth:+.3f} (now {current.gap:+.3f}), under half the "
                 f"bound {bound:g}; strong-RM share of Level-1 answers {state.share:.2f} -> {share:.2f}")

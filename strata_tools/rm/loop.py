@@ -355,9 +355,14 @@ def run_every(options: RefreshOptions, settings: Any, zoo: ZooSource, registry: 
         checks += 1
         request = _redistil_request(settings)
         if request is not None:
+            # People raised the alarm and the strong RM rates like its student: its audit labels would teach the
+            # light RM that the gamed answers are good, so the turn learns from people's scores alone.
+            people = request.get("labels") == "people"
             progress(f"{time.strftime('%H:%M:%S')} the hacking defence asked for a re-distillation at policy "
-                     f"v{request.get('policy_version')}: a turn on the audited answers")
-            report = run_turn(options.model_copy(update={"audits": True}), settings, zoo, registry, progress)
+                     f"v{request.get('policy_version')}: a turn on "
+                     + ("people's scores of the policy's answers" if people else "the audited answers"))
+            update = {"audits": False, "annotations": True} if people else {"audits": True}
+            report = run_turn(options.model_copy(update=update), settings, zoo, registry, progress)
             reports.append(report)
             if report.refused is None and not _clear_redistil(settings, request):
                 progress("a newer re-distillation request came during the turn: it runs at the next check")

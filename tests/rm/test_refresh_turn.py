@@ -140,6 +140,30 @@ def test_the_defences_request_runs_a_turn_on_the_audited_answers(own_redis: redi
     assert any("re-distillation at policy v7" in line for line in lines)
 
 
+def test_a_request_for_peoples_labels_runs_a_turn_on_the_desks_scores_alone(
+        own_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    from strata_tools.rm import loop
+    from svc_reward import audit_store
+
+    settings = ZooSettings()
+    # The strong RM's audit labels (a copy of the light RM's teacher) are there but must not be read.
+    with own_redis.pipeline(transaction=True) as pipe:
+        audit_store.add_labels(pipe, [audit_store.AuditLabel("0" * 64, "1" * 64, 2.0, 3.0, 7)], max_kept=100)
+        pipe.execute()
+    desk = [{"prompt": f"How do tides work? {i}", "response": f"The Moon pulls {i}", "score": 1.0 + i % 4}
+            for i in range(5)]
+    monkeypatch.setattr(loop, "annotation_rows", lambda _settings: (desk, 2))
+    own_redis.set(audit_store.REDISTIL_KEY, json.dumps({"requested_at": 0, "policy_version": 9, "why": "people",
+                                                       "labels": "people"}))
+    lines: list[str] = []
+    # Annotations off in the options: the request for people's labels turns them on for its turn.
+    [report] = run_every(RefreshOptions(annotations=False, audits=True, every_s=5, min_new_labels=1000), settings,
+                         ZooOnDemand(settings), RmRegistryAdmin(own_redis), progress=lines.append, turns=1,
+                         sleep=lambda s: None)
+    assert report.sources == {"annotations": 5, "annotations_expired": 2}
+    assert any("people's scores of the policy's answers" in line for line in lines)
+
+
 def test_a_request_set_during_the_turn_outlives_the_clearing_of_the_one_answered(own_redis: redis.Redis) -> None:
     from svc_reward import audit_store
 

@@ -200,10 +200,14 @@ def test_people_raise_the_alarm_that_a_copy_of_the_judge_cannot(infra, redis_cli
 
     strong_gaps = [estimates(t).gap for _, t in read_versions(redis_client, STRONG_AUDIT)]
     assert len(strong_gaps) == 6 and all(abs(g) < 1e-9 for g in strong_gaps)  # the copy sees nothing
+    # Its reward would not move PPO: the share holds, and the re-distillation learns from people's scores.
     state = audit_store.read_defence(redis_client)
-    assert state.share == 0.5 and state.redistil_requested
+    assert state.share == 0.0 and state.redistil_requested
     decisions = audit_store.read_decisions(redis_client)
     assert len(decisions) == 1 and "than people" in decisions[0]["decision"]
+    assert "share holds" in decisions[0]["decision"]
+    request = audit_store.redistil_request(redis_client)
+    assert request is not None and request["labels"] == "people"
     status = "\n".join(live_audit_lines(infra))
     assert "human audit" in status and "(human) FIRES" in status and "than people" in status, status
     redis_client.delete(HUMAN_AUDIT.versions_key)  # the stack's keys: leave no judge behind for other tests

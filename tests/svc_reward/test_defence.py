@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 from auditutil import audit_stream
 
-from strata.audit import estimates, windows
+from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, AuditJudge, estimates, windows
 from svc_reward.defence import DefenceState, respond
 
 BOUND, STEP, MAX = 0.25, 0.1, 0.3
 
 
-def run(gap_at: list[float], state: DefenceState | None = None, looks_per_version: int = 2, noise: float = 0.3):
+def run(gap_at: list[float], state: DefenceState | None = None, looks_per_version: int = 2, noise: float = 0.3,
+        judge: AuditJudge = STRONG_AUDIT, strong_growth: float = float("nan"), steps: list | None = None):
     """The defence after each policy version, looked at ``looks_per_version`` times (replicas, batches)."""
     state = state or DefenceState()
     shares, decisions, requests = [], [], 0
@@ -25,7 +26,9 @@ def run(gap_at: list[float], state: DefenceState | None = None, looks_per_versio
             continue
         for _ in range(looks_per_version):
             step = respond(state, estimates(baseline.tally) if baseline else None, estimates(current.tally),
-                           current.last_version, BOUND, STEP, MAX)
+                           current.last_version, BOUND, STEP, MAX, judge, strong_growth)
+            if steps is not None and step.decision:
+                steps.append(step)
             state = step.state
             requests += step.redistil
             if step.decision:
@@ -80,3 +83,37 @@ def test_the_description_names_the_share_the_request_and_the_newest_decisions() 
     lines = describe(DefenceState(0.3, 9, True), decisions, enabled=True, redistil_pending=True)
     assert "+0.30" in lines[0] and "re-distillation" in lines[0]
     assert [line.split()[-2] for line in lines[1:]] == ["v9:", "v8:", "v7:"]  # the newest three
+
+
+def test_when_people_decide_and_the_strong_rm_is_blind_the_share_holds_and_people_teach() -> None:
+    steps: list = []
+    growing = [0.0] * 6 + [0.1 * v for v in range(1, 15)]
+    state, shares, decisions, requests = run(growing, judge=HUMAN_AUDIT, strong_growth=0.02, steps=steps)
+    assert set(shares) == {0.0}  # a copy's reward would not change what PPO climbs
+    assert requests == 1 and state.redistil_requested and len(decisions) == 1
+    assert steps[0].labels == "people" and steps[0].redistil
+    assert "than people" in decisions[0] and "share holds at 0.00" in decisions[0]
+    assert "people's scores of the policy's answers" in decisions[0]
+
+    # The gap back in line: the defence stands down (nothing to lower), so that a later alarm asks again.
+    state, shares, decisions, requests = run([0.0] * 20, state=DefenceState(redistil_requested=True),
+                                             judge=HUMAN_AUDIT, strong_growth=0.02)
+    assert not state.redistil_requested and requests == 0 and len(decisions) == 1 and "stands down" in decisions[0]
+    _, _, _, again = run(growing, state=DefenceState(), judge=HUMAN_AUDIT, strong_growth=0.02)
+    assert again == 1
+
+
+def test_when_people_decide_and_the_strong_rm_sees_it_too_its_share_rises_and_people_teach() -> None:
+    steps: list = []
+    _, shares, _, requests = run([0.0] * 6 + [0.1 * v for v in range(1, 15)], judge=HUMAN_AUDIT,
+                                 strong_growth=0.4, steps=steps)
+    assert max(shares) == pytest.approx(MAX) and requests == 1 and steps[0].labels == "people"
+
+
+def test_when_people_decide_before_the_strong_rm_has_a_reading_its_share_rises_and_people_teach() -> None:
+    steps: list = []
+    _, shares, _, requests = run([0.0] * 6 + [0.1 * v for v in range(1, 15)], judge=HUMAN_AUDIT, steps=steps)
+    assert max(shares) == pytest.approx(MAX) and requests == 1 and steps[0].labels == "people"
+    strong: list = []
+    run([0.0] * 6 + [0.1 * v for v in range(1, 15)], steps=strong)
+    assert strong[0].labels == "strong"
