@@ -21,6 +21,7 @@ the rollout's done key) or once per closed desk item, so a redelivery counts onc
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -30,6 +31,10 @@ import redis
 
 # One-sided 95 %: the alarm fires when the gap's lower bound passes the bound, not on noise.
 ALARM_Z = 1.645
+
+# The hacking defence's state (svc_reward/defence.py, as JSON), shared by the reward service's replicas; the
+# learner reads its KL brake from it.
+DEFENCE_KEY = "strata:reward:defence"
 
 
 @dataclass(frozen=True)
@@ -321,3 +326,15 @@ def deciding(readings: Sequence[JudgeReading]) -> JudgeReading | None:
     if grown:
         return max(grown, key=lambda r: r.growth)
     return readings[0] if readings else None
+
+
+def defence_kl_scale(client: redis.Redis) -> float:
+    """What the hacking defence multiplies the learner's KL coefficient by now (1 when it does not)."""
+    raw = client.get(DEFENCE_KEY)
+    if not raw:
+        return 1.0
+    try:
+        scale = float(json.loads(raw).get("kl_scale", 1.0))
+    except (ValueError, TypeError, AttributeError):
+        return 1.0
+    return scale if math.isfinite(scale) and scale >= 1 else 1.0

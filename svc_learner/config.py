@@ -88,6 +88,10 @@ class LearnerSettings(StrataSettings):
     update_epochs: int = Field(PPO_DEFAULTS.update_epochs, ge=1, description="PPO epochs over each batch")
     minibatch_size: int = Field(PPO_DEFAULTS.minibatch_size, ge=1, description="sequences per gradient step")
     batch_size: int = Field(32, ge=1, description="samples (scored responses) per PPO update")
+    follow_kl_brake: bool = Field(
+        True, description="multiply kl_coef by the hacking defence's KL brake while its alarm fires (svc_reward's "
+        "defence_kl_factor, read from Redis before each update); off: kl_coef alone"
+    )
     target_kl: float | None = Field(
         PPO_DEFAULTS.target_kl, gt=0.0, description="stop an update's epochs once approx_kl exceeds it"
     )

@@ -238,6 +238,7 @@ class LearnerEngine:
         if optimizer_state is not None:
             self.optimizer.load_state_dict(dict(optimizer_state))
         self.ppo_config = settings.ppo_config()
+        self.kl_scale = 1.0  # the hacking defence's KL brake, set before each update (UpdateLoop)
         self.learner_config = dict(learner_config or settings.as_log_dict())
         self.sync = WeightSync()
 
@@ -433,8 +434,12 @@ class LearnerEngine:
         groups = {LEVEL2: level2_rows} if level2_rows.any() else None  # -> off_policy/level2_is_weight_mean
         started = time.perf_counter()
         self.policy.start_value_at(batch.scores.float().mean().item())
-        metrics = ppo_update(self.policy, self.reference, self.optimizer, batch, self.ppo_config, self.step,
+        config = self.ppo_config
+        if self.kl_scale != 1.0:
+            config = replace(config, kl_coef=config.kl_coef * self.kl_scale)
+        metrics = ppo_update(self.policy, self.reference, self.optimizer, batch, config, self.step,
                              row_groups=groups)  # fmt: skip
+        metrics["charts/kl_brake"] = self.kl_scale
         elapsed = time.perf_counter() - started
         tokens = int(batch.attention_mask.sum().item())
         metrics.update({

@@ -36,6 +36,7 @@ from svc_learner.core import LearnerEngine
 from svc_learner.servicer import LearnerServicer
 from svc_learner.worker import (
     AppliedMarks,
+    KlBrake,
     LearnerTopics,
     RewardIntake,
     RolloutTail,
@@ -139,7 +140,8 @@ def build_learner(settings: LearnerSettings, learner_topics: LearnerTopics | Non
         lineage = new_lineage(settings)
     marks = AppliedMarks(client, lineage, settings.dedupe_ttl_s)
     intake = RewardIntake(settings, engine, store, client, marks, tokenizer_id, level2_tokenizer_id)
-    loop = UpdateLoop(engine, publisher, marks, learner_topics.policy, lineage)
+    loop = UpdateLoop(engine, publisher, marks, learner_topics.policy, lineage,
+                      KlBrake(client) if settings.follow_kl_brake else None)
     loop.announce_on_start(announced)
     if recover:
         recover_pending(settings, learner_topics.rewards, intake, engine, loop)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import redis
 
+from strata.audit import defence_kl_scale
 from strata.bus import Delivery, Publisher, Topic, TransientError, topics
 from strata.bus.admin import resume_offsets
 from strata.bus.tail import TailReader, read_ranges
@@ -214,13 +215,37 @@ class RewardIntake:
         return tuple(d.name for d in event.directions)
 
 
+class KlBrake:
+    """The hacking defence's KL brake (svc_reward/defence.py), read from Redis before each update; when Redis
+    does not answer, the last scale read stays (a warning once, not per update)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
+        self._scale = 1.0
+        self._failing = False
+
+    def read(self) -> float:
+        try:
+            scale = defence_kl_scale(self._redis)
+        except redis.RedisError as exc:
+            if not self._failing:
+                log.warning("could not read the hacking defence's KL brake (%s): x%g stays", exc, self._scale)
+            self._failing = True
+            return self._scale
+        if scale != self._scale:
+            log.warning("hacking defence: KL coefficient x%g -> x%g", self._scale, scale)
+        self._scale, self._failing = scale, False
+        return scale
+
+
 class UpdateLoop:
     """Runs updates when a batch is full and announces each new policy version."""
 
     def __init__(self, engine: LearnerEngine, publisher: Publisher, marks: AppliedMarks,
                  topic: Topic[events_pb2.PolicyUpdated] = topics.POLICY_UPDATED,
-                 lineage: str = "") -> None:
+                 lineage: str = "", kl_brake: KlBrake | None = None) -> None:
         self._lineage = lineage
+        self._kl_brake = kl_brake
         self._engine = engine
         self._publisher = publisher
         self._marks = marks
@@ -235,6 +260,8 @@ class UpdateLoop:
     def step(self) -> UpdateResult | None:
         """One update if a batch is full (None otherwise); publishes the checkpoint it produced."""
         started = time.perf_counter()
+        if self._kl_brake is not None:
+            self._engine.kl_scale = self._kl_brake.read()
         result = self._engine.update()
         if result is None:
             return None

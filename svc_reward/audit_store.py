@@ -17,11 +17,11 @@ from typing import Any
 
 import redis
 
+from strata.audit import DEFENCE_KEY
 from svc_reward.defence import DefenceState, DefenceStep
 
 # -- the defence (svc_reward/defence.py) and its labels -------------------------------------------------
 
-DEFENCE_KEY = "strata:reward:defence"  # DefenceState as JSON, shared by the replicas
 DECISIONS_KEY = "strata:reward:defence:decisions"  # newest first: {"at", "decision"}
 # A re-distillation asked for: {"requested_at", "policy_version", "why", "labels": "strong" | "people"}
 REDISTIL_KEY = "strata:reward:redistil"

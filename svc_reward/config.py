@@ -99,8 +99,8 @@ class RewardSettings(StrataSettings):
     )
     hacking_defence: bool = Field(
         True, description="while the hacking alarm fires, raise the strong-RM share of Level-1 answers (their "
-        "published reward the strong RM's) and request a re-distillation of the light RM on the audited answers "
-        "(svc_reward/defence.py); off: the alarm only reports"
+        "published reward the strong RM's), brake the learner's KL coefficient and request a re-distillation of the "
+        "light RM (svc_reward/defence.py); off: the alarm only reports"
     )
     defence_share_step: float = Field(
         0.1, gt=0, le=1, description="share added per newer policy version the alarm fires on (and taken off per "
@@ -108,6 +108,14 @@ class RewardSettings(StrataSettings):
     )
     defence_max_share: float = Field(
         0.5, ge=0, le=1, description="the most the defence adds to audit_level1_share"
+    )
+    defence_kl_factor: float = Field(
+        2.0, ge=1, description="the KL brake: the learner's KL coefficient is multiplied by this per newer policy "
+        "version the alarm fires on (and divided by it per version once the gap's growth is under half "
+        "hacking_gap_bound); 1: off"
+    )
+    defence_max_kl_scale: float = Field(
+        8.0, ge=1, description="the most the KL brake multiplies the learner's KL coefficient by"
     )
     light_rm_version: str | None = Field(None, description="version label of the light RM; unset = from checksum")
     strong_rm_version: str | None = Field(None, description="version label of the strong RM; unset = from checksum")

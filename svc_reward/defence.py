@@ -19,8 +19,13 @@ the reward PPO climbs towards the strong RM's, on the policy's own answers:
   when the strong RM's own audit of the same run sees the gap grow by less than half the bound (it rates
   the policy's answers as the light RM does: it is its teacher), its reward would not change what PPO
   climbs, so the share holds;
+- **a KL brake** (``defence_kl_factor``): each newer version the alarm fires on multiplies the learner's
+  KL coefficient by the factor, up to ``defence_max_kl_scale``. It is the one lever that needs no better
+  judge: a larger penalty to the reference policy pulls PPO back from where the light RM is fooled
+  (Coste et al., ICLR 2024: a small KL with a conservative reward stops over-optimisation). The
+  learner reads the scale from this state before each update (``strata.audit.defence_kl_scale``);
 - **relaxing with hysteresis**: once the gap's growth is back under half the bound, the share comes
-  down one step per newer policy version, so it does not flap at the edge.
+  down one step and the brake one factor per newer policy version, so they do not flap at the edge.
 
 Why not more escalations: an escalated Level-1 answer still trains the policy with its light-RM
 reward (the learner's ``train_on_escalated``), and Level-2's answer is not the policy's, so escalating
@@ -47,7 +52,12 @@ _DECIMALS = 6
 class DefenceState:
     share: float = 0.0  # strong-RM share of Level-1 answers added while defending
     acted_on: int = -1  # the newest audited policy version the last step looked at
-    redistil_requested: bool = False  # asked once per alarm; cleared when the share is back at 0
+    redistil_requested: bool = False  # asked once per alarm; cleared when every lever is back at rest
+    kl_scale: float = 1.0  # the learner's KL coefficient is multiplied by this while defending
+
+    @property
+    def at_rest(self) -> bool:
+        return self.share <= 0 and self.kl_scale <= 1
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -58,7 +68,7 @@ class DefenceState:
             return DefenceState()
         data = json.loads(raw)
         return DefenceState(float(data.get("share", 0.0)), int(data.get("acted_on", -1)),
-                            bool(data.get("redistil_requested", False)))
+                            bool(data.get("redistil_requested", False)), float(data.get("kl_scale", 1.0)))
 
 
 @dataclass(frozen=True)
@@ -71,10 +81,11 @@ class DefenceStep:
 
 def respond(state: DefenceState, baseline: AuditEstimates | None, current: AuditEstimates, newest_version: int,
             bound: float, step: float, max_share: float, judge: AuditJudge = STRONG_AUDIT,
-            strong_growth: float = math.nan) -> DefenceStep:
+            strong_growth: float = math.nan, kl_factor: float = 1.0, max_kl_scale: float = 1.0) -> DefenceStep:
     """One look at the audit (``judge``'s, as ``strata.audit.deciding`` chose it): at most one step per newer
     audited policy version (``newest_version``). ``strong_growth``: when people decide, how far the strong RM's
-    own gap grew over the run (nan: unknown, or the strong RM decides)."""
+    own gap grew over the run (nan: unknown, or the strong RM decides). ``kl_factor``: the KL brake's step
+    (1: off), up to ``max_kl_scale``."""
     if newest_version <= state.acted_on:
         return DefenceStep(state, None, False)
     looked = replace(state, acted_on=newest_version)
@@ -82,34 +93,44 @@ def respond(state: DefenceState, baseline: AuditEstimates | None, current: Audit
     if alarm is not None:
         blind = strong_growth <= bound / 2  # False for nan
         share = state.share if blind else round(min(max_share, state.share + step), _DECIMALS)
+        kl_scale = round(min(max(max_kl_scale, 1.0), state.kl_scale * kl_factor), _DECIMALS)
         redistil = not state.redistil_requested
-        if share == state.share and not redistil:
+        if share == state.share and kl_scale == state.kl_scale and not redistil:
             return DefenceStep(looked, None, False)
-        if blind:
-            decision = (f"policy v{newest_version}: {alarm}; the strong RM's own gap grew {strong_growth:+.3f}: it "
-                        f"rates them as the light RM does, so its share holds at {share:.2f}")
-        else:
-            decision = (f"policy v{newest_version}: {alarm}; strong-RM share of Level-1 answers "
-                        f"{state.share:.2f} -> {share:.2f}, their reward the strong RM's")
+        parts = [f"policy v{newest_version}: {alarm}"]
+        if blind and redistil:
+            parts.append(f"the strong RM's own gap grew {strong_growth:+.3f}: it rates them as the light RM does, so "
+                         f"its share holds at {share:.2f}")
+        elif share != state.share:
+            parts.append(f"strong-RM share of Level-1 answers {state.share:.2f} -> {share:.2f}, their reward the "
+                         "strong RM's")
+        if kl_scale != state.kl_scale:
+            parts.append(f"the learner's KL coefficient x{state.kl_scale:g} -> x{kl_scale:g}")
         labels = "people" if judge is HUMAN_AUDIT else "strong"
         if redistil:
             taught_by = "people's scores of the policy's answers" if labels == "people" else "the audited answers"
-            decision += f"; re-distillation of the light RM on {taught_by} requested"
-        return DefenceStep(replace(looked, share=share, redistil_requested=True), decision, redistil, labels)
-    if state.share <= 0 and not state.redistil_requested:
+            parts.append(f"re-distillation of the light RM on {taught_by} requested")
+        return DefenceStep(replace(looked, share=share, kl_scale=kl_scale, redistil_requested=True),
+                           "; ".join(parts), redistil, labels)
+    if state.at_rest and not state.redistil_requested:
         return DefenceStep(looked, None, False)
     growth = math.nan if baseline is None else drift(baseline, current).change
     if math.isnan(growth) or growth > bound / 2:
         return DefenceStep(looked, None, False)  # nothing to compare, or quiet but not well under the bound: hold
-    if state.share <= 0:  # the share never rose (people decided): stand down, so that a later alarm asks again
-        decision = (f"policy v{newest_version}: the gap grew {growth:+.3f} (now {current.gap:+.3f}), under half the "
-                    f"bound {bound:g}: the defence stands down")
-        return DefenceStep(replace(looked, redistil_requested=False), decision, False)
     share = round(max(0.0, state.share - step), _DECIMALS)
-    decision = (f"policy v{newest_version}: the gap grew {growth:+.3f} (now {current.gap:+.3f}), under half the "
-                f"bound {bound:g}; strong-RM share of Level-1 answers {state.share:.2f} -> {share:.2f}")
-    return DefenceStep(replace(looked, share=share, redistil_requested=state.redistil_requested and share > 0),
-                       decision, False)
+    kl_scale = round(max(1.0, state.kl_scale / kl_factor), _DECIMALS) if kl_factor > 1 else 1.0
+    parts = [f"policy v{newest_version}: the gap grew {growth:+.3f} (now {current.gap:+.3f}), under half the "
+             f"bound {bound:g}"]
+    if share != state.share:
+        parts.append(f"strong-RM share of Level-1 answers {state.share:.2f} -> {share:.2f}")
+    if kl_scale != state.kl_scale:
+        parts.append(f"the learner's KL coefficient x{state.kl_scale:g} -> x{kl_scale:g}")
+    relaxed = replace(looked, share=share, kl_scale=kl_scale)
+    if relaxed.at_rest:  # cleared once every lever is back, so that a later alarm asks again
+        relaxed = replace(relaxed, redistil_requested=False)
+        if len(parts) == 1:
+            parts.append("the defence stands down")
+    return DefenceStep(relaxed, "; ".join(parts), False)
 
 
 def describe(state: DefenceState, decisions: Sequence[Mapping[str, Any]], enabled: bool,
@@ -118,9 +139,10 @@ def describe(state: DefenceState, decisions: Sequence[Mapping[str, Any]], enable
     ``strata diagnose`` and the demo's report."""
     if not enabled:
         return ["  hacking defence: off (hacking_defence): the alarm only reports"]
-    if state.share <= 0 and not decisions:
+    if state.at_rest and not decisions:
         return ["  hacking defence: standing by (no alarm has fired)"]
     lines = [f"  hacking defence: strong-RM share of Level-1 answers +{state.share:.2f} (their reward the strong RM's)"
+             + (f"; the learner's KL coefficient x{state.kl_scale:g}" if state.kl_scale > 1 else "")
              + ("; a re-distillation of the light RM awaits `strata rm refresh --every`" if redistil_pending else "")]
     for made in decisions[:3]:
         when = time.strftime("%H:%M:%S", time.localtime(float(made.get("at", 0.0))))

@@ -327,7 +327,8 @@ class RewardWorker:
             strong_growth = strong.growth if strong is not None and acting.judge is HUMAN_AUDIT else math.nan
             step = audit_store.apply_step(self._redis, lambda state: respond(
                 state, acting.baseline, acting.current, acting.last_version, s.hacking_gap_bound,
-                s.defence_share_step, s.defence_max_share, acting.judge, strong_growth))
+                s.defence_share_step, s.defence_max_share, acting.judge, strong_growth, s.defence_kl_factor,
+                s.defence_max_kl_scale))
             if step is None:  # another replica stepped first: serve what it wrote
                 self._defence = audit_store.read_defence(self._redis)
             else:

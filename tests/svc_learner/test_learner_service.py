@@ -416,3 +416,43 @@ def test_python_m_svc_learner_serves_and_stops_on_sigterm(infra, policy_dir, tmp
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_the_hacking_defences_kl_brake_scales_the_kl_coefficient_of_the_next_update(
+    infra, policy_dir, tmp_path, learner_topics, publisher, make_learner, fabricate, redis_client
+) -> None:
+    from strata.audit import DEFENCE_KEY
+
+    settings = learner_settings(infra, policy_dir, tmp_path / "ckpt", kl_coef=0.1, kl_warmup_updates=0)
+    learner = make_learner(settings, learner_topics)
+    make = fabricate(learner)
+    redis_client.set(DEFENCE_KEY, '{"share":0.0,"acted_on":9,"redistil_requested":true,"kl_scale":4.0}')
+    try:
+        publish_all(publisher, learner_topics.rewards, [make.reward() for _ in range(BATCH)])
+        drive(learner, lambda: learner.engine.version == 1)
+        braked = learner.engine.status().metrics
+        redis_client.delete(DEFENCE_KEY)  # the alarm over: the next update runs at kl_coef again
+        publish_all(publisher, learner_topics.rewards, [make.reward(1) for _ in range(BATCH)])
+        drive(learner, lambda: learner.engine.version == 2)
+        released = learner.engine.status().metrics
+    finally:
+        redis_client.delete(DEFENCE_KEY)
+    assert (braked["charts/kl_brake"], braked["charts/kl_coef"]) == (4.0, pytest.approx(0.4))
+    assert (released["charts/kl_brake"], released["charts/kl_coef"]) == (1.0, pytest.approx(0.1))
+
+
+def test_the_kl_brake_keeps_its_last_scale_when_redis_does_not_answer(redis_client) -> None:
+    from strata.audit import DEFENCE_KEY
+    from svc_learner.worker import KlBrake
+
+    redis_client.set(DEFENCE_KEY, '{"kl_scale":2.0}')
+    try:
+        assert KlBrake(redis_client).read() == 2.0
+        brake = KlBrake(redis_client)
+        brake.read()
+        brake._redis = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
+        assert brake.read() == 2.0
+        redis_client.set(DEFENCE_KEY, "not json")
+        assert KlBrake(redis_client).read() == 1.0  # a value not ours brakes nothing
+    finally:
+        redis_client.delete(DEFENCE_KEY)

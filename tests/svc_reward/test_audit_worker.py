@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from strata import ledger
-from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, AuditTally, add_to, estimates, read_versions
+from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, AuditTally, add_to, defence_kl_scale, estimates, read_versions
 from strata.bus import Delivery, topics
 from strata.content_store import ContentStore
 from strata.v1 import common_pb2, events_pb2
@@ -160,7 +160,12 @@ def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, 
     state = audit_store.read_defence(redis_client)
     assert state.share == 0.5 and state.redistil_requested
     decisions = audit_store.read_decisions(redis_client)
-    assert len(decisions) == 1 and "re-distillation" in decisions[0]["decision"]
+    # The first step (oldest) raised the share and asked for the re-distillation; each newer version the alarm
+    # still fires on brakes the learner's KL coefficient once more.
+    assert "re-distillation" in decisions[-1]["decision"] and "0.00 -> 0.50" in decisions[-1]["decision"]
+    braked = [d["decision"].split("KL coefficient ")[1][:8] for d in decisions[::-1]]
+    assert braked == ["x1 -> x2", "x2 -> x4", "x4 -> x8"]
+    assert state.kl_scale == 8.0 and defence_kl_scale(redis_client) == 8.0  # what the learner reads
     request = audit_store.redistil_request(redis_client)
     assert request is not None and request["policy_version"] == base + 3
 
@@ -204,8 +209,9 @@ def test_people_raise_the_alarm_that_a_copy_of_the_judge_cannot(infra, redis_cli
     state = audit_store.read_defence(redis_client)
     assert state.share == 0.0 and state.redistil_requested
     decisions = audit_store.read_decisions(redis_client)
-    assert len(decisions) == 1 and "than people" in decisions[0]["decision"]
-    assert "share holds" in decisions[0]["decision"]
+    assert "than people" in decisions[-1]["decision"] and "share holds" in decisions[-1]["decision"]
+    assert all("strong-RM share" not in d["decision"] for d in decisions)
+    assert state.kl_scale > 1  # the brake needs no better judge
     request = audit_store.redistil_request(redis_client)
     assert request is not None and request["labels"] == "people"
     status = "\n".join(live_audit_lines(infra))

@@ -11,10 +11,12 @@ from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, AuditJudge, estimates, windo
 from svc_reward.defence import DefenceState, respond
 
 BOUND, STEP, MAX = 0.25, 0.1, 0.3
+BRAKE = {"kl_factor": 2.0, "max_kl_scale": 8.0}
 
 
 def run(gap_at: list[float], state: DefenceState | None = None, looks_per_version: int = 2, noise: float = 0.3,
-        judge: AuditJudge = STRONG_AUDIT, strong_growth: float = float("nan"), steps: list | None = None):
+        judge: AuditJudge = STRONG_AUDIT, strong_growth: float = float("nan"), steps: list | None = None,
+        kl_factor: float = 1.0, max_kl_scale: float = 1.0):
     """The defence after each policy version, looked at ``looks_per_version`` times (replicas, batches)."""
     state = state or DefenceState()
     shares, decisions, requests = [], [], 0
@@ -26,7 +28,7 @@ def run(gap_at: list[float], state: DefenceState | None = None, looks_per_versio
             continue
         for _ in range(looks_per_version):
             step = respond(state, estimates(baseline.tally) if baseline else None, estimates(current.tally),
-                           current.last_version, BOUND, STEP, MAX, judge, strong_growth)
+                           current.last_version, BOUND, STEP, MAX, judge, strong_growth, kl_factor, max_kl_scale)
             if steps is not None and step.decision:
                 steps.append(step)
             state = step.state
@@ -117,3 +119,34 @@ def test_when_people_decide_before_the_strong_rm_has_a_reading_its_share_rises_a
     strong: list = []
     run([0.0] * 6 + [0.1 * v for v in range(1, 15)], steps=strong)
     assert strong[0].labels == "strong"
+
+
+def test_the_kl_brake_doubles_per_version_while_the_alarm_fires_and_comes_back_once_the_gap_closes() -> None:
+    steps: list = []
+    growing = [0.0] * 6 + [0.1 * v for v in range(1, 15)]
+    state, _, decisions, _ = run(growing, judge=HUMAN_AUDIT, strong_growth=0.0, steps=steps, **BRAKE)
+    scales = [s.state.kl_scale for s in steps]
+    assert scales[:3] == [2.0, 4.0, 8.0] and state.kl_scale == 8.0  # capped at max_kl_scale
+    assert "KL coefficient x1 -> x2" in decisions[0] and "share holds at 0.00" in decisions[0]
+
+    state, _, decisions, _ = run([0.0] * 20, state=DefenceState(acted_on=-1, redistil_requested=True, kl_scale=8.0),
+                                 judge=HUMAN_AUDIT, strong_growth=0.0, **BRAKE)
+    assert state.at_rest and not state.redistil_requested
+    assert [d.split("KL coefficient ")[1] for d in decisions] == ["x8 -> x4", "x4 -> x2", "x2 -> x1"]
+
+
+def test_the_state_reads_back_its_brake_and_the_learner_reads_it_from_the_same_json() -> None:
+    from strata.audit import defence_kl_scale
+
+    class Stored:
+        def __init__(self, raw: str | None) -> None:
+            self.raw = raw
+
+        def get(self, _key: str) -> str | None:
+            return self.raw
+
+    state = DefenceState(0.2, 5, True, 4.0)
+    assert DefenceState.from_json(state.to_json()) == state
+    assert defence_kl_scale(Stored(state.to_json())) == 4.0  # type: ignore[arg-type]
+    assert defence_kl_scale(Stored(None)) == 1.0 and defence_kl_scale(Stored("[]")) == 1.0  # type: ignore[arg-type]
+    assert defence_kl_scale(Stored('{"kl_scale": "nan"}')) == 1.0  # type: ignore[arg-type]
