@@ -311,13 +311,15 @@ def _print_metrics(metrics: dict[str, float]) -> None:
 def _human_labels(args: argparse.Namespace) -> int:
     from strata_tools.rm.loop import annotation_rows
 
-    rows, missing = annotation_rows(StrataSettings())
+    annotated = annotation_rows(StrataSettings())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     partial = args.out.with_suffix(args.out.suffix + ".partial")  # never a half-written file under --out
-    partial.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    partial.write_text("".join(json.dumps(row) + "\n" for row in annotated.rows))
     partial.replace(args.out)
-    print(f"wrote {len(rows)} human-labelled pairs to {args.out} ({missing} left out: texts no longer in the "
-          f"content store); train with `strata rm train-strong --data {args.out}`")
+    drifting = (f"; the scores of {', '.join(sorted(annotated.drifting))} left out: the desk's drift alarm holds "
+                "them" if annotated.drifting else "")
+    print(f"wrote {len(annotated.rows)} human-labelled pairs to {args.out} ({annotated.expired} left out: texts no "
+          f"longer in the content store{drifting}); train with `strata rm train-strong --data {args.out}`")
     return 0
 
 

@@ -4,7 +4,9 @@ svc_annotation publishes one ``AnnotationCompleted`` per annotator score (hashes
 are in the content store. ``strata rm human-labels`` turns them into the JSONL that
 ``strata rm train-strong --data`` and ``strata rm distill --data`` read. Gold items (known scores
 mixed in to watch annotators, R18) are left out: they measure the annotators, not the responses.
-A response scored by several annotators gets the mean of their scores.
+So are the scores of annotators the desk's drift alarm holds (``drifting_annotators``), as the desk's
+human audit leaves them out: a drifting scale would teach the RM its drift. A response scored by
+several annotators gets the mean of their scores.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import redis
 
 from strata.bus import topics
 from strata.bus.tail import TailReader
@@ -30,12 +34,13 @@ class HumanLabel:
     off_topic: bool
 
 
-def human_labels(events: Iterable[Any]) -> list[HumanLabel]:
+def human_labels(events: Iterable[Any], left_out: frozenset[str] = frozenset()) -> list[HumanLabel]:
     """One label per (prompt, response) from ``AnnotationCompleted`` events; an annotator's score
-    read twice (at-least-once delivery) counts once, gold items are left out."""
+    read twice (at-least-once delivery) counts once, gold items and the scores of the annotators
+    ``left_out`` are left out."""
     scores: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
     for event in events:
-        if event.gold or not event.response_hash:
+        if event.gold or not event.response_hash or event.annotator_id in left_out:
             continue
         scores[(event.prompt_hash, event.response_hash)][event.annotator_id] = event
     labels = []
@@ -59,6 +64,15 @@ def label_rows(labels: Sequence[HumanLabel], text_of: Any) -> tuple[list[dict[st
         rows.append({"prompt": prompt, "response": response, "score": round(label.score, 4), "source": "human",
                      "annotators": list(label.annotators), "unsafe": label.unsafe, "off_topic": label.off_topic})
     return rows, missing
+
+
+def drifting_annotators(client: redis.Redis) -> frozenset[str]:
+    """The annotators the desk's drift alarm holds now (its Redis drift book; none when the desk keeps none)."""
+    from svc_annotation.config import AnnotationSettings
+    from svc_annotation.drift_book import DriftBook
+
+    book = DriftBook(client, AnnotationSettings().redis_prefix)
+    return frozenset(a.annotator for a in book.snapshots() if a.alarm)
 
 
 def read_completed(settings: Any, timeout_s: float = 60.0) -> list[Any]:

@@ -27,7 +27,7 @@ from strata import redis_client
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.errors import CliError
 from strata.models.loading import load_reward_model
-from strata_tools.rm.human import human_labels, label_rows, read_completed
+from strata_tools.rm.human import drifting_annotators, human_labels, label_rows, read_completed
 from strata_tools.rm.lifecycle import mean_rewards, read_pairs
 from strata_tools.rm.light import DistillOptions, run_distill
 from strata_tools.rm.models import ZooModels, ZooSource
@@ -76,16 +76,26 @@ class TurnReport:
         return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)
 
 
-def annotation_rows(settings: Any, timeout_s: float = 60.0) -> tuple[list[dict[str, Any]], int]:
-    """The annotators' scores Kafka still holds, as {prompt, response, score} rows with their texts from
-    the content store; and how many were left out because their texts had expired."""
+@dataclass(frozen=True)
+class AnnotationRows:
+    rows: list[dict[str, Any]]  # {prompt, response, score, ...}
+    expired: int  # labels left out because their texts had expired
+    drifting: frozenset[str] = frozenset()  # annotators whose scores were left out: the desk's drift alarm holds them
+
+
+def annotation_rows(settings: Any, timeout_s: float = 60.0) -> AnnotationRows:
+    """The annotators' scores Kafka still holds, less those of annotators in drift alarm, as {prompt, response,
+    score} rows with their texts from the content store."""
     try:
-        labels = human_labels(read_completed(settings, timeout_s))
+        events = read_completed(settings, timeout_s)
     except Exception as exc:  # Kafka unreachable or too slow: one line naming it
         raise CliError(f"could not read the annotations from Kafka ({settings.kafka_address}): {exc}") from exc
     client = redis_client.connect(settings.redis_address, socket_timeout=10)
     try:
-        return label_rows(labels, ContentStore(client, settings.content_ttl_s, settings.content_max_bytes).get_text)
+        drifting = drifting_annotators(client)
+        store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
+        rows, expired = label_rows(human_labels(events, drifting), store.get_text)
+        return AnnotationRows(rows, expired, drifting)
     except redis.RedisError as exc:
         raise CliError(f"could not read texts from Redis ({settings.redis_address_masked}): {exc}") from exc
     finally:
@@ -120,9 +130,11 @@ def collect_labels(options: RefreshOptions, settings: Any) -> tuple[list[dict[st
     rows: list[dict[str, Any]] = []
     sources: dict[str, int] = {}
     if options.annotations:
-        found, expired = annotation_rows(settings)
-        rows += found
-        sources |= {"annotations": len(found), "annotations_expired": expired}
+        annotated = annotation_rows(settings)
+        rows += annotated.rows
+        sources |= {"annotations": len(annotated.rows), "annotations_expired": annotated.expired}
+        if annotated.drifting:
+            sources["annotators_drifting_left_out"] = len(annotated.drifting)
     if options.audits:
         found, expired = audit_rows(settings)
         rows += found

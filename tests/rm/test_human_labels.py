@@ -30,6 +30,13 @@ def test_labels_average_annotators_count_each_once_and_leave_gold_out() -> None:
     ]
 
 
+def test_the_scores_of_annotators_in_drift_alarm_are_left_out() -> None:
+    events = [completed("p1", "r1", "ann", 2.0), completed("p1", "r1", "drifty", 4.0),
+              completed("p2", "r2", "drifty", 5.0)]
+    assert human_labels(events, left_out=frozenset({"drifty"})) == [
+        HumanLabel("p1", "r1", 2.0, ("ann",), unsafe=False, off_topic=False)]
+
+
 def test_rows_leave_out_labels_whose_texts_expired() -> None:
     texts = {"p1": "How do I bleed a radiator?", "r1": "Open the valve a quarter turn."}
 
@@ -65,3 +72,22 @@ def test_the_command_writes_what_train_strong_reads(infra, redis_client, tmp_pat
     assert [p["score"] for p in pairs if p["prompt"] == store.get_text(prompt)] == [4.5]
     assert all(json.loads(line)["source"] == "human" for line in out.read_text().splitlines())
     assert not os.path.exists(str(out) + ".partial")
+
+
+@pytest.mark.integration
+def test_the_drifting_annotators_are_read_from_the_desks_drift_book(redis_client) -> None:
+    from strata_tools.rm.human import drifting_annotators
+    from svc_annotation.config import AnnotationSettings
+    from svc_annotation.drift import Alarm, AnnotatorState
+    from svc_annotation.drift_book import state_to_json
+
+    prefix = f"{AnnotationSettings().redis_prefix}:drift:"
+    names = {f"steady-{uuid.uuid4().hex[:6]}": None, f"drifty-{uuid.uuid4().hex[:6]}": Alarm("drift_up", 41, 5.2)}
+    for name, alarm in names.items():
+        redis_client.set(prefix + name, state_to_json(AnnotatorState(name, items=60, alarm=alarm)))
+    try:
+        found = drifting_annotators(redis_client)
+    finally:
+        redis_client.delete(*(prefix + name for name in names))
+    steady, drifty = names
+    assert drifty in found and steady not in found

@@ -152,7 +152,7 @@ def test_a_request_for_peoples_labels_runs_a_turn_on_the_desks_scores_alone(
         pipe.execute()
     desk = [{"prompt": f"How do tides work? {i}", "response": f"The Moon pulls {i}", "score": 1.0 + i % 4}
             for i in range(5)]
-    monkeypatch.setattr(loop, "annotation_rows", lambda _settings: (desk, 2))
+    monkeypatch.setattr(loop, "annotation_rows", lambda _settings: loop.AnnotationRows(desk, 2))
     own_redis.set(audit_store.REDISTIL_KEY, json.dumps({"requested_at": 0, "policy_version": 9, "why": "people",
                                                        "labels": "people"}))
     lines: list[str] = []
