@@ -113,19 +113,24 @@ def clear_redistil(client: redis.Redis, answered: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class AuditLabel:
-    """One audited answer as the reward models' loop reads it: the strong RM's reward is its label."""
+    """One audited answer as the reward models' loop reads it: the strong RM's reward is its label. ``escalated``
+    and ``bad`` (the strong RM's call, as tallied) let a tool check the audit's catch against another judge on the
+    same answers (None in entries written before they were kept)."""
 
     prompt_hash: str
     response_hash: str
     strong: float
     light: float
     policy_version: int
+    escalated: bool | None = None
+    bad: bool | None = None
 
 
 def add_labels(pipe: redis.client.Pipeline, labels: Sequence[AuditLabel], max_kept: int) -> None:
     """Queue the labels on ``pipe`` (the caller's transaction); the stream keeps about the newest ``max_kept``."""
     for label in labels:
-        pipe.xadd(LABELS_KEY, {k: str(v) for k, v in asdict(label).items()}, maxlen=max_kept, approximate=True)
+        fields = {k: str(int(v) if isinstance(v, bool) else v) for k, v in asdict(label).items() if v is not None}
+        pipe.xadd(LABELS_KEY, fields, maxlen=max_kept, approximate=True)
 
 
 def read_labels(client: redis.Redis, limit: int = 100_000) -> list[AuditLabel]:
@@ -135,6 +140,7 @@ def read_labels(client: redis.Redis, limit: int = 100_000) -> list[AuditLabel]:
     for _, fields in reversed(entries):
         values = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                   for k, v in fields.items()}
+        flags = {name: values[name] == "1" if name in values else None for name in ("escalated", "bad")}
         labels.append(AuditLabel(values["prompt_hash"], values["response_hash"], float(values["strong"]),
-                                 float(values["light"]), int(values["policy_version"])))
+                                 float(values["light"]), int(values["policy_version"]), **flags))
     return labels

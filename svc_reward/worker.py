@@ -225,11 +225,11 @@ class RewardWorker:
                 if i in audited:
                     strong = audited[i]
                     booked.append(strong.charge)
-                    one = AuditTally.of(reward, strong.reward, emitted.escalate,
-                                        self._strong_calls_bad(strong.reward, emitted))
+                    bad = self._strong_calls_bad(strong.reward, emitted)
+                    one = AuditTally.of(reward, strong.reward, emitted.escalate, bad)
                     audits[event.policy_version] = audits.get(event.policy_version, AuditTally()) + one
                     labels.append(audit_store.AuditLabel(event.prompt_hash, event.response_hash, strong.reward,
-                                                         reward, event.policy_version))
+                                                         reward, event.policy_version, emitted.escalate, bad))
                 charges.append((event, booked))
         self._publisher.wait(futures)
         for key in escalations:  # acknowledged: now claim, so that no later sample escalates again

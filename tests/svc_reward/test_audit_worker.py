@@ -149,7 +149,12 @@ def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, 
         rewards = [m for t, m in publisher.published if t == topics.REWARDS_SCORED.name]
         scorers.append({(m.scorer, round(m.reward, 3)) for m in rewards})
 
-    assert len(audit_store.read_labels(redis_client)) == 24  # every audited answer, labelled by the strong RM
+    labels = audit_store.read_labels(redis_client)
+    assert len(labels) == 24  # every audited answer, labelled by the strong RM
+    # Each label keeps the route and the strong RM's call as tallied (a tool checks the catch against them).
+    tallies = [t for v, t in read_versions(redis_client, STRONG_AUDIT) if base < v <= base + 6]
+    assert sum(bool(label.bad) for label in labels) == sum(t.bad for t in tallies)
+    assert sum(label.escalated is False for label in labels) == sum(t.passed for t in tallies)
     light_only = {(common_pb2.SCORER_LIGHT, round(2.5 + 0.2 * s, 3)) for s in range(6)}
     if not defence:
         assert all(found <= light_only for found in scorers) and not redis_client.exists(audit_store.REDISTIL_KEY)
@@ -217,3 +222,18 @@ def test_people_raise_the_alarm_that_a_copy_of_the_judge_cannot(infra, redis_cli
     status = "\n".join(live_audit_lines(infra))
     assert "human audit" in status and "(human) FIRES" in status and "than people" in status, status
     redis_client.delete(HUMAN_AUDIT.versions_key)  # the stack's keys: leave no judge behind for other tests
+
+
+def test_audit_labels_written_before_the_route_was_kept_read_back_without_it(redis_client) -> None:
+    redis_client.delete(audit_store.LABELS_KEY)
+    redis_client.xadd(audit_store.LABELS_KEY, {"prompt_hash": "p", "response_hash": "r", "strong": "2.5",
+                                               "light": "3.0", "policy_version": "4"})
+    with redis_client.pipeline(transaction=True) as pipe:
+        audit_store.add_labels(pipe, [audit_store.AuditLabel("p", "r2", 1.0, 3.5, 5, True, False)], max_kept=10)
+        pipe.execute()
+    try:
+        old, new = audit_store.read_labels(redis_client)
+    finally:
+        redis_client.delete(audit_store.LABELS_KEY)
+    assert (old.escalated, old.bad) == (None, None)
+    assert new == audit_store.AuditLabel("p", "r2", 1.0, 3.5, 5, True, False)
