@@ -5,10 +5,11 @@ answers. The reward service audits a share of Level-1 answers with the strong RM
 Level-1 share is judged by people (``strata.audit``); both keep tallies per policy version in Redis. This
 check compares each judge's newest versions' gap with its first audited versions' and alarms when one grew
 past ``hacking_gap_bound`` at one-sided 95 %.
-Cure: the reward service's defence answers on its own (``svc_reward.defence``: a larger strong-RM share,
-its reward given to PPO, and a re-distillation request that `strata rm refresh --every` answers); by
-hand, re-distil the light RM on the audited answers (`strata rm refresh --audits`) or serve a
-conservative ensemble (``STRATA_AGGREGATION=lcb``).
+Cure: the reward service's defence answers on its own (``svc_reward.defence``: a brake on the learner's KL
+coefficient, a larger strong-RM share with its reward given to PPO unless the strong RM rates like the light
+one, and a re-distillation request, on people's labels when people raised the alarm, that `strata rm refresh
+--every` answers); by hand, re-distil the light RM on the audited answers (`strata rm refresh --audits`) or
+serve a conservative ensemble (``STRATA_AGGREGATION=lcb``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from strata.audit import AuditJudge, AuditTally, deciding, describe_judges, drif
 from strata_tools.diagnose.verdict import CheckResult, Verdict, error_result
 
 NAME = "hacking"
-CURE = ("keep the reward service's hacking defence on (a larger strong-RM share, its reward given to PPO) and "
-        "`strata rm refresh --every` running to answer its re-distillation request; by hand, `strata rm refresh "
-        "--audits`, or a conservative ensemble (STRATA_AGGREGATION=lcb) (issue 61)")
+CURE = ("keep the reward service's hacking defence on (a KL brake on the learner, a larger strong-RM share with "
+        "its reward given to PPO) and `strata rm refresh --every` running to answer its re-distillation request; "
+        "by hand, `strata rm refresh --audits`, or a conservative ensemble (STRATA_AGGREGATION=lcb) (issue 61)")
 
 
 def evaluate(by_judge: Mapping[AuditJudge, Sequence[tuple[int, AuditTally]]], bound: float,
