@@ -39,6 +39,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bad-below", type=float, default=BAD_THRESHOLD, help="the oracle's bad-case threshold")
     parser.add_argument("--since-version", type=int, default=0, help="only answers of this policy version on")
+    parser.add_argument("--audit-bad-below", type=float, default=None,
+                        help="call an answer bad where the strong RM's reward is under this, as the reward service's "
+                             "audit_bad_below would (default: the call it tallied)")
     args = parser.parse_args()
 
     settings = StrataSettings()
@@ -64,7 +67,8 @@ def main() -> int:
 
     escalated = [label.escalated is True for label, _ in rows]
     passed = [not e for e in escalated]
-    audit_bad = [label.bad is True for label, _ in rows]
+    audit_bad = [label.bad is True if args.audit_bad_below is None else label.strong < args.audit_bad_below
+                 for label, _ in rows]
     oracle_bad = [bad for _, bad in rows]
 
     def statistics(idx: Sequence[int]) -> list[float]:
