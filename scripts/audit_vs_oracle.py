@@ -20,6 +20,15 @@ import math
 import sys
 from collections.abc import Sequence
 
+from strata import redis_client
+from strata.config import StrataSettings
+from strata.content_store import ContentNotFoundError, ContentStore
+from strata_tools.intervals import cluster_bootstraps
+from strata_tools.rm.onpolicy import BAD_THRESHOLD
+from strata_tools.task.oracle import infer_prompt_info, oracle_score, prompt_info
+from strata_tools.task.suite import load_suite
+from svc_reward import audit_store
+
 
 def _share(hits: Sequence[bool], among: Sequence[bool], idx: Sequence[int]) -> float:
     items = [i for i in idx if among[i]]
@@ -27,15 +36,6 @@ def _share(hits: Sequence[bool], among: Sequence[bool], idx: Sequence[int]) -> f
 
 
 def main() -> int:
-    from strata import redis_client
-    from strata.config import StrataSettings
-    from strata.content_store import ContentNotFoundError, ContentStore
-    from strata_tools.intervals import cluster_bootstraps
-    from strata_tools.rm.onpolicy import BAD_THRESHOLD
-    from strata_tools.task.oracle import infer_prompt_info, oracle_score, prompt_info
-    from strata_tools.task.suite import load_suite
-    from svc_reward import audit_store
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bad-below", type=float, default=BAD_THRESHOLD, help="the oracle's bad-case threshold")
     parser.add_argument("--since-version", type=int, default=0, help="only answers of this policy version on")
