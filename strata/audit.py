@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import cast
 
 import redis
@@ -54,6 +54,11 @@ class AuditJudge:
 
     def tally_key(self, policy_version: int) -> str:
         return f"{self.prefix}:v{policy_version}"
+
+    @property
+    def labels_key(self) -> str:
+        """A stream: one entry per audited answer (``AuditLabel``)."""
+        return f"{self.prefix}:labels"
 
 
 STRONG_AUDIT = AuditJudge("strong", "strata:reward:audit", "live audit", "the strong RM", "strong",
@@ -276,6 +281,42 @@ def read_versions(client: redis.Redis, judge: AuditJudge, limit: int = 1000) -> 
         stored = pipe.execute()
     return [(version, AuditTally.from_fields(hash_fields)) for version, hash_fields in zip(newest, stored, strict=True)
             if hash_fields]
+
+
+@dataclass(frozen=True)
+class AuditLabel:
+    """One audited answer: the judge's score (``judge``), the light RM's, and, for a tool that checks the audit's
+    catch against another judge on the same answers, whether the rule escalated it and whether the judge called
+    it bad (None in entries written before they were kept). The strong RM's are the RM loop's audit labels."""
+
+    prompt_hash: str
+    response_hash: str
+    judge: float
+    light: float
+    policy_version: int
+    escalated: bool | None = None
+    bad: bool | None = None
+
+
+def add_labels(pipe: redis.client.Pipeline, judge: AuditJudge, labels: Sequence[AuditLabel], max_kept: int) -> None:
+    """Queue ``judge``'s labels on ``pipe`` (the caller's transaction); its stream keeps about the newest
+    ``max_kept``."""
+    for label in labels:
+        fields = {k: str(int(v) if isinstance(v, bool) else v) for k, v in asdict(label).items() if v is not None}
+        fields["strong"] = fields.pop("judge")  # the stream's field name from when the strong RM was the only judge
+        pipe.xadd(judge.labels_key, fields, maxlen=max_kept, approximate=True)  # type: ignore[arg-type]
+
+
+def read_labels(client: redis.Redis, judge: AuditJudge, limit: int = 100_000) -> list[AuditLabel]:
+    """The newest ``limit`` of ``judge``'s audited answers' labels, oldest first."""
+    entries = cast("list[tuple[bytes, dict[bytes, bytes]]]", client.xrevrange(judge.labels_key, count=limit))
+    labels = []
+    for _, stored in reversed(entries):
+        values = {k.decode(): v.decode() for k, v in stored.items()}
+        flags = {name: values[name] == "1" if name in values else None for name in ("escalated", "bad")}
+        labels.append(AuditLabel(values["prompt_hash"], values["response_hash"], float(values["strong"]),
+                                 float(values["light"]), int(values["policy_version"]), **flags))
+    return labels
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,8 @@ def build(settings: AnnotationSettings, clock: Callable[[], float] = time.time) 
     worker = Worker(settings, settings.group_id, publisher=publisher,
                     batch_handlers={topics.ANNOTATIONS_REQUESTED: handler.handle_batch})
     drift = DriftBook(client, settings.redis_prefix)
-    audit = HumanAudit(settings.human_bad_below, settings.human_audit_ttl_s) if settings.human_audit else None
+    audit = (HumanAudit(settings.human_bad_below, settings.human_audit_ttl_s, settings.human_audit_labels_kept)
+             if settings.human_audit else None)
     loop = DeskLoop(store, publisher, client, f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
                     settings.loop_interval_s, settings.loop_batch, settings.publisher_lease_s, gold,
                     gold_refresh_s=settings.content_ttl_s / 2, drift=drift, audit=audit)

@@ -51,6 +51,9 @@ class AnnotationSettings(StrataSettings):
         "human audit's catch and false-pass estimates (the brief's escalation threshold)")
     human_audit_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long a policy version's human audit tally "
                                    "is kept")
+    human_audit_labels_kept: int = Field(
+        50_000, ge=0, description="audited answers kept one by one (people's mean score, the light RM's, the route, "
+        "the bad call), for a tool that checks the audit against another judge on the same answers; 0: none")
     loop_batch: int = Field(64, ge=1, description="items closed and published per loop pass at most")
     publisher_lease_s: float = Field(
         30.0, gt=0, description="one replica at a time publishes; another takes over this long after it stops"

@@ -29,7 +29,7 @@ import redis
 from prometheus_client import Counter, Gauge
 
 from strata import ledger
-from strata.audit import HUMAN_AUDIT, AuditTally, add_to
+from strata.audit import HUMAN_AUDIT, AuditLabel, AuditTally, add_labels, add_to
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.bus.errors import is_transient
 from strata.content_store import ContentStore
@@ -164,6 +164,7 @@ class HumanAudit:
 
     bad_below: float  # a mean human score under this marks the answer bad (catch and false-pass estimates)
     ttl_s: int  # how long a policy version's tally is kept
+    labels_kept: int = 0  # audited answers kept one by one (``strata.audit.AuditLabel``)
 
 
 def human_audit_of(entry: Ready, request: events_pb2.AnnotationRequested | None, bad_below: float,
@@ -226,6 +227,10 @@ class DeskLoop:
         version, tally = found
         with self._redis.pipeline(transaction=True) as pipe:
             add_to(pipe, HUMAN_AUDIT, {version: tally}, self._audit.ttl_s)
+            if self._audit.labels_kept:
+                label = AuditLabel(entry.item.prompt_hash, entry.item.response_hash, tally.strong_sum, tally.light_sum,
+                                   version, escalated=tally.passed == 0, bad=tally.bad > 0)
+                add_labels(pipe, HUMAN_AUDIT, [label], self._audit.labels_kept)
             pipe.execute()
         HUMAN_AUDITS.inc()
 

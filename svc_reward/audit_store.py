@@ -1,17 +1,15 @@
-"""The reward service's audit state in Redis beside its tallies (``strata.audit``): the defence's shared
-state, its decisions and its re-distillation request; the alarm's served thresholds; the audited answers'
-labels.
+"""The reward service's audit state in Redis beside its tallies and labels (``strata.audit``): the defence's
+shared state, its decisions and its re-distillation request; the alarm's served thresholds.
 
-Written by the reward worker (labels inside its rollout transaction, ``add_labels``; the defence by
-``apply_step``); read by the worker, ``strata status``, ``strata diagnose``, the demo's report and
-``strata rm refresh`` (the labels and the request).
+Written by the reward worker (the defence by ``apply_step``); read by the worker, ``strata status``,
+``strata diagnose``, the demo's report and ``strata rm refresh`` (the request).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,7 +23,6 @@ from svc_reward.defence import DefenceState, DefenceStep
 DECISIONS_KEY = "strata:reward:defence:decisions"  # newest first: {"at", "decision"}
 # A re-distillation asked for: {"requested_at", "policy_version", "why", "labels": "strong" | "people"}
 REDISTIL_KEY = "strata:reward:redistil"
-LABELS_KEY = "strata:reward:audit:labels"  # stream: the strong RM's reward of each audited answer
 THRESHOLDS_KEY = "strata:reward:audit:thresholds"  # the alarm's thresholds the reward service serves
 KEPT_DECISIONS = 50
 
@@ -109,38 +106,3 @@ def clear_redistil(client: redis.Redis, answered: Mapping[str, Any]) -> bool:
             return True
         except redis.WatchError:  # set again between the read and the delete: that request is newer
             return False
-
-
-@dataclass(frozen=True)
-class AuditLabel:
-    """One audited answer as the reward models' loop reads it: the strong RM's reward is its label. ``escalated``
-    and ``bad`` (the strong RM's call, as tallied) let a tool check the audit's catch against another judge on the
-    same answers (None in entries written before they were kept)."""
-
-    prompt_hash: str
-    response_hash: str
-    strong: float
-    light: float
-    policy_version: int
-    escalated: bool | None = None
-    bad: bool | None = None
-
-
-def add_labels(pipe: redis.client.Pipeline, labels: Sequence[AuditLabel], max_kept: int) -> None:
-    """Queue the labels on ``pipe`` (the caller's transaction); the stream keeps about the newest ``max_kept``."""
-    for label in labels:
-        fields = {k: str(int(v) if isinstance(v, bool) else v) for k, v in asdict(label).items() if v is not None}
-        pipe.xadd(LABELS_KEY, fields, maxlen=max_kept, approximate=True)
-
-
-def read_labels(client: redis.Redis, limit: int = 100_000) -> list[AuditLabel]:
-    """The newest ``limit`` audited answers' labels, oldest first."""
-    entries = client.xrevrange(LABELS_KEY, count=limit)
-    labels = []
-    for _, fields in reversed(entries):
-        values = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                  for k, v in fields.items()}
-        flags = {name: values[name] == "1" if name in values else None for name in ("escalated", "bad")}
-        labels.append(AuditLabel(values["prompt_hash"], values["response_hash"], float(values["strong"]),
-                                 float(values["light"]), int(values["policy_version"]), **flags))
-    return labels

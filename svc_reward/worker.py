@@ -26,7 +26,9 @@ from strata import ledger, risk
 from strata.audit import (
     HUMAN_AUDIT,
     STRONG_AUDIT,
+    AuditLabel,
     AuditTally,
+    add_labels,
     add_to,
     deciding,
     read_judges,
@@ -185,7 +187,7 @@ class RewardWorker:
         finals: list[int] = []
         charges: list[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]] = []
         audits: dict[int, AuditTally] = {}  # policy version -> this batch's audited answers
-        labels: list[audit_store.AuditLabel] = []  # ... and their strong-RM rewards, labels for the RM loop
+        labels: list[AuditLabel] = []  # ... and their strong-RM rewards, labels for the RM loop
         for tier, events in by_tier.items():
             try:
                 texts = self._store.get_texts([e.prompt_hash for e in events] + [e.response_hash for e in events])
@@ -228,8 +230,8 @@ class RewardWorker:
                     bad = self._strong_calls_bad(strong.reward, emitted)
                     one = AuditTally.of(reward, strong.reward, emitted.escalate, bad)
                     audits[event.policy_version] = audits.get(event.policy_version, AuditTally()) + one
-                    labels.append(audit_store.AuditLabel(event.prompt_hash, event.response_hash, strong.reward,
-                                                         reward, event.policy_version, emitted.escalate, bad))
+                    labels.append(AuditLabel(event.prompt_hash, event.response_hash, strong.reward, reward,
+                                             event.policy_version, emitted.escalate, bad))
                 charges.append((event, booked))
         self._publisher.wait(futures)
         for key in escalations:  # acknowledged: now claim, so that no later sample escalates again
@@ -241,7 +243,7 @@ class RewardWorker:
 
     def _commit(self, todo: Sequence[events_pb2.RolloutGenerated], finals: Sequence[int],
                 charges: Sequence[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]],
-                audits: Mapping[int, AuditTally], labels: Sequence[audit_store.AuditLabel]) -> None:
+                audits: Mapping[int, AuditTally], labels: Sequence[AuditLabel]) -> None:
         """One transaction: the done keys, the ledger and the audit move together, so a rollout is booked
         and audited once; then the audit's figures, at most every ``audit_refresh_s``."""
         ttl = self._settings.content_ttl_s
@@ -254,7 +256,7 @@ class RewardWorker:
                 ledger.book(self._redis, event.prompt_hash, event.request_id, booked, ttl, pipe=pipe)
             add_to(pipe, STRONG_AUDIT, audits, self._settings.audit_ttl_s)
             if self._settings.audit_labels_kept:
-                audit_store.add_labels(pipe, labels, self._settings.audit_labels_kept)
+                add_labels(pipe, STRONG_AUDIT, labels, self._settings.audit_labels_kept)
             pipe.execute()
         if audits:
             AUDITS.inc(sum(t.n for t in audits.values()))

@@ -451,6 +451,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("STRATA_HACKING_MIN_AUDITS", "20")
     # The simulated annotators score the same share of Level-1 answers: the human audit, people as the judge.
     os.environ.setdefault("STRATA_ANNOTATE_LEVEL1_SHARE", "0.25")
+    # The simulated annotators score on the oracle's scale: people's bad call is then the benches' bad case.
+    os.environ.setdefault("STRATA_HUMAN_BAD_BELOW", repr(BAD_THRESHOLD))
     settings = StrataSettings()
     check_reward_choice(settings, args.light_rm, args.rm_temperature)
     started = time.monotonic()

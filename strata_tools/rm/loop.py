@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 from strata import redis_client
+from strata.audit import STRONG_AUDIT, read_labels
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.errors import CliError
 from strata.models.loading import load_reward_model
@@ -105,19 +106,17 @@ def annotation_rows(settings: Any, timeout_s: float = 60.0) -> AnnotationRows:
 def audit_rows(settings: Any) -> tuple[list[dict[str, Any]], int]:
     """The audited Level-1 answers svc_reward keeps, as {prompt, response, score} rows labelled by the strong
     RM, with their texts from the content store; and how many were left out because their texts had expired."""
-    from svc_reward import audit_store
-
     rows, expired = [], 0
     try:
         with redis_client.connect(settings.redis_address, socket_timeout=10) as client:
             store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
-            for label in audit_store.read_labels(client):
+            for label in read_labels(client, STRONG_AUDIT):
                 try:
                     prompt, response = store.get_texts([label.prompt_hash, label.response_hash])
                 except ContentNotFoundError:
                     expired += 1
                     continue
-                rows.append({"prompt": prompt, "response": response, "score": label.strong,
+                rows.append({"prompt": prompt, "response": response, "score": label.judge,
                              "source": f"audit v{label.policy_version}"})
     except redis.RedisError as exc:
         raise CliError(f"could not read the audited answers from Redis ({settings.redis_address_masked}): "

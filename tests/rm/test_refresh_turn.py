@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from strata.audit import STRONG_AUDIT, AuditLabel, add_labels
 from strata_tools.cli.main import main
 from strata_tools.rm.loop import run_every
 from strata_tools.rm.onpolicy import policy_answers
@@ -121,11 +122,11 @@ def test_the_defences_request_runs_a_turn_on_the_audited_answers(own_redis: redi
 
     settings = ZooSettings()
     store = ContentStore(own_redis, settings.content_ttl_s, settings.content_max_bytes)
-    labels = [audit_store.AuditLabel(store.put(f"How do tides work? {i}"), store.put(f"The Moon pulls {i}"),
+    labels = [AuditLabel(store.put(f"How do tides work? {i}"), store.put(f"The Moon pulls {i}"),
                                      1.0 + i % 4, 3.5, 7) for i in range(6)]
-    labels.append(audit_store.AuditLabel("0" * 64, "1" * 64, 2.0, 3.0, 7))  # its texts expired
+    labels.append(AuditLabel("0" * 64, "1" * 64, 2.0, 3.0, 7))  # its texts expired
     with own_redis.pipeline(transaction=True) as pipe:
-        audit_store.add_labels(pipe, labels, max_kept=100)
+        add_labels(pipe, STRONG_AUDIT, labels, max_kept=100)
         pipe.execute()
     own_redis.set(audit_store.REDISTIL_KEY, json.dumps({"requested_at": 0, "policy_version": 7, "why": "test"}))
     lines: list[str] = []
@@ -148,7 +149,7 @@ def test_a_request_for_peoples_labels_runs_a_turn_on_the_desks_scores_alone(
     settings = ZooSettings()
     # The strong RM's audit labels (a copy of the light RM's teacher) are there but must not be read.
     with own_redis.pipeline(transaction=True) as pipe:
-        audit_store.add_labels(pipe, [audit_store.AuditLabel("0" * 64, "1" * 64, 2.0, 3.0, 7)], max_kept=100)
+        add_labels(pipe, STRONG_AUDIT, [AuditLabel("0" * 64, "1" * 64, 2.0, 3.0, 7)], max_kept=100)
         pipe.execute()
     desk = [{"prompt": f"How do tides work? {i}", "response": f"The Moon pulls {i}", "score": 1.0 + i % 4}
             for i in range(5)]

@@ -8,7 +8,7 @@ import uuid
 
 from test_service import Desk
 
-from strata.audit import HUMAN_AUDIT, AuditTally, read_versions
+from strata.audit import HUMAN_AUDIT, AuditTally, read_labels, read_versions
 from strata.content_store import ContentStore
 from strata.v1 import common_pb2, events_pb2
 from svc_annotation.core import Item, Score
@@ -66,8 +66,9 @@ def test_the_desk_tallies_each_scored_level1_answer_once(infra, redis_client) ->
     content = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
     desk = Desk(redis_client, content)
     desk.loop = DeskLoop(desk.store, desk.publisher, redis_client, "test", 0.05, 64, 30.0, [],
-                         audit=HumanAudit(bad_below=3.2, ttl_s=3600))
+                         audit=HumanAudit(bad_below=3.2, ttl_s=3600, labels_kept=100))
     version = random.randrange(10**6, 10**9)  # a version no other test writes
+    redis_client.delete(HUMAN_AUDIT.labels_key)
     requests = {}
     try:
         for score in (1.0, 4.0, 2.0):
@@ -80,6 +81,11 @@ def test_the_desk_tallies_each_scored_level1_answer_once(infra, redis_client) ->
         assert tally.n == 3 and tally.light_sum == 3 * 3.5 and tally.strong_sum == 7.0
         assert (tally.bad, tally.passed, tally.passed_bad) == (2, 3, 2)
         assert version in [v for v, _ in read_versions(redis_client, HUMAN_AUDIT)]
+        # One by one too: each answer's people's score, the light RM's, its route and the bad call.
+        labels = read_labels(redis_client, HUMAN_AUDIT)
+        assert sorted((label.judge, label.light, label.bad, label.escalated) for label in labels) == [
+            (1.0, 3.5, True, False), (2.0, 3.5, True, False), (4.0, 3.5, False, False)]
+        assert {label.response_hash for label in labels} == {r.response_hash for r in requests.values()}
         # A publishing pass that saw the items again (a second replica, a retry) claims each audit once.
         item_id, request = next(iter(requests.items()))
         item = desk.store.item(item_id)
@@ -87,7 +93,8 @@ def test_the_desk_tallies_each_scored_level1_answer_once(infra, redis_client) ->
         again = Ready(item, (Score("ann", 1.0, False, False, 1.0),), frozenset(), 1.0)
         desk.loop._feed_audit(again, request)
         assert AuditTally.from_fields(redis_client.hgetall(HUMAN_AUDIT.tally_key(version))) == tally
+        assert len(read_labels(redis_client, HUMAN_AUDIT)) == 3
     finally:
         desk.close()
         redis_client.zrem(HUMAN_AUDIT.versions_key, str(version))  # the stack's key: leave it as found
-        redis_client.delete(HUMAN_AUDIT.tally_key(version))
+        redis_client.delete(HUMAN_AUDIT.tally_key(version), HUMAN_AUDIT.labels_key)

@@ -9,7 +9,18 @@ import uuid
 import pytest
 
 from strata import ledger
-from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, AuditTally, add_to, defence_kl_scale, estimates, read_versions
+from strata.audit import (
+    HUMAN_AUDIT,
+    STRONG_AUDIT,
+    AuditLabel,
+    AuditTally,
+    add_labels,
+    add_to,
+    defence_kl_scale,
+    estimates,
+    read_labels,
+    read_versions,
+)
 from strata.bus import Delivery, topics
 from strata.content_store import ContentStore
 from strata.v1 import common_pb2, events_pb2
@@ -117,7 +128,7 @@ def defence_worker(infra, redis_client, judges, defence: bool) -> tuple[RewardWo
     """A reward worker auditing every Level-1 answer, alarming on 4 audits a window and defending in steps of 0.5;
     the audits' and the defence's keys cleared first (they are the stack's, not a test's)."""
     for key in (STRONG_AUDIT.versions_key, HUMAN_AUDIT.versions_key, audit_store.DEFENCE_KEY,
-                audit_store.DECISIONS_KEY, audit_store.REDISTIL_KEY, audit_store.LABELS_KEY):
+                audit_store.DECISIONS_KEY, audit_store.REDISTIL_KEY, STRONG_AUDIT.labels_key):
         redis_client.delete(key)
     store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
     settings = RewardSettings(**infra.model_dump(), audit_level1_share=1.0, hacking_min_audits=4, audit_refresh_s=0,
@@ -149,7 +160,7 @@ def test_the_defence_answers_a_hacking_stream_with_the_strong_rms_reward(infra, 
         rewards = [m for t, m in publisher.published if t == topics.REWARDS_SCORED.name]
         scorers.append({(m.scorer, round(m.reward, 3)) for m in rewards})
 
-    labels = audit_store.read_labels(redis_client)
+    labels = read_labels(redis_client, STRONG_AUDIT)
     assert len(labels) == 24  # every audited answer, labelled by the strong RM
     # Each label keeps the route and the strong RM's call as tallied (a tool checks the catch against them).
     tallies = [t for v, t in read_versions(redis_client, STRONG_AUDIT) if base < v <= base + 6]
@@ -225,15 +236,16 @@ def test_people_raise_the_alarm_that_a_copy_of_the_judge_cannot(infra, redis_cli
 
 
 def test_audit_labels_written_before_the_route_was_kept_read_back_without_it(redis_client) -> None:
-    redis_client.delete(audit_store.LABELS_KEY)
-    redis_client.xadd(audit_store.LABELS_KEY, {"prompt_hash": "p", "response_hash": "r", "strong": "2.5",
-                                               "light": "3.0", "policy_version": "4"})
+    key = STRONG_AUDIT.labels_key
+    redis_client.delete(key)
+    redis_client.xadd(key, {"prompt_hash": "p", "response_hash": "r", "strong": "2.5", "light": "3.0",
+                            "policy_version": "4"})
     with redis_client.pipeline(transaction=True) as pipe:
-        audit_store.add_labels(pipe, [audit_store.AuditLabel("p", "r2", 1.0, 3.5, 5, True, False)], max_kept=10)
+        add_labels(pipe, STRONG_AUDIT, [AuditLabel("p", "r2", 1.0, 3.5, 5, True, False)], max_kept=10)
         pipe.execute()
     try:
-        old, new = audit_store.read_labels(redis_client)
+        old, new = read_labels(redis_client, STRONG_AUDIT)
     finally:
-        redis_client.delete(audit_store.LABELS_KEY)
-    assert (old.escalated, old.bad) == (None, None)
-    assert new == audit_store.AuditLabel("p", "r2", 1.0, 3.5, 5, True, False)
+        redis_client.delete(key)
+    assert (old.judge, old.escalated, old.bad) == (2.5, None, None)
+    assert new == AuditLabel("p", "r2", 1.0, 3.5, 5, True, False)
