@@ -76,6 +76,11 @@ class DriftBook:
                        for key in self._redis.scan_iter(match=self._prefix + "*", count=200))
         return [snapshot(self._state(name), self.settings) for name in names]
 
+    def drifting(self) -> frozenset[str]:
+        """The annotators whose drift alarm holds now (their scores are left out of the human audit and the RMs'
+        labels)."""
+        return frozenset(a.annotator for a in self.snapshots() if a.alarm)
+
 
 def export(current: AnnotatorSnapshot) -> None:
     """The snapshot's figures as Prometheus gauges (NaN where there is no value yet)."""

@@ -308,8 +308,7 @@ class DeskLoop:
             for entry, request in closed:
                 self._feed_drift(entry, request)
         if self._audit is not None and closed:
-            snapshots = self._drift.snapshots() if self._drift is not None else []
-            drifting = frozenset(a.annotator for a in snapshots if a.alarm)
+            drifting = self._drift.drifting() if self._drift is not None else frozenset()
             for entry, request in closed:
                 self._feed_audit(entry, request, drifting)
         for entry in ready:

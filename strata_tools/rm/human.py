@@ -71,8 +71,7 @@ def drifting_annotators(client: redis.Redis) -> frozenset[str]:
     from svc_annotation.config import AnnotationSettings
     from svc_annotation.drift_book import DriftBook
 
-    book = DriftBook(client, AnnotationSettings().redis_prefix)
-    return frozenset(a.annotator for a in book.snapshots() if a.alarm)
+    return DriftBook(client, AnnotationSettings().redis_prefix).drifting()
 
 
 def read_completed(settings: Any, timeout_s: float = 60.0) -> list[Any]:
