@@ -369,13 +369,36 @@ def deciding(readings: Sequence[JudgeReading]) -> JudgeReading | None:
     return readings[0] if readings else None
 
 
+@dataclass(frozen=True)
+class DefenceState:
+    """The hacking defence's levers (svc_reward/defence.py steps them), as JSON under ``DEFENCE_KEY``."""
+
+    share: float = 0.0  # strong-RM share of Level-1 answers added while defending
+    acted_on: int = -1  # the newest audited policy version the last step looked at
+    redistil_requested: bool = False  # asked once per alarm; cleared when every lever is back at rest
+    kl_scale: float = 1.0  # the learner's KL coefficient is multiplied by this while defending
+
+    @property
+    def at_rest(self) -> bool:
+        return self.share <= 0 and self.kl_scale <= 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: bytes | str | None) -> DefenceState:
+        if not raw:
+            return DefenceState()
+        data = json.loads(raw)
+        return DefenceState(float(data.get("share", 0.0)), int(data.get("acted_on", -1)),
+                            bool(data.get("redistil_requested", False)), float(data.get("kl_scale", 1.0)))
+
+
 def defence_kl_scale(client: redis.Redis) -> float:
-    """What the hacking defence multiplies the learner's KL coefficient by now (1 when it does not)."""
-    raw = client.get(DEFENCE_KEY)
-    if not raw:
-        return 1.0
+    """What the hacking defence multiplies the learner's KL coefficient by now (1 when it does not, or when the
+    value stored is not ours)."""
     try:
-        scale = float(json.loads(raw).get("kl_scale", 1.0))
+        scale = DefenceState.from_json(client.get(DEFENCE_KEY)).kl_scale
     except (ValueError, TypeError, AttributeError):
         return 1.0
     return scale if math.isfinite(scale) and scale >= 1 else 1.0

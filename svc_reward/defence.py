@@ -35,40 +35,16 @@ better judge changes it. Every step is a decision with its figures, logged and k
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, AuditEstimates, AuditJudge, drift, hacking_alarm
+from strata.audit import HUMAN_AUDIT, STRONG_AUDIT, AuditEstimates, AuditJudge, DefenceState, drift, hacking_alarm
 
 # Shares are kept to this many decimals so that steps up and down return to exactly 0.
 _DECIMALS = 6
-
-
-@dataclass(frozen=True)
-class DefenceState:
-    share: float = 0.0  # strong-RM share of Level-1 answers added while defending
-    acted_on: int = -1  # the newest audited policy version the last step looked at
-    redistil_requested: bool = False  # asked once per alarm; cleared when every lever is back at rest
-    kl_scale: float = 1.0  # the learner's KL coefficient is multiplied by this while defending
-
-    @property
-    def at_rest(self) -> bool:
-        return self.share <= 0 and self.kl_scale <= 1
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @staticmethod
-    def from_json(raw: bytes | str | None) -> DefenceState:
-        if not raw:
-            return DefenceState()
-        data = json.loads(raw)
-        return DefenceState(float(data.get("share", 0.0)), int(data.get("acted_on", -1)),
-                            bool(data.get("redistil_requested", False)), float(data.get("kl_scale", 1.0)))
 
 
 @dataclass(frozen=True)
