@@ -322,11 +322,11 @@ class RewardWorker:
                      acting.current.gap, acting.judge.name)
         self._alarm = alarm
         if s.hacking_defence:
-            # The deciding judge's own newest version: a step per version of its evidence, never per version of
-            # a faster judge's (people's scores lag the strong RM's).
             # When people decide: does the strong RM see the growth too, or does it rate like its student?
             strong = next((r for r in readings if r.judge is STRONG_AUDIT), None)
             strong_growth = strong.growth if strong is not None and acting.judge is HUMAN_AUDIT else math.nan
+            # The deciding judge's own newest version: a step per version of its evidence, never per version of
+            # a faster judge's (people's scores lag the strong RM's).
             step = audit_store.apply_step(self._redis, lambda state: respond(
                 state, acting.baseline, acting.current, acting.last_version, s.hacking_gap_bound,
                 s.defence_share_step, s.defence_max_share, acting.judge, strong_growth, s.defence_kl_factor,
