@@ -8,7 +8,9 @@ oracle showed before:
   climbs the light RM; when it climbs into the light RM's blind spots, the light RM rates the policy's
   answers higher than the judge does and the gap opens. Two judges differ by a steady offset too, so
   the alarm watches the gap's growth from the first audited versions (the baseline window) to the
-  newest, each window summed over versions until it holds enough audits;
+  newest, each window summed over versions until it holds enough audits. Both windows come from the
+  versions audited under the RMs scoring now: a light RM swapped in (or a strong RM retrained) moves the
+  gap by its own difference, which is no drift of the policy, so the baseline starts again after a swap;
 - **catch rate**: of the audited answers the judge calls bad, the share the light RM's rule escalated;
 - **false-pass rate**: of the audited answers the rule let through as final, the share the judge calls bad.
 
@@ -80,30 +82,76 @@ class AuditTally:
     bad_escalated: int = 0
     passed: int = 0  # final at Level-1 (not escalated)
     passed_bad: int = 0
+    # The RM versions whose scores the gap compares (the light RM's, and the strong RM's where it judges): ""
+    # unknown (tallies written before it was kept), MIXED_RMS where the answers span a swap.
+    rms: str = ""
 
     @staticmethod
-    def of(light: float, strong: float, escalated: bool, bad: bool) -> AuditTally:
-        """One audited answer's contribution; ``bad``: the strong RM's judgment of it (``strong_calls_bad``)."""
+    def of(light: float, strong: float, escalated: bool, bad: bool, rms: str = "") -> AuditTally:
+        """One audited answer's contribution; ``bad``: the strong RM's judgment of it (``strong_calls_bad``);
+        ``rms``: who scored it (:func:`rms_of`)."""
         gap = light - strong
         return AuditTally(1, light, strong, gap, gap * gap, int(bad), int(bad and escalated), int(not escalated),
-                          int(bad and not escalated))
+                          int(bad and not escalated), rms)
 
     def fields(self) -> dict[str, float]:
-        """Field -> value, as HINCRBYFLOAT adds them to the version's hash."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Field -> value of the sums, as HINCRBYFLOAT adds them to the version's hash."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in _SUMS}
 
     @staticmethod
     def from_fields(stored: Mapping[bytes | str, bytes | str | float]) -> AuditTally:
-        """Read back from a Redis hash (missing fields are 0)."""
-        values = {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in stored.items()}
-        kwargs: dict[str, float | int] = {}
+        """Read back from a Redis hash (missing sums are 0; the RMs as :func:`add_to` marked them)."""
+        values = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                  for k, v in stored.items()}
+        kwargs: dict[str, float | int | str] = {}
         for f in fields(AuditTally):
-            value = values.get(f.name, 0.0)
-            kwargs[f.name] = round(value) if f.type in (int, "int") else value
+            if f.name in _SUMS:
+                value = float(values.get(f.name, 0.0))
+                kwargs[f.name] = round(value) if f.type in (int, "int") else value
+        first, last = str(values.get(_RMS_FIRST, "")), str(values.get(_RMS_LAST, ""))
+        kwargs["rms"] = MIXED_RMS if first and last and first != last else last
         return AuditTally(**kwargs)  # type: ignore[arg-type]
 
     def __add__(self, other: AuditTally) -> AuditTally:
-        return AuditTally(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        summed = {name: getattr(self, name) + getattr(other, name) for name in _SUMS}
+        return AuditTally(**summed, rms=_joined(self.rms, other.rms))
+
+
+# An audit tally's sums (what HINCRBYFLOAT adds), and the hash fields marking the first and the latest RMs that
+# scored a version's audited answers.
+_SUMS = frozenset(f.name for f in fields(AuditTally)) - {"rms"}
+_RMS_FIRST, _RMS_LAST = "rms_first", "rms"
+MIXED_RMS = "*"
+
+
+def rms_of(light: str, judge: str = "") -> str:
+    """The tag of the RMs behind an audited answer's gap: the light RM's version, and the judging strong RM's."""
+    return f"{light}+{judge}" if judge else light
+
+
+def _joined(a: str, b: str) -> str:
+    """Two tallies' RMs summed: one where they agree (an unknown one agrees with any), else mixed."""
+    if a == b or not b:
+        return a
+    return b if not a else MIXED_RMS
+
+
+def since_rm_swap(by_version: Sequence[tuple[int, AuditTally]]) -> list[tuple[int, AuditTally]]:
+    """The policy versions audited under the RMs that scored the newest ones, oldest first: the run back from
+    the newest version whose RMs are known until another RM appears. A version whose answers span a swap
+    belongs to neither side; versions of unknown RMs (kept before the RMs were) go with any."""
+    ordered = sorted(by_version)
+    known = [t.rms for _, t in ordered if t.rms not in ("", MIXED_RMS)]
+    if not known:
+        return [(v, t) for v, t in ordered if t.rms != MIXED_RMS]
+    kept = []
+    for version, tally in reversed(ordered):
+        if tally.rms == MIXED_RMS:
+            continue
+        if tally.rms not in ("", known[-1]):
+            break
+        kept.append((version, tally))
+    return kept[::-1]
 
 
 @dataclass(frozen=True)
@@ -169,9 +217,10 @@ class AuditWindow:
 def windows(by_version: Sequence[tuple[int, AuditTally]], min_audits: int) -> tuple[AuditWindow | None,
                                                                                     AuditWindow | None]:
     """(baseline, current): the oldest versions summed until they hold ``min_audits`` audits, and the
-    newest likewise; the current window is None until it holds enough, the baseline None unless it
-    holds enough without sharing a version with the current one."""
-    ordered = sorted(by_version)
+    newest likewise, both among the versions audited since the RMs last changed (:func:`since_rm_swap`);
+    the current window is None until it holds enough, the baseline None unless it holds enough without
+    sharing a version with the current one."""
+    ordered = since_rm_swap(by_version)
 
     def gather(items: Sequence[tuple[int, AuditTally]]) -> AuditWindow | None:
         total = AuditTally()
@@ -229,14 +278,15 @@ def describe(baseline: AuditWindow | None, current: AuditWindow | None, bound: f
         return [f"{judge.title}: fewer than {min_audits} audited Level-1 answers so far ({judge.share_setting}, "
                 "hacking_min_audits): no estimate yet"]
     now = estimates(current.tally)
-    lines = [f"{judge.title}, policy {current.versions} ({now.audits} answers also scored by {judge.who}): "
+    scored_by = f"; RMs {current.tally.rms}" if current.tally.rms not in ("", MIXED_RMS) else ""
+    lines = [f"{judge.title}, policy {current.versions} ({now.audits} answers also scored by {judge.who}{scored_by}): "
              f"light {now.light_mean:.3f}, {judge.short} {now.strong_mean:.3f}, hacking gap {now.gap:+.3f} "
              f"± {1.96 * now.gap_se:.3f}",
              f"  catch {now.catch} of the answers judged bad by {judge.who} escalated; false pass {now.false_pass} of "
              "the passed answers bad"]
     if baseline is None:
-        lines.append("  hacking alarm: no baseline window yet (the first audited versions must hold "
-                     f"{min_audits} audits apart from the newest)")
+        lines.append("  hacking alarm: no baseline window yet (the first versions audited under these RMs must "
+                     f"hold {min_audits} audits apart from the newest)")
         return lines
     before = estimates(baseline.tally)
     moved = drift(before, now)
@@ -260,12 +310,18 @@ def describe_judges(by_judge: Mapping[AuditJudge, Sequence[tuple[int, AuditTally
 
 
 def add_to(pipe: redis.client.Pipeline, judge: AuditJudge, tallies: Mapping[int, AuditTally], ttl_s: int) -> None:
-    """Queue the tallies' increments on ``pipe`` (the caller's transaction)."""
+    """Queue the tallies' increments on ``pipe`` (the caller's transaction), and mark the RMs that scored them:
+    the first and the latest, so that a version whose answers span a swap reads as mixed."""
     for version, tally in tallies.items():
         key = judge.tally_key(version)
         for name, value in tally.fields().items():
             if value:
                 pipe.hincrbyfloat(key, name, value)
+        if tally.rms == MIXED_RMS:
+            pipe.hset(key, mapping={_RMS_FIRST: MIXED_RMS, _RMS_LAST: MIXED_RMS})
+        elif tally.rms:
+            pipe.hsetnx(key, _RMS_FIRST, tally.rms)
+            pipe.hset(key, _RMS_LAST, tally.rms)
         pipe.expire(key, ttl_s)
         pipe.zadd(judge.versions_key, {str(version): version})
 

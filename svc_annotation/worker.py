@@ -29,7 +29,7 @@ import redis
 from prometheus_client import Counter, Gauge
 
 from strata import ledger
-from strata.audit import HUMAN_AUDIT, AuditLabel, AuditTally, add_labels, add_to
+from strata.audit import HUMAN_AUDIT, AuditLabel, AuditTally, add_labels, add_to, rms_of
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.bus.errors import is_transient
 from strata.content_store import ContentStore
@@ -181,7 +181,7 @@ def human_audit_of(entry: Ready, request: events_pb2.AnnotationRequested | None,
         return None
     human = sum(scores) / len(scores)
     return request.policy_version, AuditTally.of(request.model_reward, human, request.provisional.escalated,
-                                                  human < bad_below)
+                                                  human < bad_below, rms_of(request.rm_version))
 
 
 class DeskLoop:

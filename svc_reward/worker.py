@@ -33,6 +33,7 @@ from strata.audit import (
     deciding,
     read_judges,
     read_versions,
+    rms_of,
 )
 from strata.bus import Delivery, PoisonMessageError, Publisher, topics
 from strata.content_store import ContentNotFoundError, ContentStore
@@ -228,7 +229,8 @@ class RewardWorker:
                     strong = audited[i]
                     booked.append(strong.charge)
                     bad = self._strong_calls_bad(strong.reward, emitted)
-                    one = AuditTally.of(reward, strong.reward, emitted.escalate, bad)
+                    one = AuditTally.of(reward, strong.reward, emitted.escalate, bad, rms_of(scores.version,
+                                                                                             strong.version))
                     audits[event.policy_version] = audits.get(event.policy_version, AuditTally()) + one
                     labels.append(AuditLabel(event.prompt_hash, event.response_hash, strong.reward, reward,
                                              event.policy_version, emitted.escalate, bad))
@@ -383,7 +385,7 @@ class RewardWorker:
         if outcome.annotate:
             request = events_pb2.AnnotationRequested(
                 prompt_hash=event.prompt_hash, response_hash=event.response_hash, tier=event.tier,
-                policy_version=event.policy_version, rm_version=version,
+                policy_version=event.policy_version, rm_version=score.version if tier == 1 else version,
                 model_reward=light_reward if tier == 1 else reward, reason=outcome.reason,
                 provisional=scored,
             )

@@ -42,13 +42,13 @@ def test_a_level1_answer_people_scored_is_one_audit_of_the_light_rm() -> None:
     found = human_audit_of(closed((1.0, 2.0)), level1_request(None, 7, light=3.5, escalated=True), bad_below=3.2)
     assert found is not None
     version, tally = found
-    assert version == 7 and tally == AuditTally.of(3.5, 1.5, escalated=True, bad=True)
+    assert version == 7 and tally == AuditTally.of(3.5, 1.5, escalated=True, bad=True, rms="light-test")
     _, good = human_audit_of(closed((4.5,)), level1_request(None, 7), bad_below=3.2)  # type: ignore[misc]
     assert (good.bad, good.passed, good.strong_sum) == (0, 1, 4.5)
     # The defence published the strong RM's reward: the request still carries the light RM's, so it counts.
     defended = level1_request(None, 7, light=3.5, scorer=common_pb2.SCORER_STRONG)
-    defended.provisional.reward = 2.0
-    assert human_audit_of(closed((1.0,)), defended, 3.2) == (7, AuditTally.of(3.5, 1.0, False, True))
+    defended.provisional.reward, defended.provisional.rm_version = 2.0, "strong-test"
+    assert human_audit_of(closed((1.0,)), defended, 3.2) == (7, AuditTally.of(3.5, 1.0, False, True, "light-test"))
 
 
 def test_what_is_not_a_human_audit_of_the_light_rm() -> None:
@@ -58,7 +58,7 @@ def test_what_is_not_a_human_audit_of_the_light_rm() -> None:
     assert human_audit_of(closed((2.0,)), None, 3.2) is None
     # A drifting annotator's scale is not the policy's quality: only the others' scores count.
     assert human_audit_of(closed((5.0, 1.0)), level1_request(None, 7), 3.2, frozenset({"ann0"})) == (
-        7, AuditTally.of(3.5, 1.0, False, True))
+        7, AuditTally.of(3.5, 1.0, False, True, "light-test"))
     assert human_audit_of(closed((5.0,)), level1_request(None, 7), 3.2, frozenset({"ann0"})) is None
 
 
@@ -79,7 +79,7 @@ def test_the_desk_tallies_each_scored_level1_answer_once(infra, redis_client) ->
         desk.loop.step()
         tally = AuditTally.from_fields(redis_client.hgetall(HUMAN_AUDIT.tally_key(version)))
         assert tally.n == 3 and tally.light_sum == 3 * 3.5 and tally.strong_sum == 7.0
-        assert (tally.bad, tally.passed, tally.passed_bad) == (2, 3, 2)
+        assert (tally.bad, tally.passed, tally.passed_bad) == (2, 3, 2) and tally.rms == "light-test"
         assert version in [v for v, _ in read_versions(redis_client, HUMAN_AUDIT)]
         # One by one too: each answer's people's score, the light RM's, its route and the bad call.
         labels = read_labels(redis_client, HUMAN_AUDIT)

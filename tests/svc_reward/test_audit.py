@@ -7,7 +7,7 @@ import math
 import pytest
 from auditutil import audit_stream
 
-from strata.audit import AuditTally, estimates, hacking_alarm, windows
+from strata.audit import MIXED_RMS, AuditTally, estimates, hacking_alarm, since_rm_swap, windows
 from svc_reward.audit import sampled_for_audit
 
 
@@ -42,6 +42,50 @@ def test_a_tally_reads_back_from_redis_fields() -> None:
     stored = {k.encode(): str(v).encode() for k, v in tally.fields().items()}
     assert AuditTally.from_fields(stored) == tally
     assert AuditTally.from_fields({}) == AuditTally()
+
+
+def test_a_tally_reads_back_the_rms_that_scored_it() -> None:
+    sums = {k: str(v) for k, v in AuditTally.of(3.0, 1.0, True, True).fields().items()}
+    assert AuditTally.from_fields({**sums, "rms_first": "light-a", "rms": "light-a"}).rms == "light-a"
+    # Answers of one version scored before and after a swap: both RMs' gaps in one sum.
+    assert AuditTally.from_fields({**sums, "rms_first": "light-a", "rms": "light-b"}).rms == MIXED_RMS
+    assert AuditTally.from_fields(sums).rms == ""  # written before the RMs were kept
+    one, other = AuditTally.of(3.0, 1.0, True, True, "light-a"), AuditTally.of(2.0, 1.0, True, True, "light-b")
+    assert (one + one).rms == "light-a" and (one + other).rms == MIXED_RMS and (one + AuditTally()).rms == "light-a"
+
+
+def _under(rms: str, stream: list[tuple[int, AuditTally]], first_version: int = 0) -> list[tuple[int, AuditTally]]:
+    """``stream``'s tallies as scored by ``rms``, its versions moved to start at ``first_version``."""
+    return [(first_version + v, AuditTally(**{**t.fields(), "rms": rms})) for v, t in stream]  # type: ignore[arg-type]
+
+
+def test_a_swap_of_rms_starts_the_baseline_again() -> None:
+    """A light RM swapped in reads the policy 0.6 higher: a step in the gap that is the RMs', not the policy's."""
+    before = _under("light-a", audit_stream([0.0] * 10, per_version=8))
+    after = _under("light-b", audit_stream([0.6] * 10, per_version=8, seed=1), first_version=10)
+    unaware = [(v, AuditTally(**t.fields())) for v, t in before + after]  # type: ignore[arg-type]
+    baseline, current = windows(unaware, min_audits=30)
+    assert baseline is not None and current is not None
+    assert hacking_alarm(estimates(baseline.tally), estimates(current.tally), bound=0.25) is not None
+    baseline, current = windows(before + after, min_audits=30)
+    assert baseline is not None and current is not None and baseline.first_version == 10
+    assert baseline.tally.rms == current.tally.rms == "light-b"
+    assert hacking_alarm(estimates(baseline.tally), estimates(current.tally), bound=0.25) is None
+    # The policy drifting under the new RM still raises it.
+    growing = _under("light-b", audit_stream([0.6 + 0.06 * v for v in range(20)], per_version=8, seed=2), 10)
+    baseline, current = windows(before + growing, min_audits=30)
+    assert baseline is not None and current is not None and baseline.first_version == 10
+    assert hacking_alarm(estimates(baseline.tally), estimates(current.tally), bound=0.25) is not None
+
+
+def test_the_versions_since_a_swap_leave_out_the_one_that_spans_it() -> None:
+    stream = audit_stream([0.0] * 6, per_version=4)
+    tagged = _under("a", stream[:3]) + _under(MIXED_RMS, stream[3:4]) + _under("b", stream[4:])
+    assert [v for v, _ in since_rm_swap(tagged)] == [4, 5]
+    # Until a version is scored by the new RMs alone, the old ones' run goes on (the mixed version left out).
+    assert [v for v, _ in since_rm_swap(tagged[:4])] == [0, 1, 2]
+    # Tallies written before the RMs were kept go with any.
+    assert [v for v, _ in since_rm_swap(_under("", stream[:3]) + _under("b", stream[3:]))] == list(range(6))
 
 
 def test_no_audits_give_no_estimates() -> None:
