@@ -63,7 +63,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, head: frozenset[int
     ``head_lr_scale`` times the schedule's rate (a fresh head on a pretrained trunk)."""
     groups = []
     for in_head, scale in ((False, 1.0), (True, head_lr_scale)):
-        params = [p for p in model.parameters() if (id(p) in head) == in_head]
+        params = [p for p in model.parameters() if (id(p) in head) == in_head and p.requires_grad]
         groups += [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay, "lr_scale": scale},
                    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr_scale": scale}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(0.9, 0.95))

@@ -57,6 +57,7 @@ class StrongRecipe:
     grow_layers: int = 0
     grow_train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=0, batch_size=4, lr=5e-5))
     seed: int = 0
+    frozen_layers: int = 0  # the trunk's embeddings and lowest blocks do not train (before growth)
 
     @property
     def grows(self) -> bool:
@@ -82,7 +83,8 @@ def fit_strong(model: PreTrainedModel, tokenizer: Any, texts: Sequence[str], sco
 
     loss = train_reward_model(model, tokenizer, texts, scores, recipe.max_length, recipe.train, recipe.seed, desc,
                               groups=groups, pairwise_weight=recipe.pairwise_weight,
-                              head_lr_scale=recipe.head_lr_scale, **extra(False, recipe.seed))
+                              head_lr_scale=recipe.head_lr_scale, frozen_layers=recipe.frozen_layers,
+                              **extra(False, recipe.seed))
     info: dict[str, Any] = {}
     if not recipe.grows:
         return model, loss, info

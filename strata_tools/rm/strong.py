@@ -42,6 +42,7 @@ class StrongOptions:
     widen: int | None = None
     grow_layers: int | None = None
     grow_steps: int | None = None
+    frozen_layers: int = 0
     pseudo_label: bool = True
     max_rollouts: int = 20000
     out: Path | None = None
@@ -67,6 +68,8 @@ def _with_recipe_defaults(options: StrongOptions, recipe: ZooRecipe) -> StrongOp
     options = replace(options, **{k: v for k, v in defaults.items() if getattr(options, k) is None})
     if options.match_pairs < 0:
         raise CliError(f"--match-pairs must be at least 0 (0: no match steps), got {options.match_pairs}")
+    if options.frozen_layers < 0:
+        raise CliError(f"--frozen-layers must be at least 0 (0: the whole trunk trains), got {options.frozen_layers}")
     if options.widen < 1 or options.grow_layers < 0 or (options.grow_steps is not None and options.grow_steps < 1):
         raise CliError(f"--widen must be at least 1, --grow-layers at least 0 and --grow-steps at least 1, got "
                        f"{options.widen}, {options.grow_layers} and {options.grow_steps}")
@@ -141,7 +144,7 @@ def _strong_recipe(options: StrongOptions, recipe: ZooRecipe, batch_size: int) -
         # A fresh head on a given checkpoint learns at the schedule's rate; on the zoo's init, at the recipe's.
         head_lr_scale=1.0 if options.init else recipe.rm_strong_head_lr_scale,
         widen=options.widen, grow_layers=options.grow_layers, grow_train=replace(grow_train, batch_size=batch_size),
-        seed=options.seed)
+        seed=options.seed, frozen_layers=options.frozen_layers)
 
 
 def train_strong(options: StrongOptions, settings: Any, zoo: ZooSource,
@@ -164,6 +167,9 @@ def train_strong(options: StrongOptions, settings: Any, zoo: ZooSource,
     # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
     overrides = {} if options.init else rm_init_overrides(recipe.rm_strong_init_layers)
     model, tokenizer, init_dir = _strong_init(init, options, overrides)
+    if options.frozen_layers >= model.config.num_hidden_layers:
+        raise CliError(f"--frozen-layers {options.frozen_layers} leaves nothing of the trunk's "
+                       f"{model.config.num_hidden_layers} blocks to train: give fewer")
     progress(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
           f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {options.steps} steps")
     rm_format = PromptFormat.of(tokenizer)

@@ -67,6 +67,26 @@ def head_parameters(model: PreTrainedModel) -> frozenset[int]:
     return frozenset(id(p) for name, p in model.named_parameters() if not name.startswith(prefix))
 
 
+def freeze_lower_layers(model: PreTrainedModel, layers: int) -> int:
+    """Stop training the trunk's embeddings and its lowest ``layers`` blocks (BERT's ``encoder.layer``, GPT-2's
+    ``h``); returns the parameters left to train. A pretrained trunk's lower blocks read words and syntax the
+    score needs as they are: frozen, the backward pass and the optimiser stop above them."""
+    if layers <= 0:
+        return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    base = model.base_model
+    encoder = getattr(base, "encoder", None)
+    blocks = encoder.layer if encoder is not None else getattr(base, "h", None)
+    if blocks is None:
+        raise ValueError(f"cannot freeze the lower layers of a {type(base).__name__}: no encoder.layer or h blocks")
+    if layers >= len(blocks):
+        raise ValueError(f"frozen_layers must be under the trunk's {len(blocks)} blocks, got {layers}")
+    embeddings = [getattr(base, "embeddings", None)] if encoder is not None else [base.wte, base.wpe]
+    for module in [*embeddings, *blocks[:layers]]:
+        if module is not None:
+            module.requires_grad_(False)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def pairwise_loss(rewards: torch.Tensor, scores: torch.Tensor, margin: float) -> torch.Tensor:
     """Bradley-Terry loss over the ordered pairs of one group: (n,) rewards and oracle scores -> scalar.
 
@@ -96,6 +116,7 @@ def train_reward_model(
     match_pools: Callable[[int], MatchPool] | None = None,
     match_pairs: int = 0,
     head_lr_scale: float = 1.0,
+    frozen_layers: int = 0,
 ) -> float:
     """Cross-entropy of the RM's bin logits against two-hot targets of the oracle ``scores``, plus,
     with ``groups``, a pairwise ranking loss inside each group.
@@ -126,6 +147,7 @@ def train_reward_model(
 
     ``head_lr_scale`` multiplies the learning rate of the parameters outside the base model (the score
     head, and the feature heads): a pretrained trunk wants a small rate, its fresh head a large one.
+    ``frozen_layers``: the trunk's embeddings and lowest blocks stay as they are (``freeze_lower_layers``).
     """
     n_bins = model.config.num_labels
     rng = random.Random(seed)
@@ -145,6 +167,11 @@ def train_reward_model(
     })
     trained = torch.nn.ModuleList([model, heads])  # the feature heads are optimised alongside, then dropped
     head = head_parameters(model) | {id(p) for p in heads.parameters()}
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    trainable = freeze_lower_layers(model, frozen_layers)
+    if frozen_layers > 0:
+        logger.info("%s: embeddings and the lowest %d blocks frozen, %.1fM parameters train", desc, frozen_layers,
+                    trainable / 1e6)
     optimizer = make_optimizer(trained, cfg, head, head_lr_scale)
     matcher = _Matcher(match_pools, match_pairs, tokenizer, max_length) if match_pools is not None else None
     match_optimizer = make_optimizer(trained, cfg, head, head_lr_scale) if matcher is not None else None
@@ -181,6 +208,10 @@ def train_reward_model(
             optimizer_step(trained, match_optimizer, match_loss, cfg, step, float("nan"))
         bar.set_postfix(loss=f"{loss_ema:.3f}", refresh=False)  # drawn at the bar's own pace
     model.eval()
+    for param in model.parameters():  # the model leaves as it came, every weight trainable but those it froze
+        param.requires_grad_(True)
+    for param in frozen:
+        param.requires_grad_(False)
     logger.info("%s: %d steps%s, final loss %.3f", desc, cfg.steps,
                 f" (+ {cfg.steps} match steps of {match_pairs} pairs)" if matcher is not None else "", loss_ema)
     return loss_ema

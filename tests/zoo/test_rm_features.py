@@ -14,7 +14,13 @@ from strata.contract.directions import DIRECTION_NAMES
 from strata.contract.template import format_rm_input
 from strata.models.training import ModelShape, TrainConfig
 from strata_tools.rm.rows import match_pool, rm_features
-from strata_tools.rm.train import FeatureLabels, MatchPool, new_reward_model, train_reward_model
+from strata_tools.rm.train import (
+    FeatureLabels,
+    MatchPool,
+    freeze_lower_layers,
+    new_reward_model,
+    train_reward_model,
+)
 from strata_tools.task.corpus import reference_response
 from strata_tools.task.lexicon import TOPICS
 from strata_tools.task.oracle import SUBJECT_NAMES, oracle_score
@@ -68,6 +74,37 @@ def test_feature_heads_train_with_the_rm_and_are_not_saved_with_it(tokenizer: Pr
     with pytest.raises(ValueError, match="'prompt_letter' has 3 labels for 4 texts"):
         train_reward_model(model, tokenizer, texts, [5.0, 1.0, 3.0, 2.0], 64, cfg, seed=0, desc="rm",
                            features={"prompt_letter": FeatureLabels([0, 1, 2], 3)}, feature_weight=1.0)
+
+
+def test_frozen_layers_keep_the_embeddings_and_lowest_blocks_and_train_the_rest(
+        tokenizer: PreTrainedTokenizerFast) -> None:
+    texts = ["Q: a?\nA: yes.", "Q: b?\nA: no, because.", "Q: c?\nA: maybe.", "Q: d?\nA: sure, whereas."]
+    model = new_reward_model(tokenizer, ModelShape(n_embd=16, n_layer=2, n_head=2), 64, n_bins=11, seed=0)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    cfg = TrainConfig(steps=3, batch_size=2, lr=1e-2, warmup_steps=1)
+    train_reward_model(model, tokenizer, texts, [5.0, 1.0, 3.0, 2.0], 64, cfg, seed=0, desc="rm", frozen_layers=1)
+    moved = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    assert not {n for n in moved if n.startswith(("transformer.wte", "transformer.wpe", "transformer.h.0."))}
+    assert any(n.startswith("transformer.h.1.") for n in moved) and "score.weight" in moved
+    assert all(p.requires_grad for p in model.parameters())  # the model leaves trainable, as it came
+    with pytest.raises(ValueError, match="under the trunk's 2 blocks"):
+        train_reward_model(model, tokenizer, texts, [5.0, 1.0, 3.0, 2.0], 64, cfg, seed=0, desc="rm",
+                           frozen_layers=2)
+
+
+def test_frozen_layers_find_a_bert_trunks_blocks() -> None:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    bert = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3,
+                                                    num_attention_heads=2, intermediate_size=32, num_labels=11))
+    total = sum(p.numel() for p in bert.parameters())
+    trainable = freeze_lower_layers(bert, 2)
+    frozen = {name for name, p in bert.named_parameters() if not p.requires_grad}
+    assert frozen and all(n.startswith(("bert.embeddings.", "bert.encoder.layer.0.", "bert.encoder.layer.1."))
+                          for n in frozen)
+    assert any(n.startswith("bert.embeddings.") for n in frozen)
+    assert trainable == total - sum(p.numel() for n, p in bert.named_parameters() if n in frozen)
+    assert freeze_lower_layers(bert, 0) == trainable  # 0: freezes nothing more
 
 
 def test_match_pool_pairs_each_reference_with_its_own_prompt_then_another() -> None:
