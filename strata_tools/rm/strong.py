@@ -93,6 +93,10 @@ def _strong_init(init: str, options: StrongOptions, overrides: dict[str, Any]) -
     positions = model_positions(model.config)
     if positions is not None and options.max_length > positions:
         raise CliError(f"--max-length {options.max_length} exceeds the {positions} positions of {init_dir}")
+    depth = model.config.num_hidden_layers
+    if options.frozen_layers >= depth:
+        raise CliError(f"--frozen-layers {options.frozen_layers} leaves nothing of the {depth} blocks of {init_dir} "
+                       "to train: give fewer")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
@@ -167,9 +171,6 @@ def train_strong(options: StrongOptions, settings: Any, zoo: ZooSource,
     # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
     overrides = {} if options.init else rm_init_overrides(recipe.rm_strong_init_layers)
     model, tokenizer, init_dir = _strong_init(init, options, overrides)
-    if options.frozen_layers >= model.config.num_hidden_layers:
-        raise CliError(f"--frozen-layers {options.frozen_layers} leaves nothing of the trunk's "
-                       f"{model.config.num_hidden_layers} blocks to train: give fewer")
     progress(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
           f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {options.steps} steps")
     rm_format = PromptFormat.of(tokenizer)

@@ -11,6 +11,7 @@ import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +74,7 @@ def freeze_lower_layers(model: PreTrainedModel, layers: int) -> int:
     score needs as they are: frozen, the backward pass and the optimiser stop above them."""
     if layers <= 0:
         return sum(p.numel() for p in model.parameters() if p.requires_grad)
-    base = model.base_model
+    base: Any = model.base_model
     encoder = getattr(base, "encoder", None)
     blocks = encoder.layer if encoder is not None else getattr(base, "h", None)
     if blocks is None:
@@ -147,9 +148,10 @@ def train_reward_model(
 
     ``head_lr_scale`` multiplies the learning rate of the parameters outside the base model (the score
     head, and the feature heads): a pretrained trunk wants a small rate, its fresh head a large one.
-    ``frozen_layers``: the trunk's embeddings and lowest blocks stay as they are (``freeze_lower_layers``).
+    ``frozen_layers``: the trunk's embeddings and lowest blocks stay as they are (``freeze_lower_layers``);
+    on a BERT trunk without match steps their output is computed once per text and the steps run only the
+    blocks above (``_FrozenTrunk``).
     """
-    n_bins = model.config.num_labels
     rng = random.Random(seed)
     encoded = rm_text_ids(tokenizer, texts, max_length)
     # A batch is a random window of ``batch_size`` units (single texts, or whole groups) in length
@@ -167,13 +169,27 @@ def train_reward_model(
     })
     trained = torch.nn.ModuleList([model, heads])  # the feature heads are optimised alongside, then dropped
     head = head_parameters(model) | {id(p) for p in heads.parameters()}
-    frozen = [p for p in model.parameters() if not p.requires_grad]
-    trainable = freeze_lower_layers(model, frozen_layers)
-    if frozen_layers > 0:
-        logger.info("%s: embeddings and the lowest %d blocks frozen, %.1fM parameters train", desc, frozen_layers,
-                    trainable / 1e6)
+    ranking_weight = pairwise_weight if groups is not None else 0.0
+    with _FrozenTrunk(model, frozen_layers, tokenizer, encoded, cache=match_pools is None, desc=desc) as trunk:
+        loss_ema = _train_steps(model, tokenizer, encoded, scores, units, window, cfg, rng, desc, trunk, heads,
+                                trained, head, head_lr_scale, ranking_weight, pairwise_margin, features,
+                                feature_weight, _Matcher(match_pools, match_pairs, tokenizer, max_length)
+                                if match_pools is not None else None)
+    logger.info("%s: %d steps%s, final loss %.3f", desc, cfg.steps,
+                f" (+ {cfg.steps} match steps of {match_pairs} pairs)" if match_pools is not None else "", loss_ema)
+    return loss_ema
+
+
+def _train_steps(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, encoded: Sequence[Sequence[int]],
+                 scores: Sequence[float], units: Sequence[Sequence[int]], window: int, cfg: TrainConfig,
+                 rng: random.Random, desc: str, trunk: _FrozenTrunk, heads: torch.nn.ModuleDict,
+                 trained: torch.nn.Module, head: frozenset[int], head_lr_scale: float, ranking_weight: float,
+                 pairwise_margin: float, features: Mapping[str, FeatureLabels] | None, feature_weight: float,
+                 matcher: _Matcher | None) -> float:
+    """``train_reward_model``'s steps once its units, heads and frozen trunk are set; the final loss EMA.
+    ``ranking_weight``: the in-group Bradley-Terry loss's (0: none)."""
+    n_bins = int(model.config.num_labels)
     optimizer = make_optimizer(trained, cfg, head, head_lr_scale)
-    matcher = _Matcher(match_pools, match_pairs, tokenizer, max_length) if match_pools is not None else None
     match_optimizer = make_optimizer(trained, cfg, head, head_lr_scale) if matcher is not None else None
     model.train()
     loss_ema = float("nan")
@@ -183,19 +199,20 @@ def train_reward_model(
         chosen = units[start : start + window]
         rows = [i for g in chosen for i in g]
         target_scores = torch.tensor([scores[i] for i in rows], dtype=torch.float32)  # (B,)
+        trunk.feed(rows)
         logits, pooled = _score(model, tokenizer, [encoded[i] for i in rows], bool(heads))
         loss = -(two_hot(target_scores, n_bins) * F.log_softmax(logits, dim=-1)).sum(-1).mean()
         if heads and feature_weight > 0:
             loss = loss + feature_weight * _features_loss(heads, pooled, {
                 name: [labels.labels[i] for i in rows] for name, labels in (features or {}).items()})
-        if groups is not None and pairwise_weight > 0:
+        if ranking_weight > 0:
             rewards = expected_reward(logits)  # (B,)
             bounds = [0, *itertools.accumulate(len(g) for g in chosen)]
             ranking = torch.stack([
                 pairwise_loss(rewards[a:b], target_scores[a:b], pairwise_margin)
                 for a, b in itertools.pairwise(bounds)
             ]).mean()
-            loss = loss + pairwise_weight * ranking
+            loss = loss + ranking_weight * ranking
         loss_ema = optimizer_step(trained, optimizer, loss, cfg, step, loss_ema)
         if matcher is not None and match_optimizer is not None:
             ids, match_scores, match_labels = matcher.next_batch()
@@ -208,25 +225,108 @@ def train_reward_model(
             optimizer_step(trained, match_optimizer, match_loss, cfg, step, float("nan"))
         bar.set_postfix(loss=f"{loss_ema:.3f}", refresh=False)  # drawn at the bar's own pace
     model.eval()
-    for param in model.parameters():  # the model leaves as it came, every weight trainable but those it froze
-        param.requires_grad_(True)
-    for param in frozen:
-        param.requires_grad_(False)
-    logger.info("%s: %d steps%s, final loss %.3f", desc, cfg.steps,
-                f" (+ {cfg.steps} match steps of {match_pairs} pairs)" if matcher is not None else "", loss_ema)
     return loss_ema
+
+
+class _CachedOutput(torch.nn.Module):
+    """Stands in for a trunk's embeddings: returns the batch of hidden states it was fed (any arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next: torch.Tensor | None = None
+
+    def forward(self, *args: object, **kwargs: object) -> torch.Tensor:
+        out, self.next = self.next, None
+        if out is None:
+            raise RuntimeError("the frozen trunk's cached output was not fed before this forward pass")
+        return out
+
+
+class _FrozenTrunk:
+    """A training run's frozen trunk (``freeze_lower_layers``), and on a BERT trunk with ``cache`` its lower
+    part's output per text, computed once in eval mode: the model's embeddings are swapped for those states
+    and its block list cut to the blocks above, so a step runs only what trains. Every weight's
+    ``requires_grad`` and the model's modules are as they came when the run ends."""
+
+    def __init__(self, model: PreTrainedModel, layers: int, tokenizer: PreTrainedTokenizerFast,
+                 encoded: Sequence[Sequence[int]], cache: bool, desc: str) -> None:
+        self.model, self.layers, self.tokenizer, self.encoded, self.desc = model, layers, tokenizer, encoded, desc
+        self.cache = cache and layers > 0 and getattr(model.base_model, "encoder", None) is not None
+        self.states: list[torch.Tensor] = []
+        self.stand_in = _CachedOutput()
+
+    def __enter__(self) -> _FrozenTrunk:
+        self.was_frozen = [p for p in self.model.parameters() if not p.requires_grad]
+        trainable = freeze_lower_layers(self.model, self.layers)
+        if self.layers <= 0:
+            return self
+        base: Any = self.model.base_model
+        if self.cache:
+            blocks = base.encoder.layer
+            base.encoder.layer = blocks[: self.layers]
+            try:
+                self.states = self._lower_states()
+            finally:
+                base.encoder.layer = blocks
+            self.embeddings, self.blocks = base.embeddings, blocks
+            base.embeddings, base.encoder.layer = self.stand_in, blocks[self.layers:]
+        logger.info("%s: embeddings and the lowest %d blocks frozen%s, %.1fM parameters train", self.desc,
+                    self.layers, " (their output cached per text)" if self.cache else "", trainable / 1e6)
+        return self
+
+    def _lower_states(self) -> list[torch.Tensor]:
+        """Each text's hidden states after the frozen blocks (T_i, H), in eval mode, in length-sorted chunks."""
+        states: list[torch.Tensor | None] = [None] * len(self.encoded)
+        order = sorted(range(len(self.encoded)), key=lambda i: len(self.encoded[i]))
+        training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            for start in range(0, len(order), 64):
+                rows = order[start : start + 64]
+                x, mask = _padded([self.encoded[i] for i in rows], self.tokenizer.pad_token_id)
+                hidden = self.model.base_model(input_ids=x, attention_mask=mask).last_hidden_state
+                for j, i in enumerate(rows):
+                    states[i] = hidden[j, : len(self.encoded[i])].clone()
+        self.model.train(training)
+        return [s for s in states if s is not None]
+
+    def feed(self, rows: Sequence[int]) -> None:
+        """The next forward pass's frozen output: these texts' cached states, right-padded as ``_score`` pads."""
+        if not self.states:
+            return
+        chosen = [self.states[i] for i in rows]
+        batch = chosen[0].new_zeros(len(chosen), max(len(s) for s in chosen), chosen[0].shape[-1])
+        for j, state in enumerate(chosen):
+            batch[j, : len(state)] = state
+        self.stand_in.next = batch
+
+    def __exit__(self, *exc: object) -> None:
+        if self.states:
+            base: Any = self.model.base_model
+            base.embeddings, base.encoder.layer = self.embeddings, self.blocks
+            self.states = []
+        for param in self.model.parameters():
+            param.requires_grad_(True)
+        for param in self.was_frozen:
+            param.requires_grad_(False)
+
+
+def _padded(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists right-padded to the longest: ids (B, T) and the attention mask (B, T)."""
+    width = max(len(row) for row in ids)
+    x = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(x)
+    for j, row in enumerate(ids):
+        x[j, : len(row)] = torch.tensor(row)
+        mask[j, : len(row)] = 1
+    return x, mask
 
 
 def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, ids: Sequence[Sequence[int]],
            pooled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Bin logits (B, n_bins) of right-padded token lists, and the pooled last hidden state (B, H) the
     score head reads when ``pooled`` (for the feature heads)."""
-    width = max(len(row) for row in ids)
-    x = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T), right-padded
-    mask = torch.zeros_like(x)
-    for j, row in enumerate(ids):
-        x[j, : len(row)] = torch.tensor(row)
-        mask[j, : len(row)] = 1
+    x, mask = _padded(ids, tokenizer.pad_token_id)  # (B, T), right-padded
     out = model(input_ids=x, attention_mask=mask, output_hidden_states=pooled)
     if not pooled:
         return out.logits, None

@@ -17,8 +17,11 @@ from strata_tools.rm.rows import match_pool, rm_features
 from strata_tools.rm.train import (
     FeatureLabels,
     MatchPool,
+    _FrozenTrunk,
+    _score,
     freeze_lower_layers,
     new_reward_model,
+    rm_text_ids,
     train_reward_model,
 )
 from strata_tools.task.corpus import reference_response
@@ -105,6 +108,39 @@ def test_frozen_layers_find_a_bert_trunks_blocks() -> None:
     assert any(n.startswith("bert.embeddings.") for n in frozen)
     assert trainable == total - sum(p.numel() for n, p in bert.named_parameters() if n in frozen)
     assert freeze_lower_layers(bert, 0) == trainable  # 0: freezes nothing more
+
+
+def _tiny_bert(tokenizer: PreTrainedTokenizerFast) -> torch.nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    return BertForSequenceClassification(BertConfig(
+        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=64, num_labels=11, pad_token_id=tokenizer.pad_token_id))
+
+
+def test_a_bert_trunks_frozen_blocks_run_once_and_the_model_comes_back_whole(
+        tokenizer: PreTrainedTokenizerFast) -> None:
+    texts = ["Q: a?\nA: yes.", "Q: bb?\nA: no, because of it.", "Q: c?\nA: maybe.", "Q: d?\nA: sure."]
+    bert = _tiny_bert(tokenizer).eval()
+    embeddings, encoded = bert.bert.embeddings, rm_text_ids(tokenizer, texts, 64)
+    whole, _ = _score(bert, tokenizer, encoded, False)
+    with _FrozenTrunk(bert, 2, tokenizer, encoded, cache=True, desc="rm") as trunk:
+        assert len(bert.bert.encoder.layer) == 1  # only the block above the frozen ones runs
+        trunk.feed([2, 0, 3, 1])
+        cached, _ = _score(bert, tokenizer, [encoded[i] for i in (2, 0, 3, 1)], False)
+        assert torch.allclose(cached, whole[[2, 0, 3, 1]], atol=1e-5)  # the same function, read from the cache
+    assert bert.bert.embeddings is embeddings and len(bert.bert.encoder.layer) == 3
+    assert torch.allclose(_score(bert, tokenizer, encoded, False)[0], whole)
+    # Trained through the cache: the frozen part does not move, the block above and the head do.
+    before = {name: p.detach().clone() for name, p in bert.named_parameters()}
+    cfg = TrainConfig(steps=3, batch_size=2, lr=1e-2, warmup_steps=1)
+    train_reward_model(bert, tokenizer, texts, [5.0, 1.0, 3.0, 2.0], 64, cfg, seed=0, desc="rm", frozen_layers=2)
+    moved = {name for name, p in bert.named_parameters() if not torch.equal(p, before[name])}
+    frozen = ("bert.embeddings.", "bert.encoder.layer.0.", "bert.encoder.layer.1.")
+    assert not {n for n in moved if n.startswith(frozen)}
+    assert any(n.startswith("bert.encoder.layer.2.") for n in moved) and "classifier.weight" in moved
+    assert all(p.requires_grad for p in bert.parameters()) and len(bert.bert.encoder.layer) == 3
 
 
 def test_match_pool_pairs_each_reference_with_its_own_prompt_then_another() -> None:
