@@ -208,9 +208,9 @@ def _start_stack(settings: StrataSettings, args: argparse.Namespace) -> None:
         if args.level2 != "zoo":
             level2 = str(wheel_model_dir(args.level2, settings.cache_dir, lambda line: print("     ", line)))
             print(f"      Level-2: {WHEEL_MODELS[args.level2].description}")
-            # The learner reads Level-2's vocabulary from it: another tokenizer than the policy's, so it trains on
-            # the policy's own answers only (and says so at start).
-            service_args |= {"generator-l2": ["--model", level2],
+            # The scheduler checks prompt lengths with its tokenizer; the learner reads Level-2's vocabulary from it:
+            # another tokenizer than the policy's, so it trains on the policy's own answers only (said at start).
+            service_args |= {"generator-l2": ["--model", level2], "scheduler": ["--level2-model", level2],
                              "learner": [*DEMO_SERVICE_ARGS["learner"], "--level2-model-path", level2]}
         control.start(settings, default_services(), service_args, args.timeout,
                       progress=lambda line: print("     ", line, flush=True))
