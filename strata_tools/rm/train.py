@@ -254,6 +254,7 @@ class _FrozenTrunk:
         self.cache = cache and layers > 0 and getattr(model.base_model, "encoder", None) is not None
         self.states: list[torch.Tensor] = []
         self.stand_in = _CachedOutput()
+        self.swapped = False
 
     def __enter__(self) -> _FrozenTrunk:
         self.was_frozen = [p for p in self.model.parameters() if not p.requires_grad]
@@ -270,6 +271,7 @@ class _FrozenTrunk:
                 base.encoder.layer = blocks
             self.embeddings, self.blocks = base.embeddings, blocks
             base.embeddings, base.encoder.layer = self.stand_in, blocks[self.layers:]
+            self.swapped = True
         logger.info("%s: embeddings and the lowest %d blocks frozen%s, %.1fM parameters train", self.desc,
                     self.layers, " (their output cached per text)" if self.cache else "", trainable / 1e6)
         return self
@@ -292,7 +294,7 @@ class _FrozenTrunk:
 
     def feed(self, rows: Sequence[int]) -> None:
         """The next forward pass's frozen output: these texts' cached states, right-padded as ``_score`` pads."""
-        if not self.states:
+        if not self.swapped:
             return
         chosen = [self.states[i] for i in rows]
         batch = chosen[0].new_zeros(len(chosen), max(len(s) for s in chosen), chosen[0].shape[-1])
@@ -301,10 +303,10 @@ class _FrozenTrunk:
         self.stand_in.next = batch
 
     def __exit__(self, *exc: object) -> None:
-        if self.states:
+        if self.swapped:
             base: Any = self.model.base_model
             base.embeddings, base.encoder.layer = self.embeddings, self.blocks
-            self.states = []
+            self.states, self.swapped = [], False
         for param in self.model.parameters():
             param.requires_grad_(True)
         for param in self.was_frozen:
