@@ -100,7 +100,8 @@ class AuditTally:
 
     @staticmethod
     def from_fields(stored: Mapping[bytes | str, bytes | str | float]) -> AuditTally:
-        """Read back from a Redis hash (missing sums are 0; the RMs as :func:`add_to` marked them)."""
+        """Read back from a Redis hash (missing sums are 0; the RMs from :func:`add_to`'s per-RM counts: one RM
+        tag, or mixed where answers of the version were scored under two)."""
         values = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                   for k, v in stored.items()}
         kwargs: dict[str, float | int | str] = {}
@@ -108,8 +109,8 @@ class AuditTally:
             if f.name in _SUMS:
                 value = float(values.get(f.name, 0.0))
                 kwargs[f.name] = round(value) if f.type in (int, "int") else value
-        first, last = str(values.get(_RMS_FIRST, "")), str(values.get(_RMS_LAST, ""))
-        kwargs["rms"] = MIXED_RMS if first and last and first != last else last
+        tags = [k.removeprefix(_RMS_COUNT) for k in values if k.startswith(_RMS_COUNT)]
+        kwargs["rms"] = MIXED_RMS if len(tags) > 1 else (tags[0] if tags else "")
         return AuditTally(**kwargs)  # type: ignore[arg-type]
 
     def __add__(self, other: AuditTally) -> AuditTally:
@@ -117,16 +118,17 @@ class AuditTally:
         return AuditTally(**summed, rms=_joined(self.rms, other.rms))
 
 
-# An audit tally's sums (what HINCRBYFLOAT adds), and the hash fields marking the first and the latest RMs that
-# scored a version's audited answers.
+# An audit tally's sums (what HINCRBYFLOAT adds); the answers each RM tag scored are counted in fields named
+# <_RMS_COUNT><tag> beside them (numbers, so a reader that predates the tags reads the hash as before).
 _SUMS = frozenset(f.name for f in fields(AuditTally)) - {"rms"}
-_RMS_FIRST, _RMS_LAST = "rms_first", "rms"
+_RMS_COUNT = "n@"
 MIXED_RMS = "*"
 
 
 def rms_of(light: str, judge: str = "") -> str:
-    """The tag of the RMs behind an audited answer's gap: the light RM's version, and the judging strong RM's."""
-    return f"{light}+{judge}" if judge else light
+    """The tag of the RMs behind an audited answer's gap: the light RM's version (an ensemble's members joined by
+    "+"), and the judging strong RM's after a "|"."""
+    return f"{light}|{judge}" if judge else light
 
 
 def _joined(a: str, b: str) -> str:
@@ -275,8 +277,8 @@ def describe(baseline: AuditWindow | None, current: AuditWindow | None, bound: f
     """The live audit in a few lines, for ``strata status``, ``strata diagnose`` and the demo's report."""
     judge = judge or STRONG_AUDIT
     if current is None:
-        return [f"{judge.title}: fewer than {min_audits} audited Level-1 answers so far ({judge.share_setting}, "
-                "hacking_min_audits): no estimate yet"]
+        return [f"{judge.title}: fewer than {min_audits} audited Level-1 answers under the RMs scoring now "
+                f"({judge.share_setting}, hacking_min_audits): no estimate yet"]
     now = estimates(current.tally)
     scored_by = f"; RMs {current.tally.rms}" if current.tally.rms not in ("", MIXED_RMS) else ""
     lines = [f"{judge.title}, policy {current.versions} ({now.audits} answers also scored by {judge.who}{scored_by}): "
@@ -310,18 +312,15 @@ def describe_judges(by_judge: Mapping[AuditJudge, Sequence[tuple[int, AuditTally
 
 
 def add_to(pipe: redis.client.Pipeline, judge: AuditJudge, tallies: Mapping[int, AuditTally], ttl_s: int) -> None:
-    """Queue the tallies' increments on ``pipe`` (the caller's transaction), and mark the RMs that scored them:
-    the first and the latest, so that a version whose answers span a swap reads as mixed."""
+    """Queue the tallies' increments on ``pipe`` (the caller's transaction), and count the answers by the RMs
+    that scored them, so that a version whose answers span a swap reads as mixed whatever order they came in."""
     for version, tally in tallies.items():
         key = judge.tally_key(version)
         for name, value in tally.fields().items():
             if value:
                 pipe.hincrbyfloat(key, name, value)
-        if tally.rms == MIXED_RMS:
-            pipe.hset(key, mapping={_RMS_FIRST: MIXED_RMS, _RMS_LAST: MIXED_RMS})
-        elif tally.rms:
-            pipe.hsetnx(key, _RMS_FIRST, tally.rms)
-            pipe.hset(key, _RMS_LAST, tally.rms)
+        if tally.rms:
+            pipe.hincrby(key, _RMS_COUNT + tally.rms, tally.n)
         pipe.expire(key, ttl_s)
         pipe.zadd(judge.versions_key, {str(version): version})
 

@@ -313,7 +313,11 @@ class RewardWorker:
             if reading.baseline is not None:
                 AUDIT_GAP_DRIFT.labels(judge=judge).set(reading.growth)
         acting = deciding(readings)
-        if acting is None:
+        if acting is None:  # no judge holds a window under the RMs scoring now (none yet, or they changed)
+            if self._alarm:
+                log.info("hacking alarm: no reading under the RMs scoring now; it waits for a new baseline")
+            HACKING_ALARM.set(0)
+            self._alarm = None
             return
         alarm = acting.alarm
         HACKING_ALARM.set(1 if alarm else 0)

@@ -46,9 +46,9 @@ def test_a_tally_reads_back_from_redis_fields() -> None:
 
 def test_a_tally_reads_back_the_rms_that_scored_it() -> None:
     sums = {k: str(v) for k, v in AuditTally.of(3.0, 1.0, True, True).fields().items()}
-    assert AuditTally.from_fields({**sums, "rms_first": "light-a", "rms": "light-a"}).rms == "light-a"
+    assert AuditTally.from_fields({**sums, "n@light-a": "1"}).rms == "light-a"
     # Answers of one version scored before and after a swap: both RMs' gaps in one sum.
-    assert AuditTally.from_fields({**sums, "rms_first": "light-a", "rms": "light-b"}).rms == MIXED_RMS
+    assert AuditTally.from_fields({**sums, "n@light-a": "1", "n@light-b": "2"}).rms == MIXED_RMS
     assert AuditTally.from_fields(sums).rms == ""  # written before the RMs were kept
     one, other = AuditTally.of(3.0, 1.0, True, True, "light-a"), AuditTally.of(2.0, 1.0, True, True, "light-b")
     assert (one + one).rms == "light-a" and (one + other).rms == MIXED_RMS and (one + AuditTally()).rms == "light-a"
