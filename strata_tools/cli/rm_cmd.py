@@ -101,8 +101,8 @@ def _register_train_strong(sub: Any) -> None:
     strong.add_argument("--grow-steps", type=int, default=defaults.grow_steps,
                         help="steps after growth (default: the zoo's rm_strong_grow_train steps)")
     strong.add_argument("--frozen-layers", type=int, default=defaults.frozen_layers,
-                        help="keep the trunk's embeddings and its lowest N blocks as they are (0: all train); the "
-                             "backward pass and the optimiser stop above them")
+                        help="keep the trunk's embeddings and its lowest N blocks as they are until growth (0: all "
+                             "train; BERT and GPT-2 trunks); the backward pass and the optimiser stop above them")
     strong.add_argument("--pseudo-label", action=argparse.BooleanOptionalAction, default=defaults.pseudo_label,
                         help="score historical rollouts (rollout log + content store) with the new RM and write "
                              f"{PSEUDO_LABELS_FILE} next to it")

@@ -93,10 +93,13 @@ def _strong_init(init: str, options: StrongOptions, overrides: dict[str, Any]) -
     positions = model_positions(model.config)
     if positions is not None and options.max_length > positions:
         raise CliError(f"--max-length {options.max_length} exceeds the {positions} positions of {init_dir}")
-    depth = model.config.num_hidden_layers
-    if options.frozen_layers >= depth:
-        raise CliError(f"--frozen-layers {options.frozen_layers} leaves nothing of the {depth} blocks of {init_dir} "
-                       "to train: give fewer")
+    if options.frozen_layers:
+        from strata_tools.rm.train import lower_modules
+
+        try:
+            lower_modules(model, options.frozen_layers)
+        except ValueError as exc:
+            raise CliError(f"--frozen-layers {options.frozen_layers} on {init_dir}: {exc}") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"

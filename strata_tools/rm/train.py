@@ -68,23 +68,27 @@ def head_parameters(model: PreTrainedModel) -> frozenset[int]:
     return frozenset(id(p) for name, p in model.named_parameters() if not name.startswith(prefix))
 
 
-def freeze_lower_layers(model: PreTrainedModel, layers: int) -> int:
-    """Stop training the trunk's embeddings and its lowest ``layers`` blocks (BERT's ``encoder.layer``, GPT-2's
-    ``h``); returns the parameters left to train. A pretrained trunk's lower blocks read words and syntax the
-    score needs as they are: frozen, the backward pass and the optimiser stop above them."""
-    if layers <= 0:
-        return sum(p.numel() for p in model.parameters() if p.requires_grad)
+def lower_modules(model: PreTrainedModel, layers: int) -> list[torch.nn.Module]:
+    """The trunk's embeddings and its lowest ``layers`` blocks: BERT's ``embeddings`` and ``encoder.layer``,
+    GPT-2's ``wte``, ``wpe`` and ``h``. ValueError for another trunk, or a count that leaves no block to train."""
     base: Any = model.base_model
     encoder = getattr(base, "encoder", None)
-    blocks = encoder.layer if encoder is not None else getattr(base, "h", None)
-    if blocks is None:
-        raise ValueError(f"cannot freeze the lower layers of a {type(base).__name__}: no encoder.layer or h blocks")
+    blocks = getattr(encoder, "layer", None) if encoder is not None else getattr(base, "h", None)
+    if blocks is None or not hasattr(base, "embeddings" if encoder is not None else "wte"):
+        raise ValueError(f"frozen layers work on BERT and GPT-2 trunks, not on a {type(base).__name__}: train it "
+                         "with none frozen")
     if layers >= len(blocks):
-        raise ValueError(f"frozen_layers must be under the trunk's {len(blocks)} blocks, got {layers}")
-    embeddings = [getattr(base, "embeddings", None)] if encoder is not None else [base.wte, base.wpe]
-    for module in [*embeddings, *blocks[:layers]]:
-        if module is not None:
-            module.requires_grad_(False)
+        raise ValueError(f"frozen layers must leave a block of the trunk's {len(blocks)} to train, got {layers}")
+    embeddings = [base.embeddings] if encoder is not None else [base.wte, base.wpe]
+    return [*embeddings, *blocks[:layers]]
+
+
+def freeze_lower_layers(model: PreTrainedModel, layers: int) -> int:
+    """Stop training the trunk's embeddings and its lowest ``layers`` blocks (``lower_modules``); returns the
+    parameters left to train. A pretrained trunk's lower blocks read words and syntax the score needs as they
+    are: frozen, the backward pass and the optimiser stop above them."""
+    for module in lower_modules(model, layers) if layers > 0 else []:
+        module.requires_grad_(False)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
@@ -170,7 +174,9 @@ def train_reward_model(
     trained = torch.nn.ModuleList([model, heads])  # the feature heads are optimised alongside, then dropped
     head = head_parameters(model) | {id(p) for p in heads.parameters()}
     ranking_weight = pairwise_weight if groups is not None else 0.0
-    with _FrozenTrunk(model, frozen_layers, tokenizer, encoded, cache=match_pools is None, desc=desc) as trunk:
+    # Match steps read other texts, and the feature heads every hidden state: neither runs on the cache.
+    cache = match_pools is None and not features
+    with _FrozenTrunk(model, frozen_layers, tokenizer, encoded, cache, desc) as trunk:
         loss_ema = _train_steps(model, tokenizer, encoded, scores, units, window, cfg, rng, desc, trunk, heads,
                                 trained, head, head_lr_scale, ranking_weight, pairwise_margin, features,
                                 feature_weight, _Matcher(match_pools, match_pairs, tokenizer, max_length)
@@ -191,7 +197,7 @@ def _train_steps(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, enc
     n_bins = int(model.config.num_labels)
     optimizer = make_optimizer(trained, cfg, head, head_lr_scale)
     match_optimizer = make_optimizer(trained, cfg, head, head_lr_scale) if matcher is not None else None
-    model.train()
+    trunk.train()
     loss_ema = float("nan")
     bar = tqdm(range(cfg.steps), desc=desc, unit="step", leave=False)
     for step in bar:
@@ -245,52 +251,76 @@ class _CachedOutput(torch.nn.Module):
 class _FrozenTrunk:
     """A training run's frozen trunk (``freeze_lower_layers``), and on a BERT trunk with ``cache`` its lower
     part's output per text, computed once in eval mode: the model's embeddings are swapped for those states
-    and its block list cut to the blocks above, so a step runs only what trains. Every weight's
-    ``requires_grad`` and the model's modules are as they came when the run ends."""
+    and its block list cut to the blocks above, so a step runs only what trains. Frozen modules run in eval
+    mode either way (no dropout where nothing learns). Every weight's ``requires_grad`` and the model's
+    modules are as they came when the run ends, or when setting up fails."""
 
     def __init__(self, model: PreTrainedModel, layers: int, tokenizer: PreTrainedTokenizerFast,
                  encoded: Sequence[Sequence[int]], cache: bool, desc: str) -> None:
         self.model, self.layers, self.tokenizer, self.encoded, self.desc = model, layers, tokenizer, encoded, desc
         self.cache = cache and layers > 0 and getattr(model.base_model, "encoder", None) is not None
+        self.frozen: list[torch.nn.Module] = []
         self.states: list[torch.Tensor] = []
         self.stand_in = _CachedOutput()
         self.swapped = False
 
     def __enter__(self) -> _FrozenTrunk:
         self.was_frozen = [p for p in self.model.parameters() if not p.requires_grad]
-        trainable = freeze_lower_layers(self.model, self.layers)
-        if self.layers <= 0:
-            return self
-        base: Any = self.model.base_model
-        if self.cache:
-            blocks = base.encoder.layer
-            base.encoder.layer = blocks[: self.layers]
-            try:
-                self.states = self._lower_states()
-            finally:
-                base.encoder.layer = blocks
-            self.embeddings, self.blocks = base.embeddings, blocks
-            base.embeddings, base.encoder.layer = self.stand_in, blocks[self.layers:]
-            self.swapped = True
+        try:
+            trainable = freeze_lower_layers(self.model, self.layers)
+            if self.layers <= 0:
+                return self
+            self.frozen = lower_modules(self.model, self.layers)
+            size = sum(map(len, self.encoded)) * self.model.config.hidden_size * 4
+            if self.cache and size > _CACHE_LIMIT_BYTES:
+                logger.info("%s: the frozen blocks' output would take %.1f GB: run them at each step instead",
+                            self.desc, size / 1e9)
+                self.cache = False
+            if self.cache:
+                self._swap_in_cache()
+        except BaseException:
+            self.__exit__()
+            raise
         logger.info("%s: embeddings and the lowest %d blocks frozen%s, %.1fM parameters train", self.desc,
-                    self.layers, " (their output cached per text)" if self.cache else "", trainable / 1e6)
+                    self.layers, f" (their output cached per text, {size / 1e9:.1f} GB)" if self.cache else "",
+                    trainable / 1e6)
         return self
+
+    def _swap_in_cache(self) -> None:
+        base: Any = self.model.base_model
+        blocks = base.encoder.layer
+        base.encoder.layer = blocks[: self.layers]
+        try:
+            self.states = self._lower_states()
+        finally:
+            base.encoder.layer = blocks
+        self.embeddings, self.blocks = base.embeddings, blocks
+        base.embeddings, base.encoder.layer = self.stand_in, blocks[self.layers:]
+        self.swapped = True
 
     def _lower_states(self) -> list[torch.Tensor]:
         """Each text's hidden states after the frozen blocks (T_i, H), in eval mode, in length-sorted chunks."""
-        states: list[torch.Tensor | None] = [None] * len(self.encoded)
+        states: list[torch.Tensor] = [torch.empty(0)] * len(self.encoded)
         order = sorted(range(len(self.encoded)), key=lambda i: len(self.encoded[i]))
         training = self.model.training
         self.model.eval()
-        with torch.no_grad():
-            for start in range(0, len(order), 64):
-                rows = order[start : start + 64]
-                x, mask = _padded([self.encoded[i] for i in rows], self.tokenizer.pad_token_id)
-                hidden = self.model.base_model(input_ids=x, attention_mask=mask).last_hidden_state
-                for j, i in enumerate(rows):
-                    states[i] = hidden[j, : len(self.encoded[i])].clone()
-        self.model.train(training)
-        return [s for s in states if s is not None]
+        try:
+            with torch.no_grad():
+                for start in range(0, len(order), 64):
+                    rows = order[start : start + 64]
+                    x, mask = _padded([self.encoded[i] for i in rows], self.tokenizer.pad_token_id)
+                    hidden = self.model.base_model(input_ids=x, attention_mask=mask).last_hidden_state
+                    for j, i in enumerate(rows):
+                        states[i] = hidden[j, : len(self.encoded[i])].clone()
+        finally:
+            self.model.train(training)
+        return states
+
+    def train(self) -> None:
+        """The model in training mode, its frozen modules in eval mode."""
+        self.model.train()
+        for module in self.frozen:
+            module.eval()
 
     def feed(self, rows: Sequence[int]) -> None:
         """The next forward pass's frozen output: these texts' cached states, right-padded as ``_score`` pads."""
@@ -311,6 +341,10 @@ class _FrozenTrunk:
             param.requires_grad_(True)
         for param in self.was_frozen:
             param.requires_grad_(False)
+
+
+# Above this the frozen blocks' outputs are not cached (fp32; the default zoo's strong RM data holds ~1.7 GB).
+_CACHE_LIMIT_BYTES = 6 * 2**30
 
 
 def _padded(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,7 +90,7 @@ def test_frozen_layers_keep_the_embeddings_and_lowest_blocks_and_train_the_rest(
     assert not {n for n in moved if n.startswith(("transformer.wte", "transformer.wpe", "transformer.h.0."))}
     assert any(n.startswith("transformer.h.1.") for n in moved) and "score.weight" in moved
     assert all(p.requires_grad for p in model.parameters())  # the model leaves trainable, as it came
-    with pytest.raises(ValueError, match="under the trunk's 2 blocks"):
+    with pytest.raises(ValueError, match="must leave a block of the trunk's 2 to train"):
         train_reward_model(model, tokenizer, texts, [5.0, 1.0, 3.0, 2.0], 64, cfg, seed=0, desc="rm",
                            frozen_layers=2)
 
@@ -141,6 +141,35 @@ def test_a_bert_trunks_frozen_blocks_run_once_and_the_model_comes_back_whole(
     assert not {n for n in moved if n.startswith(frozen)}
     assert any(n.startswith("bert.encoder.layer.2.") for n in moved) and "classifier.weight" in moved
     assert all(p.requires_grad for p in bert.parameters()) and len(bert.bert.encoder.layer) == 3
+
+
+def test_a_frozen_trunk_that_fails_to_set_up_leaves_the_model_as_it_came(
+        tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch) -> None:
+    bert = _tiny_bert(tokenizer)
+    embeddings, encoded = bert.bert.embeddings, rm_text_ids(tokenizer, ["Q: a?\nA: yes.", "Q: b?\nA: no."], 64)
+    with _FrozenTrunk(bert, 2, tokenizer, encoded, cache=False, desc="rm") as trunk:
+        trunk.train()  # frozen modules run without dropout, the rest trains
+        assert not bert.bert.embeddings.training and not bert.bert.encoder.layer[1].training
+        assert bert.bert.encoder.layer[2].training and bert.classifier.training
+
+    def out_of_memory(self: _FrozenTrunk) -> list[torch.Tensor]:
+        raise MemoryError("no room for the cache")
+
+    monkeypatch.setattr(_FrozenTrunk, "_lower_states", out_of_memory)
+    with pytest.raises(MemoryError), _FrozenTrunk(bert, 2, tokenizer, encoded, cache=True, desc="rm"):
+        pass
+    assert bert.bert.embeddings is embeddings and len(bert.bert.encoder.layer) == 3
+    assert all(p.requires_grad for p in bert.parameters())
+
+
+def test_frozen_layers_refuse_a_trunk_they_do_not_know() -> None:
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    llama = LlamaForSequenceClassification(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32,
+                                                       num_hidden_layers=2, num_attention_heads=2, num_labels=11))
+    with pytest.raises(ValueError, match="frozen layers work on BERT and GPT-2 trunks, not on a LlamaModel"):
+        freeze_lower_layers(llama, 1)
+    assert all(p.requires_grad for p in llama.parameters())
 
 
 def test_match_pool_pairs_each_reference_with_its_own_prompt_then_another() -> None:
