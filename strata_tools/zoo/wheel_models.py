@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,6 +85,10 @@ def wheel_model_dir(name: str, cache_dir: Path, progress: Callable[[str], None] 
 
     progress(f"converting {WHEEL_MODELS[name].description} to {target} (once; about a minute on 2 cores)")
     staging = target.with_name(f".{name}-{uuid.uuid4().hex[:8]}")
+    # transformers' GGUF reader draws a bar of its own (tqdm, no Hugging Face switch): off where no one watches.
+    quiet = not sys.stderr.isatty() and "TQDM_DISABLE" not in os.environ
+    if quiet:
+        os.environ["TQDM_DISABLE"] = "1"
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -103,4 +109,6 @@ def wheel_model_dir(name: str, cache_dir: Path, progress: Callable[[str], None] 
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if quiet:
+            del os.environ["TQDM_DISABLE"]
     return target
