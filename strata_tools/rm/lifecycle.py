@@ -32,14 +32,16 @@ EVAL_SPLITS: tuple[str, ...] = ("eval", "fresh")
 
 
 def read_pairs(path: Path, need_score: bool) -> list[dict[str, Any]]:
-    """Rows of a JSONL file of {prompt, response[, score]}, checked line by line."""
+    """Rows of a JSONL file of {prompt, response[, score]}, checked line by line. An empty response is a row: a
+    model that stops at once wrote it, the reward service scores it, and people score it (low)."""
     rows: list[dict[str, Any]] = []
     for number, row in read_jsonl(path):
         if not isinstance(row, dict):
             raise CliError(f"{path}:{number}: expected an object with prompt and response")
-        for key in ("prompt", "response"):
-            if not isinstance(row.get(key), str) or not row[key].strip():
-                raise CliError(f"{path}:{number}: {key!r} must be a non-empty string")
+        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise CliError(f"{path}:{number}: 'prompt' must be a non-empty string")
+        if not isinstance(row.get("response"), str):
+            raise CliError(f"{path}:{number}: 'response' must be a string (empty for an answer that stopped at once)")
         if need_score:
             score = row.get("score")
             if not isinstance(score, int | float) or not 0.0 <= float(score) <= 5.0:

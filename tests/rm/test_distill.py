@@ -283,11 +283,20 @@ def test_cli_grown_strong_rm_keeps_its_student_init_and_distill_starts_from_it(
     assert code == 2 and not (tmp_path / "l2").exists()
 
 
+def test_an_empty_answer_is_a_training_row(tmp_path: Path) -> None:
+    """A real model can stop at once (SmolLM2 as Level-2 did in a demo): people score the empty answer, and the
+    RM loop's data holds it."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "p", "response": "r", "score": 4}\n{"prompt": "p", "response": "", "score": 0.5}\n')
+    assert [row["response"] for row in read_pairs(path, need_score=True)] == ["r", ""]
+
+
 @pytest.mark.parametrize(
     ("line", "problem"),
     [
         ("not json", "not JSON"),
-        ('{"prompt": "p"}', "'response' must be a non-empty string"),
+        ('{"prompt": "p"}', "'response' must be a string"),
+        ('{"prompt": " ", "response": "r", "score": 1}', "'prompt' must be a non-empty string"),
         ('{"prompt": "p", "response": "r", "score": 7}', "'score' must be a number in [0, 5]"),
         ('{"prompt": "p", "response": "r"}', "'score' must be a number"),
     ],
