@@ -58,6 +58,11 @@ def wheel_file(name: str) -> Path:
     return path
 
 
+def wheel_version(package: str) -> str:
+    """The installed release of ``package``."""
+    return metadata.version(package)
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -72,7 +77,7 @@ def wheel_model_dir(name: str, cache_dir: Path, progress: Callable[[str], None] 
     gguf = wheel_file(name)
     target = Path(cache_dir).expanduser() / "models" / name
     package = WHEEL_MODELS[name].package
-    source = {"package": package, "version": metadata.version(package), "file": gguf.name,
+    source = {"package": package, "version": wheel_version(package), "file": gguf.name,
               "sha256": _sha256(gguf)}
     mark = target / MARK
     if mark.is_file() and json.loads(mark.read_text()).get("source") == source:
