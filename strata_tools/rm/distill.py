@@ -32,7 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from strata.contract.template import RM_MAX_LENGTH
 from strata.models.training import ModelShape
-from strata_tools.rm.train import rm_text_ids
+from strata_tools.rm.train import collate, length_buckets, rm_text_ids
 
 # --- the loss -------------------------------------------------------------------------------------
 
@@ -79,23 +79,6 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
-
-
-def length_buckets(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length (sorted by length, then cut)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def collate(encoded: Sequence[Sequence[int]], rows: Sequence[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded input ids and attention mask of ``rows``: (B, T), (B, T)."""
-    width = max(1, max(len(encoded[i]) for i in rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for j, i in enumerate(rows):
-        ids[j, : len(encoded[i])] = torch.tensor(encoded[i], dtype=torch.long)
-        mask[j, : len(encoded[i])] = 1
-    return ids, mask
 
 
 def train_light(

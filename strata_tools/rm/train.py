@@ -62,6 +62,23 @@ def rm_text_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_le
     return tokenizer(list(texts), add_special_tokens=add_special, truncation=True, max_length=max_length)["input_ids"]
 
 
+def length_buckets(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length (sorted by length, then cut)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def collate(encoded: Sequence[Sequence[int]], rows: Sequence[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and attention mask of ``rows``: (B, T), (B, T)."""
+    width = max(1, max(len(encoded[i]) for i in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for j, i in enumerate(rows):
+        ids[j, : len(encoded[i])] = torch.tensor(encoded[i], dtype=torch.long)
+        mask[j, : len(encoded[i])] = 1
+    return ids, mask
+
+
 def head_parameters(model: PreTrainedModel) -> frozenset[int]:
     """``id``s of a sequence classifier's parameters outside its base model: the score head."""
     prefix = model.base_model_prefix + "."
@@ -301,14 +318,12 @@ class _FrozenTrunk:
     def _lower_states(self) -> list[torch.Tensor]:
         """Each text's hidden states after the frozen blocks (T_i, H), in eval mode, in length-sorted chunks."""
         states: list[torch.Tensor] = [torch.empty(0)] * len(self.encoded)
-        order = sorted(range(len(self.encoded)), key=lambda i: len(self.encoded[i]))
         training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                for start in range(0, len(order), 64):
-                    rows = order[start : start + 64]
-                    x, mask = _padded([self.encoded[i] for i in rows], self.tokenizer.pad_token_id)
+                for rows in length_buckets([len(ids) for ids in self.encoded], 64):
+                    x, mask = collate(self.encoded, rows, self.tokenizer.pad_token_id)
                     hidden = self.model.base_model(input_ids=x, attention_mask=mask).last_hidden_state
                     for j, i in enumerate(rows):
                         states[i] = hidden[j, : len(self.encoded[i])].clone()
@@ -347,22 +362,11 @@ class _FrozenTrunk:
 _CACHE_LIMIT_BYTES = 6 * 2**30
 
 
-def _padded(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists right-padded to the longest: ids (B, T) and the attention mask (B, T)."""
-    width = max(len(row) for row in ids)
-    x = torch.full((len(ids), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(x)
-    for j, row in enumerate(ids):
-        x[j, : len(row)] = torch.tensor(row)
-        mask[j, : len(row)] = 1
-    return x, mask
-
-
 def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, ids: Sequence[Sequence[int]],
            pooled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Bin logits (B, n_bins) of right-padded token lists, and the pooled last hidden state (B, H) the
     score head reads when ``pooled`` (for the feature heads)."""
-    x, mask = _padded(ids, tokenizer.pad_token_id)  # (B, T), right-padded
+    x, mask = collate(ids, range(len(ids)), tokenizer.pad_token_id)  # (B, T), right-padded
     out = model(input_ids=x, attention_mask=mask, output_hidden_states=pooled)
     if not pooled:
         return out.logits, None
