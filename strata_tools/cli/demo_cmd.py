@@ -198,8 +198,9 @@ def check_level2_choice(settings: StrataSettings, level2: str) -> None:
                        f"`strata down` first, or drop --level2 {level2}")
 
 
-def _start_stack(settings: StrataSettings, args: argparse.Namespace) -> None:
-    """[1/6]-[3/6]: Kafka and Redis, the model zoo (built once), every service as its own process."""
+def _start_stack(settings: StrataSettings, args: argparse.Namespace) -> tuple[ZooPaths, Path | None]:
+    """[1/6]-[3/6]: Kafka and Redis, the model zoo (built once), every service as its own process. Returns the zoo
+    and the real Level-2's model directory (None: the zoo's Level-2 serves)."""
     try:
         print("[1/6] Kafka and Redis", flush=True)
         for row in infra_up(settings):
@@ -216,8 +217,10 @@ def _start_stack(settings: StrataSettings, args: argparse.Namespace) -> None:
         service_args = {**DEMO_SERVICE_ARGS,
                         "reward": reward_service_args(args.light_rm, args.rm_temperature, threshold),
                         "annotation": ["--gold-share", "0.3"]}
+        real_level2 = None
         if args.level2 != "zoo":
-            level2 = str(wheel_model_dir(args.level2, settings.cache_dir, lambda line: print("     ", line)))
+            real_level2 = wheel_model_dir(args.level2, settings.cache_dir, lambda line: print("     ", line))
+            level2 = str(real_level2)
             print(f"      Level-2: {WHEEL_MODELS[args.level2].description}")
             # The scheduler checks prompt lengths with its tokenizer; the learner reads Level-2's vocabulary from it:
             # another tokenizer than the policy's, so it trains on the policy's own answers only (said at start).
@@ -227,6 +230,7 @@ def _start_stack(settings: StrataSettings, args: argparse.Namespace) -> None:
                       progress=lambda line: print("     ", line, flush=True))
     except InfraError as exc:
         raise CliError(str(exc)) from exc
+    return paths, real_level2
 
 
 def _escalation_threshold(settings: StrataSettings, args: argparse.Namespace, zoo: ZooPaths) -> float | None:
@@ -462,21 +466,18 @@ def _print_report(settings: StrataSettings, summary: TrainSummary, snapshot: _Sn
         print(f"      headline figures: {write_headline(headline, settings.state_dir / 'reports')}")
 
 
-def level2_lines(settings: StrataSettings, args: argparse.Namespace, summary: TrainSummary) -> list[str]:
-    """With a real Level-2 (``--level2``), the held-out prompts answered by it and by the zoo's Level-2 beside
-    the trained policy's answers (``strata_tools.tiering.level2_models``); nothing for the zoo's own."""
-    if args.level2 == "zoo" or summary.after is None:
+def level2_lines(args: argparse.Namespace, summary: TrainSummary, zoo: ZooPaths, real: Path | None) -> list[str]:
+    """With a real Level-2 (``real``, the ``--level2`` model's directory), the held-out prompts answered by it and
+    by the zoo's Level-2 beside the trained policy's answers (``strata_tools.tiering.level2_models``); nothing
+    for the zoo's own."""
+    if real is None or summary.after is None:
         return []
-    from strata_tools.zoo.build import ensure_zoo
-
     records = held_out_records(args.eval_prompts, TrainOptions().seed)
     if [r.family for r in records] != summary.after.families:
         return ["Level-2 models: not compared (the held-out prompts could not be drawn again)"]
     print(f"      Level-2 models: {len(records)} held-out prompts answered by the zoo's Level-2 and {args.level2}",
           flush=True)
-    zoo_level2 = Path(ensure_zoo(settings).level2)
-    real = wheel_model_dir(args.level2, settings.cache_dir)
-    return comparison_lines(summary.after, [level2_answers("the zoo's Level-2", zoo_level2, records, 0),
+    return comparison_lines(summary.after, [level2_answers("the zoo's Level-2", Path(zoo.level2), records, 0),
                                             level2_answers(args.level2, real, records, 0)])
 
 
@@ -500,7 +501,7 @@ def run(args: argparse.Namespace) -> int:
     check_reward_choice(settings, args.light_rm, args.rm_temperature)
     check_level2_choice(settings, args.level2)
     started = time.monotonic()
-    _start_stack(settings, args)
+    zoo, real_level2 = _start_stack(settings, args)
     desk = SimulatedDesk(Addresses().annotation, demo_pool()).start()
     print(f"      simulated annotators at the desk: {', '.join(a.name for a in demo_pool())} (sim-drift drifts)",
           flush=True)
@@ -514,7 +515,7 @@ def run(args: argparse.Namespace) -> int:
         desk.stop()
     _print_report(settings, summary, snapshot, headline, args.n_samples, price)
     try:
-        compared = level2_lines(settings, args, summary)
+        compared = level2_lines(args, summary, zoo, real_level2)
     except (CliError, OSError, RuntimeError) as exc:  # the report stands without it
         compared = [f"Level-2 models: not compared ({exc})"]
     for line in compared:
