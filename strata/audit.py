@@ -143,14 +143,12 @@ def since_rm_swap(by_version: Sequence[tuple[int, AuditTally]]) -> list[tuple[in
     the newest version whose RMs are known until another RM appears. A version whose answers span a swap
     belongs to neither side; versions of unknown RMs (kept before the RMs were) go with any."""
     ordered = sorted(by_version)
-    known = [t.rms for _, t in ordered if t.rms not in ("", MIXED_RMS)]
-    if not known:
-        return [(v, t) for v, t in ordered if t.rms != MIXED_RMS]
+    newest = next((t.rms for _, t in reversed(ordered) if t.rms not in ("", MIXED_RMS)), "")
     kept = []
     for version, tally in reversed(ordered):
         if tally.rms == MIXED_RMS:
             continue
-        if tally.rms not in ("", known[-1]):
+        if tally.rms not in ("", newest):
             break
         kept.append((version, tally))
     return kept[::-1]

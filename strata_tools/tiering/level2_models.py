@@ -55,9 +55,8 @@ def comparison_lines(policy: Evaluation, models: Sequence[ModelAnswers]) -> list
         lines.append(f"  {answers.name}: oracle {statistics.fmean(answers.oracle):.3f} (minus the policy's "
                      f"{over_policy}); {answers.n_params / 1e6:.1f}M params x {statistics.fmean(answers.tokens):.1f} "
                      f"response tokens = {answers.param_tokens:.2e} params x tokens an answer")
-    base = models[0] if models else None
     for answers in models[1:]:
-        assert base is not None
+        base = models[0]
         change = paired_change(base.oracle, answers.oracle, policy.families)
         lines.append(f"  {answers.name} minus {base.name}: oracle {change}; an answer costs "
                      f"{answers.param_tokens / base.param_tokens:.1f}x")
