@@ -416,6 +416,9 @@ class SchedulerEngine:
     # -- stats -----------------------------------------------------------------------------------------
 
     def stats(self) -> SchedulerStats:
+        # Audits before counters: the transaction that scores an audit also counts its verdict, so reading
+        # the counters second never shows a scored audit without the distrust it caused.
+        audits = self.store.audit_summary()
         summary = self.store.summary()
         counters = summary.counters
         return SchedulerStats(
@@ -424,7 +427,7 @@ class SchedulerEngine:
             skip_rate=summary.skip_rate,
             index_size=len(self.index),
             high_uncertainty_marks=counters.get("high_uncertainty_marks", 0),
-            audits=self.store.audit_summary(),
+            audits=audits,
             audit_distrusts=counters.get("audit_distrusts", 0),
             audit_similarity_floors=counters.get("audit_similarity_floors", 0),
         )
