@@ -73,6 +73,9 @@ def _register_train_strong(sub: Any) -> None:
                         help="checkpoint to start from: a causal LM (its transformer; the score-bin head starts "
                              "fresh) or a sequence-classification RM (default: the zoo's rm_strong_init LM, the probe, "
                              "read with its first rm_strong_init_layers blocks, 0: all)")
+    strong.add_argument("--init-layers", type=int, default=defaults.init_layers,
+                        help="read the init with its first N blocks only, the rest dropped (0: all; default: the "
+                             "zoo's rm_strong_init_layers with the zoo's init, all of a given --init)")
     strong.add_argument("--n-bins", type=int, default=defaults.n_bins,
                         help="score bins on [0, 5] (reward = expected value)")
     # Unset numbers default to the zoo's own strong-RM recipe (ZooConfig.rm_strong_train, rm_max_length).

@@ -43,6 +43,7 @@ class StrongOptions:
     grow_layers: int | None = None
     grow_steps: int | None = None
     frozen_layers: int = 0
+    init_layers: int | None = None
     pseudo_label: bool = True
     max_rollouts: int = 20000
     out: Path | None = None
@@ -63,11 +64,14 @@ def _with_recipe_defaults(options: StrongOptions, recipe: ZooRecipe) -> StrongOp
     defaults = {"steps": recipe.rm_strong_train.steps, "lr": recipe.rm_strong_train.lr,
                 "groups_per_step": recipe.rm_strong_train.batch_size, "max_length": recipe.rm_max_length,
                 "match_pairs": recipe.rm_strong_match_pairs if options.data is None else 0,
+                "init_layers": 0 if options.init else recipe.rm_strong_init_layers,
                 "widen": 1 if options.init else recipe.rm_strong_widen,
                 "grow_layers": 0 if options.init else recipe.rm_strong_grow_layers}
     options = replace(options, **{k: v for k, v in defaults.items() if getattr(options, k) is None})
     if options.match_pairs < 0:
         raise CliError(f"--match-pairs must be at least 0 (0: no match steps), got {options.match_pairs}")
+    if options.init_layers < 0:
+        raise CliError(f"--init-layers must be at least 0 (0: every block of the init), got {options.init_layers}")
     if options.frozen_layers < 0:
         raise CliError(f"--frozen-layers must be at least 0 (0: the whole trunk trains), got {options.frozen_layers}")
     if options.widen < 1 or options.grow_layers < 0 or (options.grow_steps is not None and options.grow_steps < 1):
@@ -78,13 +82,18 @@ def _with_recipe_defaults(options: StrongOptions, recipe: ZooRecipe) -> StrongOp
 
 def _strong_init(init: str, options: StrongOptions, overrides: dict[str, Any]) -> tuple[Any, Any, Path]:
     """The strong RM's start: ``init`` with a fresh head of ``n_bins`` logits, its tokenizer padding right."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     from strata.models.loading import ModelLoadError, check_model_dir
     from strata.models.prompts import model_positions
 
     try:
         init_dir = check_model_dir(init)
+        if overrides:  # more blocks than the checkpoint has would start the extra ones at random
+            depth = getattr(AutoConfig.from_pretrained(init_dir, local_files_only=True), "num_hidden_layers", None)
+            wanted = overrides["num_hidden_layers"]
+            if isinstance(depth, int) and wanted > depth:
+                raise CliError(f"--init-layers {wanted} exceeds the {depth} blocks of {init_dir}")
         tokenizer = AutoTokenizer.from_pretrained(init_dir, local_files_only=True)
         model = AutoModelForSequenceClassification.from_pretrained(
             init_dir, num_labels=options.n_bins, ignore_mismatched_sizes=True, local_files_only=True, **overrides)
@@ -171,8 +180,9 @@ def train_strong(options: StrongOptions, settings: Any, zoo: ZooSource,
     recipe = models.config if models is not None else zoo.recipe()
     options = _with_recipe_defaults(options, recipe)
     init = options.init or str(rm_init_dir(models, recipe.rm_strong_init or "level1"))
-    # The zoo's init LM is read with the recipe's first blocks (rm_strong_init_layers); a given --init whole.
-    overrides = {} if options.init else rm_init_overrides(recipe.rm_strong_init_layers)
+    # The init is read with its first --init-layers blocks (default: the zoo's rm_strong_init_layers for the
+    # zoo's init LM, all of a given --init).
+    overrides = rm_init_overrides(options.init_layers)
     model, tokenizer, init_dir = _strong_init(init, options, overrides)
     progress(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
           f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {options.steps} steps")
