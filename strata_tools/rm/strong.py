@@ -180,8 +180,7 @@ def train_strong(options: StrongOptions, settings: Any, zoo: ZooSource,
     recipe = models.config if models is not None else zoo.recipe()
     options = _with_recipe_defaults(options, recipe)
     init = options.init or str(rm_init_dir(models, recipe.rm_strong_init or "level1"))
-    # The init is read with its first --init-layers blocks (default: the zoo's rm_strong_init_layers for the
-    # zoo's init LM, all of a given --init).
+    # --init-layers defaults to the zoo's rm_strong_init_layers for its own init, all of a given --init.
     overrides = rm_init_overrides(options.init_layers)
     model, tokenizer, init_dir = _strong_init(init, options, overrides)
     progress(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
