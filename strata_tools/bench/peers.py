@@ -6,6 +6,9 @@ The arms, each in a process of its own (its peak memory is its own) with the sam
   to Level-2; the services in one process over a Kafka and Redis of their own);
 - ``tiered-l1``: the same rollout with the learner training on Level-1's answers only (``train_tiers=1``;
   the stack's default trains on Level-2's too, importance-weighted): what using Level-2's cost buys;
+- ``tiered-sequential`` (not in the default arms): ``tiered`` with generation and learning taking turns
+  (the driver keeps one learner batch in flight, not two): what overlapping them buys in seconds per
+  update, and what it costs in held-out oracle gain (stale samples, importance-weighted);
 - ``level1``: the same with every prompt at Level-1 and nothing escalated (the scheduler's ``tiering``
   off): Strata's plain rollout;
 - ``conventional``: that plain rollout with every sample scored by the strong RM: what RLHF costs without
@@ -23,7 +26,7 @@ differs between the arms. Last line::
 
     peers strata_s_per_update= trl_s_per_update= ratio= strata_oracle_gain= strata_oracle_gain_se=
       trl_oracle_gain= cost_per_used_sample_ratio= gain_per_cost_ratio= hacking_gap= generated_per_used=
-      plain_over_trl= tiered_over_trl= critical_path=
+      plain_over_trl= tiered_over_trl= overlap_speedup= critical_path=
 
 (``strata``: the ``tiered`` arm; ``ratio``: TRL's seconds per update over Strata's, and ``*_over_trl``
 Strata's plain (``level1``) and tiered arms' over TRL's, when they ran; the cost and gain ratios: tiered
@@ -61,11 +64,13 @@ if TYPE_CHECKING:
     from strata_tools.task.suite import PromptRecord
     from strata_tools.zoo.build import ZooPaths
 
-ARMS = ("tiered", "tiered-l1", "level1", "conventional", "trl")
+ARMS = ("tiered", "tiered-l1", "tiered-sequential", "level1", "conventional", "trl")
+DEFAULT_ARMS = ("tiered", "tiered-l1", "level1", "conventional", "trl")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                        help=f"comma-separated, from {', '.join(ARMS)} (default: all but tiered-sequential)")
     parser.add_argument("--updates", type=int, default=8, help="policy updates per arm")
     parser.add_argument("--samples-per-update", type=int, default=32, help="rollouts per update (the learner's "
                         "batch_size; TRL's generation batch)")
@@ -242,6 +247,20 @@ def against_conventional(results: dict[str, ArmResult], judged: dict[str, Judged
             f"by their {difference.clusters or difference.n} families)"]
 
 
+def against_sequential(results: dict[str, ArmResult], judged: dict[str, Judged],
+                       families: Sequence[str] | None = None) -> list[str]:
+    """The tiered arm beside the same stack with generation and learning taking turns (issue 63): seconds per
+    update of each, and the two trained policies' held-out oracle scores, paired per prompt."""
+    if "tiered" not in results or "tiered-sequential" not in results:
+        return []
+    overlapped, sequential = results["tiered"].seconds_per_update(), results["tiered-sequential"].seconds_per_update()
+    difference = paired_change(judged["tiered-sequential"].oracle, judged["tiered"].oracle, families)
+    return [f"  overlap (tiered against tiered-sequential): {overlapped:.2f} s an update against {sequential:.2f} "
+            f"({overlapped / sequential:.2f}x); trained policies' held-out oracle, tiered minus sequential "
+            f"{difference.mean:+.3f} ± {difference.stderr:.3f} (paired over {difference.n} prompts, SE clustered "
+            f"by their {difference.clusters or difference.n} families)"]
+
+
 def gain_per_cost(arm: ArmResult, oracle_gain: float, job: PeersJob) -> float:
     """Held-out oracle gain per params x tokens of the rollouts the judged updates used."""
     return oracle_gain / (cost_per_used_sample(arm, job.samples_per_update) * job.updates * job.samples_per_update)
@@ -277,6 +296,9 @@ def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Chan
     per_used = ",".join(f"{arm}:{generated_per_used(r, job.samples_per_update):.2f}" for arm, r in results.items())
     line += f" hacking_gap={hacking} generated_per_used={per_used}"
     line += over_trl({arm: r.seconds_per_update() for arm, r in results.items()})
+    if "tiered" in results and "tiered-sequential" in results:
+        speedup = results["tiered-sequential"].seconds_per_update() / results["tiered"].seconds_per_update()
+        line += f" overlap_speedup={speedup:.2f}"
     critical = ",".join(f"{arm}:{max(r.critical_path, key=lambda s: r.critical_path[s])}"
                         for arm, r in results.items() if r.critical_path)
     return line + (f" critical_path={critical}" if critical else "")
@@ -458,6 +480,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  seed {seed}:")
             print_report(one.results, one.gains, one.job)
             for line in against_conventional(one.results, one.judged, one.job.samples_per_update, one.families):
+                print(line)
+            for line in against_sequential(one.results, one.judged, one.families):
                 print(line)
             if args.seeds > 1:
                 print("  " + last_line(one.results, one.gains, one.job), flush=True)

@@ -4,7 +4,8 @@
 
 ``ARM`` is ``tiered`` (the stack as it comes: skip, Level-1, escalation to Level-2, the learner on both
 tiers' answers), ``tiered-l1`` (the same, the learner on Level-1's answers only: ``train_tiers=1``),
-``level1`` (the
+``tiered-sequential`` (``tiered`` with generation and learning taking turns: the driver sends a batch only
+once the learner has trained on the one before), ``level1`` (the
 scheduler's ``tiering`` off and no escalation: every prompt to Level-1, a plain rollout scored by the
 light RM) or ``conventional`` (the same plain rollout with every sample scored by the strong RM: one-model
 RLHF at full reward cost, the baseline the article's saving is measured against). The services run
@@ -30,10 +31,14 @@ from strata_tools.stack.inprocess import InProcessStack, StackOverrides
 from strata_tools.trace import Trace, read_events, trace
 from strata_tools.train import RoundStats, TrainOptions, TrainSummary, train
 
-STRATA_ARMS = ("tiered", "tiered-l1", "level1", "conventional")
-TIERED_ARMS = ("tiered", "tiered-l1")
+STRATA_ARMS = ("tiered", "tiered-l1", "tiered-sequential", "level1", "conventional")
+TIERED_ARMS = ("tiered", "tiered-l1", "tiered-sequential")
 # Arms whose learner trains on other tiers than svc_learner's default train_tiers.
 TRAIN_TIERS = {"tiered-l1": "1"}
+# Arms whose driver keeps another number of the learner's batches in flight than the default (2: the next
+# batch generates while the learner trains on this one). 1: only the batch being learnt from, so generation
+# waits for each update and the update for its batch (issue 63: the overlap measured both ways).
+MAX_BATCHES_AHEAD = {"tiered-sequential": 1}
 # A plain rollout: every prompt to Level-1 (scheduler) and every Level-1 reward final (reward service).
 PLAIN_SCHEDULER: dict[str, Any] = {"tiering": False}
 PLAIN_REWARD: dict[str, Any] = {"escalation_threshold": -1.0, "escalate_on_caution": False, "flag_unsafe": False,
@@ -88,7 +93,8 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
     options = TrainOptions(updates=job.updates, prompts_per_round=job.prompts_per_round, n_samples=job.n_samples,
                            eval_prompts=2, report_dir=work / "reports", seed=job.seed,
                            repeat_share=job.repeat_share, paraphrase_share=job.paraphrase_share,
-                           samples_per_update=job.samples_per_update)
+                           samples_per_update=job.samples_per_update,
+                           max_batches_ahead=MAX_BATCHES_AHEAD.get(arm, TrainOptions.max_batches_ahead))
     with bench_infra(StrataSettings(), work.name, f"peers-{arm}") as infra:
         client = redis_client.connect(infra.redis_address)
         before = ledger.read_stages(client)

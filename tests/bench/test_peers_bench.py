@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 
 from strata.config import StrataSettings
 from strata.errors import CliError
-from strata_tools.bench import peers
+from strata_tools.bench import peers, peers_strata
 from strata_tools.bench.peers_strata import update_seconds
 from strata_tools.bench.peers_trl import ArmResult, group_per_update
 from strata_tools.cli.main import main
-from strata_tools.train import RoundStats
+from strata_tools.train import RoundStats, TrainOptions
 from strata_tools.train_summary import Change
 from strata_tools.zoo.build import ZooPaths
 
@@ -133,6 +133,21 @@ def test_several_seeds_weigh_training_on_level2_and_keep_the_worst_surplus() -> 
     summary = "\n".join(peers.over_seeds(runs))
     assert "(tiered minus tiered-l1), held-out oracle -0.067 ± 0.088" in summary
     assert "tiered-l1 cost per used sample 0.50 ± 0.00 of the conventional arm's" in summary
+
+
+def test_the_overlapped_arm_is_set_against_the_sequential_one() -> None:
+    results = {"tiered": ArmResult("Strata tiered", update_seconds=[9.0, 2.0, 2.0]),
+               "tiered-sequential": ArmResult("Strata tiered-sequential", update_seconds=[9.0, 3.0, 3.0])}
+    judged = {"tiered": peers.Judged([0.0] * 2, [2.0, 3.0]), "tiered-sequential": peers.Judged([0.0] * 2, [2.5, 2.5])}
+    (line,) = peers.against_sequential(results, judged)
+    assert "2.00 s an update against 3.00 (0.67x)" in line
+    assert "tiered minus sequential +0.000 ± 0.500 (paired over 2 prompts" in line
+    assert peers.against_sequential({"tiered": results["tiered"]}, judged) == []
+    gains = {arm: (Change(0.0, 0.1, 2, 2), Change(0.0, 0.1, 2, 2)) for arm in results}
+    assert " overlap_speedup=1.50" in peers.last_line(results, gains, SimpleNamespace(samples_per_update=8, updates=2))
+    # The sequential arm keeps one learner batch in flight: the driver waits for each update.
+    assert peers_strata.MAX_BATCHES_AHEAD == {"tiered-sequential": 1} and TrainOptions().max_batches_ahead == 2
+    assert "tiered-sequential" not in peers.DEFAULT_ARMS and "tiered-sequential" in peers.ARMS
 
 
 def test_stratas_seconds_per_update_are_set_over_trls() -> None:
