@@ -366,6 +366,8 @@ class AcrossSeeds:
     gain_per_cost_ratio: float  # tiered's mean oracle gain per mean cost over conventional's (nan: no such pair)
     train_level2: tuple[float, float] | None  # tiered minus tiered-l1, held-out oracle (train_tiers both ways)
     level1_only_cost: tuple[float, float] | None  # tiered-l1's cost per used sample over conventional's
+    # tiered minus tiered-sequential, held-out oracle; tiered-sequential's seconds per update over tiered's
+    overlap: tuple[tuple[float, float], tuple[float, float]] | None
     generated_per_used: dict[str, float]  # arm -> the most over seeds (the bound holds in every run or not)
     critical_path: dict[str, str]  # arm -> the stage that was largest in the most seeds
 
@@ -391,6 +393,12 @@ def across_seeds(runs: Sequence[SeedRun]) -> AcrossSeeds:
         level1_only_cost = _mean_se([cost_per_used_sample(r.results["tiered-l1"], r.job.samples_per_update)
                                      / cost_per_used_sample(r.results["conventional"], r.job.samples_per_update)
                                      for r in runs])
+    overlap = None
+    if "tiered" in arms and "tiered-sequential" in arms:
+        overlap = (_mean_se([paired_change(r.judged["tiered-sequential"].oracle, r.judged["tiered"].oracle).mean
+                             for r in runs]),
+                   _mean_se([r.results["tiered-sequential"].seconds_per_update()
+                             / r.results["tiered"].seconds_per_update() for r in runs]))
     critical: dict[str, str] = {}
     for arm in arms:
         largest = [max(path, key=path.__getitem__) for r in runs if (path := r.results[arm].critical_path)]
@@ -400,7 +408,7 @@ def across_seeds(runs: Sequence[SeedRun]) -> AcrossSeeds:
         [r.seed for r in runs], oracle,
         {arm: _mean_se([r.gains[arm][0].mean for r in runs]) for arm in arms},
         {arm: _mean_se([r.gains[arm][0].mean - r.gains[arm][1].mean for r in runs]) for arm in arms},
-        versus, gain_ratio, train_level2, level1_only_cost,
+        versus, gain_ratio, train_level2, level1_only_cost, overlap,
         {arm: max(generated_per_used(r.results[arm], r.job.samples_per_update) for r in runs) for arm in arms},
         critical,
     )
@@ -427,6 +435,10 @@ def over_seeds(runs: Sequence[SeedRun]) -> list[str]:
     if together.level1_only_cost is not None:
         mean, se = together.level1_only_cost
         lines.append(f"    tiered-l1 cost per used sample {mean:.2f} ± {se:.2f} of the conventional arm's")
+    if together.overlap is not None:
+        (diff, diff_se), (speedup, speedup_se) = together.overlap
+        lines.append(f"    overlap (tiered against tiered-sequential): {speedup:.2f} ± {speedup_se:.2f} times as "
+                     f"fast an update; held-out oracle, tiered minus sequential {diff:+.3f} ± {diff_se:.3f}")
     lines.append("    generated per used sample, the most over seeds: "
                  + ", ".join(f"{arm} {value:.2f}" for arm, value in together.generated_per_used.items()))
     return lines
@@ -453,9 +465,14 @@ def seeds_line(runs: Sequence[SeedRun]) -> str:
     if together.train_level2 is not None:
         line += (f" tiered_minus_tiered_l1={together.train_level2[0]:+.3f}"
                  f" tiered_minus_tiered_l1_se={together.train_level2[1]:.3f}")
+    if together.overlap is not None:
+        diff, diff_se = together.overlap[0]
+        line += f" tiered_minus_sequential={diff:+.3f} tiered_minus_sequential_se={diff_se:.3f}"
     line += " hacking_gap=" + ",".join(f"{arm}:{gap[0]:+.3f}" for arm, gap in together.gap.items())
     line += " generated_per_used=" + ",".join(f"{arm}:{v:.2f}" for arm, v in together.generated_per_used.items())
     line += over_trl({arm: _mean_se([r.results[arm].seconds_per_update() for r in runs])[0] for arm in arms})
+    if together.overlap is not None:
+        line += f" overlap_speedup={together.overlap[1][0]:.2f}"
     critical = ",".join(f"{arm}:{stage}" for arm, stage in together.critical_path.items())
     return line + (f" critical_path={critical}" if critical else "")
 

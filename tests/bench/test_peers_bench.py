@@ -135,6 +135,26 @@ def test_several_seeds_weigh_training_on_level2_and_keep_the_worst_surplus() -> 
     assert "tiered-l1 cost per used sample 0.50 ± 0.00 of the conventional arm's" in summary
 
 
+def test_several_seeds_weigh_the_overlap() -> None:
+    job = SimpleNamespace(samples_per_update=8, updates=2)
+    runs = []
+    for seed, (overlapped, sequential, seconds) in enumerate([(0.1, 0.2, 3.0), (0.2, 0.2, 4.5), (0.3, 0.1, 3.0)]):
+        results = {"tiered": ArmResult("Strata tiered", update_seconds=[9.0, 2.0]),
+                   "tiered-sequential": ArmResult("Strata tiered-sequential", update_seconds=[9.0, seconds])}
+        gains = {"tiered": (Change(overlapped, 0.1, 4, 2), Change(overlapped, 0.05, 4, 2)),
+                 "tiered-sequential": (Change(sequential, 0.1, 4, 2), Change(sequential, 0.05, 4, 2))}
+        judged = {"tiered": peers.Judged([0.0] * 2, [2.0 + overlapped] * 2),
+                  "tiered-sequential": peers.Judged([0.0] * 2, [2.0 + sequential] * 2)}
+        runs.append(peers.SeedRun(seed, job, results, gains, judged, ["a", "b"]))
+    line = peers.seeds_line(runs)
+    # Differences -.1, 0, +.2: mean .033, SD .153, SE .088; speed-ups 1.5, 2.25, 1.5: mean 1.75, SE .25.
+    assert "tiered_minus_sequential=+0.033 tiered_minus_sequential_se=0.088" in line
+    assert " overlap_speedup=1.75" in line
+    summary = "\n".join(peers.over_seeds(runs))
+    assert "overlap (tiered against tiered-sequential): 1.75 ± 0.25 times as fast an update; held-out oracle, " \
+           "tiered minus sequential +0.033 ± 0.088" in summary
+
+
 def test_the_overlapped_arm_is_set_against_the_sequential_one() -> None:
     results = {"tiered": ArmResult("Strata tiered", update_seconds=[9.0, 2.0, 2.0]),
                "tiered-sequential": ArmResult("Strata tiered-sequential", update_seconds=[9.0, 3.0, 3.0])}
