@@ -2,7 +2,8 @@
 
 Trains the zoo's strong RM init (MiniLM on the default zoo) on the zoo's own RM data with its recipe
 (grouped steps, pairwise loss, the head's learning-rate scale) for ``--steps`` steps per mode and prints
-seconds per step, the first ``--warmup`` steps left out:
+seconds per step: the run's wall time over its steps, model loading left out, tokenising the data and the
+first step's allocations counted (the same in every mode):
 
 - ``full``: as the zoo builds it;
 - ``frozen-embeddings``: the word embeddings kept as pretrained (no gradient, no AdamW state);
@@ -35,6 +36,9 @@ def main() -> int:
     parser.add_argument("--modes", default="full,frozen-embeddings,bf16")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: all cores)")
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if unknown := sorted(set(modes) - {"full", "frozen-embeddings", "bf16"}):
+        parser.error(f"unknown mode(s) {', '.join(unknown)}: use full, frozen-embeddings or bf16")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -48,13 +52,11 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(init, local_files_only=True)
     print(f"zoo {cfg.config_hash()}: {len(rows)} RM rows, init {init}, {args.steps} steps of "
           f"{recipe.train.batch_size} groups per mode, {torch.get_num_threads()} threads")
-    for mode in args.modes.split(","):
+    for mode in modes:
         model = AutoModelForSequenceClassification.from_pretrained(
             init, num_labels=cfg.rm_n_bins, local_files_only=True, **rm_init_overrides(cfg.rm_strong_init_layers))
         if mode == "frozen-embeddings":
             model.get_input_embeddings().weight.requires_grad_(False)
-        elif mode not in ("full", "bf16"):
-            parser.error(f"unknown mode {mode!r}: use full, frozen-embeddings or bf16")
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext()
         started = time.perf_counter()
         with autocast:

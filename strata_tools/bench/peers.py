@@ -247,6 +247,13 @@ def against_conventional(results: dict[str, ArmResult], judged: dict[str, Judged
             f"by their {difference.clusters or difference.n} families)"]
 
 
+def overlap_speedup(results: dict[str, ArmResult]) -> float:
+    """The sequential arm's seconds per update over the overlapped (tiered) arm's: how many times as fast an
+    update is with generation and learning overlapped (nan without a time to divide by)."""
+    overlapped, sequential = results["tiered"].seconds_per_update(), results["tiered-sequential"].seconds_per_update()
+    return sequential / overlapped if overlapped and not math.isnan(overlapped) else float("nan")
+
+
 def against_sequential(results: dict[str, ArmResult], judged: dict[str, Judged],
                        families: Sequence[str] | None = None) -> list[str]:
     """The tiered arm beside the same stack with generation and learning taking turns (issue 63): seconds per
@@ -256,7 +263,7 @@ def against_sequential(results: dict[str, ArmResult], judged: dict[str, Judged],
     overlapped, sequential = results["tiered"].seconds_per_update(), results["tiered-sequential"].seconds_per_update()
     difference = paired_change(judged["tiered-sequential"].oracle, judged["tiered"].oracle, families)
     return [f"  overlap (tiered against tiered-sequential): {overlapped:.2f} s an update against {sequential:.2f} "
-            f"({overlapped / sequential:.2f}x); trained policies' held-out oracle, tiered minus sequential "
+            f"({overlap_speedup(results):.2f}x as fast); trained policies' held-out oracle, tiered minus sequential "
             f"{difference.mean:+.3f} ± {difference.stderr:.3f} (paired over {difference.n} prompts, SE clustered "
             f"by their {difference.clusters or difference.n} families)"]
 
@@ -297,8 +304,7 @@ def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Chan
     line += f" hacking_gap={hacking} generated_per_used={per_used}"
     line += over_trl({arm: r.seconds_per_update() for arm, r in results.items()})
     if "tiered" in results and "tiered-sequential" in results:
-        speedup = results["tiered-sequential"].seconds_per_update() / results["tiered"].seconds_per_update()
-        line += f" overlap_speedup={speedup:.2f}"
+        line += f" overlap_speedup={overlap_speedup(results):.2f}"
     critical = ",".join(f"{arm}:{max(r.critical_path, key=lambda s: r.critical_path[s])}"
                         for arm, r in results.items() if r.critical_path)
     return line + (f" critical_path={critical}" if critical else "")
@@ -397,8 +403,7 @@ def across_seeds(runs: Sequence[SeedRun]) -> AcrossSeeds:
     if "tiered" in arms and "tiered-sequential" in arms:
         overlap = (_mean_se([paired_change(r.judged["tiered-sequential"].oracle, r.judged["tiered"].oracle).mean
                              for r in runs]),
-                   _mean_se([r.results["tiered-sequential"].seconds_per_update()
-                             / r.results["tiered"].seconds_per_update() for r in runs]))
+                   _mean_se([overlap_speedup(r.results) for r in runs]))
     critical: dict[str, str] = {}
     for arm in arms:
         largest = [max(path, key=path.__getitem__) for r in runs if (path := r.results[arm].critical_path)]

@@ -52,6 +52,15 @@ def train_tiers(arm: str) -> str:
     return TRAIN_TIERS.get(arm) or LearnerSettings().train_tiers
 
 
+def train_options(arm: str, job: PeersJob, work: Path) -> TrainOptions:
+    """What the arm's driver sends: the job's stream, and the arm's learner batches in flight."""
+    return TrainOptions(updates=job.updates, prompts_per_round=job.prompts_per_round, n_samples=job.n_samples,
+                        eval_prompts=2, report_dir=work / "reports", seed=job.seed,
+                        repeat_share=job.repeat_share, paraphrase_share=job.paraphrase_share,
+                        samples_per_update=job.samples_per_update,
+                        max_batches_ahead=MAX_BATCHES_AHEAD.get(arm, TrainOptions.max_batches_ahead))
+
+
 def update_seconds(rounds: Sequence[RoundStats], start_version: int) -> list[float]:
     """Each policy update's share of the rounds' wall time: the seconds since the previous update spread
     evenly over the updates a round completed (rounds run while the learner updates in the background)."""
@@ -90,11 +99,7 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
                                # rm_watch off: a promotion on an external Kafka must not swap the arm's RM.
                                reward={"light_rm": scorer, "rm_watch": False, **(PLAIN_REWARD if plain else {})},
                                learner=learner)
-    options = TrainOptions(updates=job.updates, prompts_per_round=job.prompts_per_round, n_samples=job.n_samples,
-                           eval_prompts=2, report_dir=work / "reports", seed=job.seed,
-                           repeat_share=job.repeat_share, paraphrase_share=job.paraphrase_share,
-                           samples_per_update=job.samples_per_update,
-                           max_batches_ahead=MAX_BATCHES_AHEAD.get(arm, TrainOptions.max_batches_ahead))
+    options = train_options(arm, job, work)
     with bench_infra(StrataSettings(), work.name, f"peers-{arm}") as infra:
         client = redis_client.connect(infra.redis_address)
         before = ledger.read_stages(client)

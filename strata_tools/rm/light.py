@@ -117,7 +117,7 @@ def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions,
 
     from strata.models.prompts import model_positions
     from strata.models.training import ModelShape
-    from strata_tools.rm.recipe import rm_init_overrides, student_init_dir
+    from strata_tools.rm.recipe import check_init_layers, rm_init_overrides, student_init_dir
     from strata_tools.rm.train import new_reward_model
 
     layers = options.init_layers
@@ -131,6 +131,7 @@ def _student(init: str, strong: Any, strong_path: Path, options: DistillOptions,
         n_positions = max(256, options.max_length)  # svc_reward reads up to 256 tokens by default
         return new_reward_model(strong.tokenizer, shape, n_positions, n_bins, seed), "fresh"
     try:
+        check_init_layers(init, layers or 0)
         model = AutoModelForSequenceClassification.from_pretrained(init, local_files_only=True,
                                                                    **rm_init_overrides(layers or 0))
     except (OSError, ValueError) as exc:

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 from tqdm import tqdm
-from transformers import GPT2ForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, GPT2ForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
 from strata.contract.checksums import version_id, weights_checksum
+from strata.errors import CliError
 from strata.models.growth import deepen, widen, widen_bert
 from strata.models.loading import ZOO_INFO_FILE
 from strata.models.pretrained import TRUNKS, trunk_dir
@@ -199,6 +200,14 @@ def rm_init_overrides(init_layers: int) -> dict[str, int]:
     """``from_pretrained`` config overrides that keep an init model's first ``init_layers`` blocks (0: all);
     ``num_hidden_layers`` is every architecture's name for it (GPT-2 maps it to ``n_layer``)."""
     return {"num_hidden_layers": init_layers} if init_layers else {}
+
+
+def check_init_layers(init_dir: str | Path, init_layers: int) -> None:
+    """CliError when ``init_layers`` asks for more blocks than the checkpoint at ``init_dir`` has: the
+    ``rm_init_overrides`` of such a count would start the extra blocks at random."""
+    depth = getattr(AutoConfig.from_pretrained(init_dir, local_files_only=True), "num_hidden_layers", None)
+    if init_layers and isinstance(depth, int) and init_layers > depth:
+        raise CliError(f"--init-layers {init_layers} exceeds the {depth} blocks of {init_dir}")
 
 
 def groups_of(rows: list[dict[str, Any]]) -> list[list[int]]:

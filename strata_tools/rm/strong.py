@@ -82,18 +82,15 @@ def _with_recipe_defaults(options: StrongOptions, recipe: ZooRecipe) -> StrongOp
 
 def _strong_init(init: str, options: StrongOptions, overrides: dict[str, Any]) -> tuple[Any, Any, Path]:
     """The strong RM's start: ``init`` with a fresh head of ``n_bins`` logits, its tokenizer padding right."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from strata.models.loading import ModelLoadError, check_model_dir
     from strata.models.prompts import model_positions
+    from strata_tools.rm.recipe import check_init_layers
 
     try:
         init_dir = check_model_dir(init)
-        if overrides:  # more blocks than the checkpoint has would start the extra ones at random
-            depth = getattr(AutoConfig.from_pretrained(init_dir, local_files_only=True), "num_hidden_layers", None)
-            wanted = overrides["num_hidden_layers"]
-            if isinstance(depth, int) and wanted > depth:
-                raise CliError(f"--init-layers {wanted} exceeds the {depth} blocks of {init_dir}")
+        check_init_layers(init_dir, overrides.get("num_hidden_layers", 0))
         tokenizer = AutoTokenizer.from_pretrained(init_dir, local_files_only=True)
         model = AutoModelForSequenceClassification.from_pretrained(
             init_dir, num_labels=options.n_bins, ignore_mismatched_sizes=True, local_files_only=True, **overrides)

@@ -19,7 +19,7 @@ from strata_tools.bench import peers, peers_strata
 from strata_tools.bench.peers_strata import update_seconds
 from strata_tools.bench.peers_trl import ArmResult, group_per_update
 from strata_tools.cli.main import main
-from strata_tools.train import RoundStats, TrainOptions
+from strata_tools.train import RoundStats
 from strata_tools.train_summary import Change
 from strata_tools.zoo.build import ZooPaths
 
@@ -160,13 +160,16 @@ def test_the_overlapped_arm_is_set_against_the_sequential_one() -> None:
                "tiered-sequential": ArmResult("Strata tiered-sequential", update_seconds=[9.0, 3.0, 3.0])}
     judged = {"tiered": peers.Judged([0.0] * 2, [2.0, 3.0]), "tiered-sequential": peers.Judged([0.0] * 2, [2.5, 2.5])}
     (line,) = peers.against_sequential(results, judged)
-    assert "2.00 s an update against 3.00 (0.67x)" in line
+    assert "2.00 s an update against 3.00 (1.50x as fast)" in line
     assert "tiered minus sequential +0.000 ± 0.500 (paired over 2 prompts" in line
     assert peers.against_sequential({"tiered": results["tiered"]}, judged) == []
     gains = {arm: (Change(0.0, 0.1, 2, 2), Change(0.0, 0.1, 2, 2)) for arm in results}
     assert " overlap_speedup=1.50" in peers.last_line(results, gains, SimpleNamespace(samples_per_update=8, updates=2))
-    # The sequential arm keeps one learner batch in flight: the driver waits for each update.
-    assert peers_strata.MAX_BATCHES_AHEAD == {"tiered-sequential": 1} and TrainOptions().max_batches_ahead == 2
+    # The sequential arm keeps one learner batch in flight (the driver waits for each update), the others two.
+    job = SimpleNamespace(updates=2, prompts_per_round=8, n_samples=2, seed=0, repeat_share=0.0,
+                          paraphrase_share=0.0, samples_per_update=8)
+    assert peers_strata.train_options("tiered-sequential", job, Path("w")).max_batches_ahead == 1
+    assert peers_strata.train_options("tiered", job, Path("w")).max_batches_ahead == 2
     assert "tiered-sequential" not in peers.DEFAULT_ARMS and "tiered-sequential" in peers.ARMS
 
 

@@ -252,6 +252,34 @@ def test_cli_train_strong_from_a_user_file(monkeypatch: pytest.MonkeyPatch, tmp_
     assert "--max-length 512 exceeds the 128 positions of" in capsys.readouterr().err
 
 
+def test_cli_train_strong_reads_the_init_with_its_first_blocks(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_tokenizer: PreTrainedTokenizerFast, pairs_file: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("STRATA_CACHE_DIR", str(tmp_path / "cache"))
+    init = tmp_path / "two-blocks"
+    two_blocks = new_reward_model(tiny_tokenizer, replace(TINY, n_layer=2), n_positions=128, n_bins=N_BINS, seed=3)
+    two_blocks.save_pretrained(init)
+    tiny_tokenizer.save_pretrained(init)
+    out = tmp_path / "shallow"
+    code = main(["rm", "train-strong", "--data", str(pairs_file), "--init", str(init), "--init-layers", "1",
+                 "--steps", "2", "--max-length", "64", "--no-pseudo-label", "--no-register", "--out", str(out),
+                 "--threads", "1"])
+    assert code == 0
+    assert load_reward_model(out, "cpu").model.config.n_layer == 1
+    # More blocks than the init has would start the extra ones at random: refused, nothing written.
+    deep = tmp_path / "deep"
+    code = main(["rm", "train-strong", "--data", str(pairs_file), "--init", str(init), "--init-layers", "3",
+                 "--steps", "2", "--no-pseudo-label", "--no-register", "--out", str(deep)])
+    assert code == 2 and not deep.exists()
+    assert "--init-layers 3 exceeds the 2 blocks" in capsys.readouterr().err
+    # The light RM's init is held to the same check.
+    light = tmp_path / "light"
+    code = main(["rm", "distill", "--strong", str(init), "--init", str(init), "--init-layers", "3", "--no-zoo-pairs",
+                 "--data", str(pairs_file), "--no-rollout-log", "--steps", "1", "--no-register", "--out", str(light)])
+    assert code == 2 and not light.exists()
+    assert "--init-layers 3 exceeds the 2 blocks" in capsys.readouterr().err
+
+
 def test_cli_grown_strong_rm_keeps_its_student_init_and_distill_starts_from_it(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_strong: Path, pairs_file: Path) -> None:
     monkeypatch.setenv("STRATA_CACHE_DIR", str(tmp_path / "cache"))
