@@ -205,8 +205,10 @@ def rm_init_overrides(init_layers: int) -> dict[str, int]:
 def check_init_layers(init_dir: str | Path, init_layers: int) -> None:
     """CliError when ``init_layers`` asks for more blocks than the checkpoint at ``init_dir`` has: the
     ``rm_init_overrides`` of such a count would start the extra blocks at random."""
+    if not init_layers:
+        return  # every block: nothing to read
     depth = getattr(AutoConfig.from_pretrained(init_dir, local_files_only=True), "num_hidden_layers", None)
-    if init_layers and isinstance(depth, int) and init_layers > depth:
+    if isinstance(depth, int) and init_layers > depth:
         raise CliError(f"--init-layers {init_layers} exceeds the {depth} blocks of {init_dir}")
 
 

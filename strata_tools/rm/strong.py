@@ -80,20 +80,22 @@ def _with_recipe_defaults(options: StrongOptions, recipe: ZooRecipe) -> StrongOp
     return options
 
 
-def _strong_init(init: str, options: StrongOptions, overrides: dict[str, Any]) -> tuple[Any, Any, Path]:
-    """The strong RM's start: ``init`` with a fresh head of ``n_bins`` logits, its tokenizer padding right."""
+def _strong_init(init: str, options: StrongOptions) -> tuple[Any, Any, Path]:
+    """The strong RM's start: ``init`` read with its first ``options.init_layers`` blocks (0: all), with a fresh
+    head of ``n_bins`` logits, its tokenizer padding right."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from strata.models.loading import ModelLoadError, check_model_dir
     from strata.models.prompts import model_positions
-    from strata_tools.rm.recipe import check_init_layers
+    from strata_tools.rm.recipe import check_init_layers, rm_init_overrides
 
     try:
         init_dir = check_model_dir(init)
-        check_init_layers(init_dir, overrides.get("num_hidden_layers", 0))
+        check_init_layers(init_dir, options.init_layers)
         tokenizer = AutoTokenizer.from_pretrained(init_dir, local_files_only=True)
         model = AutoModelForSequenceClassification.from_pretrained(
-            init_dir, num_labels=options.n_bins, ignore_mismatched_sizes=True, local_files_only=True, **overrides)
+            init_dir, num_labels=options.n_bins, ignore_mismatched_sizes=True, local_files_only=True,
+            **rm_init_overrides(options.init_layers))
     except (ModelLoadError, OSError, ValueError) as exc:
         raise CliError(f"cannot start the strong RM from {init}: {exc}") from exc
     positions = model_positions(model.config)
@@ -166,7 +168,7 @@ def train_strong(options: StrongOptions, settings: Any, zoo: ZooSource,
     from strata.models.loading import load_reward_model
     from strata.models.prompts import PromptFormat
     from strata.models.reward import save_rm_tokenizer
-    from strata_tools.rm.recipe import STUDENT_INIT_DIR, fit_strong, groups_of, rm_init_dir, rm_init_overrides
+    from strata_tools.rm.recipe import STUDENT_INIT_DIR, fit_strong, groups_of, rm_init_dir
     from strata_tools.rm.rows import match_training
 
     models = None if (options.data and options.init) else zoo.models()
@@ -178,8 +180,7 @@ def train_strong(options: StrongOptions, settings: Any, zoo: ZooSource,
     options = _with_recipe_defaults(options, recipe)
     init = options.init or str(rm_init_dir(models, recipe.rm_strong_init or "level1"))
     # --init-layers defaults to the zoo's rm_strong_init_layers for its own init, all of a given --init.
-    overrides = rm_init_overrides(options.init_layers)
-    model, tokenizer, init_dir = _strong_init(init, options, overrides)
+    model, tokenizer, init_dir = _strong_init(init, options)
     progress(f"strong RM: {len(rows)} labelled pairs from {data_path}; init {init_dir} "
           f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), {options.steps} steps")
     rm_format = PromptFormat.of(tokenizer)
