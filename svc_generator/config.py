@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from strata.config import StrataSettings
 from strata.contract import limits
@@ -55,6 +55,12 @@ class GeneratorSettings(StrataSettings):
         None, description="load weights from policy-updated events; unset = yes for tier 1, no for tier 2"
     )
     group_id: str | None = Field(None, description="consumer group; unset = svc-generator-l<tier>")
+
+    @field_validator("tier", mode="before")
+    @classmethod
+    def _tier_from_text(cls, value: object) -> object:
+        # STRATA_TIER=2 arrives as the text "2", which a Literal of ints does not take as 2.
+        return int(value) if isinstance(value, str) and value.strip() in ("1", "2") else value
 
     @property
     def resolved_grpc_port(self) -> int:

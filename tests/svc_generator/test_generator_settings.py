@@ -1,4 +1,4 @@
-"""Generator settings: the gRPC port of each tier."""
+"""Generator settings: the tier from the environment, the gRPC port of each tier."""
 
 from __future__ import annotations
 
@@ -15,3 +15,11 @@ from svc_generator.config import GeneratorSettings
 ])
 def test_grpc_port_per_tier(tier: int, port: int | None, resolved: int) -> None:
     assert GeneratorSettings(tier=tier, grpc_port=port).resolved_grpc_port == resolved
+
+
+def test_the_tier_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_TIER", "2")
+    assert GeneratorSettings().tier == 2
+    monkeypatch.setenv("STRATA_TIER", "3")
+    with pytest.raises(ValueError, match="tier"):
+        GeneratorSettings()
