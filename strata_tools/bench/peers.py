@@ -1,9 +1,9 @@
 """Strata beside TRL: the same policy, reward model, prompts and sampling, one after another in one run.
 
-The arms, each in a process of its own (its peak memory is its own) with the same torch threads:
+The arms, each in a process of its own (its peak memory is its own) on the same cores:
 
 - ``tiered``: Strata's learner fed by Strata's rollout as it comes (skip, Level-0 + Level-1, escalation
-  to Level-2; the services in one process over a Kafka and Redis of their own);
+  to Level-2; each service in a process of its own, as deployed, over a Kafka and Redis of their own);
 - ``tiered-l1``: the same rollout with the learner training on Level-1's answers only (``train_tiers=1``;
   the stack's default trains on Level-2's too, importance-weighted): what using Level-2's cost buys;
 - ``tiered-sequential`` (not in the default arms): ``tiered`` with generation and learning taking turns
@@ -17,6 +17,11 @@ The arms, each in a process of its own (its peak memory is its own) with the sam
   same light RM (its expected score over the score bins, as svc_reward serves it), on the same prompt
   stream with the same directions line, sampling, batch shape, learning rate and KL coefficient.
 
+TRL runs in one process with ``--threads`` torch threads. Strata's services run at once (the generators
+write the next batch while the learner trains), so each gets ``--service-threads``: by default half the
+threads, so that the learner and a generator each have their own cores. More threads than cores makes
+the OpenMP teams spin against each other (docs/performance.md, *Threads on a shared CPU*).
+
 Then every trained policy and the starting one answer the same held-out prompts with the same seed,
 judged by the light RM and the oracle: the paired gain per prompt, with its standard error. Per arm: wall
 seconds per update (median, the first update left out as warm-up), generation's share of the training
@@ -26,13 +31,15 @@ differs between the arms. Last line::
 
     peers strata_s_per_update= trl_s_per_update= ratio= strata_oracle_gain= strata_oracle_gain_se=
       trl_oracle_gain= cost_per_used_sample_ratio= gain_per_cost_ratio= hacking_gap= generated_per_used=
-      plain_over_trl= tiered_over_trl= overlap_speedup= critical_path=
+      plain_over_trl= tiered_over_trl= overlap_speedup= cpu_floor= critical_path=
 
 (``strata``: the ``tiered`` arm; ``ratio``: TRL's seconds per update over Strata's, and ``*_over_trl``
 Strata's plain (``level1``) and tiered arms' over TRL's, when they ran; the cost and gain ratios: tiered
-over conventional.) With ``--seeds N`` the last line starts ``peers seeds=N``, gives
-means with between-seed SEs (``_se``), ``tiered_minus_conventional=``, ``tiered_minus_tiered_l1=``
-when both arms ran, the largest ``generated_per_used`` of any seed and the stage largest in most seeds.
+over conventional; ``cpu_floor``: per arm, the CPU seconds its processes spent per update over the cores:
+no schedule of that work updates faster on this machine.) With ``--seeds N`` the last line starts
+``peers seeds=N``, gives means with between-seed SEs (``_se``), ``tiered_minus_conventional=``,
+``tiered_minus_tiered_l1=`` when both arms ran, the largest ``generated_per_used`` of any seed and the
+stage largest in most seeds.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from typing import TYPE_CHECKING
 from strata.errors import CliError
 from strata_tools.bench.peers_trl import INSTALL_HINT, ArmResult, PeersJob
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
+from strata_tools.stack.spec import cores_here
 from strata_tools.task.oracle import oracle_score
 from strata_tools.train import TrainOptions
 from strata_tools.train_stream import held_out_records, prompt_rounds
@@ -87,7 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--seed, --seed+1, ...: a new prompt stream, sampling and held-out draw each time. One run "
                         "of one seed says nothing of training's own variance; the last line then gives the "
                         "means over seeds with their between-seed standard errors")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of every arm")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of TRL's arm, "
+                        "and what Strata's services share")
+    parser.add_argument("--service-threads", type=int, default=0, help="torch threads of each Strata service "
+                        "(0: half of --threads, at least 1: the learner and a generator run at once)")
+    parser.add_argument("--stack", choices=("processes", "threads"), default="processes",
+                        help="Strata's services each in a process of their own, as deployed, or all in one "
+                        "(one interpreter lock: for comparison)")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the arms' models, logs and results here "
                         "(default: a temporary directory, removed after)")
 
@@ -107,6 +121,8 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
         raise CliError(f"--arms: choose from {', '.join(ARMS)} (got {args.arms!r})")
     if args.updates < 1 or args.eval_prompts < 2 or args.epochs < 1 or args.threads < 1 or args.seeds < 1:
         raise CliError("--updates, --epochs, --threads and --seeds must be >= 1 and --eval-prompts >= 2")
+    if args.service_threads < 0:
+        raise CliError("--service-threads must be >= 0 (0: half of --threads)")
     if args.n_samples < 2:
         raise CliError("--n-samples must be >= 2 (RLOO's baseline is the other samples of the same prompt)")
     if args.samples_per_update % args.minibatch_size or args.samples_per_update % args.n_samples:
@@ -120,6 +136,12 @@ def served_directions(zoo: ZooPaths, prompts: Sequence[str]) -> list[list[str]]:
     """The directions line the stack forwards with each prompt (``strata_tools.level1``)."""
     prompting = LivePrompting.live(1)
     return [list(prompting.directions(r)) for r in probe_prompts(zoo.probe, prompts)]
+
+
+def service_threads(threads: int, asked: int = 0) -> int:
+    """Each Strata service's torch threads: ``asked``, or half of ``threads`` (the learner and a generator
+    work at once), at least 1."""
+    return asked or max(1, threads // 2)
 
 
 def build_job(args: argparse.Namespace, zoo: ZooPaths, work: Path) -> PeersJob:
@@ -148,7 +170,8 @@ def build_job(args: argparse.Namespace, zoo: ZooPaths, work: Path) -> PeersJob:
         epochs=args.epochs, learning_rate=args.learning_rate, kl_coef=args.kl_coef, clip_coef=learner.clip_coef,
         max_grad_norm=learner.max_grad_norm, adam_eps=learner.adam_eps, temperature=sampling.temperature,
         top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens, rm_max_length=RewardSettings().max_length,
-        seed=args.seed, threads=args.threads, out_dir=str(work / "trl" / "policy"),
+        seed=args.seed, threads=args.threads, out_dir=str(work / "trl" / "policy"), stack=args.stack,
+        service_threads=service_threads(args.threads, args.service_threads),
     )
 
 
@@ -192,8 +215,9 @@ def _fmt(value: float, spec: str) -> str:
 def print_report(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Change]], job: PeersJob) -> None:
     print(f"  {len(job.prompts)} training prompts, {job.updates} updates of {job.samples_per_update} rollouts "
           f"({job.n_samples} per prompt), {job.epochs} epochs in minibatches of {job.minibatch_size}, lr "
-          f"{job.learning_rate:g}, KL {job.kl_coef:g}, T {job.temperature:g} top-p {job.top_p:g}, {job.threads} "
-          "threads; s/update: median, the first update left out")
+          f"{job.learning_rate:g}, KL {job.kl_coef:g}, T {job.temperature:g} top-p {job.top_p:g}; TRL "
+          f"{job.threads} threads, Strata's services {job.stack} of {job.service_threads}; s/update: median, the "
+          "first update left out")
     print(f"  {'arm':<18} {'s/update':>8} {'gen share':>9} {'samples/s':>9} {'peak MB':>8} {'params x tokens':>15} "
           f"{'reward 1st->last':>16} {'held-out RM gain':>17} {'oracle gain':>16}")
     for arm, r in results.items():
@@ -204,6 +228,22 @@ def print_report(results: dict[str, ArmResult], gains: dict[str, tuple[Change, C
               f"{rm_gain.mean:+8.3f} ± {rm_gain.stderr:.3f} {oracle_gain.mean:+7.3f} ± {oracle_gain.stderr:.3f}")
         for note in r.notes:
             print(f"  {'':<18} {note}")
+        if r.cpu_seconds:
+            print(f"  {'':<18} {cpu_line(r, cores_here())}")
+
+
+def cpu_floor(arm: ArmResult, cores: int) -> float:
+    """The fewest wall seconds an update can take on ``cores`` cores doing the CPU work the arm did per update."""
+    per_update = arm.cpu_per_update
+    return sum(per_update.values()) / cores if per_update else float("nan")
+
+
+def cpu_line(arm: ArmResult, cores: int) -> str:
+    """The arm's CPU seconds per update by process, and the floor they put under an update on these cores."""
+    per_update = sorted(arm.cpu_per_update.items(), key=lambda item: -item[1])
+    total = sum(seconds for _, seconds in per_update)
+    return (f"CPU seconds per update: {', '.join(f'{name} {seconds:.2f}' for name, seconds in per_update)}; "
+            f"{total:.2f} in all: on {cores} cores no update under {total / cores:.2f} s")
 
 
 def used_samples(arm: ArmResult, samples_per_update: int) -> int:
@@ -305,6 +345,8 @@ def last_line(results: dict[str, ArmResult], gains: dict[str, tuple[Change, Chan
     line += over_trl({arm: r.seconds_per_update() for arm, r in results.items()})
     if "tiered" in results and "tiered-sequential" in results:
         line += f" overlap_speedup={overlap_speedup(results):.2f}"
+    floors = ",".join(f"{arm}:{cpu_floor(r, cores_here()):.2f}" for arm, r in results.items() if r.cpu_seconds)
+    line += f" cpu_floor={floors}" if floors else ""
     critical = ",".join(f"{arm}:{max(r.critical_path, key=lambda s: r.critical_path[s])}"
                         for arm, r in results.items() if r.critical_path)
     return line + (f" critical_path={critical}" if critical else "")
@@ -478,6 +520,9 @@ def seeds_line(runs: Sequence[SeedRun]) -> str:
     line += over_trl({arm: _mean_se([r.results[arm].seconds_per_update() for r in runs])[0] for arm in arms})
     if together.overlap is not None:
         line += f" overlap_speedup={together.overlap[1][0]:.2f}"
+    floors = ",".join(f"{arm}:{_mean_se([cpu_floor(r.results[arm], cores_here()) for r in runs])[0]:.2f}"
+                      for arm in arms if all(r.results[arm].cpu_seconds for r in runs))
+    line += f" cpu_floor={floors}" if floors else ""
     critical = ",".join(f"{arm}:{stage}" for arm, stage in together.critical_path.items())
     return line + (f" critical_path={critical}" if critical else "")
 

@@ -9,7 +9,8 @@ once the learner has trained on the one before), ``level1`` (the
 scheduler's ``tiering`` off and no escalation: every prompt to Level-1, a plain rollout scored by the
 light RM) or ``conventional`` (the same plain rollout with every sample scored by the strong RM: one-model
 RLHF at full reward cost, the baseline the article's saving is measured against). The services run
-in this process (``strata_tools.stack.inprocess``) over a Kafka and Redis of their own
+each in a process of its own (``strata_tools.stack.processes``; the job's ``stack="threads"``: all in this one,
+``strata_tools.stack.inprocess``) over a Kafka and Redis of their own
 (``strata_tools.bench.infra.bench_infra``: free ports, removed after; an external Kafka/Redis from the
 settings is used as is: the run's keys and groups are its own, and its cost is the ledger's change over
 the run).
@@ -26,8 +27,9 @@ from typing import Any
 from strata import ledger, redis_client
 from strata.config import StrataSettings
 from strata_tools.bench.infra import bench_infra
-from strata_tools.bench.peers_trl import ArmResult, PeersJob, peak_rss_mb
+from strata_tools.bench.peers_trl import ArmResult, PeersJob, own_cpu_seconds, peak_rss_mb
 from strata_tools.stack.inprocess import InProcessStack, StackOverrides
+from strata_tools.stack.processes import ProcessStack
 from strata_tools.trace import Trace, read_events, trace
 from strata_tools.train import RoundStats, TrainOptions, TrainSummary, train
 
@@ -83,7 +85,7 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
 
     if arm not in STRATA_ARMS:
         raise ValueError(f"arm must be one of {', '.join(STRATA_ARMS)}, not {arm!r}")
-    torch.set_num_threads(job.threads)
+    torch.set_num_threads(job.service_threads)  # the in-process stack's services (process-wide)
     zoo = ensure_zoo(ZooSettings(), progress=False)
     learner = {"learning_rate": job.learning_rate, "batch_size": job.samples_per_update,
                "minibatch_size": job.minibatch_size, "update_epochs": job.epochs, "kl_coef": job.kl_coef,
@@ -104,17 +106,31 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
         client = redis_client.connect(infra.redis_address)
         before = ledger.read_stages(client)
         started = time.time()  # a shared Kafka (tests) holds other runs' events: trace this one's
-        with InProcessStack.start(infra, zoo, work / "checkpoints", overrides) as stack:
-            summary = train(infra, options, stack.addresses)
+        services_mb = 0.0
+        if job.stack == "threads":
+            with InProcessStack.start(infra, zoo, work / "checkpoints", overrides) as stack:
+                cpu_before = {"stack": own_cpu_seconds()}
+                summary = train(infra, options, stack.addresses)
+                cpu_after = {"stack": own_cpu_seconds()}
+        else:
+            with ProcessStack.start(infra, zoo, work / "checkpoints", work / "services", overrides,
+                                    threads=job.service_threads) as processes:
+                cpu_before = {**processes.cpu_seconds(), "driver": own_cpu_seconds()}
+                summary = train(infra, options, processes.addresses)
+                cpu_after = {**processes.cpu_seconds(), "driver": own_cpu_seconds()}
+                services_mb = processes.peak_rss_mb()
         spent = ledger.subtract(ledger.read_stages(client), before)
         client.close()
         path = trace(*read_events(infra, since=started))
-    return arm_result(arm, job, work, summary, spent, path)
+    cpu = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
+    return arm_result(arm, job, work, summary, spent, path, services_mb, cpu)
 
 
 def arm_result(arm: str, job: PeersJob, work: Path, summary: TrainSummary, spent: Sequence[ledger.StageCost],
-               path: Trace) -> ArmResult:
-    """The arm's figures from its training summary, what the ledger booked and its critical path."""
+               path: Trace, services_mb: float = 0.0, cpu_seconds: dict[str, float] | None = None) -> ArmResult:
+    """The arm's figures from its training summary, what the ledger booked and its critical path; its peak
+    memory is this process's plus ``services_mb``, the service processes' peaks; ``cpu_seconds``: each
+    process's CPU seconds over the training."""
     # A round can complete more updates than asked for; the arm is judged at the version it asked for.
     updates = update_seconds(summary.rounds, summary.start_version)[: job.updates]
     by_stage: dict[str, float] = {}
@@ -129,12 +145,13 @@ def arm_result(arm: str, job: PeersJob, work: Path, summary: TrainSummary, spent
         samples=sum(s.items for s in generation),
         trained_tier_samples=sum(s.items for s in generation if s.tier in trained),
         train_seconds=sum(r.seconds for r in summary.rounds),
-        peak_rss_mb=peak_rss_mb(),
+        peak_rss_mb=peak_rss_mb() + services_mb,
         param_tokens=sum(s.param_tokens for s in spent),
         rewards=[r.mean_reward for r in summary.rounds if r.mean_reward is not None],
         policy_dir=str(work / "checkpoints" / f"v{summary.start_version + job.updates}"),
         updates_done=summary.end_version - summary.start_version,
         critical_path=path.mean_seconds() if path.updates else {},
+        cpu_seconds=cpu_seconds or {},
         notes=[path.line(),
                f"{len(summary.rounds)} rounds, policy v{summary.start_version} -> v{summary.end_version}; "
                "decisions " + ", ".join(f"{k}={sum(r.decisions.get(k, 0) for r in summary.rounds)}"

@@ -64,6 +64,9 @@ class PeersJob:
     threads: int
     out_dir: str                        # the trained policy is saved here
     strong_rm: str = ""                 # the strong RM's directory: the conventional arm scores with it
+    # Strata's services: "processes" (one each, as deployed) or "threads" (one process, one interpreter lock).
+    stack: str = "processes"
+    service_threads: int = 1            # torch threads of each Strata service process
 
     @classmethod
     def read(cls, path: str | Path) -> PeersJob:
@@ -91,6 +94,13 @@ class ArmResult:
     # Rollouts of the tiers its learner trains on (Strata: Level-1; both under train_tiers=1,2); None: all.
     trained_tier_samples: int | None = None
     critical_path: dict[str, float] = field(default_factory=dict)  # Strata: mean seconds per update by stage
+    cpu_seconds: dict[str, float] = field(default_factory=dict)    # process -> CPU seconds over the training
+
+    @property
+    def cpu_per_update(self) -> dict[str, float]:
+        """Each process's CPU seconds per update (over the updates the training window completed)."""
+        updates = self.updates_done or len(self.update_seconds)
+        return {name: seconds / updates for name, seconds in self.cpu_seconds.items()} if updates else {}
 
     def seconds_per_update(self, warmup: int = 1) -> float:
         """Median over updates, the first ``warmup`` left out (model loading, first-call allocations)."""
@@ -112,6 +122,12 @@ class ArmResult:
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+
+def own_cpu_seconds() -> float:
+    """This process's CPU seconds so far (user + system, every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def peak_rss_mb() -> float:
@@ -229,9 +245,9 @@ def run_trl(job: PeersJob) -> ArmResult:
     with tempfile.TemporaryDirectory(prefix="strata-peers-trl-") as scratch:
         trainer = RLOOTrainer(model=job.policy_dir, reward_funcs=reward, args=rloo_config(job, scratch),
                               train_dataset=dataset, processing_class=tokenizer)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), own_cpu_seconds()
         trainer.train()
-        train_seconds = time.perf_counter() - started
+        train_seconds, cpu_seconds = time.perf_counter() - started, own_cpu_seconds() - cpu_started
         trainer.save_model(job.out_dir)
     tokenizer.save_pretrained(job.out_dir)
     _copy_missing(Path(job.policy_dir), Path(job.out_dir))  # the zoo's descriptor, so it loads as the policy did
@@ -243,6 +259,7 @@ def run_trl(job: PeersJob) -> ArmResult:
         update_seconds=group_per_update([h["step_time"] for h in history if "step_time" in h], steps_per_update),
         generation_seconds=list(generate),
         samples=reward.samples, train_seconds=train_seconds, peak_rss_mb=peak_rss_mb(),
+        cpu_seconds={"trl": cpu_seconds},
         param_tokens=reward.generation_param_tokens + reward.rm_param_tokens,
         rewards=[h["reward"] for h in history if h.get("reward") is not None],
         policy_dir=job.out_dir,

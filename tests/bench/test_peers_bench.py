@@ -5,6 +5,7 @@ pieces the report is made of."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -179,6 +180,22 @@ def test_stratas_seconds_per_update_are_set_over_trls() -> None:
     assert peers.over_trl({"tiered": 6.0}) == "" and peers.over_trl({"tiered": 6.0, "trl": float("nan")}) == ""
 
 
+def test_the_cpu_each_process_spent_puts_a_floor_under_an_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    strata = ArmResult("Strata tiered", update_seconds=[9.0, 5.0], updates_done=4,
+                       cpu_seconds={"learner": 24.0, "generator": 8.0, "driver": 2.0})
+    trl = ArmResult("TRL", update_seconds=[4.0, 4.0, 4.0, 4.0], cpu_seconds={"trl": 20.0})
+    # Per update: learner 6, generator 2, driver .5 (over the 4 updates done); TRL 20 over its 4 updates.
+    assert strata.cpu_per_update == {"learner": 6.0, "generator": 2.0, "driver": 0.5}
+    assert peers.cpu_floor(strata, 2) == 4.25 and peers.cpu_floor(trl, 2) == 2.5
+    assert peers.cpu_line(strata, 2) == ("CPU seconds per update: learner 6.00, generator 2.00, driver 0.50; "
+                                         "8.50 in all: on 2 cores no update under 4.25 s")
+    assert math.isnan(peers.cpu_floor(ArmResult("no cpu"), 2))
+    monkeypatch.setattr(peers, "cores_here", lambda: 2)
+    gains = {arm: (Change(0.0, 0.1, 2, 2), Change(0.0, 0.1, 2, 2)) for arm in ("tiered", "trl")}
+    line = peers.last_line({"tiered": strata, "trl": trl}, gains, SimpleNamespace(samples_per_update=8, updates=4))
+    assert " cpu_floor=tiered:4.25,trl:2.50" in line
+
+
 def test_rounds_are_shared_by_the_updates_they_complete() -> None:
     rounds = [RoundStats(0, 0, 8, {}, 8, 8, 2.0, None, 4.0),   # no update yet
               RoundStats(1, 2, 8, {}, 8, 8, 2.0, None, 2.0),   # two updates: 6 s between them
@@ -218,6 +235,10 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
         assert result.samples >= 8 and result.param_tokens > 0 and result.peak_rss_mb > 0, arm
         trained = load_file(str(Path(result.policy_dir) / "model.safetensors"))
         assert any(not trained[name].equal(start[name]) for name in start if name in trained), f"{arm}: no update"
+        # Each process's CPU over the training: every Strata service apart (one process each), TRL's own.
+        expected = {"trl"} if arm == "trl" else {"scheduler", "probe", "generator", "generator_l2", "reward",
+                                                  "learner", "driver"}
+        assert set(result.cpu_seconds) == expected and result.cpu_seconds["trl" if arm == "trl" else "learner"] > 0, arm
     assert "tiered against conventional (strong RM on every sample)" in out
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"peers strata_s_per_update=\d+\.\d\d trl_s_per_update=\d+\.\d\d ratio=\d+\.\d\d "
@@ -225,4 +246,5 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
                         r"trl_oracle_gain=[+-]\d\.\d{3} cost_per_used_sample_ratio=\d+\.\d\d "
                         r"gain_per_cost_ratio=(\S+) hacking_gap=\S+ generated_per_used=tiered:\d+\.\d\d,"
                         r"tiered-l1:\d+\.\d\d,conventional:\d+\.\d\d,trl:1\.00 tiered_over_trl=\d+\.\d\d"
+                        r" cpu_floor=tiered:\d+\.\d\d,tiered-l1:\d+\.\d\d,conventional:\d+\.\d\d,trl:\d+\.\d\d"
                         r"( critical_path=\S+)?", last), last
