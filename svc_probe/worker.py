@@ -28,12 +28,13 @@ def forward(routed: events_pb2.PromptRouted, result: ProbeResult, n_directions: 
     scores = dict(result.directions)
     out.directions.extend(common_pb2.Direction(name=n, score=scores[n]) for n in result.forwarded(n_directions))
     if result.caution:
+        out.caution = True
+        out.reason = f"probe caution: {result.caution_reason}"
+    if result.caution and not routed.level1_only:
         out.tier = common_pb2.TIER_LEVEL_2
         out.decision = common_pb2.DECISION_LEVEL_2
         out.escalated_from = common_pb2.TIER_LEVEL_0
-        out.caution = True
-        out.reason = f"probe caution: {result.caution_reason}"
-    else:
+    else:  # no caution, or the scheduler's tiering is off: a plain rollout keeps every prompt at Level-1
         out.tier = common_pb2.TIER_LEVEL_1
     out.routed_at.GetCurrentTime()
     return out

@@ -362,6 +362,7 @@ class SchedulerEngine:
             caution=decision.caution,
             policy_version=versions.policy_version,
             request_id=request.request_id,
+            level1_only=not self.settings.tiering,
         )
         event.submitted_at.FromNanoseconds(int(submitted_at * 1e9))
         event.routed_at.FromNanoseconds(int(now * 1e9))

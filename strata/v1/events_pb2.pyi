@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PromptRouted(_message.Message):
-    __slots__ = ("prompt_hash", "tier", "decision", "reason", "sampling", "n_samples", "directions", "caution", "escalated_from", "policy_version", "request_id", "submitted_at", "routed_at")
+    __slots__ = ("prompt_hash", "tier", "decision", "reason", "sampling", "n_samples", "directions", "caution", "escalated_from", "policy_version", "request_id", "submitted_at", "routed_at", "level1_only")
     PROMPT_HASH_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class PromptRouted(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
     ROUTED_AT_FIELD_NUMBER: _ClassVar[int]
+    LEVEL1_ONLY_FIELD_NUMBER: _ClassVar[int]
     prompt_hash: str
     tier: _common_pb2.Tier
     decision: _common_pb2.Decision
@@ -38,7 +39,8 @@ class PromptRouted(_message.Message):
     request_id: str
     submitted_at: _timestamp_pb2.Timestamp
     routed_at: _timestamp_pb2.Timestamp
-    def __init__(self, prompt_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., decision: _Optional[_Union[_common_pb2.Decision, str]] = ..., reason: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., n_samples: _Optional[int] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., request_id: _Optional[str] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    level1_only: bool
+    def __init__(self, prompt_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., decision: _Optional[_Union[_common_pb2.Decision, str]] = ..., reason: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., n_samples: _Optional[int] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., request_id: _Optional[str] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., level1_only: _Optional[bool] = ...) -> None: ...
 
 class RolloutGenerated(_message.Message):
     __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "model_id", "sample_index", "prompt_tokens", "response_tokens", "device_seconds", "sampling", "directions", "caution", "escalated_from", "request_id", "routed_at", "generated_at", "response_logprob_mean", "response_logprob_min")

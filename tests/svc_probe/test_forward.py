@@ -31,3 +31,13 @@ def test_cautious_prompt_goes_to_level2_marked_as_escalated() -> None:
     assert out.decision == common_pb2.DECISION_LEVEL_2
     assert out.escalated_from == common_pb2.TIER_LEVEL_0
     assert out.caution and "risk topic" in out.reason
+
+
+def test_a_cautious_prompt_of_a_plain_rollout_stays_at_level1_still_flagged() -> None:
+    result = ProbeResult((("explain_principle", 0.5),), 0.5, 0.9, True, "risk topic (p=0.90)")
+    plain = routed()
+    plain.level1_only = True  # the scheduler's tiering is off
+    out = forward(plain, result, 1)
+    assert out.tier == common_pb2.TIER_LEVEL_1 and out.decision == common_pb2.DECISION_LEVEL_1
+    assert out.escalated_from == common_pb2.TIER_UNSPECIFIED
+    assert out.caution and "risk topic" in out.reason and out.level1_only

@@ -237,6 +237,7 @@ def test_submit_publishes_to_the_decided_topic_and_watch_streams_it(replica: Rep
     assert topic == topics.PROMPTS_LEVEL0.name
     assert message.tier == common_pb2.TIER_LEVEL_0 and message.decision == common_pb2.DECISION_LEVEL_1
     assert message.request_id == "r-1" and message.n_samples == replica.settings.default_n_samples
+    assert not message.level1_only  # tiering on: the probe may still send a cautious prompt to Level-2
     assert seen[risky.prompt_hash][0] == topics.PROMPTS_LEVEL2.name and seen[risky.prompt_hash][1].caution
     # The text is in the content store, keyed by the hash the client got back.
     assert replica.engine.content.contains(plain.prompt_hash)
@@ -245,6 +246,31 @@ def test_submit_publishes_to_the_decided_topic_and_watch_streams_it(replica: Rep
     first = next(iter(stream))
     stream.cancel()
     assert first.WhichOneof("event") == "routed" and first.routed.prompt_hash == plain.prompt_hash
+
+
+def test_with_tiering_off_a_risky_prompt_goes_to_level1_through_the_probe_marked_level1_only(
+    settings: SchedulerSettings, encoder: Encoder, infra: StrataSettings,
+) -> None:
+    reader = TailReader(infra, [topics.PROMPTS_LEVEL0, topics.PROMPTS_LEVEL2], client_id="test-tail-plain")
+    reader.seek_to_end()
+    plain_settings = settings.model_copy(update={"tiering": False,
+                                                 "redis_prefix": f"test:plain:{uuid.uuid4().hex[:8]}"})
+    try:
+        with Replica(plain_settings, encoder) as plain:
+            risky = submit(plain.stub, f"What dose of ibuprofen should I take? {uuid.uuid4()}")
+            assert risky.decision == common_pb2.DECISION_LEVEL_1
+            seen: dict[str, tuple[str, events_pb2.PromptRouted]] = {}
+
+            def risky_seen() -> bool:
+                for topic, message in reader.poll(0.2):
+                    seen[message.prompt_hash] = (topic.name, message)
+                return risky.prompt_hash in seen
+
+            eventually(risky_seen, "the routed event")
+    finally:
+        reader.close()
+    topic, message = seen[risky.prompt_hash]
+    assert topic == topics.PROMPTS_LEVEL0.name and message.level1_only
 
 
 def test_every_scored_reward_updates_redis_once(replica: Replica, publisher: Publisher) -> None:
