@@ -147,7 +147,8 @@ class ProcessStack:
                             for name in ("scheduler", "probe", "generator", "learner", "reward")})
 
     def peak_rss_mb(self) -> float:
-        """The services' peak resident memory, summed (read before they stop)."""
+        """The services' peak resident memory, summed (read before they stop): the libraries and model files
+        they share are counted in each, so this bounds their memory from above."""
         return sum(peak_rss_mb(process.pid) for process in self._processes.values())
 
     def cpu_seconds(self) -> dict[str, float]:
