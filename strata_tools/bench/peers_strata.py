@@ -18,6 +18,7 @@ the run).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -27,7 +28,8 @@ from typing import Any
 from strata import ledger, redis_client
 from strata.config import StrataSettings
 from strata_tools.bench.infra import bench_infra
-from strata_tools.bench.peers_trl import ArmResult, PeersJob, own_cpu_seconds, peak_rss_mb
+from strata_tools.bench.peers_trl import ArmResult, PeersJob, peak_rss_mb
+from strata_tools.infra.process import cpu_seconds
 from strata_tools.stack.inprocess import InProcessStack, StackOverrides
 from strata_tools.stack.processes import ProcessStack
 from strata_tools.trace import Trace, read_events, trace
@@ -109,15 +111,15 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
         services_mb = 0.0
         if job.stack == "threads":
             with InProcessStack.start(infra, zoo, work / "checkpoints", overrides) as stack:
-                cpu_before = {"stack": own_cpu_seconds()}
+                cpu_before = {"stack": cpu_seconds(os.getpid())}
                 summary = train(infra, options, stack.addresses)
-                cpu_after = {"stack": own_cpu_seconds()}
+                cpu_after = {"stack": cpu_seconds(os.getpid())}
         else:
             with ProcessStack.start(infra, zoo, work / "checkpoints", work / "services", overrides,
                                     threads=job.service_threads) as processes:
-                cpu_before = {**processes.cpu_seconds(), "driver": own_cpu_seconds()}
+                cpu_before = {**processes.cpu_seconds(), "driver": cpu_seconds(os.getpid())}
                 summary = train(infra, options, processes.addresses)
-                cpu_after = {**processes.cpu_seconds(), "driver": own_cpu_seconds()}
+                cpu_after = {**processes.cpu_seconds(), "driver": cpu_seconds(os.getpid())}
                 services_mb = processes.peak_rss_mb()
         spent = ledger.subtract(ledger.read_stages(client), before)
         client.close()

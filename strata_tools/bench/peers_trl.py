@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_tools.infra.process import cpu_seconds
+
 TRL_VERSION = "1.16.0"  # the `peers` extra's pin
 INSTALL_HINT = f"pip install -e '.[peers]'  (TRL {TRL_VERSION}, with accelerate and datasets)"
 
@@ -122,12 +124,6 @@ class ArmResult:
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
-
-
-def own_cpu_seconds() -> float:
-    """This process's CPU seconds so far (user + system, every thread)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def peak_rss_mb() -> float:
@@ -245,9 +241,9 @@ def run_trl(job: PeersJob) -> ArmResult:
     with tempfile.TemporaryDirectory(prefix="strata-peers-trl-") as scratch:
         trainer = RLOOTrainer(model=job.policy_dir, reward_funcs=reward, args=rloo_config(job, scratch),
                               train_dataset=dataset, processing_class=tokenizer)
-        started, cpu_started = time.perf_counter(), own_cpu_seconds()
+        started, cpu_started = time.perf_counter(), cpu_seconds(os.getpid())
         trainer.train()
-        train_seconds, cpu_seconds = time.perf_counter() - started, own_cpu_seconds() - cpu_started
+        train_seconds, cpu_spent = time.perf_counter() - started, cpu_seconds(os.getpid()) - cpu_started
         trainer.save_model(job.out_dir)
     tokenizer.save_pretrained(job.out_dir)
     _copy_missing(Path(job.policy_dir), Path(job.out_dir))  # the zoo's descriptor, so it loads as the policy did
@@ -259,7 +255,7 @@ def run_trl(job: PeersJob) -> ArmResult:
         update_seconds=group_per_update([h["step_time"] for h in history if "step_time" in h], steps_per_update),
         generation_seconds=list(generate),
         samples=reward.samples, train_seconds=train_seconds, peak_rss_mb=peak_rss_mb(),
-        cpu_seconds={"trl": cpu_seconds},
+        cpu_seconds={"trl": cpu_spent},
         param_tokens=reward.generation_param_tokens + reward.rm_param_tokens,
         rewards=[h["reward"] for h in history if h.get("reward") is not None],
         policy_dir=job.out_dir,

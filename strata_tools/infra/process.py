@@ -205,6 +205,11 @@ def rss_bytes(pid: int) -> int:
     return _status_field(pid, "VmRSS") * 1024
 
 
+def peak_rss_bytes(pid: int) -> int:
+    """Peak resident set size of a process (VmHWM, kB in /proc/<pid>/status); 0 when it is gone."""
+    return _status_field(pid, "VmHWM") * 1024
+
+
 def thread_count(pid: int) -> int:
     """Threads of a process; 0 when it is gone."""
     return _status_field(pid, "Threads")

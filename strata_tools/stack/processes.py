@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata.config import env_name
+from strata_tools.infra.process import cpu_seconds, free_port, peak_rss_bytes, tail
 from strata_tools.stack.control import health
 from strata_tools.stack.inprocess import ServicePlan, StackOverrides, plan_stack
 from strata_tools.stack.spec import THREAD_VARIABLES
@@ -36,13 +36,6 @@ if TYPE_CHECKING:
 
 class StackStartError(RuntimeError):
     """A service process exited or never answered its health check; the message holds its log's tail."""
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the service binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def settings_env(plan: ServicePlan) -> dict[str, str]:
@@ -65,33 +58,6 @@ def service_env(plan: ServicePlan, port: int, threads: int) -> dict[str, str]:
             **{variable: str(threads) for variable in THREAD_VARIABLES}}
 
 
-def peak_rss_mb(pid: int) -> float:
-    """A live process's peak resident memory (Linux ``VmHWM``; 0 where /proc does not say)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """A live process's CPU seconds so far (user + system, from Linux's /proc; 0 where it does not say)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 class ProcessStack:
     """Started by :meth:`start`; :meth:`stop` stops every process it started (also after a failed start)."""
 
@@ -112,7 +78,7 @@ class ProcessStack:
         stack = cls(log_dir)
         try:
             for name, plan in plan_stack(infra, zoo, checkpoint_dir, overrides or StackOverrides(), run_id).items():
-                port = free_port()
+                port = free_port(avoid=stack._ports.values())  # handed out, maybe not bound yet
                 with (log_dir / f"{name}.log").open("wb") as log:
                     stack._processes[name] = subprocess.Popen(
                         [sys.executable, "-m", plan.module], stdout=log, stderr=subprocess.STDOUT,
@@ -131,8 +97,9 @@ class ProcessStack:
             for name, port in list(waiting.items()):
                 code = self._processes[name].poll()
                 if code is not None:
+                    log = self.log_dir / f"{name}.log"
                     raise StackStartError(f"{name} exited with status {code} while starting; the end of its log "
-                                          f"({self.log_dir / f'{name}.log'}):\n{_tail(self.log_dir / f'{name}.log')}")
+                                          f"({log}):\n{tail(log, 30)}")
                 if health(port):
                     del waiting[name]
             if waiting and time.monotonic() > deadline:
@@ -149,7 +116,7 @@ class ProcessStack:
     def peak_rss_mb(self) -> float:
         """The services' peak resident memory, summed (read before they stop): the libraries and model files
         they share are counted in each, so this bounds their memory from above."""
-        return sum(peak_rss_mb(process.pid) for process in self._processes.values())
+        return sum(peak_rss_bytes(process.pid) for process in self._processes.values()) / 2**20
 
     def cpu_seconds(self) -> dict[str, float]:
         """Each service's CPU seconds so far."""
