@@ -39,7 +39,9 @@ over conventional; ``cpu_floor``: per arm, the CPU seconds its processes spent p
 no schedule of that work updates faster on this machine.) With ``--seeds N`` the last line starts
 ``peers seeds=N``, gives means with between-seed SEs (``_se``), ``tiered_minus_conventional=``,
 ``tiered_minus_tiered_l1=`` when both arms ran, the largest ``generated_per_used`` of any seed and the
-stage largest in most seeds.
+stage largest in most seeds. ``--project-as SIZES`` adds, per Strata arm, its measured work (the ledger's
+tokens, the trace's plumbing) as seconds per update at those sizes on one GPU per service, with and
+without overlap (``strata_tools.projection``: a labelled projection, not a measurement).
 """
 
 from __future__ import annotations
@@ -59,8 +61,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata.errors import CliError
+from strata.ledger import StageCost
 from strata_tools.bench.peers_trl import INSTALL_HINT, ArmResult, PeersJob
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
+from strata_tools.pricing import PriceAs, parse_price_as
+from strata_tools.projection import CONTROL_PROCESSES, GPUS, Assumptions, UpdateWork, projection_lines
 from strata_tools.stack.spec import cores_here
 from strata_tools.task.oracle import oracle_score
 from strata_tools.train import TrainOptions
@@ -102,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", choices=("processes", "threads"), default="processes",
                         help="Strata's services each in a process of their own, as deployed, or all in one "
                         "(one interpreter lock: for comparison)")
+    parser.add_argument("--project-as", action="append", default=[], metavar="SIZES",
+                        help="also project each Strata arm's seconds per update at these model sizes on GPUs, one "
+                        "per service, with and without overlap (a labelled projection of the measured work: "
+                        "a preset (article, deployment) or role=params pairs; docs/performance.md); repeatable")
+    parser.add_argument("--project-gpu", choices=sorted(GPUS), default="h100",
+                        help="the GPU of --project-as (published throughput; default h100)")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the arms' models, logs and results here "
                         "(default: a temporary directory, removed after)")
 
@@ -129,7 +140,26 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
         raise CliError("--samples-per-update must be a multiple of --minibatch-size and of --n-samples")
     if "trl" in arms and importlib.util.find_spec("trl") is None:
         raise CliError(f"TRL is not installed: {INSTALL_HINT}")
+    for sizes in args.project_as:
+        try:
+            parse_price_as(sizes)
+        except ValueError as exc:
+            raise CliError(str(exc).replace("--price-as", "--project-as")) from None
     return arms
+
+
+def projected(results: dict[str, ArmResult], price: PriceAs, assume: Assumptions) -> list[str]:
+    """Each Strata arm's measured work (ledger and trace) as seconds per update at ``price``'s sizes."""
+    lines = [f"{price.describe()}, on {assume.gpu.name} ({assume.gpu.source}); plumbing as measured here"]
+    for arm, result in results.items():
+        updates = result.updates_done or len(result.update_seconds)
+        if not result.ledger_stages or not updates:
+            continue
+        control = {name: s for name, s in result.cpu_per_update.items() if name in CONTROL_PROCESSES}
+        work = UpdateWork([StageCost(**s) for s in result.ledger_stages], updates, frozenset(result.trained_tiers),
+                          result.critical_path, control)
+        lines += projection_lines(arm, work, price, assume)
+    return lines
 
 
 def served_directions(zoo: ZooPaths, prompts: Sequence[str]) -> list[list[str]]:
@@ -483,9 +513,9 @@ def over_seeds(runs: Sequence[SeedRun]) -> list[str]:
         mean, se = together.level1_only_cost
         lines.append(f"    tiered-l1 cost per used sample {mean:.2f} ± {se:.2f} of the conventional arm's")
     if together.overlap is not None:
-        (diff, diff_se), (speedup, speedup_se) = together.overlap
+        (oracle_diff, oracle_se), (speedup, speedup_se) = together.overlap
         lines.append(f"    overlap (tiered against tiered-sequential): {speedup:.2f} ± {speedup_se:.2f} times as "
-                     f"fast an update; held-out oracle, tiered minus sequential {diff:+.3f} ± {diff_se:.3f}")
+                     f"fast an update; held-out oracle, tiered minus sequential {oracle_diff:+.3f} ± {oracle_se:.3f}")
     lines.append("    generated per used sample, the most over seeds: "
                  + ", ".join(f"{arm} {value:.2f}" for arm, value in together.generated_per_used.items()))
     return lines
@@ -513,8 +543,8 @@ def seeds_line(runs: Sequence[SeedRun]) -> str:
         line += (f" tiered_minus_tiered_l1={together.train_level2[0]:+.3f}"
                  f" tiered_minus_tiered_l1_se={together.train_level2[1]:.3f}")
     if together.overlap is not None:
-        diff, diff_se = together.overlap[0]
-        line += f" tiered_minus_sequential={diff:+.3f} tiered_minus_sequential_se={diff_se:.3f}"
+        oracle_diff, oracle_se = together.overlap[0]
+        line += f" tiered_minus_sequential={oracle_diff:+.3f} tiered_minus_sequential_se={oracle_se:.3f}"
     line += " hacking_gap=" + ",".join(f"{arm}:{gap[0]:+.3f}" for arm, gap in together.gap.items())
     line += " generated_per_used=" + ",".join(f"{arm}:{v:.2f}" for arm, v in together.generated_per_used.items())
     line += over_trl({arm: _mean_se([r.results[arm].seconds_per_update() for r in runs])[0] for arm in arms})
@@ -550,6 +580,9 @@ def run(args: argparse.Namespace) -> int:
                 print(line)
             for line in against_sequential(one.results, one.judged, one.families):
                 print(line)
+            for sizes in args.project_as:
+                for line in projected(one.results, parse_price_as(sizes), Assumptions(GPUS[args.project_gpu])):
+                    print(line)
             if args.seeds > 1:
                 print("  " + last_line(one.results, one.gains, one.job), flush=True)
     print(f"  {time.monotonic() - started:.0f} s in all")

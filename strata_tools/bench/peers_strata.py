@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,8 @@ def arm_result(arm: str, job: PeersJob, work: Path, summary: TrainSummary, spent
         updates_done=summary.end_version - summary.start_version,
         critical_path=path.mean_seconds() if path.updates else {},
         cpu_seconds=cpu_seconds or {},
+        ledger_stages=[asdict(s) for s in spent],
+        trained_tiers=sorted(trained),
         notes=[path.line(),
                f"{len(summary.rounds)} rounds, policy v{summary.start_version} -> v{summary.end_version}; "
                "decisions " + ", ".join(f"{k}={sum(r.decisions.get(k, 0) for r in summary.rounds)}"

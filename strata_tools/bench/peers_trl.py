@@ -97,6 +97,10 @@ class ArmResult:
     trained_tier_samples: int | None = None
     critical_path: dict[str, float] = field(default_factory=dict)  # Strata: mean seconds per update by stage
     cpu_seconds: dict[str, float] = field(default_factory=dict)    # process -> CPU seconds over the training
+    # Strata: the ledger's stages over the training (strata.ledger.StageCost's fields) and the tiers the
+    # learner trained on, for the projection at other sizes (strata_tools.projection).
+    ledger_stages: list[dict[str, Any]] = field(default_factory=list)
+    trained_tiers: list[int] = field(default_factory=list)
 
     @property
     def cpu_per_update(self) -> dict[str, float]:

@@ -225,7 +225,7 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
     monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
     code = main(["bench", "peers", "--arms", "tiered,tiered-l1,conventional,trl", "--updates", "1",
                  "--samples-per-update", "8", "--minibatch-size", "4", "--epochs", "1", "--eval-prompts", "4",
-                 "--threads", "1", "--work-dir", str(tmp_path)])
+                 "--threads", "1", "--project-as", "deployment", "--work-dir", str(tmp_path)])
     assert code == 0
     out = capsys.readouterr().out
     start = load_file(str(zoo.policy / "model.safetensors"))
@@ -239,6 +239,13 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
         expected = {"trl"} if arm == "trl" else {"scheduler", "probe", "generator", "generator_l2", "reward",
                                                   "learner", "driver"}
         assert set(result.cpu_seconds) == expected and result.cpu_seconds["trl" if arm == "trl" else "learner"] > 0, arm
+        # What the projection prices: the ledger's stages of a Strata arm, with the sizes they ran at.
+        assert (result.ledger_stages == []) == (arm == "trl"), arm
+        assert all(s["params"] > 0 for s in result.ledger_stages if s["stage"] == "generate"), arm
+    heading = re.compile(r"  (\S+): \d+ tokens trained per update")
+    projected = [m.group(1) for line in out.splitlines() if (m := heading.fullmatch(line))]
+    assert "projection at deployment sizes" in out and projected == ["tiered", "tiered-l1", "conventional"], out
+    assert len(re.findall(r"sequential \d+\.\d\d s, overlapped \d+\.\d\d s", out)) == 6, out  # two batches each
     assert "tiered against conventional (strong RM on every sample)" in out
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"peers strata_s_per_update=\d+\.\d\d trl_s_per_update=\d+\.\d\d ratio=\d+\.\d\d "
