@@ -22,7 +22,8 @@ class RewardSettings(StrataSettings):
     light_rm: str | None = Field(
         None, description="light RM directory, or several separated by commas for an ensemble (R8); unset = zoo"
     )
-    strong_rm: str | None = Field(None, description="strong RM directory (Level-2); unset = the zoo's")
+    strong_rm: str | None = Field(None, description="strong RM directory (Level-2), or an ensemble directory of "
+                                  "members (`strata rm ensemble`: their mean score); unset = the zoo's")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
     grpc_port: int = Field(50056, ge=0, le=65535)

@@ -14,6 +14,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from strata.contract.ensemble import ensemble_members
+
 POLICY_WEIGHTS_FILE = "model.safetensors"
 POLICY_META_FILE = "strata_checkpoint.json"  # written last by the learner: version, step, checksums
 _CHUNK = 1 << 20
@@ -40,7 +42,10 @@ def recorded_policy_version(checkpoint_dir: str | Path) -> int | None:
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
+    """The directory's weight files; an ensemble directory's are its members', in member order."""
     directory = Path(model_dir)
+    if (members := ensemble_members(directory)) is not None:
+        return [f for member in members for f in weight_files(member)]
     return sorted(directory.glob("*.safetensors")) or sorted(directory.glob("*.bin"))
 
 

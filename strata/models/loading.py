@@ -24,7 +24,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from strata.contract.ensemble import ensemble_members
 from strata.errors import ServiceConfigError
+from strata.models.ensemble import RewardEnsemble
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +190,24 @@ def load_causal_lm(path: str | Path, device: str = "auto", dtype: str = "auto") 
 
 
 def load_reward_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """A reward model: any ``AutoModelForSequenceClassification`` checkpoint (see ``strata.models.reward``)."""
+    """A reward model: any ``AutoModelForSequenceClassification`` checkpoint (see ``strata.models.reward``),
+    or an ensemble directory of them (``strata.contract.ensemble``), read as one model."""
     kind = "sequence-classification reward model"
+    try:
+        members = ensemble_members(Path(path).expanduser())
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if members is not None:
+        loaded = [_load(AutoModelForSequenceClassification, kind, m, device, dtype, padding_side="right")
+                  for m in members]
+        vocabularies = {json.dumps(m.tokenizer.get_vocab(), sort_keys=True) for m in loaded}
+        if len(vocabularies) != 1:
+            raise ModelLoadError(f"the members of the ensemble at {path} do not share a tokenizer")
+        try:
+            ensemble = RewardEnsemble([m.model for m in loaded])
+        except ValueError as exc:
+            raise ModelLoadError(f"the ensemble at {path}: {exc}") from None
+        first = loaded[0]
+        return LoadedModel(ensemble, first.tokenizer, first.device, Path(path).expanduser(),  # type: ignore[arg-type]
+                           first.zoo_info)
     return _load(AutoModelForSequenceClassification, kind, path, device, dtype, padding_side="right")

@@ -8,6 +8,7 @@
                                                                 re-distil, promote only if better held out
     strata rm sources [--prompts 200]                           what each kind of RM data adds (samples,
                                                                 best-of-n, perturbed, a PPO checkpoint's)
+    strata rm ensemble --member DIR --member DIR --out DIR   trained RMs as one ensemble directory
     strata rm list [--kind light] [--json]
 
 Artifacts go to ``<cache_dir>/rm/<version>/`` (one ``save_pretrained`` directory, or ``member-<i>``
@@ -37,6 +38,7 @@ from pydantic_settings import BaseSettings
 
 from strata.config import StrataSettings
 from strata.errors import CliError
+from strata_tools.rm.ensemble import write_ensemble
 from strata_tools.rm.light import DistillOptions, distill_version
 from strata_tools.rm.models import ZooSource
 from strata_tools.rm.refresh import RefreshOptions
@@ -59,6 +61,7 @@ def register(subparsers: Any) -> None:
     _register_refresh(sub)
     _register_sources(sub)
     _register_human_labels(sub)
+    _register_ensemble(sub)
     _register_list(sub)
 
 
@@ -251,6 +254,23 @@ def _register_human_labels(sub: Any) -> None:
                                                 "train-strong --data and distill --data (R3, R5)")
     human.add_argument("--out", type=Path, required=True, help="JSONL file to write")
     human.set_defaults(func=_human_labels)
+
+
+def _register_ensemble(sub: Any) -> None:
+    """``rm ensemble``: trained RMs as one ensemble directory."""
+    ensemble = sub.add_parser("ensemble", help="several trained RMs as one ensemble directory: served, distilled "
+                                               "and benched as one RM whose score is the members' mean")
+    ensemble.add_argument("--member", action="append", default=[], required=True,
+                          help="an RM directory (give two or more; the first is the light RM's student init)")
+    ensemble.add_argument("--out", type=Path, required=True, help="the ensemble directory to write (must not exist)")
+    ensemble.set_defaults(func=_ensemble)
+
+
+def _ensemble(args: argparse.Namespace) -> int:
+    version = write_ensemble(args.member, args.out)
+    print(f"ensemble {version} at {args.out}: {len(args.member)} members; serve it with svc_reward --strong-rm "
+          f"{args.out}, distil from it with strata rm distill --strong {args.out}")
+    return 0
 
 
 def _register_list(sub: Any) -> None:
