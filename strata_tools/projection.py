@@ -49,7 +49,7 @@ NEGLIGIBLE_SHARE = 0.05
 SIZE_FACTORS = tuple(2.0**k for k in range(-6, 7))  # the sizes tried: 1/64 to 64 times those named
 # A deployment's batch: OpenRLHF's benchmark shape, 1024 prompts a rollout with up to 1024 prompt and 1024
 # answer tokens each (its README's PPO table).
-DEPLOYMENT_BATCH_TOKENS = 1024 * 2048
+DEPLOYMENT_SAMPLES, DEPLOYMENT_SAMPLE_TOKENS = 1024, 2048
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,22 @@ class Assumptions:
 
 
 @dataclass(frozen=True)
+class BatchScale:
+    """A larger batch of the same mix: ``samples`` times the samples, each ``length`` times as long."""
+
+    samples: float = 1.0
+    length: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.samples > 0 and self.length > 0):
+            raise ValueError(f"batch scale factors must be > 0, got samples {self.samples}, length {self.length}")
+
+    @property
+    def tokens(self) -> float:
+        return self.samples * self.length
+
+
+@dataclass(frozen=True)
 class UpdateWork:
     """One update's measured work, in units no model size changes."""
 
@@ -97,7 +113,7 @@ class UpdateWork:
     trained_tiers: frozenset[int]  # the tiers whose samples the learner trains on
     plumbing_seconds: Mapping[str, float]  # the trace's mean seconds per update, by stage (others are ignored)
     # CPU seconds per update of the processes that decide for every prompt and run on no model device (the
-    # scheduler: encoder, index, Redis): a device of their own, busy in proportion to the batch.
+    # scheduler: encoder, index, Redis): a device of their own, busy in proportion to the batch's samples.
     control_seconds: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -135,6 +151,13 @@ class Projection:
         return max(self.rollout, self.learn)
 
     @property
+    def bound(self) -> str:
+        """What sets the overlapped update's pace: the learner, or the busiest rollout device."""
+        if self.learn >= self.rollout:
+            return "the learner"
+        return max(ROLLOUT_ROLES, key=lambda d: self.device_seconds.get(d, 0.0))
+
+    @property
     def devices(self) -> int:
         return sum(1 for seconds in self.device_seconds.values() if seconds > 0)
 
@@ -162,16 +185,28 @@ def trained_tokens(work: UpdateWork) -> float:
                if s.stage == "generate" and s.tier in work.trained_tiers) / work.updates
 
 
-def project(work: UpdateWork, price: PriceAs, assume: Assumptions, batch_factor: float = 1.0) -> Projection:
+def trained_samples(work: UpdateWork) -> float:
+    """Samples the learner trains on per update."""
+    return sum(s.items for s in work.stages if s.stage == "generate" and s.tier in work.trained_tiers) / work.updates
+
+
+def deployment_batch(work: UpdateWork) -> BatchScale | None:
+    """The scale from the measured batch to ``DEPLOYMENT_SAMPLES`` samples of ``DEPLOYMENT_SAMPLE_TOKENS``
+    tokens (None when the learner trained on nothing)."""
+    samples, tokens = trained_samples(work), trained_tokens(work)
+    if not (samples and tokens):
+        return None
+    return BatchScale(DEPLOYMENT_SAMPLES / samples, DEPLOYMENT_SAMPLE_TOKENS / (tokens / samples))
+
+
+def project(work: UpdateWork, price: PriceAs, assume: Assumptions, batch: BatchScale = BatchScale()) -> Projection:
     """``work`` at ``price``'s sizes on ``assume.gpu``; roles ``price`` does not size keep their measured size.
-    ``batch_factor``: every token and the control processes' seconds times this (a larger batch of the same
-    mix); the plumbing's latency stays as measured. ValueError when a stage that must be priced has no size
-    (an older ledger)."""
-    if batch_factor <= 0:
-        raise ValueError(f"batch_factor must be > 0, got {batch_factor}")
-    gpu, per_update = assume.gpu, batch_factor / work.updates
+    ``batch``: every token times ``batch.tokens``, the control processes' seconds times ``batch.samples``;
+    the plumbing's latency stays as measured. ValueError when a stage that must be priced has no size (an
+    older ledger)."""
+    gpu, per_update = assume.gpu, batch.tokens / work.updates
     forward_flops = gpu.bf16_flops * assume.forward_mfu
-    busy: dict[str, float] = {name: seconds * batch_factor for name, seconds in work.control_seconds.items()}
+    busy: dict[str, float] = {name: seconds * batch.samples for name, seconds in work.control_seconds.items()}
     trained = level2_trained = 0.0
 
     def size_of(role: str, stage: StageCost) -> float:
@@ -213,12 +248,12 @@ def scaled(price: PriceAs, factor: float) -> PriceAs:
                    f"{price.label} x{factor:g}")
 
 
-def negligible_from(work: UpdateWork, price: PriceAs, assume: Assumptions, batch_factor: float = 1.0,
+def negligible_from(work: UpdateWork, price: PriceAs, assume: Assumptions, batch: BatchScale = BatchScale(),
                     factors: Sequence[float] = SIZE_FACTORS) -> float | None:
     """The smallest factor on ``price``'s sizes from which the plumbing adds under ``NEGLIGIBLE_SHARE`` to an
     overlapped update (None: not within ``factors``)."""
     for factor in sorted(factors):
-        if project(work, scaled(price, factor), assume, batch_factor).plumbing_share() < NEGLIGIBLE_SHARE:
+        if project(work, scaled(price, factor), assume, batch).plumbing_share() < NEGLIGIBLE_SHARE:
             return factor
     return None
 
@@ -226,22 +261,21 @@ def negligible_from(work: UpdateWork, price: PriceAs, assume: Assumptions, batch
 def projection_lines(name: str, work: UpdateWork, price: PriceAs, assume: Assumptions) -> list[str]:
     """The arm's update at ``price``'s sizes, both ways, at the bench's batch and at a deployment's, and
     where its plumbing stops mattering."""
-    tokens = trained_tokens(work)
-    batches = [("the bench's batch", 1.0)]
-    if tokens:
-        batches.append(("a deployment's batch", DEPLOYMENT_BATCH_TOKENS / tokens))
-    lines = [f"  {name}: {tokens:.0f} tokens trained per update"]
-    for label, factor in batches:
-        p = project(work, price, assume, factor)
+    batches = [("the bench's batch", BatchScale())]
+    if (deployment := deployment_batch(work)) is not None:
+        batches.append((f"{DEPLOYMENT_SAMPLES} samples of {DEPLOYMENT_SAMPLE_TOKENS} tokens", deployment))
+    lines = [f"  {name}: {trained_samples(work):.0f} samples, {trained_tokens(work):.0f} tokens trained per update"]
+    for label, batch in batches:
+        p = project(work, price, assume, batch)
         by_device = ", ".join(f"{d} {s:.2f} s" for d, s in sorted(p.device_seconds.items(), key=lambda kv: -kv[1])
                               if s)
-        size = negligible_from(work, price, assume, factor)
+        size = negligible_from(work, price, assume, batch)
         where = (f"under {NEGLIGIBLE_SHARE:.0%} from {size:g}x these sizes on" if size is not None
                  else f"over {NEGLIGIBLE_SHARE:.0%} at every size tried")
         lines += [
-            f"    {label} (x{factor:.3g}): sequential {p.sequential:.2f} s, overlapped {p.overlapped:.2f} s "
-            f"({p.sequential / p.overlapped:.2f}x) per update on {p.devices} {assume.gpu.name}; devices busy "
-            f"{p.busy_share:.0%} of the time they are held",
+            f"    {label} (x{batch.tokens:.3g} tokens): sequential {p.sequential:.2f} s, overlapped "
+            f"{p.overlapped:.2f} s ({p.sequential / p.overlapped:.2f}x), bound by {p.bound}, per update on "
+            f"{p.devices} {assume.gpu.name}; devices busy {p.busy_share:.0%} of the time they are held",
             f"      busy per update: {by_device}; sync {p.sync:.2f} s; plumbing {p.plumbing:.2f} s adds "
             f"{p.plumbing_share():.1%} to the overlapped update ({where})",
         ]

@@ -16,12 +16,15 @@ from strata_tools.projection import (
     GPUS,
     NEGLIGIBLE_SHARE,
     Assumptions,
+    BatchScale,
     Gpu,
     UpdateWork,
+    deployment_batch,
     negligible_from,
     project,
     projection_lines,
     scaled,
+    trained_samples,
     trained_tokens,
 )
 
@@ -72,22 +75,31 @@ def test_overlap_takes_the_slower_side_and_sequential_their_sum() -> None:
     assert p.sequential == pytest.approx(rollout + learn)
     assert p.overlapped == pytest.approx(max(rollout, learn))
     assert 1.0 <= p.sequential / p.overlapped <= 2.0
+    assert learn > rollout and p.bound == "the learner"
+    # A learner with nothing to train: Level-1's generation sets the pace.
+    assert project(work(trained=set()), SIZES, FULL).bound == "level1"
     assert 0 < p.busy_share < 1
     # The plumbing costs the overlapped update only what the other side does not hide.
     assert p.plumbing_share() == pytest.approx((p.overlapped - max(rollout - 0.75, learn - 0.25)) / p.overlapped)
     assert p.plumbing_share(overlapped=False) == pytest.approx(1.0 / p.sequential)
 
 
-def test_a_larger_batch_scales_the_work_and_the_control_cpu_but_not_the_plumbing() -> None:
+def test_a_larger_batch_scales_the_work_by_tokens_and_the_scheduler_by_samples() -> None:
     base = UpdateWork(STAGES, 2, frozenset({1, 2}), PLUMBING, {"scheduler": 0.5})
-    one, many = project(base, SIZES, FULL), project(base, SIZES, FULL, batch_factor=10)
+    one, many = project(base, SIZES, FULL), project(base, SIZES, FULL, BatchScale(samples=5, length=2))
     for device, seconds in one.device_seconds.items():
-        assert many.device_seconds[device] == pytest.approx(10 * seconds), device
+        factor = 5 if device == "scheduler" else 10  # the scheduler decides per prompt, whatever its length
+        assert many.device_seconds[device] == pytest.approx(factor * seconds), device
     assert one.device_seconds["scheduler"] == 0.5 and many.plumbing == one.plumbing and many.sync == one.sync
     assert many.plumbing_share() < one.plumbing_share()
-    assert trained_tokens(base) == pytest.approx(180)
-    with pytest.raises(ValueError, match="batch_factor"):
-        project(base, SIZES, FULL, batch_factor=0)
+    # Per update the learner trains on 5 samples (4 of Level-1, 1 of Level-2) of 180 tokens in all: the
+    # deployment's 1024 samples of 2048 tokens are 204.8 times as many, each 56.9 times as long.
+    assert trained_tokens(base) == pytest.approx(180) and trained_samples(base) == pytest.approx(5)
+    deployment = deployment_batch(base)
+    assert deployment == BatchScale(1024 / 5, 2048 / 36)
+    assert deployment_batch(UpdateWork(STAGES, 2, frozenset(), PLUMBING)) is None
+    with pytest.raises(ValueError, match="factors"):
+        BatchScale(samples=0)
 
 
 def test_untrained_tiers_cost_the_learner_nothing() -> None:
@@ -138,9 +150,9 @@ def test_peers_projects_each_strata_arm_from_its_saved_result(tmp_path) -> None:
     with_control = UpdateWork(STAGES, 2, frozenset({1, 2}), PLUMBING, {"scheduler": 0.4})
     assert lines[1:] == projection_lines("tiered", with_control, parse_price_as("deployment"),
                                          Assumptions(GPUS["h100"]))
-    assert lines[1] == "  tiered: 180 tokens trained per update"
-    assert "the bench's batch (x1)" in lines[2] and "a deployment's batch (x1.17e+04)" in lines[4]
-    assert "overlapped" in lines[2] and not any("trl" in line for line in lines)
+    assert lines[1] == "  tiered: 5 samples, 180 tokens trained per update"
+    assert "the bench's batch (x1 tokens)" in lines[2] and "1024 samples of 2048 tokens (x1.17e+04 tokens)" in lines[4]
+    assert "bound by" in lines[2] and not any("trl" in line for line in lines)
 
 
 def test_peers_refuses_a_bad_projection_before_anything_runs() -> None:
