@@ -107,6 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", choices=("processes", "threads"), default="processes",
                         help="Strata's services each in a process of their own, as deployed, or all in one "
                         "(one interpreter lock: for comparison)")
+    parser.add_argument("--light-rm", type=Path, default=None, help="the light RM every arm but conventional is "
+                        "rewarded by, TRL's included (default: the zoo's)")
+    parser.add_argument("--strong-rm", type=Path, default=None, help="the strong RM: Level-2's and the audits' judge "
+                        "and the conventional arm's reward; one directory or an ensemble (`strata rm ensemble`; "
+                        "default: the zoo's)")
     parser.add_argument("--project-as", action="append", default=[], metavar="SIZES",
                         help="also project each Strata arm's seconds per update at these model sizes on GPUs, one "
                         "per service, with and without overlap (a labelled projection of the measured work: "
@@ -140,6 +145,9 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
         raise CliError("--samples-per-update must be a multiple of --minibatch-size and of --n-samples")
     if "trl" in arms and importlib.util.find_spec("trl") is None:
         raise CliError(f"TRL is not installed: {INSTALL_HINT}")
+    for flag, path in (("--light-rm", args.light_rm), ("--strong-rm", args.strong_rm)):
+        if path is not None and not Path(path).expanduser().is_dir():
+            raise CliError(f"{flag} {path}: no such RM directory")
     for sizes in args.project_as:
         try:
             parse_price_as(sizes)
@@ -193,7 +201,8 @@ def build_job(args: argparse.Namespace, zoo: ZooPaths, work: Path) -> PeersJob:
     sampling = LivePrompting.live(1).sampling
     learner = LearnerSettings()
     return PeersJob(
-        policy_dir=str(zoo.policy), light_rm=[str(zoo.light_rm)], strong_rm=str(zoo.strong_rm), prompts=prompts,
+        policy_dir=str(zoo.policy), light_rm=[str(args.light_rm or zoo.light_rm)],
+        strong_rm=str(args.strong_rm or zoo.strong_rm), prompts=prompts,
         directions=served_directions(zoo, prompts), prompts_per_round=prompts_per_round,
         repeat_share=args.repeat_share, paraphrase_share=args.paraphrase_share, updates=args.updates,
         samples_per_update=args.samples_per_update, n_samples=args.n_samples, minibatch_size=args.minibatch_size,

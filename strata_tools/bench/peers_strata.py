@@ -80,6 +80,21 @@ def update_seconds(rounds: Sequence[RoundStats], start_version: int) -> list[flo
     return out
 
 
+def arm_overrides(arm: str, job: PeersJob, learner: dict[str, Any]) -> StackOverrides:
+    """The stack's settings for ``arm``: its routing, the job's RMs and ``learner``."""
+    if arm == "conventional" and not job.strong_rm:
+        raise ValueError("the conventional arm needs the job's strong_rm")
+    # The conventional arm serves the strong RM where the light one would be: every sample pays its cost,
+    # booked with its parameters (svc_reward books what the members it scored with weigh).
+    scorer = job.strong_rm if arm == "conventional" else ",".join(job.light_rm)
+    plain = arm not in TIERED_ARMS
+    strong = {"strong_rm": job.strong_rm} if job.strong_rm else {}
+    # rm_watch off: a promotion on an external Kafka must not swap the arm's RM.
+    return StackOverrides(scheduler=PLAIN_SCHEDULER if plain else {},
+                          reward={"light_rm": scorer, **strong, "rm_watch": False, **(PLAIN_REWARD if plain else {})},
+                          learner=learner)
+
+
 def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
     """Train the zoo's policy through the stack for ``job.updates`` updates under ``arm``'s routing."""
     import torch
@@ -94,16 +109,7 @@ def run_strata(arm: str, job: PeersJob, work: Path) -> ArmResult:
                "minibatch_size": job.minibatch_size, "update_epochs": job.epochs, "kl_coef": job.kl_coef,
                "kl_warmup_updates": 0, "clip_coef": job.clip_coef, "max_grad_norm": job.max_grad_norm,
                "adam_eps": job.adam_eps, "seed": job.seed, "train_tiers": train_tiers(arm)}
-    if arm == "conventional" and not job.strong_rm:
-        raise ValueError("the conventional arm needs the job's strong_rm")
-    # The conventional arm serves the strong RM where the light one would be: every sample pays its cost,
-    # booked with its parameters (svc_reward books what the members it scored with weigh).
-    scorer = job.strong_rm if arm == "conventional" else ",".join(job.light_rm)
-    plain = arm not in TIERED_ARMS
-    overrides = StackOverrides(scheduler=PLAIN_SCHEDULER if plain else {},
-                               # rm_watch off: a promotion on an external Kafka must not swap the arm's RM.
-                               reward={"light_rm": scorer, "rm_watch": False, **(PLAIN_REWARD if plain else {})},
-                               learner=learner)
+    overrides = arm_overrides(arm, job, learner)
     options = train_options(arm, job, work)
     with bench_infra(StrataSettings(), work.name, f"peers-{arm}") as infra:
         client = redis_client.connect(infra.redis_address)

@@ -5,6 +5,7 @@ pieces the report is made of."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -17,8 +18,8 @@ from safetensors.torch import load_file
 from strata.config import StrataSettings
 from strata.errors import CliError
 from strata_tools.bench import peers, peers_strata
-from strata_tools.bench.peers_strata import update_seconds
-from strata_tools.bench.peers_trl import ArmResult, group_per_update
+from strata_tools.bench.peers_strata import arm_overrides, update_seconds
+from strata_tools.bench.peers_trl import ArmResult, PeersJob, group_per_update
 from strata_tools.cli.main import main
 from strata_tools.train import RoundStats
 from strata_tools.train_summary import Change
@@ -34,10 +35,27 @@ def _args(**overrides: object) -> argparse.Namespace:
     ({"n_samples": 1}, "--n-samples"),
     ({"samples_per_update": 30}, "--samples-per-update"),
     ({"eval_prompts": 1}, "--eval-prompts"),
+    ({"strong_rm": Path("/no/such/rm")}, "--strong-rm"),
+    ({"light_rm": Path("/no/such/rm")}, "--light-rm"),
 ])
 def test_bad_arguments_are_refused_naming_the_flag(overrides: dict, named: str) -> None:
     with pytest.raises(CliError, match=named):
         peers.check_arguments(_args(**overrides))
+
+
+def test_every_arm_is_judged_by_the_jobs_rms() -> None:
+    job = PeersJob(policy_dir="p", light_rm=["light-a", "light-b"], prompts=[], directions=[], prompts_per_round=1,
+                   repeat_share=0, paraphrase_share=0, updates=1, samples_per_update=2, n_samples=2,
+                   minibatch_size=2, epochs=1, learning_rate=1e-4, kl_coef=0.2, clip_coef=0.2, max_grad_norm=1,
+                   adam_eps=1e-8, temperature=1, top_p=1, max_new_tokens=8, rm_max_length=64, seed=0, threads=1,
+                   out_dir="o", strong_rm="strong-ensemble")
+    for arm in ("tiered", "level1", "conventional"):
+        reward = arm_overrides(arm, job, {}).reward
+        assert reward["strong_rm"] == "strong-ensemble", arm  # Level-2's and the audits' judge
+        # The conventional arm is rewarded by the strong RM on every sample; the others by the light one.
+        assert reward["light_rm"] == ("strong-ensemble" if arm == "conventional" else "light-a,light-b"), arm
+    with pytest.raises(ValueError, match="strong_rm"):
+        arm_overrides("conventional", dataclasses.replace(job, strong_rm=""), {})
 
 
 def test_a_missing_trl_is_refused_with_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
