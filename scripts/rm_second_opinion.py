@@ -9,6 +9,9 @@ mean reward) differences with 95 % intervals from a paired bootstrap over paraph
     STRATA_ZOO_PRESET=default strata rm train-strong --widen 1 --seed 1 --out /tmp/m1 --no-register \\
         --no-pseudo-label
     STRATA_ZOO_PRESET=default .venv/bin/python scripts/rm_second_opinion.py --member /tmp/m1
+
+``--strong`` and ``--light`` compare another pair: an ensemble directory (``strata rm ensemble``) and the
+light RM distilled from it (``strata rm distill --strong``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--member", action="append", default=[], help="another strong-RM member's directory")
+    parser.add_argument("--light", type=Path, default=None, help="the light RM to compare (default: the zoo's)")
+    parser.add_argument("--strong", type=Path, default=None, help="the strong RM to compare, one directory or an "
+                        "ensemble (`strata rm ensemble`; default: the zoo's)")
     parser.add_argument("--split", default="test", choices=("test", "fresh", "eval"))
     parser.add_argument("--draws", type=int, default=1000)
     args = parser.parse_args()
@@ -36,7 +42,7 @@ def main() -> int:
     zoo = ensure_zoo(settings, progress=False)
     answers = policy_answers(zoo, args.split, cache_dir=Path(settings.cache_dir).expanduser() / "rm" / "onpolicy")
     prompts, texts = [a.prompt for a in answers], [a.response for a in answers]
-    dirs = {"light": Path(zoo.rm_light), "strong": Path(zoo.rm_strong),
+    dirs = {"light": args.light or Path(zoo.rm_light), "strong": args.strong or Path(zoo.rm_strong),
             "member 0": Path(zoo.rm_strong) / "student_init"}
     dirs |= {f"member {i}": Path(d) for i, d in enumerate(args.member, start=1)}
     rewards = {name: mean_rewards([load_reward_model(d, device="cpu")], prompts, texts, zoo.config.rm_max_length,
