@@ -159,6 +159,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also print the arms' params x tokens at these model sizes, a labelled projection of "
                              "the same measured work: a preset (article, deployment) or role=params pairs "
                              "(strata report --help)")
+    parser.add_argument("--light-rm", type=Path, default=None, help="the light RM to route with instead of the "
+                        "zoo's (its escalation threshold is calibrated here as the zoo's would be)")
+    parser.add_argument("--strong-rm", type=Path, default=None, help="the strong RM to judge Level-2 with instead "
+                        "of the zoo's: one directory or an ensemble (`strata rm ensemble`)")
     parser.add_argument("--out", type=Path, default=None, help="directory for tiers.json and tiers.png "
                         "(default: <state dir>/reports)")
 
@@ -274,6 +278,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--expected-samples must be >= 1")
     if not (0 <= args.risk_share <= 1 and 0 <= args.stress_risk_share <= 1):
         raise CliError("--risk-share and --stress-risk-share must be in [0, 1]")
+    for flag, path in (("--light-rm", args.light_rm), ("--strong-rm", args.strong_rm)):
+        if path is not None and not Path(path).expanduser().is_dir():
+            raise CliError(f"{flag} {path}: no such RM directory")
     run_id = uuid.uuid4().hex[:8]
     settings = StrataSettings()
     # The services' per-event INFO lines would bury the progress; warnings and errors still show.
@@ -291,6 +298,10 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
         print(line, flush=True)
 
     zoo = ensure_zoo(settings)
+    # Another light or strong RM in the zoo's place: every arm, the calibration and the replay read these.
+    zoo = dataclasses.replace(zoo, rm_light=args.light_rm or zoo.rm_light, rm_strong=args.strong_rm or zoo.rm_strong)
+    if args.light_rm or args.strong_rm:
+        progress(f"tiers bench: light RM {zoo.rm_light}, strong RM {zoo.rm_strong} (given, not the zoo's)")
     mixes = prompt_mixes(load_suite(SEALED_SPLIT), args.prompts, args.seed, args.risk_share, args.stress_risk_share)
     eval_records = mixes.union
     history = pick_prompts(load_suite("train"), args.history, args.seed + 1) if args.history else []

@@ -11,8 +11,12 @@ from types import SimpleNamespace
 import pytest
 
 from strata.config import StrataSettings
+from strata.errors import CliError
+from strata.models.loading import params_on_disk
 from strata.v1 import common_pb2
 from strata_tools.bench import tiers, tiers_epochs
+from strata_tools.rm.ensemble import write_ensemble
+from strata_tools.rm.recipe import student_init_dir
 from strata_tools.tiering import tier_eval
 from strata_tools.tiering.answers import Answers, answers_of, baseline_figures, live_figures
 from strata_tools.tiering.arms import ArmRun, ArmRunner
@@ -295,9 +299,14 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     monkeypatch.setenv("STRATA_ZOO_PRESET", "ci")
     parser = argparse.ArgumentParser()
     tiers.add_arguments(parser)
-    args = parser.parse_args(["--prompts", "8", "--history", "4", "--epochs", "3", "--out", str(tmp_path)])
+    # Level-2 judged by a strong RM of two members (the zoo's, and its model before growth), served as one.
+    members = [zoo.rm_strong, student_init_dir(zoo.rm_strong)]
+    write_ensemble(members, tmp_path / "strong-ensemble")
+    args = parser.parse_args(["--prompts", "8", "--history", "4", "--epochs", "3", "--out", str(tmp_path),
+                              "--strong-rm", str(tmp_path / "strong-ensemble")])
     assert tiers.run(args) == 0
     out = capsys.readouterr().out
+    assert f"strong RM {tmp_path / 'strong-ensemble'} (given, not the zoo's)" in out
     figures = json.loads((tmp_path / "tiers.json").read_text())
     assert (tmp_path / "tiers.png").stat().st_size > 0
     arms = {a["name"]: a for a in figures["arms"]}
@@ -308,6 +317,9 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     # Every arm booked real work: the baseline generation and the strong RM; the tiered arm the probe too.
     stages = {name: {(s["stage"], s["tier"]) for s in rows if s["items"]} for name, rows in figures["stages"].items()}
     assert {("generate", 2), ("rm_strong", 2), ("human_review", 2)} <= stages["all-Level-2"]
+    # Booked at the parameters it runs: both members.
+    strong_params = {s["params"] for s in figures["stages"]["all-Level-2"] if s["stage"] == "rm_strong" and s["items"]}
+    assert strong_params == {float(sum(params_on_disk(m) for m in members))}
     assert ("probe", 0) in stages["tiered"] and ("encoder", 0) in stages["tiered + skip"]
     assert ("encoder", 0) not in stages["tiered"]
     assert tiered["saving"] == pytest.approx(1 - tiered["device_seconds"] / baseline["device_seconds"])
@@ -340,6 +352,14 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     assert figures["epochs"][0]["param_token_saving"] == pytest.approx(skip_arm["param_token_saving"])
     assert all(0 <= e["skipped"] <= 8 and e["prompts"] == 8 for e in figures["epochs"])
     assert figures["audits"]["scored"] <= figures["audits"]["audits"]
+
+
+def test_a_missing_rm_directory_is_refused_before_anything_starts(tmp_path) -> None:
+    parser = argparse.ArgumentParser()
+    tiers.add_arguments(parser)
+    for flag in ("--light-rm", "--strong-rm"):
+        with pytest.raises(CliError, match=flag):
+            tiers.run(parser.parse_args([flag, str(tmp_path / "none")]))
 
 
 def test_the_headline_carries_intervals_from_resampling_whole_families() -> None:
