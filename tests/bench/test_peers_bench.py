@@ -260,7 +260,7 @@ def test_both_sides_train_one_update_and_the_last_line_parses(
         # What the projection prices: the ledger's stages of a Strata arm, with the sizes they ran at.
         assert (result.ledger_stages == []) == (arm == "trl"), arm
         assert all(s["params"] > 0 for s in result.ledger_stages if s["stage"] == "generate"), arm
-    heading = re.compile(r"  (\S+): \d+ tokens trained per update")
+    heading = re.compile(r"  (\S+): \d+ samples, \d+ tokens trained per update")
     projected = [m.group(1) for line in out.splitlines() if (m := heading.fullmatch(line))]
     assert "projection at deployment sizes" in out and projected == ["tiered", "tiered-l1", "conventional"], out
     assert len(re.findall(r"sequential \d+\.\d\d s, overlapped \d+\.\d\d s", out)) == 6, out  # two batches each
