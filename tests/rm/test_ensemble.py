@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from rmutil import TINY
 
 from strata.contract.checksums import weights_checksum
 from strata.contract.ensemble import ENSEMBLE_FILE
@@ -21,6 +22,7 @@ from strata.models.reward import score_responses
 from strata_tools.cli.main import main
 from strata_tools.rm.ensemble import write_ensemble
 from strata_tools.rm.recipe import student_init_dir
+from strata_tools.rm.train import new_reward_model
 from svc_reward.config import RewardSettings
 from svc_reward.models import RewardModels, ScoringOptions
 
@@ -80,6 +82,16 @@ def test_a_bad_ensemble_is_refused_naming_what_to_fix(make_rm: Callable[..., Pat
     manifest.write_text("{not json")
     with pytest.raises(ModelLoadError, match=ENSEMBLE_FILE):
         load_reward_model(tmp_path / "e", device="cpu")
+
+
+def test_members_that_score_over_other_bins_are_refused(make_rm: Callable[..., Path], tiny_tokenizer,
+                                                        tmp_path: Path) -> None:
+    other = tmp_path / "five-bins"
+    new_reward_model(tiny_tokenizer, TINY, n_positions=128, n_bins=5, seed=3).save_pretrained(other)
+    tiny_tokenizer.save_pretrained(other)
+    write_ensemble([make_rm("a", 1.0), other], tmp_path / "mixed")
+    with pytest.raises(ModelLoadError, match="different numbers of bins"):
+        load_reward_model(tmp_path / "mixed", device="cpu")
 
 
 def test_the_cli_writes_an_ensemble_and_says_how_to_serve_it(make_rm: Callable[..., Path], tmp_path: Path,
