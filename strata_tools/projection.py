@@ -123,7 +123,6 @@ class UpdateWork:
 
 @dataclass(frozen=True)
 class Projection:
-    label: str
     device_seconds: dict[str, float]  # device (ROLLOUT_ROLES, "learner") -> busy seconds per update
     sync: float
     rollout_plumbing: float  # seconds per update on the critical path, as measured
@@ -238,7 +237,7 @@ def project(work: UpdateWork, price: PriceAs, assume: Assumptions, batch: BatchS
     busy["learner"] = ((6 * assume.update_epochs + 4) * policy * trained / (gpu.bf16_flops * assume.train_mfu)
                        + 2 * level2_trained / forward_flops)
     sync = assume.bytes_per_param * policy / assume.sync_bytes_per_s if trained else 0.0
-    return Projection(price.label, busy, sync, sum(work.plumbing_seconds.get(s, 0.0) for s in ROLLOUT_PLUMBING),
+    return Projection(busy, sync, sum(work.plumbing_seconds.get(s, 0.0) for s in ROLLOUT_PLUMBING),
                       sum(work.plumbing_seconds.get(s, 0.0) for s in LEARNER_PLUMBING))
 
 

@@ -66,6 +66,7 @@ from strata_tools.bench.peers_trl import INSTALL_HINT, ArmResult, PeersJob
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
 from strata_tools.pricing import PriceAs, parse_price_as
 from strata_tools.projection import CONTROL_PROCESSES, GPUS, Assumptions, UpdateWork, projection_lines
+from strata_tools.rm.ensemble import check_given_rms
 from strata_tools.stack.spec import cores_here
 from strata_tools.task.oracle import oracle_score
 from strata_tools.train import TrainOptions
@@ -145,9 +146,7 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
         raise CliError("--samples-per-update must be a multiple of --minibatch-size and of --n-samples")
     if "trl" in arms and importlib.util.find_spec("trl") is None:
         raise CliError(f"TRL is not installed: {INSTALL_HINT}")
-    for flag, path in (("--light-rm", args.light_rm), ("--strong-rm", args.strong_rm)):
-        if path is not None and not Path(path).expanduser().is_dir():
-            raise CliError(f"{flag} {path}: no such RM directory")
+    check_given_rms(args.light_rm, args.strong_rm)
     for sizes in args.project_as:
         try:
             parse_price_as(sizes)
@@ -160,12 +159,11 @@ def projected(results: dict[str, ArmResult], price: PriceAs, assume: Assumptions
     """Each Strata arm's measured work (ledger and trace) as seconds per update at ``price``'s sizes."""
     lines = [f"{price.describe()}, on {assume.gpu.name} ({assume.gpu.source}); plumbing as measured here"]
     for arm, result in results.items():
-        updates = result.updates_done or len(result.update_seconds)
-        if not result.ledger_stages or not updates:
+        if not result.ledger_stages or not result.updates:
             continue
         control = {name: s for name, s in result.cpu_per_update.items() if name in CONTROL_PROCESSES}
-        work = UpdateWork([StageCost(**s) for s in result.ledger_stages], updates, frozenset(result.trained_tiers),
-                          result.critical_path, control)
+        work = UpdateWork([StageCost(**s) for s in result.ledger_stages], result.updates,
+                          frozenset(result.trained_tiers), result.critical_path, control)
         lines += projection_lines(arm, work, price, assume)
     return lines
 

@@ -103,9 +103,14 @@ class ArmResult:
     trained_tiers: list[int] = field(default_factory=list)
 
     @property
+    def updates(self) -> int:
+        """The updates the training window completed (its CPU and booked cost paid for)."""
+        return self.updates_done or len(self.update_seconds)
+
+    @property
     def cpu_per_update(self) -> dict[str, float]:
         """Each process's CPU seconds per update (over the updates the training window completed)."""
-        updates = self.updates_done or len(self.update_seconds)
+        updates = self.updates
         return {name: seconds / updates for name, seconds in self.cpu_seconds.items()} if updates else {}
 
     def seconds_per_update(self, warmup: int = 1) -> float:

@@ -100,6 +100,7 @@ from strata_tools.bench.tiers_epochs import (
 )
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
 from strata_tools.pricing import parse_price_as
+from strata_tools.rm.ensemble import check_given_rms
 from strata_tools.rm.escalation import ServedThreshold, add_threshold_arguments, resolve_threshold
 from strata_tools.task.oracle import oracle_score
 from strata_tools.task.suite import SEALED_SPLIT, load_suite, stratified_sample
@@ -278,9 +279,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--expected-samples must be >= 1")
     if not (0 <= args.risk_share <= 1 and 0 <= args.stress_risk_share <= 1):
         raise CliError("--risk-share and --stress-risk-share must be in [0, 1]")
-    for flag, path in (("--light-rm", args.light_rm), ("--strong-rm", args.strong_rm)):
-        if path is not None and not Path(path).expanduser().is_dir():
-            raise CliError(f"{flag} {path}: no such RM directory")
+    check_given_rms(args.light_rm, args.strong_rm)
     run_id = uuid.uuid4().hex[:8]
     settings = StrataSettings()
     # The services' per-event INFO lines would bury the progress; warnings and errors still show.

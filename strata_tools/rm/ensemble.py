@@ -3,6 +3,7 @@
 The members are copied in as ``member-<i>`` (the first is the student init a light RM distilled from the
 ensemble starts from), so the directory is self-contained and its checksum, version and cost are the
 members'. Written beside ``out`` and renamed into place: nothing half-written is ever an ensemble.
+``check_given_rms`` checks the ``--light-rm`` / ``--strong-rm`` directories a bench is given, either kind.
 """
 
 from __future__ import annotations
@@ -42,3 +43,10 @@ def write_ensemble(members: Sequence[str | Path], out: Path, kind: str = "strong
     (staging / "strata_rm.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     staging.rename(out)
     return version
+
+
+def check_given_rms(light_rm: Path | None, strong_rm: Path | None) -> None:
+    """CliError naming ``--light-rm`` or ``--strong-rm`` when the directory it gives does not exist."""
+    for flag, path in (("--light-rm", light_rm), ("--strong-rm", strong_rm)):
+        if path is not None and not Path(path).expanduser().is_dir():
+            raise CliError(f"{flag} {path}: no such RM directory")
