@@ -98,6 +98,7 @@ def completed_event(item: Item, request: events_pb2.AnnotationRequested | None,
     if request is not None:
         out.policy_version = request.policy_version
         out.rm_version = request.rm_version
+        out.tier = request.tier
         out.requested_at.CopyFrom(request.requested_at)
     out.completed_at.FromNanoseconds(int(score.scored_at * 1e9))
     return out

@@ -158,6 +158,8 @@ class GeneratorWorker:
             )
             event.routed_at.CopyFrom(job.routed.routed_at)
             event.generated_at.GetCurrentTime()
+            if job.routed.HasField("level1_record"):
+                event.level1_record.CopyFrom(job.routed.level1_record)
             if (confidence := logprob_summary(output.logprobs)) is not None:
                 event.response_logprob_mean, event.response_logprob_min = confidence.mean, confidence.min
             if claim(self._redis, job.key, event.SerializeToString(), self._settings.content_ttl_s,

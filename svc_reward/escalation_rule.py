@@ -3,9 +3,11 @@
 The light RM's score alone decides today: a Level-1 answer under the threshold escalates. Its bad-case
 AUC bounds what any threshold can do (at AUC ~0.8, catching 90 % of bad answers escalates most of them).
 Other signals come free with every rollout: the members' disagreement, the generator's own confidence in
-its answer (``strata.confidence``: mean and least token log-probability), and the answer's form (length,
-hitting the token limit, repeated phrases). Their directions are learned, not assumed: a confident answer
-is often a repeated one.
+its answer (``strata.confidence``: mean and least token log-probability), the answer's form (length,
+hitting the token limit, repeated phrases), and the neighbourhood's record: the share of Level-1 answers to
+the prompt's similar neighbours that people labelled bad (the scheduler keeps it and routes it on with the
+prompt; shrunk towards ``RECORD_PRIOR_*`` where few are labelled). Their directions are learned, not
+assumed: a confident answer is often a repeated one.
 
 The rule is a logistic regression over standardised features, fitted on labelled Level-1 answers (the
 oracle stands in for the strong RM's and the desk's labels in the zoo; live, the audited and escalated
@@ -27,7 +29,10 @@ import numpy as np
 
 RULE_FILE = "strata_escalation_rule.json"
 FEATURES = ("light", "spread", "logprob_mean", "logprob_min", "log_tokens", "hit_limit", "repetition",
-            "distinct_words")
+            "distinct_words", "record_bad")
+# The record's bad share starts from 1 bad label in 5 (Level-1's answers on the zoo suite: 13-19 % bad) and
+# moves as people's labels come in: a neighbourhood with no label reads 0.2, one with 20 bad of 20 reads 0.84.
+RECORD_PRIOR_BAD, RECORD_PRIOR_GOOD = 1.0, 4.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,8 @@ class Signals:
     response_tokens: int
     max_new_tokens: int          # the sampling limit it was generated under (0: unknown)
     response: str
+    record_labelled: float | None = None  # the neighbourhood's labelled Level-1 answers (None: no record sent)
+    record_bad: float = 0.0               # of those, labelled bad (weights, aged)
 
 
 def form(response: str) -> tuple[float, float]:
@@ -53,6 +60,13 @@ def form(response: str) -> tuple[float, float]:
     return repetition, len(set(words)) / len(words)
 
 
+def record_bad_share(labelled: float | None, bad: float) -> float | None:
+    """The neighbourhood's bad share under the prior (``RECORD_PRIOR_*``); None without a record."""
+    if labelled is None:
+        return None
+    return (bad + RECORD_PRIOR_BAD) / (labelled + RECORD_PRIOR_BAD + RECORD_PRIOR_GOOD)
+
+
 def features(signals: Signals) -> dict[str, float | None]:
     """Every feature of ``FEATURES`` for one answer; None where the signal is missing."""
     repetition, distinct = form(signals.response)
@@ -63,6 +77,7 @@ def features(signals: Signals) -> dict[str, float | None]:
         "log_tokens": math.log1p(signals.response_tokens),
         "hit_limit": float(limit > 0 and signals.response_tokens >= limit),
         "repetition": repetition, "distinct_words": distinct,
+        "record_bad": record_bad_share(signals.record_labelled, signals.record_bad),
     }
 
 

@@ -81,7 +81,8 @@ def rule_verdict(rule: EscalationRule | None, event: events_pb2.RolloutGenerated
         event.response_logprob_mean if event.HasField("response_logprob_mean") else None,
         event.response_logprob_min if event.HasField("response_logprob_min") else None,
         event.response_tokens, event.sampling.max_new_tokens if event.sampling.HasField("max_new_tokens") else 0,
-        response)
+        response, event.level1_record.labelled if event.HasField("level1_record") else None,
+        event.level1_record.bad)
     probability = rule.probability(features(signals))
     if probability is None:
         return None

@@ -139,6 +139,11 @@ class SchedulerSettings(StrataSettings):
         8, gt=0, description="the weight of Level-1 verdicts (light RM: escalated or passed) the similar neighbours "
         "need before their record routes a prompt (aged with the rewards)",
     )
+    record_bad_below: float = Field(
+        1.5, ge=0, le=5, description="a person's score of a Level-1 answer under this labels it bad in the prompt's "
+        "Level-1 record (issue 61: the neighbourhood's record the reward service's escalation rule weighs); the "
+        "bad case of `strata calibrate rule` and `strata bench tiers` (--bad-threshold), which the rule is fitted on",
+    )
     stats_ttl_s: int = Field(48 * 3600, ge=1, description="reward statistics older than this are ignored (R12)")
     mark_ttl_s: int = Field(48 * 3600, ge=1, description="lifetime of a high-uncertainty mark (R11)")
     max_policy_lag: int = Field(

@@ -364,6 +364,9 @@ class SchedulerEngine:
             request_id=request.request_id,
             level1_only=not self.settings.tiering,
         )
+        if decision.level1_record is not None and decision.route is Route.LEVEL_1:
+            event.level1_record.labelled = decision.level1_record.labelled
+            event.level1_record.bad = decision.level1_record.bad
         event.submitted_at.FromNanoseconds(int(submitted_at * 1e9))
         event.routed_at.FromNanoseconds(int(now * 1e9))
         return self.publisher.publish(topics.PROMPTS_LEVEL2 if level2 else topics.PROMPTS_LEVEL0, event)

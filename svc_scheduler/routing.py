@@ -125,6 +125,7 @@ class Decision:
     cluster: str | None = None  # the prompt's cluster (a leader's hash, or its own: it leads a new one)
     reused_from: tuple[str, ...] = ()  # SKIP, and audited skips: the neighbours whose rewards made the reward
     reused_similarity: tuple[float, ...] = ()  # their cosine similarity to the prompt, in the same order
+    level1_record: Level1Record | None = None  # tiering on: the neighbourhood's record (passed on with Level-1)
 
     @property
     def caution(self) -> bool:
@@ -211,6 +212,8 @@ class Level1Record:
     scored: float  # weight of the light RM's verdicts on them
     escalated: float  # weight of the escalations among them
     neighbours: int  # similar neighbours with a verdict on record
+    labelled: float = 0.0  # weight of people's labels of them
+    bad: float = 0.0  # weight of those labels that say bad
 
     @property
     def rate(self) -> float:
@@ -235,15 +238,17 @@ ROUTE_BEFORE_Z = 1.645  # one-sided 95 %: route before generating only on a reco
 def level1_record(neighbours: Sequence[Neighbour], reasons: Mapping[str, str | None]) -> Level1Record:
     """The Level-1 record of the similar neighbours whose statistics still speak for the prompt (usable, or
     only short of samples: a verdict counts even where the variance does not yet)."""
-    scored = escalated = 0.0
+    scored = escalated = labelled = bad = 0.0
     count = 0
     for n in neighbours:
         if n.stats is None or reasons.get(n.prompt_hash) not in (None, "too few samples") or n.stats.level1_scored <= 0:
             continue
         scored += n.stats.level1_scored
         escalated += n.stats.level1_escalated
+        labelled += n.stats.level1_labelled
+        bad += n.stats.level1_bad
         count += 1
-    return Level1Record(scored, escalated, count)
+    return Level1Record(scored, escalated, count, labelled, bad)
 
 
 def routes_before(record: Level1Record, settings: SchedulerSettings) -> bool:
@@ -307,6 +312,7 @@ def decide(
     marked = [n for n in considered if is_high_uncertainty(n, now, reasons[n.prompt_hash] is None, settings)]
     leader = cluster_of(prompt_hash, considered, settings)
     cluster = leader.prompt_hash if leader is not None else prompt_hash
+    record = level1_record(considered, reasons)
 
     def make(route: Route, reason: str, reused: tuple[float, float] | None = None,
              reused_from: Sequence[Neighbour] | None = None) -> Decision:
@@ -328,6 +334,7 @@ def decide(
             cluster=cluster,
             reused_from=tuple(n.prompt_hash for n in sources) if route is Route.SKIP else (),
             reused_similarity=tuple(n.similarity for n in sources) if route is Route.SKIP else (),
+            level1_record=record if settings.tiering else None,
         )
 
     if not settings.tiering:
@@ -378,7 +385,6 @@ def decide(
             reused,
             reused_from=close,
         )
-    record = level1_record(considered, reasons)
     if routes_before(record, settings):
         return make(
             Route.LEVEL_2,

@@ -28,6 +28,10 @@ Fields:
   those it escalated (aged like the rewards): the neighbourhood's record that lets the scheduler send a
   prompt straight to Level-2 before any Level-1 cost (issue 61, cascade routing's estimate before
   generation).
+- ``level1_labelled`` / ``level1_bad``: the weights of the Level-1 answers people labelled (the desk's scores,
+  one per annotator) and of those labelled bad (aged like the rewards): the neighbourhood's record that the
+  reward service weighs with the light RM's score when it decides an escalation (issue 61). A label is no
+  reward: it changes no mean, count or version (:func:`apply_label`).
 
 How a new reward is folded in (:func:`apply_reward`):
 
@@ -80,6 +84,8 @@ class RewardStats:
     unsafe: bool = False  # a response was flagged unsafe: never reuse (sticky)
     level1_scored: float = 0.0  # weight of the Level-1 answers the light RM judged
     level1_escalated: float = 0.0  # weight of those it escalated
+    level1_labelled: float = 0.0  # weight of the Level-1 answers people labelled
+    level1_bad: float = 0.0  # weight of those labelled bad
 
     @property
     def variance(self) -> float:
@@ -101,6 +107,7 @@ class RewardStats:
             "newest_policy_version": self.newest_policy_version, "rm_versions": dict(self.rm_versions),
             "updated_at": self.updated_at, "unsafe": self.unsafe,
             "level1_scored": self.level1_scored, "level1_escalated": self.level1_escalated,
+            "level1_labelled": self.level1_labelled, "level1_bad": self.level1_bad,
         }
 
     @classmethod
@@ -113,7 +120,8 @@ class RewardStats:
         return cls(int(data["count"]), data["mean"], data["m2"], data["weight"], data["weight_sq"],
                    data["policy_version"], data["newest_policy_version"], _frozen(data["rm_versions"]),
                    data["updated_at"], bool(data.get("unsafe", False)), float(data.get("level1_scored", 0.0)),
-                   float(data.get("level1_escalated", 0.0)))
+                   float(data.get("level1_escalated", 0.0)), float(data.get("level1_labelled", 0.0)),
+                   float(data.get("level1_bad", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,8 @@ def _aged(stats: RewardStats, factor: float) -> RewardStats:
         return stats
     return replace(stats, weight=stats.weight * factor, weight_sq=stats.weight_sq * factor * factor,
                    m2=stats.m2 * factor, level1_scored=stats.level1_scored * factor,
-                   level1_escalated=stats.level1_escalated * factor)
+                   level1_escalated=stats.level1_escalated * factor, level1_labelled=stats.level1_labelled * factor,
+                   level1_bad=stats.level1_bad * factor)
 
 
 def _level1(obs: RewardObservation, w: float) -> tuple[float, float]:
@@ -202,7 +211,35 @@ def apply_reward(stats: RewardStats | None, obs: RewardObservation, ttl_s: float
         unsafe=unsafe,
         level1_scored=stats.level1_scored + scored,
         level1_escalated=stats.level1_escalated + escalated,
+        level1_labelled=stats.level1_labelled,
+        level1_bad=stats.level1_bad,
     )
+
+
+@dataclass(frozen=True)
+class LabelObservation:
+    """One person's label of one Level-1 answer, as the record needs it."""
+
+    bad: bool  # the score is under the record's bad line (``record_bad_below``)
+    policy_version: int  # of the policy that wrote the answer
+    labelled_at: float  # unix seconds
+
+
+def apply_label(stats: RewardStats | None, obs: LabelObservation, ttl_s: float, aging: Aging = DEFAULT_AGING
+                ) -> RewardStats | None:
+    """Statistics after adding one label to the Level-1 record; None (dropped) where the prompt has no live
+    statistics: its answer's reward came first, so they expired or restarted since, and the label belongs to
+    what was forgotten. A newer policy ages the statistics as a reward would; an older one's label counts less."""
+    if stats is None or obs.labelled_at - stats.updated_at > ttl_s:
+        return None
+    lag = obs.policy_version - stats.newest_policy_version
+    if lag > 0:
+        stats, w = _aged(stats, aging.policy_decay ** lag), 1.0
+        stats = replace(stats, newest_policy_version=obs.policy_version)
+    else:
+        w = aging.policy_decay ** -lag
+    return replace(stats, level1_labelled=stats.level1_labelled + w,
+                   level1_bad=stats.level1_bad + (w if obs.bad else 0.0))
 
 
 def marks_high_uncertainty(stats: RewardStats, min_samples: int, high_variance_threshold: float) -> bool:

@@ -12,6 +12,7 @@ Keys (``<p>`` is ``redis_prefix``, ``<h>`` a prompt hash):
     <p>:cluster:<h>      the cluster of an indexed prompt: its leader's hash (its own when it leads one)
     <p>:cmark:<c>        high-uncertainty mark of cluster c (a member's variance went over the threshold)
     <p>:seen:<h>:<r>:<v> a processed reward event (prompt, response, RM version): idempotent updates
+    <p>:label:<h>:<r>:<a> a processed label (prompt, response, annotator) in the Level-1 record: idempotent
     <p>:audit:<h>:<req>  an audited skip: reused reward, the fresh rewards' count and sum so far, the count
                          that completes it (n_samples), the neighbours whose rewards it reused and their
                          similarities to the prompt
@@ -52,7 +53,15 @@ from strata.content_store import StoreUnavailableError
 from strata.intervals import clustered_se
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.routing import VersionState, audit_erred
-from svc_scheduler.stats import Aging, RewardObservation, RewardStats, apply_reward, marks_high_uncertainty
+from svc_scheduler.stats import (
+    Aging,
+    LabelObservation,
+    RewardObservation,
+    RewardStats,
+    apply_label,
+    apply_reward,
+    marks_high_uncertainty,
+)
 
 T = TypeVar("T")
 
@@ -377,6 +386,30 @@ class SchedulerStore:
                         pipe.hincrby(self._counters_key, "audit_similarity_floors", len(floors))
                     pipe.execute()
                     return RewardUpdate(True, new, newly_marked, distrusted, floors)
+                except redis.WatchError:
+                    continue
+
+    def apply_label(self, prompt_hash: str, response_hash: str, annotator: str, obs: LabelObservation) -> bool:
+        """Add one person's label of a Level-1 answer to the prompt's record, once per (prompt, response,
+        annotator); True when it changed the statistics (False: seen before, or no live statistics to add to)."""
+        s = self._s
+        stats_key = self._key("stats", prompt_hash)
+        seen_key = f"{s.redis_prefix}:label:{prompt_hash}:{response_hash}:{annotator}"
+        with _available(), self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(stats_key, seen_key)
+                    if pipe.exists(seen_key):
+                        pipe.unwatch()
+                        return False
+                    new = apply_label(_stats_from_json(pipe.get(stats_key)), obs, s.stats_ttl_s, self._aging)
+                    ttl = pipe.ttl(stats_key)
+                    pipe.multi()
+                    if new is not None:  # keeps the statistics' expiry: a label is no reward and renews nothing
+                        pipe.set(stats_key, _stats_to_json(new), ex=ttl if ttl > 0 else s.stats_ttl_s)
+                    pipe.set(seen_key, b"1", ex=s.dedupe_ttl_s)
+                    pipe.execute()
+                    return new is not None
                 except redis.WatchError:
                     continue
 

@@ -10,6 +10,9 @@ once; redeliveries are harmless because updates are idempotent by (prompt, respo
   statistics with their own echo. An unsafe flag is recorded and sticky (R12). A variance over the
   threshold marks the neighbourhood high-uncertainty (R11). Every reward also advances the newest
   policy version seen.
+- ``strata.annotations.completed``: a person's score of a Level-1 answer (not a gold item) adds a label to
+  the prompt's Level-1 record, bad under ``record_bad_below``: how Level-1 fared there, passed on with the
+  prompts routed near it (idempotent by (prompt, response, annotator)).
 - ``strata.policy.updated`` / ``strata.rm.updated``: the current policy and reward-model versions
   that reused statistics must match (R12).
 
@@ -32,7 +35,7 @@ from strata.contract.control import ControlEventError, ControlEventUnavailable, 
 from strata.v1 import common_pb2, events_pb2
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.engine import SchedulerEngine
-from svc_scheduler.stats import RewardObservation
+from svc_scheduler.stats import LabelObservation, RewardObservation
 from svc_scheduler.store import SchedulerStore
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ class StatsUpdater:
             topics.REWARDS_SCORED: self.on_reward,
             topics.POLICY_UPDATED: self.on_policy,
             topics.RM_UPDATED: self.on_rm,
+            topics.ANNOTATIONS_COMPLETED: self.on_label,
         }
 
     def on_reward(self, delivery: Delivery[events_pb2.RewardScored]) -> None:
@@ -86,6 +90,20 @@ class StatsUpdater:
                      message.prompt_hash[:12], update.stats.variance if update.stats else float("nan"),
                      update.stats.count if update.stats else 0)
         return update.applied
+
+    def on_label(self, delivery: Delivery[events_pb2.AnnotationCompleted]) -> None:
+        self.apply_label(delivery.message)
+
+    def apply_label(self, message: events_pb2.AnnotationCompleted) -> bool:
+        """Add a person's score of a Level-1 answer to its prompt's record; True when it changed the statistics.
+        Gold items (drift checks, not rollouts) and other tiers' answers are not Level-1's record."""
+        if message.gold or message.tier != common_pb2.TIER_LEVEL_1:
+            return False
+        if not math.isfinite(message.score):
+            raise PoisonMessageError(f"label {message.score} for prompt {message.prompt_hash[:12]} is not a number")
+        at = message.completed_at.ToNanoseconds() / 1e9 if message.HasField("completed_at") else 0.0
+        obs = LabelObservation(message.score < self.settings.record_bad_below, message.policy_version, at)
+        return self.store.apply_label(message.prompt_hash, message.response_hash, message.annotator_id, obs)
 
     def on_policy(self, delivery: Delivery[events_pb2.PolicyUpdated]) -> None:
         """Age the statistics by a new policy version, once its checkpoint is checked as a generator

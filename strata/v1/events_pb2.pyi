@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PromptRouted(_message.Message):
-    __slots__ = ("prompt_hash", "tier", "decision", "reason", "sampling", "n_samples", "directions", "caution", "escalated_from", "policy_version", "request_id", "submitted_at", "routed_at", "level1_only")
+    __slots__ = ("prompt_hash", "tier", "decision", "reason", "sampling", "n_samples", "directions", "caution", "escalated_from", "policy_version", "request_id", "submitted_at", "routed_at", "level1_only", "level1_record")
     PROMPT_HASH_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class PromptRouted(_message.Message):
     SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
     ROUTED_AT_FIELD_NUMBER: _ClassVar[int]
     LEVEL1_ONLY_FIELD_NUMBER: _ClassVar[int]
+    LEVEL1_RECORD_FIELD_NUMBER: _ClassVar[int]
     prompt_hash: str
     tier: _common_pb2.Tier
     decision: _common_pb2.Decision
@@ -40,10 +41,19 @@ class PromptRouted(_message.Message):
     submitted_at: _timestamp_pb2.Timestamp
     routed_at: _timestamp_pb2.Timestamp
     level1_only: bool
-    def __init__(self, prompt_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., decision: _Optional[_Union[_common_pb2.Decision, str]] = ..., reason: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., n_samples: _Optional[int] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., request_id: _Optional[str] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., level1_only: _Optional[bool] = ...) -> None: ...
+    level1_record: Level1Record
+    def __init__(self, prompt_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., decision: _Optional[_Union[_common_pb2.Decision, str]] = ..., reason: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., n_samples: _Optional[int] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., request_id: _Optional[str] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., level1_only: _Optional[bool] = ..., level1_record: _Optional[_Union[Level1Record, _Mapping]] = ...) -> None: ...
+
+class Level1Record(_message.Message):
+    __slots__ = ("labelled", "bad")
+    LABELLED_FIELD_NUMBER: _ClassVar[int]
+    BAD_FIELD_NUMBER: _ClassVar[int]
+    labelled: float
+    bad: float
+    def __init__(self, labelled: _Optional[float] = ..., bad: _Optional[float] = ...) -> None: ...
 
 class RolloutGenerated(_message.Message):
-    __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "model_id", "sample_index", "prompt_tokens", "response_tokens", "device_seconds", "sampling", "directions", "caution", "escalated_from", "request_id", "routed_at", "generated_at", "response_logprob_mean", "response_logprob_min")
+    __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "model_id", "sample_index", "prompt_tokens", "response_tokens", "device_seconds", "sampling", "directions", "caution", "escalated_from", "request_id", "routed_at", "generated_at", "response_logprob_mean", "response_logprob_min", "level1_record")
     PROMPT_HASH_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_HASH_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +72,7 @@ class RolloutGenerated(_message.Message):
     GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_LOGPROB_MEAN_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_LOGPROB_MIN_FIELD_NUMBER: _ClassVar[int]
+    LEVEL1_RECORD_FIELD_NUMBER: _ClassVar[int]
     prompt_hash: str
     response_hash: str
     tier: _common_pb2.Tier
@@ -80,7 +91,8 @@ class RolloutGenerated(_message.Message):
     generated_at: _timestamp_pb2.Timestamp
     response_logprob_mean: float
     response_logprob_min: float
-    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., model_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., response_tokens: _Optional[int] = ..., device_seconds: _Optional[float] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., request_id: _Optional[str] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., response_logprob_mean: _Optional[float] = ..., response_logprob_min: _Optional[float] = ...) -> None: ...
+    level1_record: Level1Record
+    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., model_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., response_tokens: _Optional[int] = ..., device_seconds: _Optional[float] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., directions: _Optional[_Iterable[_Union[_common_pb2.Direction, _Mapping]]] = ..., caution: _Optional[bool] = ..., escalated_from: _Optional[_Union[_common_pb2.Tier, str]] = ..., request_id: _Optional[str] = ..., routed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., response_logprob_mean: _Optional[float] = ..., response_logprob_min: _Optional[float] = ..., level1_record: _Optional[_Union[Level1Record, _Mapping]] = ...) -> None: ...
 
 class RewardScored(_message.Message):
     __slots__ = ("prompt_hash", "response_hash", "tier", "policy_version", "rm_version", "reward", "reward_std", "scorer", "final", "escalated", "unsafe", "sample_index", "response_tokens", "request_id", "generated_at", "scored_at", "directions", "annotator_id", "awaiting_annotation")
@@ -195,7 +207,7 @@ class AnnotationRequested(_message.Message):
     def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., model_reward: _Optional[float] = ..., reason: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., provisional: _Optional[_Union[RewardScored, _Mapping]] = ...) -> None: ...
 
 class AnnotationCompleted(_message.Message):
-    __slots__ = ("prompt_hash", "response_hash", "annotator_id", "score", "unsafe", "policy_version", "rm_version", "requested_at", "completed_at", "off_topic", "gold", "request_id", "sample_index")
+    __slots__ = ("prompt_hash", "response_hash", "annotator_id", "score", "unsafe", "policy_version", "rm_version", "requested_at", "completed_at", "off_topic", "gold", "request_id", "sample_index", "tier")
     PROMPT_HASH_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_HASH_FIELD_NUMBER: _ClassVar[int]
     ANNOTATOR_ID_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +221,7 @@ class AnnotationCompleted(_message.Message):
     GOLD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     prompt_hash: str
     response_hash: str
     annotator_id: str
@@ -222,7 +235,8 @@ class AnnotationCompleted(_message.Message):
     gold: bool
     request_id: str
     sample_index: int
-    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., annotator_id: _Optional[str] = ..., score: _Optional[float] = ..., unsafe: _Optional[bool] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., off_topic: _Optional[bool] = ..., gold: _Optional[bool] = ..., request_id: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
+    tier: _common_pb2.Tier
+    def __init__(self, prompt_hash: _Optional[str] = ..., response_hash: _Optional[str] = ..., annotator_id: _Optional[str] = ..., score: _Optional[float] = ..., unsafe: _Optional[bool] = ..., policy_version: _Optional[int] = ..., rm_version: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., off_topic: _Optional[bool] = ..., gold: _Optional[bool] = ..., request_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ...) -> None: ...
 
 class RolloutLogRecord(_message.Message):
     __slots__ = ("prompt_hash", "response_hash", "reward")

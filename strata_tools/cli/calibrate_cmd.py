@@ -40,16 +40,31 @@ from strata.config import StrataSettings
 from strata.contract.checksums import version_id, weights_checksum
 from strata.errors import CliError
 from strata.risk import detect_unsafe_advice
-from strata_tools.rm.escalation import choose_threshold, judge_level1
+from strata_tools.rm.escalation import (
+    HeldOut,
+    JudgedLevel1,
+    RecordHistory,
+    choose_threshold,
+    held_out,
+    judge_level1,
+)
 from strata_tools.rm.versions import open_registry
 from strata_tools.task.corpus import DEGRADATIONS, RISK_ONLY_DEGRADATIONS, degrade, reference_response
 from strata_tools.task.oracle import judge
 from strata_tools.task.suite import load_suite
+from svc_reward.escalation_rule import (
+    FEATURES,
+    EscalationRule,
+    RuleReport,
+    evaluate_rule,
+    fit_rule,
+    select_features,
+    signal_aucs,
+)
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run, not by `strata calibrate --help`
     from strata_tools.rm.calibration import OperatingPoint
     from svc_reward.calibrate import ScoreCalibration
-    from svc_reward.escalation_rule import EscalationRule, RuleReport
     from svc_reward.models import ScoringOptions
 
 
@@ -84,6 +99,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rule.add_argument("--all-features", action="store_true",
                       help="fit on every signal; default: forward selection from the light score, keeping a "
                            "signal only where it raises the out-of-fold AUC")
+    rule.add_argument("--record-rounds", type=int, default=3, metavar="N",
+                      help="earlier rounds of Level-1 answers to the same prompts behind each answer's neighbourhood "
+                           "record (the epochs a run has seen; strata_tools.rm.record); 0: no record signal")
+    rule.add_argument("--label-share", type=float, default=None, metavar="SHARE",
+                      help="share of those answers people label (default: the reward service's "
+                           "annotate_level1_share, what it sends to the desk)")
+    rule.add_argument("--report-on", choices=("test",), default=None,
+                      help="then read the rule and the light RM's threshold, both chosen on --split, on the sealed "
+                           "test split's Level-1 answers (nothing fitted there), with intervals over families")
     rule.add_argument("--seed", type=int, default=0)
     rule.add_argument("--light-rm", default=None, metavar="DIR[,DIR...]",
                       help="light RM whose rule this is, several directories for an ensemble (default: the zoo's)")
@@ -319,16 +343,48 @@ def run_rule(args: argparse.Namespace) -> int:
     from strata_tools.zoo.build import ensure_zoo
     from svc_reward.calibration_store import write_rule
     from svc_reward.config import RewardSettings
-    from svc_reward.escalation_rule import FEATURES, evaluate_rule, fit_rule, select_features, signal_aucs
     from svc_reward.models import ScoringOptions
 
     if args.prompts < 20 or not 0 < args.target_catch <= 1 or args.folds < 2:
         raise CliError("--prompts must be >= 20, --target-catch in (0, 1] and --folds >= 2")
+    if args.record_rounds < 0 or not (args.label_share is None or 0 <= args.label_share <= 1):
+        raise CliError("--record-rounds must be >= 0 and --label-share in [0, 1]")
+    history = RecordHistory(args.record_rounds, args.label_share)
     zoo = ensure_zoo(StrataSettings())
     light_paths = [p.strip() for p in args.light_rm.split(",") if p.strip()] if args.light_rm else [str(zoo.light_rm)]
     options = dataclasses.replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
-    judged = judge_level1(zoo, args.split, args.prompts, args.seed, light_paths, options)
+    judged = judge_level1(zoo, args.split, args.prompts, args.seed, light_paths, options, history,
+                          lambda line: print(line, file=sys.stderr, flush=True))
     bad = judged.bad(args.bad_threshold)
+    rule, report, steps = _fit_rule(args, judged, bad)
+    rule = dataclasses.replace(rule, checksum=weights_checksum(light_paths))
+    held = None
+    if args.report_on:
+        held = held_out(judge_level1(zoo, args.report_on, args.prompts, args.seed, light_paths, options, history,
+                                     lambda line: print(line, file=sys.stderr, flush=True), report_only=True),
+                        rule, choose_threshold(judged, args.bad_threshold, args.target_catch).threshold,
+                        args.bad_threshold, args.seed)
+    path = None
+    if args.write:
+        try:
+            path = str(write_rule(light_paths[0], rule))
+        except OSError as exc:
+            raise CliError(f"cannot write the rule into {light_paths[0]} ({exc.strerror}): give --light-rm a "
+                           "writable copy of the RM") from exc
+    if args.json:
+        print(json.dumps({"zoo": zoo.root.name, "rule": rule.to_dict(), "single_auc": dict(report.single),
+                          "written": path, "held_out": None if held is None else dataclasses.asdict(held)},
+                         indent=2))
+        return 0
+    _print_rule(args, zoo.root.name, len(bad), sum(bad), report, rule, steps, path)
+    if held is not None:
+        _print_held_out(args, held, rule)
+    return 0
+
+
+def _fit_rule(args: argparse.Namespace, judged: JudgedLevel1, bad: list[bool]
+              ) -> tuple[EscalationRule, RuleReport, list[tuple[str, float]]]:
+    """The rule on the features forward selection keeps (or all), its out-of-fold report, the selection's steps."""
     try:
         steps: list[tuple[str, float]] = []
         names = list(FEATURES)
@@ -341,31 +397,36 @@ def run_rule(args: argparse.Namespace) -> int:
         report = dataclasses.replace(report, single=signal_aucs(judged.features, bad))  # every signal, chosen or not
     except ValueError as exc:
         raise CliError(f"{exc} ({sum(bad)} bad of {len(bad)} answers on {args.split}): more --prompts") from exc
-    rule = dataclasses.replace(rule, checksum=weights_checksum(light_paths), fitted={
+    history = judged.history
+    return dataclasses.replace(rule, fitted={
         "split": args.split, "answers": len(bad), "bad": sum(bad), "bad_threshold": args.bad_threshold,
+        **({"record_rounds": history.rounds, "label_share": history.label_share,
+            "record_bad_below": history.bad_below} if history else {}),
         "folds": report.folds, "light_auc": report.light_auc, "combined_auc": report.combined_auc,
         "light_catch": report.light_catch, "light_escalated": report.light_escalated,
         "combined_catch": report.combined_catch, "combined_escalated": report.combined_escalated,
-        "selection": [list(step) for step in steps]})
-    path = None
-    if args.write:
-        try:
-            path = str(write_rule(light_paths[0], rule))
-        except OSError as exc:
-            raise CliError(f"cannot write the rule into {light_paths[0]} ({exc.strerror}): give --light-rm a "
-                           "writable copy of the RM") from exc
-    if args.json:
-        print(json.dumps({"zoo": zoo.root.name, "rule": rule.to_dict(), "single_auc": dict(report.single),
-                          "written": path}, indent=2))
-        return 0
-    _print_rule(args, zoo.root.name, len(bad), sum(bad), report, rule, steps, path)
-    return 0
+        "selection": [list(step) for step in steps]}), report, steps
+
+
+def _print_held_out(args: argparse.Namespace, held: HeldOut, rule: EscalationRule) -> None:
+    print(f"held out: {held.answers} Level-1 answers of the sealed {args.report_on} split ({held.bad} bad, "
+          f"{held.families} families), the rule and the light RM's threshold both chosen on {args.split} "
+          "(95 % intervals, families resampled):")
+    print(f"  light RM score alone: AUC {held.light_auc}, catches {held.light_catch}, escalates "
+          f"{held.light_escalated}")
+    print(f"  rule on {', '.join(rule.features)}: AUC {held.rule_auc}, catches {held.rule_catch}, escalates "
+          f"{held.rule_escalated}")
+    print(f"  rule minus threshold, share escalated: {held.escalated_difference}")
 
 
 def _print_rule(args: argparse.Namespace, zoo: str, answers: int, bad: int, report: RuleReport,
                 rule: EscalationRule, steps: list[tuple[str, float]], path: str | None) -> None:
     print(f"zoo {zoo}: {answers} Level-1 answers of the {args.split} split, {bad} bad "
           f"(oracle < {args.bad_threshold:g}); out of fold, {report.folds} folds split by paraphrase family")
+    if rule.fitted.get("record_rounds"):
+        print(f"neighbourhood record: {rule.fitted['record_rounds']} earlier rounds of Level-1 answers to these "
+              f"prompts, {rule.fitted['label_share']:.0%} labelled by a simulated annotator, summed over each prompt's "
+              "similar neighbours (strata_tools.rm.record)")
     print("signal alone (AUC as a detector of bad answers, either direction):")
     for name, value in report.single.items():
         print(f"  {name:<16} {'-' if value is None else f'{value:.3f}'}")

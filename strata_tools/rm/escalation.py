@@ -6,6 +6,12 @@ each answer and the oracle judges it; prompts the probe sends straight to Level-
 since no threshold applies to them. ``strata calibrate escalation`` prints and stores what these
 answers say; ``strata bench tiers`` and ``strata demo`` serve the threshold they choose
 (``resolve_threshold``), so that their router is calibrated for the RM it runs rather than typed.
+
+With a :class:`RecordHistory`, each answer also carries the neighbourhood's record as the scheduler would
+route it on: earlier rounds of Level-1 answers to the same prompts (the epochs a training run has seen),
+a share of them labelled by a simulated annotator (drawn by response hash, as svc_reward draws the share
+it sends to the desk), summed over each prompt's nearest prompts by the scheduler's own encoder (its
+``k`` nearest at cosine ``min_similarity`` or more, the prompt itself included).
 """
 
 from __future__ import annotations
@@ -13,17 +19,19 @@ from __future__ import annotations
 import argparse
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from strata.confidence import logprob_summary
 from strata.errors import CliError
+from strata_tools.intervals import Interval, cluster_bootstraps
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
 from strata_tools.rm.models import ZooModels
 from strata_tools.task.oracle import judge
 from strata_tools.task.seal import check_sealed
 from strata_tools.task.suite import load_suite
+from svc_reward.escalation_rule import EscalationRule, Signals, auc, features, record_bad_share
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run
     from strata_tools.rm.calibration import OperatingPoint
@@ -44,6 +52,7 @@ class JudgedLevel1:
     # and its prompt's paraphrase family (folds of a cross-validation split by family).
     features: list[dict[str, float | None]] = field(default_factory=list)
     families: list[str] = field(default_factory=list)
+    history: RecordHistory | None = None  # what each answer's record is made of (resolved), when it has one
 
     def bad(self, bad_threshold: float) -> list[bool]:
         """Whether the oracle scores each answer under ``bad_threshold`` (a bad case)."""
@@ -66,6 +75,15 @@ class ChosenThreshold:
                 f"{self.bad_cases} bad cases (oracle < {self.bad_threshold:g}) among {len(judged.scores)} Level-1 "
                 f"answers of the {judged.split} split; there it catches {_pct(p.catch)} and escalates "
                 f"{p.escalated_share:.1%} of the answers")
+
+
+@dataclass(frozen=True)
+class RecordHistory:
+    """The labelled history behind each answer's neighbourhood record (``strata_tools.rm.record``)."""
+
+    rounds: int                        # earlier rounds of Level-1 answers to the same prompts
+    label_share: float | None = None   # share of them people label; None: svc_reward's annotate_level1_share
+    bad_below: float | None = None     # a label under this says bad; None: the scheduler's record_bad_below
 
 
 CALIBRATED, SERVED = "calibrated", "served"
@@ -130,15 +148,30 @@ def _pct(value: float | None) -> str:
 
 
 def judge_level1(zoo: ZooModels, split: str, prompts: int, seed: int, light_paths: list[str],
-                 options: ScoringOptions) -> JudgedLevel1:
+                 options: ScoringOptions, history: RecordHistory | None = None,
+                 progress: Callable[[str], None] = lambda _: None, report_only: bool = False) -> JudgedLevel1:
     """``prompts`` of ``split`` (seeded sample), answered by Level-1 and scored by the light RM ``light_paths``
-    (raw scores) and the oracle. CliError when the probe leaves no prompt to Level-1."""
+    (raw scores) and the oracle; with ``history``, each answer's features hold its neighbourhood's record.
+    The sealed test split is refused unless ``report_only`` (figures of a rule chosen elsewhere, nothing
+    fitted on them). CliError when the probe leaves no prompt to Level-1."""
     records = load_suite(split)
     records = random.Random(seed).sample(records, min(prompts, len(records)))
-    check_sealed((r.text for r in records), "the escalation threshold's calibration")
+    if not report_only:
+        check_sealed((r.text for r in records), "the escalation threshold's calibration")
     level1_records = _level1_records(records, zoo)
     scores, oracle, features = _score_level1(zoo, level1_records, light_paths, options, seed)
-    return JudgedLevel1(split, len(records), scores, oracle, features, [r.family for r, _ in level1_records])
+    if history is not None and history.rounds > 0:
+        from strata_tools.rm.record import neighbourhood_records
+
+        records_of, history = neighbourhood_records(zoo, records, level1_records, history, seed, progress)
+        features = [{**row, "record_bad": record_bad_share(*records_of[r.text])}
+                    for row, (r, _) in zip(features, level1_records, strict=True)]
+    else:
+        history = None
+    return JudgedLevel1(split, len(records), scores, oracle, features, [r.family for r, _ in level1_records],
+                        history)
+
+
 
 
 def choose_threshold(judged: JudgedLevel1, bad_threshold: float, target_catch: float) -> ChosenThreshold:
@@ -169,7 +202,6 @@ def _score_level1(zoo: ZooModels, level1_records: list[tuple[PromptRecord, Probe
     RM's raw scores, the oracle's, and each answer's escalation features as the reward service reads them
     from the rollout event (the generator's log-probabilities, the members' spread, the answer's form)."""
     from svc_generator.backends.hf import HfBackend
-    from svc_reward.escalation_rule import Signals, features
     from svc_reward.models import RewardModels
 
     prompts = [r.text for r, _ in level1_records]
@@ -186,3 +218,48 @@ def _score_level1(zoo: ZooModels, level1_records: list[tuple[PromptRecord, Probe
                                      confidence.min if confidence else None, len(answer.token_ids),
                                      prompting.sampling.max_new_tokens or 0, answer.text)))
     return scored.rewards, oracle, rows
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """A rule and the light threshold, both chosen on another split, read on held-out answers."""
+
+    answers: int
+    bad: int
+    families: int
+    light_auc: Interval
+    rule_auc: Interval
+    light_catch: Interval
+    light_escalated: Interval
+    rule_catch: Interval
+    rule_escalated: Interval
+    escalated_difference: Interval  # rule minus light threshold, paired by answer
+
+
+def held_out(judged: JudgedLevel1, rule: EscalationRule, light_threshold: float, bad_threshold: float,
+             seed: int = 0) -> HeldOut:
+    """``rule`` (its own threshold) against the light score at ``light_threshold`` on ``judged``'s answers, with
+    95 % intervals from a bootstrap over paraphrase families. An answer the rule cannot judge (a signal
+    missing) is decided by the threshold, as live."""
+    bad = judged.bad(bad_threshold)
+    light_escalates = [s < light_threshold for s in judged.scores]
+    probability = [rule.probability(f) for f in judged.features]
+    rule_escalates = [p >= rule.threshold if p is not None else e
+                      for p, e in zip(probability, light_escalates, strict=True)]
+    risk = [p if p is not None else float(e) for p, e in zip(probability, light_escalates, strict=True)]
+
+    def figures(idx: Sequence[int]) -> list[float]:
+        b = [bad[i] for i in idx]
+        n_bad = sum(b) or math.nan
+        light, ruled = [light_escalates[i] for i in idx], [rule_escalates[i] for i in idx]
+        return [_nan_if_none(auc([-judged.scores[i] for i in idx], b)), _nan_if_none(auc([risk[i] for i in idx], b)),
+                sum(e for e, x in zip(light, b, strict=True) if x) / n_bad, sum(light) / len(idx),
+                sum(e for e, x in zip(ruled, b, strict=True) if x) / n_bad, sum(ruled) / len(idx),
+                (sum(ruled) - sum(light)) / len(idx)]
+
+    intervals = cluster_bootstraps(figures, judged.families, seed)
+    return HeldOut(len(bad), sum(bad), len(set(judged.families)), *intervals)
+
+
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else value

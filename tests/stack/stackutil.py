@@ -53,8 +53,10 @@ class Tail:
         self.consumer.close()
 
 
-def submit(infra: StrataSettings, texts: list[str], tier: int = common_pb2.TIER_LEVEL_0) -> dict[str, str]:
-    """Store prompts and publish them to a tier's topic; returns request_id -> prompt hash."""
+def submit(infra: StrataSettings, texts: list[str], tier: int = common_pb2.TIER_LEVEL_0,
+           record: tuple[float, float] | None = None) -> dict[str, str]:
+    """Store prompts and publish them to a tier's topic, each with the neighbourhood's Level-1 ``record``
+    (labelled, bad) when given, as the scheduler routes it; returns request_id -> prompt hash."""
     store = ContentStore.from_url(infra.redis_address, infra.content_ttl_s, infra.content_max_bytes)
     publisher = Publisher(infra, client_id="test-submit")
     requests = {}
@@ -63,6 +65,8 @@ def submit(infra: StrataSettings, texts: list[str], tier: int = common_pb2.TIER_
             routed = events_pb2.PromptRouted(prompt_hash=store.put(text), tier=tier, n_samples=1,
                                              request_id=uuid.uuid4().hex, decision=common_pb2.DECISION_LEVEL_1)
             routed.routed_at.GetCurrentTime()
+            if record is not None:
+                routed.level1_record.labelled, routed.level1_record.bad = record
             publisher.publish(topics.prompts_topic(tier), routed)
             requests[routed.request_id] = routed.prompt_hash
         publisher.flush()

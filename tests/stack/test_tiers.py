@@ -108,6 +108,21 @@ def test_level0_prompts_come_out_as_final_rewards_with_escalations_and_hash_only
     assert sorted((r.prompt_hash, r.response_hash, round(r.reward, 6)) for r in ours_log) == sorted(final_triples)
 
 
+def test_the_neighbourhoods_record_reaches_the_reward_service_with_each_level1_answer(infra, stack) -> None:
+    # The scheduler's record rides on the routed prompt; the probe and the generator pass it on unchanged,
+    # so the reward service's escalation rule reads it off the rollout it scores.
+    texts = [f"{r.text} ({time.time_ns()})" for r in load_suite("eval") if not r.risk][20:23]
+    rollouts = Tail(infra, topics.ROLLOUTS_GENERATED)
+    try:
+        requests = submit(infra, texts, record=(6.0, 2.0))
+        seen = rollouts.read(lambda evs: set(requests) <= {e.request_id for e in evs})
+    finally:
+        rollouts.close()
+    ours = [e for e in seen if e.request_id in requests and e.tier == common_pb2.TIER_LEVEL_1]
+    assert ours and all(e.HasField("level1_record") for e in ours)
+    assert {(e.level1_record.labelled, e.level1_record.bad) for e in ours} == {(6.0, 2.0)}
+
+
 def test_a_prompt_the_model_cannot_read_is_dead_lettered_once_and_its_batch_mates_served(infra, stack) -> None:
     # A prompt past the model's positions (which the scheduler refuses at the door) that reaches a
     # generator anyway: dead-lettered at the first attempt with the reason, not retried five times

@@ -334,6 +334,8 @@ def test_without_an_awaiting_provisional_reward_only_the_scores_are_published(de
     desk.clock.advance(DEADLINE_S + 1)
     desk.loop.step()
     assert len(desk.publisher.of(topics.ANNOTATIONS_COMPLETED)) == 2
+    # Each score names the tier of the answer it scored (the scheduler's Level-1 record reads only Level-1's).
+    assert {e.tier for e in desk.publisher.of(topics.ANNOTATIONS_COMPLETED)} == {common_pb2.TIER_LEVEL_2}
     assert desk.publisher.of(topics.REWARDS_SCORED) == [] and desk.publisher.of(topics.ROLLOUT_LOG) == []
 
 

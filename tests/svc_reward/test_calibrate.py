@@ -110,3 +110,39 @@ def test_calibrate_escalation_write_stores_the_threshold_the_service_then_serves
         stored.escalation_threshold
     assert f"under {stored.escalation_threshold:g}, the threshold stored" in settings.threshold_served(
         models.light_calibration)
+
+
+@pytest.mark.integration
+def test_calibrate_rule_reads_the_neighbourhoods_record_and_reports_on_the_sealed_split(
+    zoo: ZooPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+) -> None:
+    """`strata calibrate rule --record-rounds 1 --report-on test` on the ci zoo: each answer carries its
+    neighbourhood's record (people's labels of an earlier round, summed over similar prompts), the rule is
+    fitted on the validation split, stored, and read on the sealed test split with intervals."""
+    import argparse
+    import json
+    import shutil
+
+    from strata_tools.cli import calibrate_cmd
+    from svc_reward.calibration_store import read_rule
+
+    light = tmp_path / "light"
+    shutil.copytree(zoo.light_rm, light)
+    monkeypatch.setenv("STRATA_ZOO_PRESET", os.environ.get("STRATA_TEST_ZOO_PRESET", "ci"))
+    parser = argparse.ArgumentParser()
+    calibrate_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["calibrate", "rule", "--light-rm", str(light), "--prompts", "40", "--folds", "3",
+                              "--record-rounds", "1", "--label-share", "1", "--all-features", "--report-on", "test",
+                              "--write", "--json"])
+    assert args.func(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["single_auc"]["record_bad"] is not None  # every answer had a record
+    fitted = printed["rule"]["fitted"]
+    assert (fitted["record_rounds"], fitted["label_share"], fitted["record_bad_below"]) == (1, 1.0, 1.5)
+    stored = read_rule(light)
+    assert stored is not None and "record_bad" in stored.features
+    held = printed["held_out"]
+    assert held["answers"] > 0 and held["families"] > 1
+    for name in ("light_escalated", "rule_escalated", "escalated_difference"):
+        low, estimate, high = held[name]["low"], held[name]["estimate"], held[name]["high"]
+        assert low <= estimate <= high, name

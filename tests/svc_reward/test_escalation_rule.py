@@ -140,3 +140,44 @@ def test_every_signal_is_read_alone_whatever_the_rule_keeps() -> None:
     assert single["logprob_min"] is not None and single["logprob_min"] > 0.8
     assert single["spread"] == 0.5  # constant here: no better than chance
     assert signal_aucs([dict(r, logprob_min=None) for r in rows], bad)["logprob_min"] is None
+
+
+def test_the_neighbourhoods_record_is_a_bad_share_under_its_prior() -> None:
+    from svc_reward.escalation_rule import RECORD_PRIOR_BAD, RECORD_PRIOR_GOOD, record_bad_share
+
+    prior = RECORD_PRIOR_BAD / (RECORD_PRIOR_BAD + RECORD_PRIOR_GOOD)
+    assert record_bad_share(None, 0.0) is None  # no record sent: the rule leaves it to the threshold
+    assert record_bad_share(0.0, 0.0) == pytest.approx(prior)  # a record of no label: the prior
+    shares = [record_bad_share(n, n) for n in (1.0, 5.0, 20.0, 200.0)]
+    assert shares == sorted(shares) and prior < shares[0] and shares[-1] > 0.97  # labels move it towards theirs
+    assert record_bad_share(20.0, 0.0) < prior
+    values = features(Signals(2.5, 0.0, None, None, 10, 0, "x", record_labelled=4.0, record_bad=3.0))
+    assert values["record_bad"] == pytest.approx(4.0 / 9.0)
+    assert features(Signals(2.5, 0.0, None, None, 10, 0, "x"))["record_bad"] is None
+
+
+def test_a_rule_on_the_record_escalates_by_the_neighbourhood_the_event_carries() -> None:
+    from strata.v1 import common_pb2, events_pb2
+    from svc_reward.worker import rule_verdict
+
+    # Bad answers come from neighbourhoods people found bad; the light score overlaps, the record separates.
+    rng = random.Random(1)
+    rows, bad = [], []
+    for _ in range(400):
+        is_bad = rng.random() < 0.2
+        labelled = float(rng.randrange(0, 12))
+        bad_labels = float(sum(rng.random() < (0.7 if is_bad else 0.1) for _ in range(int(labelled))))
+        rows.append(features(Signals(rng.gauss(2.2 if is_bad else 2.6, 0.6), 0.0, None, None, 40, 96, "a b c",
+                                     record_labelled=labelled, record_bad=bad_labels)))
+        bad.append(is_bad)
+    rule = fit_rule(rows, bad, target_catch=0.9, names=("light", "record_bad"))
+    assert rule.features == ("light", "record_bad")
+    assert dict(zip(rule.features, rule.weights, strict=True))["record_bad"] > 0
+    event = events_pb2.RolloutGenerated(tier=common_pb2.TIER_LEVEL_1, response_tokens=40)
+    assert rule_verdict(rule, event, 2.4, 0.0, "a b c") is None  # no record on the event: the threshold decides
+    event.level1_record.labelled, event.level1_record.bad = 10.0, 0.0
+    good_place = rule_verdict(rule, event, 2.4, 0.0, "a b c")
+    event.level1_record.bad = 9.0
+    bad_place = rule_verdict(rule, event, 2.4, 0.0, "a b c")
+    assert good_place is not None and bad_place is not None
+    assert not good_place.escalate and bad_place.escalate  # the same score, judged by where it was written

@@ -8,11 +8,19 @@ import math
 
 import pytest
 
+from strata.bus import PoisonMessageError
 from strata.v1 import common_pb2, events_pb2
 from svc_scheduler.config import SchedulerSettings
 from svc_scheduler.routing import ROUTE_BEFORE_Z, Level1Record, Neighbour, Route, VersionState, decide
-from svc_scheduler.stats import DEFAULT_AGING, RewardObservation, RewardStats, apply_reward
-from svc_scheduler.worker import observation
+from svc_scheduler.stats import (
+    DEFAULT_AGING,
+    LabelObservation,
+    RewardObservation,
+    RewardStats,
+    apply_label,
+    apply_reward,
+)
+from svc_scheduler.worker import StatsUpdater, observation
 
 NOW = 1_000_000.0
 SETTINGS = SchedulerSettings(route_before_escalation_rate=0.8)  # off by default: on here
@@ -98,3 +106,75 @@ def test_only_the_light_rms_verdict_on_a_level1_answer_is_a_record(tier: int, sc
                                                                     expected: bool | None) -> None:
     message = events_pb2.RewardScored(prompt_hash="a" * 64, tier=tier, scorer=scorer, escalated=escalated, reward=1.0)
     assert observation(message).level1_outcome is expected
+
+
+# -- people's labels: the record the reward service's escalation rule weighs -------------------------------
+
+def labelled(stats: RewardStats, bad: list[bool], policy: int = 10, at: float = NOW) -> RewardStats:
+    for is_bad in bad:
+        found = apply_label(stats, LabelObservation(is_bad, policy, at), ttl_s=3600)
+        assert found is not None
+        stats = found
+    return stats
+
+
+def test_a_label_adds_to_the_record_and_changes_no_reward_figure() -> None:
+    stats = record([True, False, True])
+    after = labelled(stats, [True, False, True])
+    assert (after.level1_labelled, after.level1_bad) == (3.0, 2.0)
+    assert (after.count, after.mean, after.m2, after.weight) == (stats.count, stats.mean, stats.m2, stats.weight)
+    assert (after.level1_scored, after.level1_escalated) == (stats.level1_scored, stats.level1_escalated)
+    assert RewardStats.from_dict(after.to_dict()) == after
+    # A later reward keeps the labels, aged as the rest by the versions it moved.
+    later = apply_reward(after, RewardObservation(2.0, 11, "rm-1", NOW, level1_outcome=False), 3600, 20)
+    decay = DEFAULT_AGING.policy_decay
+    assert later.level1_labelled == pytest.approx(3.0 * decay) and later.level1_bad == pytest.approx(2.0 * decay)
+
+
+def test_labels_age_with_the_policy_and_are_dropped_without_live_statistics() -> None:
+    stats = labelled(record([False]), [True])
+    newer = labelled(stats, [False], policy=12)  # a newer policy's answer: the earlier label ages two versions
+    decay = DEFAULT_AGING.policy_decay
+    assert newer.level1_labelled == pytest.approx(decay ** 2 + 1) and newer.level1_bad == pytest.approx(decay ** 2)
+    assert newer.newest_policy_version == 12
+    older = labelled(stats, [True], policy=9)  # an older policy's answer counts less
+    assert older.level1_bad == pytest.approx(1 + decay)
+    assert apply_label(None, LabelObservation(True, 10, NOW), ttl_s=3600) is None
+    assert apply_label(stats, LabelObservation(True, 10, NOW + 7200), ttl_s=3600) is None  # statistics expired
+
+
+def test_the_neighbourhoods_labels_ride_on_a_level1_decision() -> None:
+    ns = [Neighbour(f"h{i}", 0.9, labelled(record([False, True]), [True, False, bad]))
+          for i, bad in enumerate([True, False, True])]
+    far = Neighbour("far", 0.5, labelled(record([False]), [True] * 5))  # under min_similarity: says nothing
+    decision = route([*ns, far])
+    assert decision.route is Route.LEVEL_1 and decision.level1_record is not None
+    assert (decision.level1_record.labelled, decision.level1_record.bad) == (9.0, 5.0)
+    assert decision.level1_record.neighbours == 3
+    plain = route(ns, SchedulerSettings(tiering=False))  # a plain rollout escalates nothing: no record
+    assert plain.route is Route.LEVEL_1 and plain.level1_record is None
+    assert route([]).level1_record == Level1Record(0.0, 0.0, 0)  # no history yet: an empty record, still sent
+
+
+@pytest.mark.parametrize("tier,gold,score,expected", [
+    (common_pb2.TIER_LEVEL_1, False, 0.5, True),
+    (common_pb2.TIER_LEVEL_1, False, 1.5, False),  # record_bad_below is strict
+    (common_pb2.TIER_LEVEL_1, True, 0.5, None),  # a gold item checks the annotator, not Level-1
+    (common_pb2.TIER_LEVEL_2, False, 0.5, None),  # Level-2's answer is not Level-1's record
+])
+def test_only_peoples_scores_of_level1_answers_are_labels(tier: int, gold: bool, score: float,
+                                                          expected: bool | None) -> None:
+    applied: list[LabelObservation] = []
+
+    class Store:
+        def apply_label(self, prompt_hash: str, response_hash: str, annotator: str, obs: LabelObservation) -> bool:
+            applied.append(obs)
+            return True
+
+    message = events_pb2.AnnotationCompleted(prompt_hash="a" * 64, response_hash="b" * 64, annotator_id="ann",
+                                             score=score, gold=gold, tier=tier, policy_version=3)
+    StatsUpdater(Store(), SchedulerSettings()).apply_label(message)  # type: ignore[arg-type]
+    assert [obs.bad for obs in applied] == ([] if expected is None else [expected])
+    with pytest.raises(PoisonMessageError):
+        StatsUpdater(Store(), SchedulerSettings()).apply_label(  # type: ignore[arg-type]
+            events_pb2.AnnotationCompleted(prompt_hash="a" * 64, score=math.nan, tier=common_pb2.TIER_LEVEL_1))

@@ -110,7 +110,8 @@ def scheduler_settings(infra: StrataSettings, **overrides: object) -> SchedulerS
                 stats_group_id=f"test-sched-stats-{uuid.uuid4().hex[:8]}", watch_lookback_s=30.0)
     base.update(overrides)
     settings = SchedulerSettings(**base)
-    start_group_at_end(infra.kafka_address, settings.stats_group_id, [topics.REWARDS_SCORED])
+    start_group_at_end(infra.kafka_address, settings.stats_group_id,
+                       [topics.REWARDS_SCORED, topics.ANNOTATIONS_COMPLETED])
     return settings
 
 
@@ -334,6 +335,55 @@ def test_a_neighbourhood_whose_level1_answers_are_escalated_routes_before_genera
                        "the Level-1 record")
         again = submit(replica.stub, base + " Please.")
         assert again.decision == common_pb2.DECISION_LEVEL_2 and "before generating" in again.reason, again.reason
+
+
+def test_peoples_labels_of_level1_answers_ride_on_a_later_paraphrase_to_the_reward_service(
+        replica: Replica, publisher: Publisher, infra: StrataSettings) -> None:
+    # Three paraphrases, each with Level-1 answers the light RM passed (rewards neither low- nor high-variance);
+    # people then labelled two answers of each bad and one good, one label delivered twice.
+    base = f"Explain how a bloom filter answers membership queries {uuid.uuid4().hex[:6]}."
+    cluster = [base, base + " Thanks!", base + " Keep it short."]
+    hashes = [submit(replica.stub, prompt).prompt_hash for prompt in cluster]
+    for prompt_hash in hashes:
+        for i, value in enumerate([1.0, 2.3, 1.0, 2.3]):
+            publisher.publish(topics.REWARDS_SCORED, reward(prompt_hash, value, i))
+    publisher.flush()
+    for prompt_hash in hashes:
+        eventually(lambda h=prompt_hash: (s := replica.engine.store.get_stats(h)) and s.count >= 4, "the rewards")
+    for prompt_hash in hashes:
+        for i, score in enumerate([0.5, 1.0, 4.0]):
+            label = events_pb2.AnnotationCompleted(
+                prompt_hash=prompt_hash, response_hash=content_hash(f"response {i} of {prompt_hash}"),
+                annotator_id="ann-1", score=score, tier=common_pb2.TIER_LEVEL_1, policy_version=1)
+            label.completed_at.GetCurrentTime()
+            publisher.publish(topics.ANNOTATIONS_COMPLETED, label)
+            if i == 0:
+                publisher.publish(topics.ANNOTATIONS_COMPLETED, label)  # redelivered: counted once
+        gold = events_pb2.AnnotationCompleted(prompt_hash=prompt_hash, response_hash="c" * 64, annotator_id="ann-1",
+                                              score=0.0, tier=common_pb2.TIER_LEVEL_1, gold=True)
+        publisher.publish(topics.ANNOTATIONS_COMPLETED, gold)  # a gold item is no label
+    publisher.flush()
+    for prompt_hash in hashes:
+        eventually(lambda h=prompt_hash: (s := replica.engine.store.get_stats(h)) and s.level1_labelled >= 3,
+                   "the labels")
+    stats = replica.engine.store.get_stats(hashes[0])
+    assert stats is not None and (stats.level1_labelled, stats.level1_bad) == (3.0, 2.0) and stats.count == 4
+    reader = TailReader(infra, [topics.PROMPTS_LEVEL0], client_id="test-tail-record")
+    reader.seek_to_end()
+    try:
+        again = submit(replica.stub, base + " Please.")
+        assert again.decision == common_pb2.DECISION_LEVEL_1, again.reason
+        seen: dict[str, events_pb2.PromptRouted] = {}
+
+        def routed() -> bool:
+            seen.update((m.prompt_hash, m) for _, m in reader.poll(0.2))
+            return again.prompt_hash in seen
+
+        eventually(routed, "the routed event")
+    finally:
+        reader.close()
+    record = seen[again.prompt_hash].level1_record
+    assert (record.labelled, record.bad) == (9.0, 6.0)
 
 
 def test_one_high_variance_prompt_marks_its_cluster_and_a_later_paraphrase_goes_to_level2(
