@@ -416,7 +416,7 @@ def _print_held_out(args: argparse.Namespace, held: HeldOut, rule: EscalationRul
           f"{held.light_escalated}")
     print(f"  rule on {', '.join(rule.features)}: AUC {held.rule_auc}, catches {held.rule_catch}, escalates "
           f"{held.rule_escalated}")
-    print(f"  rule minus threshold, share escalated: {held.escalated_difference}")
+    print(f"  rule minus threshold: share escalated {held.escalated_difference}, catch {held.catch_difference}")
 
 
 def _print_rule(args: argparse.Namespace, zoo: str, answers: int, bad: int, report: RuleReport,

@@ -234,6 +234,7 @@ class HeldOut:
     rule_catch: Interval
     rule_escalated: Interval
     escalated_difference: Interval  # rule minus light threshold, paired by answer
+    catch_difference: Interval      # the same for the share of bad answers caught
 
 
 def held_out(judged: JudgedLevel1, rule: EscalationRule, light_threshold: float, bad_threshold: float,
@@ -255,7 +256,8 @@ def held_out(judged: JudgedLevel1, rule: EscalationRule, light_threshold: float,
         return [_nan_if_none(auc([-judged.scores[i] for i in idx], b)), _nan_if_none(auc([risk[i] for i in idx], b)),
                 sum(e for e, x in zip(light, b, strict=True) if x) / n_bad, sum(light) / len(idx),
                 sum(e for e, x in zip(ruled, b, strict=True) if x) / n_bad, sum(ruled) / len(idx),
-                (sum(ruled) - sum(light)) / len(idx)]
+                (sum(ruled) - sum(light)) / len(idx),
+                sum(r - e for r, e, x in zip(ruled, light, b, strict=True) if x) / n_bad]
 
     intervals = cluster_bootstraps(figures, judged.families, seed)
     return HeldOut(len(bad), sum(bad), len(set(judged.families)), *intervals)

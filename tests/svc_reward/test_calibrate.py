@@ -143,6 +143,6 @@ def test_calibrate_rule_reads_the_neighbourhoods_record_and_reports_on_the_seale
     assert stored is not None and "record_bad" in stored.features
     held = printed["held_out"]
     assert held["answers"] > 0 and held["families"] > 1
-    for name in ("light_escalated", "rule_escalated", "escalated_difference"):
+    for name in ("light_escalated", "rule_escalated", "escalated_difference", "catch_difference"):
         low, estimate, high = held[name]["low"], held[name]["estimate"], held[name]["high"]
         assert low <= estimate <= high, name
