@@ -24,6 +24,13 @@ risk prompts of the first, so both mixes are read off one live run (the union of
    third arm is the first), reshuffled each time, as PPO revisits its prompt set: what skipping adds
    to the saving once the prompts have a history of their own, and the skip audit's reuse error.
 
+With ``--label-share S`` a desk runs too (svc_annotation, two simulated annotators: the oracle with noise)
+and the reward service sends it a share ``S`` of Level-1 answers: their scores build the scheduler's
+record of each neighbourhood (issue 61), and the escalation rule on it, fitted first as
+``strata calibrate rule --record-rounds --label-share S`` fits it on the calibration split, is served
+with the light RM. Only prompts the scheduler routes carry a record (the skip arm and the epoch
+stream); the other arms' answers are decided by the threshold, as before.
+
 Before the arms, ``WARM_UP_PROMPTS`` train prompts go through each route unmeasured (a cold service's
 first batches are no arm's cost), and the first two arms run in halves, A B B A (all-Level-2,
 tiered, tiered, all-Level-2), so a drift of the machine over the run weighs on both alike; the skip
@@ -101,8 +108,14 @@ from strata_tools.bench.tiers_epochs import (
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
 from strata_tools.pricing import parse_price_as
 from strata_tools.rm.ensemble import check_given_rms
-from strata_tools.rm.escalation import ServedThreshold, add_threshold_arguments, resolve_threshold
-from strata_tools.task.oracle import oracle_score
+from strata_tools.rm.escalation import (
+    RecordHistory,
+    ServedThreshold,
+    add_threshold_arguments,
+    resolve_threshold,
+    serve_record_rule,
+)
+from strata_tools.task.oracle import SimulatedAnnotator, oracle_score
 from strata_tools.task.suite import SEALED_SPLIT, load_suite, stratified_sample
 from strata_tools.tiering import tier_eval
 from strata_tools.tiering.answers import Answers, answers_of, baseline_figures, live_figures
@@ -151,6 +164,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="oracle score under which a Level-1 answer is a bad case")
     add_threshold_arguments(parser)
     parser.add_argument("--review-seconds", type=float, default=60.0, help="human seconds per annotation")
+    parser.add_argument("--label-share", type=float, default=None, metavar="SHARE",
+                        help="run a desk of simulated annotators scoring this share of Level-1 answers (the reward "
+                             "service's annotate_level1_share) and serve the escalation rule on the neighbourhood's "
+                             "record they build (fitted first on --calibration-split); default: no desk, the "
+                             "threshold alone")
+    parser.add_argument("--record-rounds", type=int, default=3,
+                        help="with --label-share: earlier rounds of Level-1 answers behind each record the rule is "
+                             "fitted on (`strata calibrate rule --record-rounds`)")
     parser.add_argument("--expected-samples", type=int, default=EXPECTED_SAMPLES,
                         help="answers per prompt and tier behind the router's expected-quality figures (sweep, "
                              "ceiling, APGR); sampled as live, apart from the live arms")
@@ -280,6 +301,10 @@ def run(args: argparse.Namespace) -> int:
     if not (0 <= args.risk_share <= 1 and 0 <= args.stress_risk_share <= 1):
         raise CliError("--risk-share and --stress-risk-share must be in [0, 1]")
     check_given_rms(args.light_rm, args.strong_rm)
+    if args.label_share is not None and not 0 < args.label_share <= 1:
+        raise CliError("--label-share must be in (0, 1]")
+    if args.record_rounds < 1:
+        raise CliError("--record-rounds must be >= 1")
     run_id = uuid.uuid4().hex[:8]
     settings = StrataSettings()
     # The services' per-event INFO lines would bury the progress; warnings and errors still show.
@@ -290,7 +315,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int:
-
     from strata_tools.zoo.build import ensure_zoo
 
     def progress(line: str) -> None:
@@ -310,8 +334,7 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
              f"{len(mixes.default)} ({sum(r.risk for r in mixes.default)} risk){stress}; {len(history)} history "
              "prompts; each service in its own process")
     threshold = resolve_threshold(args, zoo, [str(zoo.light_rm)], args.bad_threshold, args.seed, progress)
-    live = LiveTiers(settings, zoo, run_id, args.review_seconds, args.seed,
-                     reward_env={"STRATA_ESCALATION_THRESHOLD": repr(threshold.value)})
+    live = live_tiers(args, settings, zoo, run_id, out, threshold, progress)
     runs: dict[str, ArmRun] = {}
     with live.started():
         warm_up(live, history, args, progress)
@@ -334,6 +357,8 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
             runs[name] = in_order_of(eval_records, run)
             progress(f"      done in {run.wall_s:.0f} s")
         audits = settled_audits(live.scheduler_address) if args.epochs > 1 else None
+        if live.desk is not None:
+            progress(f"[desk] {sum(live.desk.counts.scored.values())} items scored by the simulated annotators")
     client = redis_client.connect(settings.redis_address, socket_timeout=30)
     store = ContentStore(client, settings.content_ttl_s, settings.content_max_bytes)
     answers = {name: [answers_of(r, client, store) for r in run.requests] for name, run in runs.items()
@@ -349,6 +374,23 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
     head = report["headline"]
     print(headline_line(head, report["apgr"], report["ceiling_share"], report["intervals"], report["escalation_auc"]))
     return 0
+
+
+def live_tiers(args: argparse.Namespace, settings: Any, zoo: Any, run_id: str, out: Path, threshold: ServedThreshold,
+               progress: Callable[[str], None]) -> LiveTiers:
+    """The services as the arms meet them: the threshold served, and with ``--label-share`` a desk and the
+    escalation rule on the neighbourhood's record (fitted here, served with a copy of the light RM)."""
+    reward_env = {"STRATA_ESCALATION_THRESHOLD": repr(threshold.value)}
+    if args.label_share is None:
+        return LiveTiers(settings, zoo, run_id, args.review_seconds, args.seed, reward_env=reward_env)
+    light, served = serve_record_rule(zoo, out / f"light-rm-rule-{run_id}", args.calibration_split,
+                                      RecordHistory(args.record_rounds, args.label_share), args.bad_threshold,
+                                      args.target_catch, args.seed, progress)
+    progress(served)
+    reward_env["STRATA_ANNOTATE_LEVEL1_SHARE"] = repr(args.label_share)
+    desk = [SimulatedAnnotator("sim-ann", seed=args.seed), SimulatedAnnotator("sim-bob", seed=args.seed + 1)]
+    return LiveTiers(settings, dataclasses.replace(zoo, rm_light=light), run_id, args.review_seconds, args.seed,
+                     reward_env=reward_env, desk=desk)
 
 
 def warm_up(live: LiveTiers, history: Sequence[Any], args: argparse.Namespace,

@@ -40,11 +40,22 @@ from strata.config import StrataSettings
 from strata.contract.checksums import version_id, weights_checksum
 from strata.errors import CliError
 from strata.risk import detect_unsafe_advice
+from strata_tools.rm.calibration import (
+    OperatingPoint,
+    cross_validated_error,
+    detection_figures,
+    fit_isotonic,
+    mean_absolute_error,
+    operating_point,
+    operating_points,
+    printable_threshold,
+    threshold_for_catch,
+)
 from strata_tools.rm.escalation import (
     HeldOut,
-    JudgedLevel1,
     RecordHistory,
     choose_threshold,
+    fit_escalation_rule,
     held_out,
     judge_level1,
 )
@@ -52,18 +63,10 @@ from strata_tools.rm.versions import open_registry
 from strata_tools.task.corpus import DEGRADATIONS, RISK_ONLY_DEGRADATIONS, degrade, reference_response
 from strata_tools.task.oracle import judge
 from strata_tools.task.suite import load_suite
-from svc_reward.escalation_rule import (
-    FEATURES,
-    EscalationRule,
-    RuleReport,
-    evaluate_rule,
-    fit_rule,
-    select_features,
-    signal_aucs,
-)
+from svc_reward.calibration_store import write_calibration, write_rule
+from svc_reward.escalation_rule import EscalationRule, RuleReport
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run, not by `strata calibrate --help`
-    from strata_tools.rm.calibration import OperatingPoint
     from svc_reward.calibrate import ScoreCalibration
     from svc_reward.models import ScoringOptions
 
@@ -125,7 +128,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_unsafe(args: argparse.Namespace) -> int:
-    from strata_tools.rm.calibration import detection_figures
 
     records = load_suite(None if args.split == "all" else args.split)
     rng = random.Random(args.seed)
@@ -190,14 +192,6 @@ class _Calibrated:
 
 def _calibrate(args: argparse.Namespace, measured: _Escalation, light_paths: list[str],
                options: ScoringOptions) -> _Calibrated:
-    from strata_tools.rm.calibration import (
-        cross_validated_error,
-        fit_isotonic,
-        mean_absolute_error,
-        operating_point,
-        printable_threshold,
-        threshold_for_catch,
-    )
 
     source = f"oracle, {args.split} split, {len(measured.scores)} Level-1 answers, zoo {measured.zoo}"
     try:
@@ -222,7 +216,6 @@ def _calibrate(args: argparse.Namespace, measured: _Escalation, light_paths: lis
 def _write(light_paths: list[str], calibration: ScoreCalibration, json_output: bool) -> tuple[str, str | None]:
     """Write the calibration beside the light RM, then into the registry. The file's path, and the
     version it is registered under (None when Redis did not answer: the file alone is then written)."""
-    from svc_reward.calibration_store import write_calibration
     from svc_reward.registry import RegistryError, UnknownVersionError, describe
 
     try:
@@ -290,7 +283,6 @@ def _print_calibration(args: argparse.Namespace, measured: _Escalation, fitted: 
 
 
 def run_escalation(args: argparse.Namespace) -> int:
-    from strata_tools.rm.calibration import operating_points
     from strata_tools.zoo.build import ensure_zoo
     from svc_reward.config import RewardSettings
     from svc_reward.decide import escalation_threshold
@@ -341,7 +333,6 @@ def run_rule(args: argparse.Namespace) -> int:
     """Fit the escalation rule on the split's Level-1 answers (prompted and scored as live), report what each
     signal buys out of fold against the light RM's score alone, and --write it beside the light RM."""
     from strata_tools.zoo.build import ensure_zoo
-    from svc_reward.calibration_store import write_rule
     from svc_reward.config import RewardSettings
     from svc_reward.models import ScoringOptions
 
@@ -356,8 +347,10 @@ def run_rule(args: argparse.Namespace) -> int:
     judged = judge_level1(zoo, args.split, args.prompts, args.seed, light_paths, options, history,
                           lambda line: print(line, file=sys.stderr, flush=True))
     bad = judged.bad(args.bad_threshold)
-    rule, report, steps = _fit_rule(args, judged, bad)
-    rule = dataclasses.replace(rule, checksum=weights_checksum(light_paths))
+    fitted = fit_escalation_rule(judged, args.bad_threshold, args.target_catch, args.folds, args.l2, args.seed,
+                                 args.all_features)
+    report, steps = fitted.report, fitted.steps
+    rule = dataclasses.replace(fitted.rule, checksum=weights_checksum(light_paths))
     held = None
     if args.report_on:
         held = held_out(judge_level1(zoo, args.report_on, args.prompts, args.seed, light_paths, options, history,
@@ -380,32 +373,6 @@ def run_rule(args: argparse.Namespace) -> int:
     if held is not None:
         _print_held_out(args, held, rule)
     return 0
-
-
-def _fit_rule(args: argparse.Namespace, judged: JudgedLevel1, bad: list[bool]
-              ) -> tuple[EscalationRule, RuleReport, list[tuple[str, float]]]:
-    """The rule on the features forward selection keeps (or all), its out-of-fold report, the selection's steps."""
-    try:
-        steps: list[tuple[str, float]] = []
-        names = list(FEATURES)
-        if not args.all_features:
-            names, steps = select_features(judged.features, bad, judged.families, args.target_catch, args.folds,
-                                           args.l2, args.seed)
-        rows = [{n: r.get(n) for n in names} for r in judged.features]
-        report = evaluate_rule(rows, bad, judged.families, args.target_catch, args.folds, args.l2, args.seed)
-        rule = fit_rule(rows, bad, args.target_catch, l2=args.l2)
-        report = dataclasses.replace(report, single=signal_aucs(judged.features, bad))  # every signal, chosen or not
-    except ValueError as exc:
-        raise CliError(f"{exc} ({sum(bad)} bad of {len(bad)} answers on {args.split}): more --prompts") from exc
-    history = judged.history
-    return dataclasses.replace(rule, fitted={
-        "split": args.split, "answers": len(bad), "bad": sum(bad), "bad_threshold": args.bad_threshold,
-        **({"record_rounds": history.rounds, "label_share": history.label_share,
-            "record_bad_below": history.bad_below} if history else {}),
-        "folds": report.folds, "light_auc": report.light_auc, "combined_auc": report.combined_auc,
-        "light_catch": report.light_catch, "light_escalated": report.light_escalated,
-        "combined_catch": report.combined_catch, "combined_escalated": report.combined_escalated,
-        "selection": [list(step) for step in steps]}), report, steps
 
 
 def _print_held_out(args: argparse.Namespace, held: HeldOut, rule: EscalationRule) -> None:

@@ -19,22 +19,38 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata.confidence import logprob_summary
+from strata.contract.checksums import weights_checksum
 from strata.errors import CliError
 from strata_tools.intervals import Interval, cluster_bootstraps
 from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
+from strata_tools.rm.calibration import OperatingPoint, operating_point, printable_threshold, threshold_for_catch
 from strata_tools.rm.models import ZooModels
 from strata_tools.task.oracle import judge
 from strata_tools.task.seal import check_sealed
 from strata_tools.task.suite import load_suite
-from svc_reward.escalation_rule import EscalationRule, Signals, auc, features, record_bad_share
+from svc_reward.calibration_store import write_rule
+from svc_reward.escalation_rule import (
+    FEATURES,
+    EscalationRule,
+    RuleReport,
+    Signals,
+    auc,
+    evaluate_rule,
+    features,
+    fit_rule,
+    record_bad_share,
+    select_features,
+    signal_aucs,
+)
 
 if TYPE_CHECKING:  # torch and the services' settings: imported by the run
-    from strata_tools.rm.calibration import OperatingPoint
     from strata_tools.task.suite import PromptRecord
     from svc_probe.core import ProbeResult
     from svc_reward.models import ScoringOptions
@@ -116,7 +132,6 @@ def resolve_threshold(args: argparse.Namespace, zoo: ZooModels, light_paths: lis
     the reward service's setting, or a number."""
     from svc_reward.config import RewardSettings
     from svc_reward.decide import escalation_threshold
-    from svc_reward.models import ScoringOptions
 
     choice = args.escalation_threshold
     if choice == SERVED:
@@ -137,8 +152,7 @@ def resolve_threshold(args: argparse.Namespace, zoo: ZooModels, light_paths: lis
         raise CliError("--target-catch must be in (0, 1]")
     progress(f"[calibrate] the light RM's escalation threshold on {CALIBRATION_PROMPTS} {args.calibration_split}-split "
              f"prompts' Level-1 answers, for a {args.target_catch:.0%} catch of the bad cases")
-    options = replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
-    judged = judge_level1(zoo, args.calibration_split, CALIBRATION_PROMPTS, seed, light_paths, options)
+    judged = judge_level1(zoo, args.calibration_split, CALIBRATION_PROMPTS, seed, light_paths, _live_options())
     chosen = choose_threshold(judged, bad_threshold, args.target_catch)
     return ServedThreshold(chosen.threshold, f"calibrated, {chosen.describe(judged)}")
 
@@ -176,8 +190,6 @@ def judge_level1(zoo: ZooModels, split: str, prompts: int, seed: int, light_path
 
 def choose_threshold(judged: JudgedLevel1, bad_threshold: float, target_catch: float) -> ChosenThreshold:
     """The raw threshold for ``target_catch``; CliError when the answers hold no bad case."""
-    from strata_tools.rm.calibration import operating_point, printable_threshold, threshold_for_catch
-
     bad = judged.bad(bad_threshold)
     try:
         chosen = printable_threshold(threshold_for_catch(judged.scores, bad, target_catch))
@@ -218,6 +230,80 @@ def _score_level1(zoo: ZooModels, level1_records: list[tuple[PromptRecord, Probe
                                      confidence.min if confidence else None, len(answer.token_ids),
                                      prompting.sampling.max_new_tokens or 0, answer.text)))
     return scored.rewards, oracle, rows
+
+
+@dataclass(frozen=True)
+class FittedRule:
+    """An escalation rule fitted on a split's answers, with what chose it."""
+
+    rule: EscalationRule
+    report: RuleReport                      # out of fold: each signal alone, the light score, the rule
+    steps: list[tuple[str, float]]          # forward selection: (feature added, out-of-fold AUC); empty: all kept
+
+
+def fit_escalation_rule(judged: JudgedLevel1, bad_threshold: float, target_catch: float, folds: int = 5,
+                        l2: float = 1.0, seed: int = 0, all_features: bool = False) -> FittedRule:
+    """The rule on the features forward selection keeps (or all), its out-of-fold report, and what it was
+    fitted on in ``rule.fitted``. CliError when the answers cannot fit one (too few bad, say)."""
+    bad = judged.bad(bad_threshold)
+    try:
+        steps: list[tuple[str, float]] = []
+        names = list(FEATURES)
+        if not all_features:
+            names, steps = select_features(judged.features, bad, judged.families, target_catch, folds, l2, seed)
+        rows = [{n: r.get(n) for n in names} for r in judged.features]
+        report = evaluate_rule(rows, bad, judged.families, target_catch, folds, l2, seed)
+        rule = fit_rule(rows, bad, target_catch, l2=l2)
+        report = replace(report, single=signal_aucs(judged.features, bad))  # every signal, chosen or not
+    except ValueError as exc:
+        raise CliError(f"{exc} ({sum(bad)} bad of {len(bad)} answers on {judged.split}): more prompts") from exc
+    history = judged.history
+    return FittedRule(replace(rule, fitted={
+        "split": judged.split, "answers": len(bad), "bad": sum(bad), "bad_threshold": bad_threshold,
+        **({"record_" + k if k != "label_share" else k: v for k, v in asdict(history).items()} if history else {}),
+        "folds": report.folds, "light_auc": report.light_auc, "combined_auc": report.combined_auc,
+        "light_catch": report.light_catch, "light_escalated": report.light_escalated,
+        "combined_catch": report.combined_catch, "combined_escalated": report.combined_escalated,
+        "selection": [list(step) for step in steps]}), report, steps)
+
+
+RULE_PROMPTS = 280  # `strata calibrate rule`'s default
+
+
+def serve_record_rule(zoo: ZooModels, light_dir: Path, split: str, history: RecordHistory, bad_threshold: float,
+                      target_catch: float, seed: int, progress: Callable[[str], None]) -> tuple[Path, str]:
+    """The escalation rule on the neighbourhood's record, fitted as `strata calibrate rule` fits it on
+    ``split`` (``RULE_PROMPTS`` prompts, ``history`` behind each record) and written into ``light_dir``, a
+    fresh copy of the zoo's light RM, for a reward service to serve. Returns the copy and a line saying
+    what it serves."""
+    progress(f"[rule] the escalation rule on {RULE_PROMPTS} {split}-split prompts' Level-1 answers, each with its "
+             f"neighbourhood's record ({history.rounds} earlier rounds)")
+    judged = judge_level1(zoo, split, RULE_PROMPTS, seed, [str(zoo.rm_light)], _live_options(), history, progress)
+    fitted = fit_escalation_rule(judged, bad_threshold, target_catch, seed=seed)
+    if light_dir.exists():
+        shutil.rmtree(light_dir)
+    shutil.copytree(zoo.rm_light, light_dir)
+    rule = replace(fitted.rule, checksum=weights_checksum([str(light_dir)]))
+    write_rule(light_dir, rule)
+    resolved = judged.history or history
+    report = fitted.report
+    return light_dir, (f"escalation rule served: on {', '.join(rule.features)}, fitted on {len(judged.scores)} "
+                       f"{split}-split answers with {resolved.rounds} earlier rounds at {resolved.label_share:.0%} "
+                       f"labelled; out of fold AUC {_num(report.combined_auc)} (the light score's "
+                       f"{_num(report.light_auc)}), escalating {_pct(report.combined_escalated)} for a catch of "
+                       f"{_pct(report.combined_catch)}; Level-1 answers without a record: the threshold")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _live_options() -> ScoringOptions:
+    """How the reward service scores, on the CPU (its settings' defaults)."""
+    from svc_reward.config import RewardSettings
+    from svc_reward.models import ScoringOptions
+
+    return replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from strata import ledger, redis_client, rpc
-from strata.bus import Publisher, topics
+from strata.bus import Publisher, Topic, topics
 from strata.bus.admin import start_group_at_end
 from strata.bus.tail import TailReader
 from strata.content_store import ContentStore
 from strata.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from strata_tools.infra.process import free_port
 from strata_tools.stack.control import health
+from strata_tools.task.desk import SimulatedDesk
+from strata_tools.task.oracle import SimulatedAnnotator
 from strata_tools.train import Request, request_done
 
 log = logging.getLogger(__name__)
@@ -175,16 +177,21 @@ class LiveTiers(ArmRunner):
 
     def __init__(self, settings: Any, zoo: Any, run_id: str, review_seconds: float, seed: int,
                  scheduler_env: dict[str, str] | None = None, learner_args: Sequence[str] | None = None,
-                 reward_env: dict[str, str] | None = None) -> None:
+                 reward_env: dict[str, str] | None = None,
+                 desk: Sequence[SimulatedAnnotator] | None = None) -> None:
         """``learner_args``: also run the learner (those svc_learner flags), training the zoo's policy on the
         rewards and publishing each version to the Level-1 generator: a moving policy. None: a fixed one.
-        ``scheduler_env``, ``reward_env``: settings of those services (``STRATA_*``) over the bench's own."""
+        ``scheduler_env``, ``reward_env``: settings of those services (``STRATA_*``) over the bench's own.
+        ``desk``: also run svc_annotation with these simulated annotators scoring what the reward service
+        sends it (their Level-1 scores feed the scheduler's record); None: no desk, as before."""
         super().__init__(settings, run_id, seed)
         self.zoo = zoo
         self.review_seconds = review_seconds
         self.scheduler_env = scheduler_env or {}
         self.reward_env = reward_env or {}
         self.learner_args = None if learner_args is None else list(learner_args)
+        self.desk_annotators = None if desk is None else list(desk)
+        self.desk: SimulatedDesk | None = None
         self.checkpoint_dir = Path(settings.state_dir) / "bench" / run_id / "checkpoints"
         # While started, by service name: gRPC port, process id and consumer group (what benches watch).
         self.ports: dict[str, int] = {}
@@ -212,8 +219,13 @@ class LiveTiers(ArmRunner):
             self._await_healthy(self._processes, self.ports, self._logs)
             self.pids = {name: process.pid for name, process in self._processes.items()}
             self.scheduler_address = f"127.0.0.1:{self.ports['scheduler']}"
+            if self.desk_annotators is not None:
+                self.desk = SimulatedDesk(f"127.0.0.1:{self.ports['annotation']}", self.desk_annotators,
+                                          settings=self.settings).start()
             yield self
         finally:
+            if self.desk is not None:
+                self.desk.stop()
             with self._process_lock:
                 self._stopping = True
             self._stop_processes(self._processes)
@@ -247,29 +259,34 @@ class LiveTiers(ArmRunner):
                 "STRATA_STATE_DIR": str(s.state_dir), "STRATA_DEVICE": "cpu", "STRATA_LOG_LEVEL": "WARNING",
                 "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-    def _consumer_groups(self) -> dict[str, tuple[str, list[str]]]:
+    def _consumer_groups(self) -> dict[str, tuple[str, list[Topic[Any]]]]:
         """Each service's consumer group and the topics it reads, every group started at the topics' end."""
         # Consumer groups of this run only, started at the end of their topics: what an earlier run (or
         # another bench on the same Kafka) left there is never rolled out or folded in again.
-        groups = {
+        groups: dict[str, tuple[str, list[Topic[Any]]]] = {
             "probe": (f"bench-{self.run_id}-probe", [topics.PROMPTS_LEVEL0]),
             "generator-l1": (f"bench-{self.run_id}-l1", [topics.PROMPTS_LEVEL1]),
             "generator-l2": (f"bench-{self.run_id}-l2", [topics.PROMPTS_LEVEL2]),
             "reward": (f"bench-{self.run_id}-reward", [topics.ROLLOUTS_GENERATED]),
             "scheduler": (f"bench-{self.run_id}-stats",
-                          [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED]),
+                          [topics.REWARDS_SCORED, topics.POLICY_UPDATED, topics.RM_UPDATED,
+                           topics.ANNOTATIONS_COMPLETED]),
         }
         if self.learner_args is not None:
             groups["learner"] = (f"bench-{self.run_id}-learner", [topics.REWARDS_SCORED])
+        if self.desk_annotators is not None:
+            groups["annotation"] = (f"bench-{self.run_id}-annotation", [topics.ANNOTATIONS_REQUESTED])
         for group, topic_list in groups.values():
             start_group_at_end(self.settings, group, topic_list)
         return groups
 
-    def _service_specs(self, groups: dict[str, tuple[str, list[str]]]) -> dict[str, _ServiceSpec]:
+    def _service_specs(self, groups: dict[str, tuple[str, list[Topic[Any]]]]) -> dict[str, _ServiceSpec]:
         """Each service's module, arguments and environment of its own, by name."""
         zoo = self.zoo
         # Policy versions are checked against the learner's checkpoint directory (docs/reliability.md).
         follow = {"STRATA_POLICY_CHECKPOINT_ROOT": str(self.checkpoint_dir)}
+        desk: dict[str, _ServiceSpec] = {} if self.desk_annotators is None else {
+            "annotation": ("svc_annotation", [], {"STRATA_GROUP_ID": groups["annotation"][0], "STRATA_WEB_PORT": "0"})}
         learner: dict[str, _ServiceSpec] = {} if self.learner_args is None else {
             "learner": ("svc_learner", self.learner_args, {
                 "STRATA_GROUP_ID": groups["learner"][0], "STRATA_POLICY_MODEL_PATH": str(zoo.policy),
@@ -293,6 +310,7 @@ class LiveTiers(ArmRunner):
                 "STRATA_BACKLOG_GROUPS": ",".join(groups[tier][0] for tier in TIER_GROUPS),
                 **follow, **self.scheduler_env}),
             **learner,
+            **desk,
         }
 
     def _spawn(self, specs: dict[str, _ServiceSpec], logs: Path,

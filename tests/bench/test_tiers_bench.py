@@ -354,6 +354,34 @@ def test_bench_runs_every_arm_through_the_services(infra: StrataSettings, zoo, m
     assert figures["audits"]["scored"] <= figures["audits"]["audits"]
 
 
+def test_with_a_desk_the_rule_on_the_record_is_served_and_the_labels_are_booked(
+        infra: StrataSettings, zoo, monkeypatch, capsys, tmp_path) -> None:
+    # --label-share: a desk of simulated annotators scores that share of Level-1 answers (the scheduler's
+    # record), and the escalation rule on the record, fitted first, is served with a copy of the light RM.
+    from strata.contract.checksums import weights_checksum
+    from svc_reward.calibration_store import read_rule
+
+    monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
+    monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
+    monkeypatch.setenv("STRATA_ZOO_PRESET", "ci")
+    parser = argparse.ArgumentParser()
+    tiers.add_arguments(parser)
+    args = parser.parse_args(["--prompts", "4", "--history", "4", "--epochs", "2", "--expected-samples", "1",
+                              "--stress-risk-share", "0", "--label-share", "1", "--record-rounds", "1",
+                              "--out", str(tmp_path)])
+    assert tiers.run(args) == 0
+    out = capsys.readouterr().out
+    assert "escalation rule served: on light" in out and "1 earlier rounds at 100% labelled" in out
+    served = next(tmp_path.glob("light-rm-rule-*"))
+    rule = read_rule(served)
+    assert rule is not None and rule.checksum == weights_checksum([str(served)])  # what svc_reward serves
+    scored = re.search(r"\[desk\] (\d+) items scored", out)
+    assert scored and int(scored.group(1)) > 0, out
+    figures = json.loads((tmp_path / "tiers.json").read_text())
+    stages = {name: {(s["stage"], s["tier"]) for s in rows if s["items"]} for name, rows in figures["stages"].items()}
+    assert ("human_review", 1) in stages["tiered"]  # every Level-1 answer went to the desk, at its human cost
+
+
 def test_a_missing_rm_directory_is_refused_before_anything_starts(tmp_path) -> None:
     parser = argparse.ArgumentParser()
     tiers.add_arguments(parser)
