@@ -83,6 +83,7 @@ import dataclasses
 import json
 import logging
 import random
+import shutil
 import statistics
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -134,6 +135,7 @@ from strata_tools.tiering.headline import (
 )
 from strata_tools.tiering.lines import arm_table, price_lines, routing_lines, stage_lines, threshold_lines
 from strata_tools.tiering.tier_eval import ArmFigures, PromptOutcome
+from svc_reward.calibration_store import rule_path
 
 log = logging.getLogger(__name__)
 
@@ -379,13 +381,16 @@ def _run(args: argparse.Namespace, settings: Any, run_id: str, out: Path) -> int
 def live_tiers(args: argparse.Namespace, settings: Any, zoo: Any, run_id: str, out: Path, threshold: ServedThreshold,
                progress: Callable[[str], None]) -> LiveTiers:
     """The services as the arms meet them: the threshold served, and with ``--label-share`` a desk and the
-    escalation rule on the neighbourhood's record (fitted here, served with a copy of the light RM)."""
+    escalation rule on the neighbourhood's record (fitted here, served with a copy of the light RM in the
+    run's throw-away state dir; the rule itself is kept as ``<out>/escalation_rule.json``)."""
     reward_env = {"STRATA_ESCALATION_THRESHOLD": repr(threshold.value)}
     if args.label_share is None:
         return LiveTiers(settings, zoo, run_id, args.review_seconds, args.seed, reward_env=reward_env)
-    light, served = serve_record_rule(zoo, out / f"light-rm-rule-{run_id}", args.calibration_split,
+    light, served = serve_record_rule(zoo, Path(settings.state_dir) / "light-rm-rule", args.calibration_split,
                                       RecordHistory(args.record_rounds, args.label_share), args.bad_threshold,
                                       args.target_catch, args.seed, progress)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(rule_path(light), out / "escalation_rule.json")
     progress(served)
     reward_env["STRATA_ANNOTATE_LEVEL1_SHARE"] = repr(args.label_share)
     desk = [SimulatedAnnotator("sim-ann", seed=args.seed), SimulatedAnnotator("sim-bob", seed=args.seed + 1)]

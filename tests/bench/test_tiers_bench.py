@@ -359,7 +359,7 @@ def test_with_a_desk_the_rule_on_the_record_is_served_and_the_labels_are_booked(
     # --label-share: a desk of simulated annotators scores that share of Level-1 answers (the scheduler's
     # record), and the escalation rule on the record, fitted first, is served with a copy of the light RM.
     from strata.contract.checksums import weights_checksum
-    from svc_reward.calibration_store import read_rule
+    from svc_reward.escalation_rule import EscalationRule
 
     monkeypatch.setenv("STRATA_KAFKA_BOOTSTRAP", infra.kafka_address)
     monkeypatch.setenv("STRATA_REDIS_URL", infra.redis_address)
@@ -372,9 +372,8 @@ def test_with_a_desk_the_rule_on_the_record_is_served_and_the_labels_are_booked(
     assert tiers.run(args) == 0
     out = capsys.readouterr().out
     assert "escalation rule served: on light" in out and "1 earlier rounds at 100% labelled" in out
-    served = next(tmp_path.glob("light-rm-rule-*"))
-    rule = read_rule(served)
-    assert rule is not None and rule.checksum == weights_checksum([str(served)])  # what svc_reward serves
+    rule = EscalationRule.from_dict(json.loads((tmp_path / "escalation_rule.json").read_text()))
+    assert rule.checksum == weights_checksum([str(zoo.light_rm)])  # its copy of the light RM: the same weights
     scored = re.search(r"\[desk\] (\d+) items scored", out)
     assert scored and int(scored.group(1)) > 0, out
     figures = json.loads((tmp_path / "tiers.json").read_text())
