@@ -102,9 +102,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rule.add_argument("--all-features", action="store_true",
                       help="fit on every signal; default: forward selection from the light score, keeping a "
                            "signal only where it raises the out-of-fold AUC")
-    rule.add_argument("--record-rounds", type=int, default=3, metavar="N",
+    rule.add_argument("--record-rounds", type=int, default=0, metavar="N",
                       help="earlier rounds of Level-1 answers to the same prompts behind each answer's neighbourhood "
-                           "record (the epochs a run has seen; strata_tools.rm.record); 0: no record signal")
+                           "record (the epochs a run has seen; strata_tools.rm.record); 0 (the default): no record "
+                           "signal. At the default 5 %% of answers labelled the record did not pay on the sealed "
+                           "test split; with --label-share 0.2 it did (docs/tiers.md)")
     rule.add_argument("--label-share", type=float, default=None, metavar="SHARE",
                       help="share of those answers people label (default: the reward service's "
                            "annotate_level1_share, what it sends to the desk)")
