@@ -66,6 +66,12 @@ DECISION_SECONDS = Histogram(
 INDEX_SIZE = Gauge("strata_scheduler_index_size", "Prompts in this replica's FAISS index")
 SHED = Counter("strata_scheduler_shed_total",
                "Prompts refused at the door because a rollout tier was too far behind", ["group"])
+RECORD_LABELS = Histogram(
+    "strata_scheduler_level1_record_labels",
+    "People's labels (aged weight) in the Level-1 record sent with each Level-1 route: under ~3 the escalation "
+    "rule's record_bad is mostly its prior",
+    buckets=(0.5, 1, 2, 3, 5, 10, 20, 50),
+)
 VECTORS_REUSED = Counter("strata_scheduler_vectors_reused_total",
                          "Prompts decided on their stored vector (already indexed) instead of the encoder")
 
@@ -367,6 +373,7 @@ class SchedulerEngine:
         if decision.level1_record is not None and decision.route is Route.LEVEL_1:
             event.level1_record.labelled = decision.level1_record.labelled
             event.level1_record.bad = decision.level1_record.bad
+            RECORD_LABELS.observe(decision.level1_record.labelled)
         event.submitted_at.FromNanoseconds(int(submitted_at * 1e9))
         event.routed_at.FromNanoseconds(int(now * 1e9))
         return self.publisher.publish(topics.PROMPTS_LEVEL2 if level2 else topics.PROMPTS_LEVEL0, event)

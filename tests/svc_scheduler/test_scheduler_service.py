@@ -370,6 +370,7 @@ def test_peoples_labels_of_level1_answers_ride_on_a_later_paraphrase_to_the_rewa
     assert stats is not None and (stats.level1_labelled, stats.level1_bad) == (3.0, 2.0) and stats.count == 4
     reader = TailReader(infra, [topics.PROMPTS_LEVEL0], client_id="test-tail-record")
     reader.seek_to_end()
+    labels_sum = REGISTRY.get_sample_value("strata_scheduler_level1_record_labels_sum") or 0.0
     try:
         again = submit(replica.stub, base + " Please.")
         assert again.decision == common_pb2.DECISION_LEVEL_1, again.reason
@@ -384,6 +385,8 @@ def test_peoples_labels_of_level1_answers_ride_on_a_later_paraphrase_to_the_rewa
         reader.close()
     record = seen[again.prompt_hash].level1_record
     assert (record.labelled, record.bad) == (9.0, 6.0)
+    # The operator sees how many labels stand behind the records the routes carry.
+    assert REGISTRY.get_sample_value("strata_scheduler_level1_record_labels_sum") == labels_sum + 9.0
 
 
 def test_one_high_variance_prompt_marks_its_cluster_and_a_later_paraphrase_goes_to_level2(
