@@ -160,6 +160,16 @@ def _aged(stats: RewardStats, factor: float) -> RewardStats:
                    level1_bad=stats.level1_bad * factor)
 
 
+def _at_version(stats: RewardStats, policy_version: int, aging: Aging) -> tuple[RewardStats, float]:
+    """The statistics aged to a sample of ``policy_version``, and that sample's weight: a newer policy ages
+    every earlier sample by ``policy_decay`` per version it moved (the new one weighs 1); an older one's
+    sample weighs ``policy_decay`` per version it is behind."""
+    lag = policy_version - stats.newest_policy_version
+    if lag > 0:
+        return _aged(stats, aging.policy_decay ** lag), 1.0
+    return stats, aging.policy_decay ** -lag
+
+
 def _level1(obs: RewardObservation, w: float) -> tuple[float, float]:
     """The weight ``obs`` adds to (level1_scored, level1_escalated)."""
     if obs.level1_outcome is None:
@@ -190,11 +200,7 @@ def apply_reward(stats: RewardStats | None, obs: RewardObservation, ttl_s: float
     versions[obs.scorer] = obs.rm_version
     if obs.policy_version - stats.newest_policy_version > max_policy_lag:
         return start_stats(obs, unsafe)
-    lag = obs.policy_version - stats.newest_policy_version
-    if lag > 0:
-        stats, w = _aged(stats, aging.policy_decay ** lag), 1.0
-    else:  # a sample of an older policy than the newest already folded in counts less
-        w = aging.policy_decay ** -lag
+    stats, w = _at_version(stats, obs.policy_version, aging)
     weight, weight_sq, mean, m2 = weighted_update(stats.weight, stats.weight_sq, stats.mean, stats.m2,
                                                   obs.reward, w)
     scored, escalated = _level1(obs, w)
@@ -232,14 +238,9 @@ def apply_label(stats: RewardStats | None, obs: LabelObservation, ttl_s: float, 
     what was forgotten. A newer policy ages the statistics as a reward would; an older one's label counts less."""
     if stats is None or obs.labelled_at - stats.updated_at > ttl_s:
         return None
-    lag = obs.policy_version - stats.newest_policy_version
-    if lag > 0:
-        stats, w = _aged(stats, aging.policy_decay ** lag), 1.0
-        stats = replace(stats, newest_policy_version=obs.policy_version)
-    else:
-        w = aging.policy_decay ** -lag
-    return replace(stats, level1_labelled=stats.level1_labelled + w,
-                   level1_bad=stats.level1_bad + (w if obs.bad else 0.0))
+    stats, w = _at_version(stats, obs.policy_version, aging)
+    return replace(stats, newest_policy_version=max(stats.newest_policy_version, obs.policy_version),
+                   level1_labelled=stats.level1_labelled + w, level1_bad=stats.level1_bad + (w if obs.bad else 0.0))
 
 
 def marks_high_uncertainty(stats: RewardStats, min_samples: int, high_variance_threshold: float) -> bool:

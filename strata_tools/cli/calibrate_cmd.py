@@ -58,6 +58,7 @@ from strata_tools.rm.escalation import (
     fit_escalation_rule,
     held_out,
     judge_level1,
+    live_scoring_options,
 )
 from strata_tools.rm.versions import open_registry
 from strata_tools.task.corpus import DEGRADATIONS, RISK_ONLY_DEGRADATIONS, degrade, reference_response
@@ -335,8 +336,6 @@ def run_rule(args: argparse.Namespace) -> int:
     """Fit the escalation rule on the split's Level-1 answers (prompted and scored as live), report what each
     signal buys out of fold against the light RM's score alone, and --write it beside the light RM."""
     from strata_tools.zoo.build import ensure_zoo
-    from svc_reward.config import RewardSettings
-    from svc_reward.models import ScoringOptions
 
     if args.prompts < 20 or not 0 < args.target_catch <= 1 or args.folds < 2:
         raise CliError("--prompts must be >= 20, --target-catch in (0, 1] and --folds >= 2")
@@ -345,7 +344,7 @@ def run_rule(args: argparse.Namespace) -> int:
     history = RecordHistory(args.record_rounds, args.label_share)
     zoo = ensure_zoo(StrataSettings())
     light_paths = [p.strip() for p in args.light_rm.split(",") if p.strip()] if args.light_rm else [str(zoo.light_rm)]
-    options = dataclasses.replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
+    options = live_scoring_options()
     judged = judge_level1(zoo, args.split, args.prompts, args.seed, light_paths, options, history,
                           lambda line: print(line, file=sys.stderr, flush=True))
     bad = judged.bad(args.bad_threshold)

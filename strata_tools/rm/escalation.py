@@ -21,7 +21,7 @@ import math
 import random
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -152,7 +152,7 @@ def resolve_threshold(args: argparse.Namespace, zoo: ZooModels, light_paths: lis
         raise CliError("--target-catch must be in (0, 1]")
     progress(f"[calibrate] the light RM's escalation threshold on {CALIBRATION_PROMPTS} {args.calibration_split}-split "
              f"prompts' Level-1 answers, for a {args.target_catch:.0%} catch of the bad cases")
-    judged = judge_level1(zoo, args.calibration_split, CALIBRATION_PROMPTS, seed, light_paths, _live_options())
+    judged = judge_level1(zoo, args.calibration_split, CALIBRATION_PROMPTS, seed, light_paths, live_scoring_options())
     chosen = choose_threshold(judged, bad_threshold, args.target_catch)
     return ServedThreshold(chosen.threshold, f"calibrated, {chosen.describe(judged)}")
 
@@ -260,7 +260,8 @@ def fit_escalation_rule(judged: JudgedLevel1, bad_threshold: float, target_catch
     history = judged.history
     return FittedRule(replace(rule, fitted={
         "split": judged.split, "answers": len(bad), "bad": sum(bad), "bad_threshold": bad_threshold,
-        **({"record_" + k if k != "label_share" else k: v for k, v in asdict(history).items()} if history else {}),
+        **({"record_rounds": history.rounds, "label_share": history.label_share,
+            "record_bad_below": history.bad_below} if history else {}),
         "folds": report.folds, "light_auc": report.light_auc, "combined_auc": report.combined_auc,
         "light_catch": report.light_catch, "light_escalated": report.light_escalated,
         "combined_catch": report.combined_catch, "combined_escalated": report.combined_escalated,
@@ -278,7 +279,8 @@ def serve_record_rule(zoo: ZooModels, light_dir: Path, split: str, history: Reco
     what it serves."""
     progress(f"[rule] the escalation rule on {RULE_PROMPTS} {split}-split prompts' Level-1 answers, each with its "
              f"neighbourhood's record ({history.rounds} earlier rounds)")
-    judged = judge_level1(zoo, split, RULE_PROMPTS, seed, [str(zoo.rm_light)], _live_options(), history, progress)
+    judged = judge_level1(zoo, split, RULE_PROMPTS, seed, [str(zoo.rm_light)], live_scoring_options(), history,
+                          progress)
     fitted = fit_escalation_rule(judged, bad_threshold, target_catch, seed=seed)
     if light_dir.exists():
         shutil.rmtree(light_dir)
@@ -298,7 +300,7 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _live_options() -> ScoringOptions:
+def live_scoring_options() -> ScoringOptions:
     """How the reward service scores, on the CPU (its settings' defaults)."""
     from svc_reward.config import RewardSettings
     from svc_reward.models import ScoringOptions
