@@ -37,18 +37,18 @@ def test_memory_passes_on_a_generator_that_releases_its_batches(tiny_models: Tin
 
 def test_memory_alarms_on_a_leaking_generator(tiny_models: TinyModels, metrics_url: str) -> None:
     settings = GeneratorSettings(device="cpu", max_new_tokens=12)
-    leaky = LeakyBackend(HfBackend(str(tiny_models.lm), "cpu"), leak_bytes=32 * MIB)
+    # The leak is set well above the RSS noise: the other memory of a round moves by up to ~80 MiB (CI:
+    # readings +32, -49, +32, +32 MiB with a 32 MiB leak, a least-squares slope of 7.8 under the 8 MiB bound).
+    leaky = LeakyBackend(HfBackend(str(tiny_models.lm), "cpu"), leak_bytes=128 * MIB)
     with serving(generator_parts(settings, leaky)) as (port,):
         result = runner.run_check("memory", memory_settings(port, metrics_url))
     leaked_batches = len(leaky.kept)
     leaky.kept.clear()
     assert leaked_batches >= 5
     assert result.verdict is Verdict.ALARM, result.summary
-    # ~32 MiB leak per batch. The slope is read from RSS, which the allocator sometimes trims by a batch's
-    # worth in one round (CI: +32, -34, +32, +32 MiB), so check the total it kept, not the slope alone.
     readings = result.details["readings_mib"]
-    assert result.value is not None and result.value > 8
-    assert readings[-1] - readings[0] > 32
+    assert result.value is not None and result.value > 32
+    assert readings[-1] - readings[0] > 128
     assert "empty_cache" in result.cure
 
 
