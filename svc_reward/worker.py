@@ -45,8 +45,9 @@ from svc_reward.audit import sampled_for_audit, strong_calls_bad
 from svc_reward.config import RewardSettings
 from svc_reward.decide import RuleVerdict, decide, escalation_threshold, sampled_for_annotation
 from svc_reward.defence import DefenceState, respond
-from svc_reward.escalation_rule import EscalationRule, Signals, features
+from svc_reward.escalation_rule import EscalationRule, features
 from svc_reward.models import RewardModels
+from svc_reward.signals_store import StoredSignals, add_signals
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +77,7 @@ def rule_verdict(rule: EscalationRule | None, event: events_pb2.RolloutGenerated
     lacks a signal the rule needs (the threshold then decides)."""
     if rule is None:
         return None
-    signals = Signals(
-        reward, spread,
-        event.response_logprob_mean if event.HasField("response_logprob_mean") else None,
-        event.response_logprob_min if event.HasField("response_logprob_min") else None,
-        event.response_tokens, event.sampling.max_new_tokens if event.sampling.HasField("max_new_tokens") else 0,
-        response, event.level1_record.labelled if event.HasField("level1_record") else None,
-        event.level1_record.bad)
-    probability = rule.probability(features(signals))
+    probability = rule.probability(features(StoredSignals.of(event).signals(reward, spread, response)))
     if probability is None:
         return None
     return RuleVerdict(probability >= rule.threshold, probability, rule.threshold)
@@ -190,6 +184,7 @@ class RewardWorker:
         charges: list[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]] = []
         audits: dict[int, AuditTally] = {}  # policy version -> this batch's audited answers
         labels: list[AuditLabel] = []  # ... and their strong-RM rewards, labels for the RM loop
+        kept: list[tuple[str, StoredSignals]] = []  # Level-1 answers sent to people: their rule signals
         for tier, events in by_tier.items():
             try:
                 texts = self._store.get_texts([e.prompt_hash for e in events] + [e.response_hash for e in events])
@@ -225,6 +220,8 @@ class RewardWorker:
                 # Booked as human review once the batch is acknowledged.
                 review = ([ledger.Charge("human_review", tier, human_seconds=self._settings.review_seconds_per_item)]
                           if emitted.annotated else [])
+                if emitted.annotated and tier == 1:  # their labels refit the escalation rule (strata rm refresh)
+                    kept.append((event.response_hash, StoredSignals.of(event)))
                 booked = [charge, *review]
                 if i in audited:
                     strong = audited[i]
@@ -242,13 +239,14 @@ class RewardWorker:
                 ledger.count(self._redis, "escalations")
                 ESCALATIONS.inc()
         if todo:
-            self._commit(todo, finals, charges, audits, labels)
+            self._commit(todo, finals, charges, audits, labels, kept)
 
     def _commit(self, todo: Sequence[events_pb2.RolloutGenerated], finals: Sequence[int],
                 charges: Sequence[tuple[events_pb2.RolloutGenerated, list[ledger.Charge]]],
-                audits: Mapping[int, AuditTally], labels: Sequence[AuditLabel]) -> None:
-        """One transaction: the done keys, the ledger and the audit move together, so a rollout is booked
-        and audited once; then the audit's figures, at most every ``audit_refresh_s``."""
+                audits: Mapping[int, AuditTally], labels: Sequence[AuditLabel],
+                kept: Sequence[tuple[str, StoredSignals]]) -> None:
+        """One transaction: the done keys, the ledger, the audit and the kept signals move together, so a
+        rollout is booked and audited once; then the audit's figures, at most every ``audit_refresh_s``."""
         ttl = self._settings.content_ttl_s
         with self._redis.pipeline(transaction=True) as pipe:
             for event in todo:
@@ -260,6 +258,7 @@ class RewardWorker:
             add_to(pipe, STRONG_AUDIT, audits, self._settings.audit_ttl_s)
             if self._settings.audit_labels_kept:
                 add_labels(pipe, STRONG_AUDIT, labels, self._settings.audit_labels_kept)
+            add_signals(pipe, kept, ttl)
             pipe.execute()
         if audits:
             AUDITS.inc(sum(t.n for t in audits.values()))

@@ -213,6 +213,11 @@ def _register_refresh(sub: Any) -> None:
         ("distill-steps", int, "KL steps of the light RM (default: the zoo recipe's)"),
         ("distill-pairs", int, "zoo RM pairs the new strong RM labels for the distillation "
                                f"(default {shown['distill_pairs']})"),
+        ("rule-min-answers", int, "fewest held-out Level-1 answers people labelled to refit the escalation rule on, "
+                                  f"when the version in service has one (default {shown['rule_min_answers']})"),
+        ("rule-min-bad", int, f"...and fewest of them labelled bad (default {shown['rule_min_bad']})"),
+        ("rule-bad-below", float, "a person's score under this marks an answer bad for the rule (default: the line "
+                                  "the rule in service was fitted with)"),
         ("every", float, "run a turn every this many seconds, when --min-new-labels arrived (default: once)"),
         ("min-new-labels", int, "with --every: fresh labels since the last turn needed to run one "
                                 f"(default {shown['min_new_labels']})"),

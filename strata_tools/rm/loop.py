@@ -28,6 +28,7 @@ from strata.audit import STRONG_AUDIT, read_labels
 from strata.content_store import ContentNotFoundError, ContentStore
 from strata.errors import CliError
 from strata.models.loading import load_reward_model
+from strata_tools.rm.calibration import fit_isotonic
 from strata_tools.rm.human import drifting_annotators, human_labels, label_rows, read_completed
 from strata_tools.rm.lifecycle import mean_rewards, read_pairs
 from strata_tools.rm.light import DistillOptions, run_distill
@@ -45,8 +46,11 @@ from strata_tools.rm.refresh import (
     split_by_prompt,
     verdict,
 )
+from strata_tools.rm.rule_refit import carry_rule
 from strata_tools.rm.strong import StrongOptions, train_strong
 from strata_tools.rm.versions import finalize_version, promote_version, serving_light
+from svc_reward.calibration_store import write_calibration
+from svc_reward.signals_store import read_signals
 
 REPORT_DIR = "rm-refresh"
 
@@ -72,6 +76,10 @@ class TurnReport:
     # The candidate's score calibration (docs/tiers.md): "carried" when fitted and stored because the
     # version in service has one, "" when the version in service has none, else why it could not be.
     calibration: str = ""
+    # The candidate's escalation rule (strata_tools.rm.rule_refit): "" when the version in service has none,
+    # "refitted ..." with its figures, or "not refitted: " and why (then a promoted candidate escalates on the
+    # threshold).
+    rule: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)
@@ -200,8 +208,6 @@ def carry_calibration(current_paths: Sequence[str | Path], candidate: Any, held:
     The candidate's scores are computed as svc_reward computes them (its settings' temperature and
     aggregation). Returns the ``TurnReport.calibration`` text: "" (nothing to carry), "carried", or why not.
     """
-    from strata_tools.rm.calibration import fit_isotonic
-    from svc_reward.calibration_store import write_calibration
     from svc_reward.config import RewardSettings
     from svc_reward.models import RewardModels, ScoringOptions, served_calibration
 
@@ -309,6 +315,9 @@ def run_turn(options: RefreshOptions, settings: Any, zoo: ZooSource, registry: A
                            options.min_gain, light_version, light.version, options.min_gain_se)
         report.reason = decision.reason
         report.calibration = carry_calibration(light_paths, light, held, registry, progress)
+        report.rule = carry_rule(light_paths, light, held, lambda hashes: _kept_signals(settings, hashes, progress),
+                                 options.rule_min_answers, options.rule_min_bad, options.rule_bad_below,
+                                 options.seed, progress)
         if decision.promote and report.calibration not in ("", "carried"):
             report.reason += f" (not promoted: {report.calibration}; the escalation threshold's scale would change)"
         elif decision.promote and not options.promote:
@@ -318,9 +327,21 @@ def run_turn(options: RefreshOptions, settings: Any, zoo: ZooSource, registry: A
                 raise CliError("promotion needs the registry (Redis): drop --no-register or pass --no-promote")
             promote_version(registry, settings, light.version, verify=True)
             report.promoted = True
+            if report.rule.startswith("not refitted"):
+                report.reason += " (its escalation rule was not refitted: the threshold decides until one is)"
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _finish(report, settings, registry, progress)
+
+
+def _kept_signals(settings: Any, hashes: Sequence[str], progress: Callable[[str], None]) -> dict[str, Any]:
+    """The escalation signals svc_reward kept for these answers; none when Redis cannot be read (said)."""
+    try:
+        with redis_client.connect(settings.redis_address, socket_timeout=10) as client:
+            return dict(read_signals(client, hashes))
+    except redis.RedisError as exc:
+        progress(f"could not read the kept escalation signals from Redis ({settings.redis_address_masked}): {exc}")
+        return {}
 
 
 def _finish(report: TurnReport, settings: Any, registry: Any, progress: Callable[[str], None]) -> TurnReport:

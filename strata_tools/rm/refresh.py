@@ -62,6 +62,15 @@ class RefreshOptions(BaseSettings):
     promote: bool = Field(True, description="promote (hot swap) a candidate that ranks the held-out slice better")
     every_s: float = Field(0.0, ge=0, description="run a turn every this many seconds (0: once)")
     min_new_labels: int = Field(50, ge=1, description="with every_s: fresh labels since the last turn to run one")
+    rule_min_answers: int = Field(
+        40, ge=10, description="fewest held-out Level-1 answers people labelled (with their signals kept) to refit "
+        "the escalation rule on, when the version in service has one"
+    )
+    rule_min_bad: int = Field(8, ge=2, description="...and fewest of them labelled bad")
+    rule_bad_below: float | None = Field(
+        None, allow_inf_nan=False, description="a person's score under this marks a Level-1 answer bad for the "
+        "rule; unset: the line the rule in service was fitted with (else 1.5)"
+    )
     bootstrap_rounds: int = Field(1000, ge=100, description="resamples of the held-out slice for the gain's SE")
     seed: int = 0
     device: str = "auto"

@@ -1,0 +1,115 @@
+"""A refresh turn refits the escalation rule for its candidate light RM when the version in service has one
+(``strata_tools.rm.rule_refit``): on people's labels of held-out Level-1 answers, with the signals the reward
+worker kept for each, re-scored by the candidate; bound to the candidate's weights. Tiny RMs, no zoo; the kept
+signals are given as the reward worker would have stored them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from rmutil import N_BINS, TINY
+from transformers import PreTrainedTokenizerFast
+
+from strata.contract.checksums import weights_checksum
+from strata.hashing import content_hash
+from strata_tools.rm.rule_refit import RefitRows, carry_rule, refit
+from strata_tools.rm.train import new_reward_model
+from svc_reward.calibration_store import read_rule, write_rule
+from svc_reward.escalation_rule import EscalationRule
+from svc_reward.models import served_rule
+from svc_reward.registry import describe
+from svc_reward.signals_store import StoredSignals
+
+
+def varied_rm(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> Path:
+    out = tmp_path / "candidate"
+    new_reward_model(tokenizer, TINY, n_positions=128, n_bins=N_BINS, seed=7).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def with_rule(model_dir: Path, bad_threshold: float = 2.0) -> Path:
+    """A rule in service on the light score and the generator's confidence, fitted for ``model_dir``."""
+    write_rule(model_dir, EscalationRule(("light", "logprob_mean"), (3.0, -1.0), (1.0, 0.5), (-1.0, -1.0), -1.5,
+                                         0.3, 0.9, weights_checksum([str(model_dir)]),
+                                         {"bad_threshold": bad_threshold, "l2": 1.0}))
+    return model_dir
+
+
+def labelled(n: int, seed: int = 0) -> tuple[list[dict[str, object]], dict[str, StoredSignals]]:
+    """``n`` Level-1 answers to n/3 prompts; the bad ones (a person scored them 1) are those the generator was
+    unsure of, which the candidate's score (a random tiny RM) does not see."""
+    rng = random.Random(seed)
+    rows, kept = [], {}
+    for i in range(n):
+        bad = rng.random() < 0.3
+        response = f"A: answer {i} about the tide and the moon{' and the moon' * (i % 3)}."
+        rows.append({"prompt": f"Q: question {i // 3} about tides?", "response": response,
+                     "score": 1.0 if bad else 4.0, "source": "human"})
+        kept[content_hash(response)] = StoredSignals(
+            (-2.5 if bad else -0.6) + rng.gauss(0, 0.3), -6.0, 20 + i % 7, 64, None, 0.0, 2)
+    return rows, kept
+
+
+def reader(kept: Mapping[str, StoredSignals]) -> Callable[[Sequence[str]], Mapping[str, StoredSignals]]:
+    return lambda hashes: {h: kept[h] for h in hashes if h in kept}
+
+
+def test_the_candidate_gets_a_rule_refitted_on_peoples_labels_and_bound_to_its_weights(
+        make_rm: Callable[..., Path], tiny_tokenizer: PreTrainedTokenizerFast, tmp_path: Path) -> None:
+    current = with_rule(make_rm("current", 3.0))
+    candidate_dir = varied_rm(tmp_path, tiny_tokenizer)
+    candidate = describe("light", [candidate_dir])
+    rows, kept = labelled(90)
+    rows.append({"prompt": "Q: a Level-2 answer's label", "response": "A: no signals kept", "score": 1.0})
+    said: list[str] = []
+    text = carry_rule([current], candidate, rows, reader(kept), min_answers=40, min_bad=8, progress=said.append)
+
+    n_bad = sum(1 for r in rows[:90] if r["score"] == 1.0)
+    assert text.startswith(f"refitted on 90 held-out Level-1 answers ({n_bad} bad under 2)")  # the row without
+    rule = served_rule([str(candidate_dir)])  # signals left out; the line the rule in service was fitted with
+    assert rule is not None and rule.checksum == weights_checksum([str(candidate_dir)])
+    assert set(rule.features) <= {"light", "logprob_mean"} and "logprob_mean" in rule.features
+    assert rule.weights[rule.features.index("logprob_mean")] < 0  # unsure answers are the bad ones here
+    assert rule.fitted["labels"] == "people" and rule.fitted["answers"] == 90
+    assert rule.fitted["combined_auc"] > 0.9  # out of fold, by prompt
+    assert rule.target_catch == 0.9
+    unsure = {"light": 3.0, "logprob_mean": -2.5}
+    sure = {"light": 3.0, "logprob_mean": -0.6}
+    assert rule.escalates(unsure) and not rule.escalates(sure)
+    assert said and candidate.version in said[0]
+    assert served_rule([str(current)]) is not None  # the rule in service is left as it was
+
+
+def test_too_few_labels_leave_the_candidate_without_a_rule_and_say_so(
+        make_rm: Callable[..., Path], tiny_tokenizer: PreTrainedTokenizerFast, tmp_path: Path) -> None:
+    current = with_rule(make_rm("current", 3.0))
+    candidate_dir = varied_rm(tmp_path, tiny_tokenizer)
+    rows, kept = labelled(30)
+    text = carry_rule([current], describe("light", [candidate_dir]), rows, reader(kept), min_answers=40, min_bad=8,
+                      progress=lambda line: None)
+    assert text.startswith("not refitted: 30 labelled Level-1 answers with kept signals held out")
+    assert "rule_min_answers" in text and read_rule(candidate_dir) is None
+    # Expired signals count as none.
+    text = carry_rule([current], describe("light", [candidate_dir]), labelled(90)[0], reader({}), min_answers=40,
+                      min_bad=8, progress=lambda line: None)
+    assert text.startswith("not refitted: 0 labelled") and read_rule(candidate_dir) is None
+
+
+def test_nothing_is_refitted_when_the_version_in_service_has_no_rule(
+        make_rm: Callable[..., Path], tiny_tokenizer: PreTrainedTokenizerFast, tmp_path: Path) -> None:
+    candidate_dir = varied_rm(tmp_path, tiny_tokenizer)
+    rows, kept = labelled(90)
+    assert carry_rule([make_rm("current", 3.0)], describe("light", [candidate_dir]), rows, reader(kept),
+                      min_answers=40, min_bad=8, progress=lambda line: None) == ""
+    assert read_rule(candidate_dir) is None
+
+
+def test_a_rule_whose_signals_are_constant_on_the_labels_is_not_refitted() -> None:
+    current = EscalationRule(("record_bad",), (0.2,), (0.1,), (1.0,), 0.0, 0.5, 0.9)
+    rows = RefitRows([{"record_bad": 0.2}] * 50, [i % 4 == 0 for i in range(50)], [str(i // 2) for i in range(50)])
+    result = refit(current, rows, min_answers=40, min_bad=8)
+    assert isinstance(result, str) and "constant" in result
+    assert isinstance(refit(current, RefitRows(rows.features, [True] * 50, rows.groups), 40, 8), str)  # all bad
