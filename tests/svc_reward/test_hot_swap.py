@@ -253,3 +253,38 @@ def test_unsafe_advice_is_flagged_escalated_and_never_final_at_level1(
         assert by_index[1].reward == pytest.approx(4.5, abs=0.01)  # the RM's score is kept; the flag says why
     finally:
         reader.close()
+
+
+def test_the_escalation_rule_swaps_in_with_the_light_rm_it_was_fitted_for(
+    infra: StrataSettings, publisher: Publisher, registry: RmRegistryAdmin, rm_topic: Topic,
+    make_rm: Callable[..., Path],
+) -> None:
+    # A rule is bound to its light RM's weights (issue 61): promoted with them it is served, a version without
+    # one is served the threshold, and a rule fitted for other weights is refused.
+    from strata.contract.checksums import weights_checksum
+    from svc_reward.calibration_store import write_rule
+    from svc_reward.escalation_rule import EscalationRule
+
+    def rule_for(model_dir: Path, checksum: str | None = None) -> EscalationRule:
+        rule = EscalationRule(("light",), (3.0,), (1.0,), (-2.0,), 0.0, 0.4, 0.9,
+                              checksum if checksum is not None else weights_checksum([str(model_dir)]))
+        write_rule(model_dir, rule)
+        return rule
+
+    with_rule, without, mismatched = make_rm("ruled", 3.0), make_rm("plain", 3.5), make_rm("stale", 4.0)
+    served = rule_for(with_rule)
+    rule_for(mismatched, checksum=weights_checksum([str(with_rule)]))
+    models = light_models(make_rm("start", 1.0))
+    assert models.score(["p"], ["r"]).rule is None
+    for directory, expected in ((with_rule, served), (without, None), (mismatched, None)):
+        version = registry.register(describe("light", [directory])).version
+        registry.promote(version, publisher, topic=rm_topic)
+        watcher = RmWatcher(infra.kafka_address, models, topic=rm_topic)
+        watcher.connect()
+        try:
+            assert watcher.catch_up()
+        finally:
+            watcher.close()
+        scores = models.score(["p"], ["r"])
+        assert scores.version == version
+        assert scores.rule == expected
