@@ -24,6 +24,9 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from strata.config import StrataSettings
 
 BAD_BELOW, TARGET_CATCH = 1.5, 0.9
 
@@ -41,8 +44,37 @@ def spread(values: Sequence[float]) -> str:
     return f"{statistics.median(ordered):.3f} [{low:.3f}, {high:.3f}]"
 
 
+def refits(fresh: Any, test: Any, reference: Any, threshold: float, args: argparse.Namespace) -> None:
+    """Per size: ``args.draws`` refits of ``reference`` on that many validation answers scored by a simulated
+    person, each read on the test split; one line of medians and percentiles."""
+    from strata_tools.rm.escalation import held_out
+    from strata_tools.rm.rule_refit import RefitRows, refit
+
+    rng = random.Random(args.seed + 1)
+    for size in (int(s) for s in args.sizes.split(",")):
+        aucs, catches, shares, refused, agree = [], [], [], 0, []
+        for _ in range(args.draws):
+            chosen = rng.sample(range(len(fresh.scores)), min(size, len(fresh.scores)))
+            rows = RefitRows([fresh.features[i] for i in chosen],
+                             [person(fresh.oracle[i], rng) < BAD_BELOW for i in chosen],
+                             [fresh.families[i] for i in chosen])
+            result = refit(reference, rows, min_answers=min(size, 40), min_bad=args.min_bad, seed=args.seed)
+            if isinstance(result, str):
+                refused += 1
+                continue
+            figures = held_out(test, result[0], threshold, BAD_BELOW, args.seed)
+            aucs.append(figures.rule_auc.estimate)
+            catches.append(figures.rule_catch.estimate)
+            shares.append(figures.rule_escalated.estimate)
+            agree.append(sum(x == y for x, y in zip(
+                (result[0].escalates(f) for f in test.features), (reference.escalates(f) for f in test.features),
+                strict=True)) / len(test.features))
+        print(f"refit on {size} people-labelled answers ({args.draws} draws, {refused} refused for under "
+              f"{args.min_bad} bad): test AUC {spread(aucs)}, catches {spread(catches)}, escalates {spread(shares)}, "
+              f"agrees with the reference on {spread(agree)} of the answers (median [10th, 90th percentile])")
+
+
 def main() -> int:
-    from strata.config import StrataSettings
     from strata_tools.rm.escalation import (
         RecordHistory,
         choose_threshold,
@@ -51,7 +83,6 @@ def main() -> int:
         judge_level1,
         live_scoring_options,
     )
-    from strata_tools.rm.rule_refit import RefitRows, refit
     from strata_tools.zoo.build import ensure_zoo
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,28 +120,7 @@ def main() -> int:
           f"{', '.join(reference.features)}")
     print(f"  test: light threshold AUC {ref.light_auc}, catches {ref.light_catch}, escalates {ref.light_escalated}")
     print(f"  test: reference rule  AUC {ref.rule_auc}, catches {ref.rule_catch}, escalates {ref.rule_escalated}")
-    rng = random.Random(args.seed + 1)
-    for size in (int(s) for s in args.sizes.split(",")):
-        aucs, catches, shares, refused, agree = [], [], [], 0, []
-        for _ in range(args.draws):
-            chosen = rng.sample(range(len(fresh.scores)), min(size, len(fresh.scores)))
-            rows = RefitRows([fresh.features[i] for i in chosen],
-                             [person(fresh.oracle[i], rng) < BAD_BELOW for i in chosen],
-                             [fresh.families[i] for i in chosen])
-            result = refit(reference, rows, min_answers=min(size, 40), min_bad=args.min_bad, seed=args.seed)
-            if isinstance(result, str):
-                refused += 1
-                continue
-            figures = held_out(test, result[0], threshold, BAD_BELOW, args.seed)
-            aucs.append(figures.rule_auc.estimate)
-            catches.append(figures.rule_catch.estimate)
-            shares.append(figures.rule_escalated.estimate)
-            agree.append(sum(x == y for x, y in zip(
-                (result[0].escalates(f) for f in test.features), (reference.escalates(f) for f in test.features),
-                strict=True)) / len(test.features))
-        print(f"refit on {size} people-labelled answers ({args.draws} draws, {refused} refused for under "
-              f"{args.min_bad} bad): test AUC {spread(aucs)}, catches {spread(catches)}, escalates {spread(shares)}, "
-              f"agrees with the reference on {spread(agree)} of the answers (median [10th, 90th percentile])")
+    refits(fresh, test, reference, threshold, args)
     return 0
 
 

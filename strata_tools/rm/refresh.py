@@ -63,7 +63,7 @@ class RefreshOptions(BaseSettings):
     every_s: float = Field(0.0, ge=0, description="run a turn every this many seconds (0: once)")
     min_new_labels: int = Field(50, ge=1, description="with every_s: fresh labels since the last turn to run one")
     rule_min_answers: int = Field(
-        40, ge=10, description="fewest held-out Level-1 answers people labelled (with their signals kept) to refit "
+        80, ge=10, description="fewest held-out Level-1 answers people labelled (with their signals kept) to refit "
         "the escalation rule on, when the version in service has one"
     )
     rule_min_bad: int = Field(8, ge=2, description="...and fewest of them labelled bad")
