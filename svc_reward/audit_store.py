@@ -1,5 +1,6 @@
 """The reward service's audit state in Redis beside its tallies and labels (``strata.audit``): the defence's
-shared state, its decisions and its re-distillation request; the alarm's served thresholds.
+shared state, its decisions and its re-distillation request; the alarm's served thresholds; how Level-1
+answers escalate under the light RM in service.
 
 Written by the reward worker (the defence by ``apply_step``); read by the worker, ``strata status``,
 ``strata diagnose``, the demo's report and ``strata rm refresh`` (the request).
@@ -24,6 +25,8 @@ DECISIONS_KEY = "strata:reward:defence:decisions"  # newest first: {"at", "decis
 # A re-distillation asked for: {"requested_at", "policy_version", "why", "labels": "strong" | "people"}
 REDISTIL_KEY = "strata:reward:redistil"
 THRESHOLDS_KEY = "strata:reward:audit:thresholds"  # the alarm's thresholds the reward service serves
+# How Level-1 answers escalate under the light RM in service: {"rm_version", "line", "at"} (the worker's)
+ESCALATION_KEY = "strata:reward:escalation:served"
 KEPT_DECISIONS = 50
 
 
@@ -49,6 +52,20 @@ def read_thresholds(client: redis.Redis) -> ServedThresholds | None:
         return None if data is None else ServedThresholds(int(data["min_audits"]), float(data["gap_bound"]),
                                                           bool(data["defence"]))
     except (ValueError, KeyError, TypeError):
+        return None
+
+
+def write_escalation(client: redis.Redis, rm_version: str, line: str) -> None:
+    client.set(ESCALATION_KEY, json.dumps({"rm_version": rm_version, "line": line, "at": time.time()}))
+
+
+def read_escalation(client: redis.Redis) -> dict[str, Any] | None:
+    """What the reward service last said it escalates by; None when none wrote it (or it is not ours)."""
+    raw = client.get(ESCALATION_KEY)
+    try:
+        data = json.loads(raw) if raw is not None else None
+        return data if isinstance(data, dict) and {"rm_version", "line"} <= set(data) else None
+    except ValueError:
         return None
 
 

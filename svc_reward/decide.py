@@ -4,8 +4,12 @@ scores it. Pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from strata.hashing import stable_fraction
+
+if TYPE_CHECKING:
+    from svc_reward.escalation_rule import EscalationRule
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,20 @@ def describe_threshold(setting: float | None, calibrated_scale: bool, stored: fl
         why = ("the brief's: the light RM has no calibrated threshold (`strata calibrate escalation --write` "
                "stores one with it)")
     return f"escalating Level-1 answers whose {scale} light-RM reward is under {threshold:g}, {why}"
+
+
+def describe_escalation(rule: EscalationRule | None, threshold_line: str) -> str:
+    """How Level-1 answers escalate: by the learned rule where one is served (``threshold_line``, from
+    ``describe_threshold``, for the answers it cannot judge), else by the threshold."""
+    if rule is None:
+        return threshold_line
+    fitted = rule.fitted
+    source = str(fitted.get("source") or f"strata calibrate rule on the {fitted.get('split', '?')} split")
+    auc = fitted.get("combined_auc")
+    how = f"fitted by {source} on {fitted.get('answers', '?')} answers" + (
+        f", out-of-fold AUC {auc:.3f}" if isinstance(auc, int | float) else "")
+    return (f"escalating Level-1 answers by the learned rule on {', '.join(rule.features)} at P(bad) >= "
+            f"{rule.threshold:.3f} ({how}); an answer missing one of its signals: {threshold_line}")
 
 
 def decide(tier: int, reward: float, caution: bool, threshold: float, escalate_on_caution: bool = True,

@@ -43,10 +43,17 @@ from strata.v1 import common_pb2, events_pb2
 from svc_reward import audit_store
 from svc_reward.audit import sampled_for_audit, strong_calls_bad
 from svc_reward.config import RewardSettings
-from svc_reward.decide import RuleVerdict, decide, escalation_threshold, sampled_for_annotation
+from svc_reward.decide import (
+    RuleVerdict,
+    decide,
+    describe_escalation,
+    describe_threshold,
+    escalation_threshold,
+    sampled_for_annotation,
+)
 from svc_reward.defence import DefenceState, respond
 from svc_reward.escalation_rule import EscalationRule, features
-from svc_reward.models import RewardModels
+from svc_reward.models import RewardModels, Scores
 from svc_reward.signals_store import StoredSignals, add_signals
 
 log = logging.getLogger(__name__)
@@ -151,6 +158,7 @@ class RewardWorker:
         self._publisher = publisher
         self._alarm: str | None = None
         self._watched_at = -math.inf  # monotonic time the audit was last read
+        self._escalation_version: str | None = None  # the light RM whose escalation was last said (Redis, log)
         try:
             self._defence = audit_store.read_defence(client) if settings.hacking_defence else DefenceState()
             audit_store.write_thresholds(client, audit_store.ServedThresholds(
@@ -200,6 +208,8 @@ class RewardWorker:
                     raise PoisonMessageError(f"the reward model scored response {event.response_hash[:12]} "
                                              f"{reward} (spread {spread}): not a finite number")
             scorer = common_pb2.SCORER_STRONG if tier == 2 and self._models.has_strong else common_pb2.SCORER_LIGHT
+            if tier == 1 and scores.version != self._escalation_version:
+                self._say_escalation(scores)
             audited = self._audit_scores(tier, events, prompts, responses)
             calibrated: Sequence[float | None] = scores.calibrated or [None] * len(events)
             for i, (event, response, reward, spread, charge, cal) in enumerate(zip(
@@ -266,6 +276,17 @@ class RewardWorker:
         if time.monotonic() - self._watched_at >= self._settings.audit_refresh_s:
             self._watched_at = time.monotonic()
             self._watch_hacking()
+
+    def _say_escalation(self, scores: Scores) -> None:
+        """Write how Level-1 answers escalate under the light RM that scored them, for `strata status`; once
+        per version (at start and after a swap)."""
+        s = self._settings
+        threshold = describe_threshold(s.escalation_threshold, s.use_calibration and scores.calibrated is not None,
+                                       scores.calibrated_threshold)
+        line = describe_escalation(scores.rule, threshold)
+        audit_store.write_escalation(self._redis, scores.version, line)
+        self._escalation_version = scores.version
+        log.info("light RM %s: %s", scores.version, line)
 
     @property
     def _defending(self) -> bool:

@@ -180,9 +180,9 @@ def critical_path_line(settings: StrataSettings, newest_events: int = 5000) -> s
 
 
 def live_audit_lines(settings: StrataSettings) -> list[str]:
-    """The reward service's live audit (hacking gap, catch, false pass, the alarm) as report lines, read
-    from Redis with the thresholds the reward service wrote there (else ``STRATA_HACKING_*`` from this
-    environment, as the service would read them)."""
+    """How Level-1 answers escalate, and the reward service's live audit (hacking gap, catch, false pass, the
+    alarm), as report lines read from Redis with the thresholds the reward service wrote there (else
+    ``STRATA_HACKING_*`` from this environment, as the service would read them)."""
     from svc_reward import audit_store, defence
     from svc_reward.config import RewardSettings
 
@@ -194,7 +194,10 @@ def live_audit_lines(settings: StrataSettings) -> list[str]:
         pending = audit_store.redistil_request(client) is not None
         served = audit_store.read_thresholds(client) or audit_store.ServedThresholds(
             reward.hacking_min_audits, reward.hacking_gap_bound, reward.hacking_defence)
+        escalation = audit_store.read_escalation(client)
     except redis.RedisError as exc:
         return [f"live audit: Redis at {settings.redis_address} did not answer ({type(exc).__name__}: {exc})"]
-    return (describe_judges(by_judge, served.gap_bound, served.min_audits)
+    said = ([] if escalation is None
+            else [f"escalation ({escalation['rm_version']}, the light RM in service): {escalation['line']}"])
+    return (said + describe_judges(by_judge, served.gap_bound, served.min_audits)
             + defence.describe(state, decisions, served.defence, pending))
