@@ -9,7 +9,9 @@ answers (``strata_tools.rm.rule_refit``). This reads what such a refit keeps, on
    RM's threshold chosen there.
 3. The refit: ``--draws`` times per size n, n validation answers drawn at random, scored by a simulated
    person (the oracle, noise sd 0.3, rounded to halves: ``SimulatedAnnotator``'s), refitted by the refresh's
-   own ``refit`` with the reference in service (its features, target catch and penalty).
+   own ``refit`` with the reference in service (its features, target catch and penalty), or with ``--first``
+   fitted as a first rule (``strata rm refresh --fit-rule``); a refit the refresh would refuse (too few bad
+   answers, or no better than the light score out of fold) is counted, not read.
 4. Each rule read on the sealed test split (nothing fitted there): AUC, catch and share escalated.
 
     STRATA_ZOO_PRESET=default .venv/bin/python scripts/rule_refit_labels.py --label-share 0.2
@@ -48,19 +50,22 @@ def refits(fresh: Any, test: Any, reference: Any, threshold: float, args: argpar
     """Per size: ``args.draws`` refits of ``reference`` on that many validation answers scored by a simulated
     person, each read on the test split; one line of medians and percentiles."""
     from strata_tools.rm.escalation import held_out
-    from strata_tools.rm.rule_refit import RefitRows, refit
+    from strata_tools.rm.rule_refit import RefitRows, RuleSpec, refit
 
     rng = random.Random(args.seed + 1)
     for size in (int(s) for s in args.sizes.split(",")):
-        aucs, catches, shares, refused, agree = [], [], [], 0, []
+        aucs, catches, shares, few, no_better, agree = [], [], [], 0, 0, []
         for _ in range(args.draws):
             chosen = rng.sample(range(len(fresh.scores)), min(size, len(fresh.scores)))
             rows = RefitRows([fresh.features[i] for i in chosen],
                              [person(fresh.oracle[i], rng) < BAD_BELOW for i in chosen],
                              [fresh.families[i] for i in chosen])
-            result = refit(reference, rows, min_answers=min(size, 40), min_bad=args.min_bad, seed=args.seed)
+            spec = RuleSpec.first() if args.first else RuleSpec.of(reference)
+            result = refit(spec, rows, min_answers=min(size, 40), min_bad=args.min_bad,
+                           seed=args.seed)
             if isinstance(result, str):
-                refused += 1
+                no_better += "no better" in result
+                few += "no better" not in result
                 continue
             figures = held_out(test, result[0], threshold, BAD_BELOW, args.seed)
             aucs.append(figures.rule_auc.estimate)
@@ -69,8 +74,9 @@ def refits(fresh: Any, test: Any, reference: Any, threshold: float, args: argpar
             agree.append(sum(x == y for x, y in zip(
                 (result[0].escalates(f) for f in test.features), (reference.escalates(f) for f in test.features),
                 strict=True)) / len(test.features))
-        print(f"refit on {size} people-labelled answers ({args.draws} draws, {refused} refused for under "
-              f"{args.min_bad} bad): test AUC {spread(aucs)}, catches {spread(catches)}, escalates {spread(shares)}, "
+        print(f"refit on {size} people-labelled answers ({args.draws} draws; refused: {few} under {args.min_bad} bad, "
+              f"{no_better} ranking no better than the light score out of fold): test AUC {spread(aucs)}, "
+              f"catches {spread(catches)}, escalates {spread(shares)}, "
               f"agrees with the reference on {spread(agree)} of the answers (median [10th, 90th percentile])")
 
 
@@ -93,6 +99,8 @@ def main() -> int:
     parser.add_argument("--draws", type=int, default=20)
     parser.add_argument("--min-bad", type=int, default=8, help="the refresh's --rule-min-bad")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first", action="store_true", help="fit a first rule (`strata rm refresh --fit-rule`: the "
+                        "light score and the record) instead of refitting the reference's features")
     parser.add_argument("--cache", type=Path, default=None, help="keep the judged answers here (a pickle) and reuse "
                         "them: the refits rerun in seconds")
     args = parser.parse_args()

@@ -247,14 +247,21 @@ def _fold_figures(train_scores: Sequence[float], train_bad: Sequence[bool], test
     return auc(test_scores, test_bad), caught, sum(test_bad), sum(escalated)
 
 
-def evaluate_rule(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool], groups: Sequence[Hashable],
-                  target_catch: float, folds: int = 5, l2: float = 1.0, seed: int = 0) -> RuleReport:
-    """Out-of-fold figures: folds split by ``groups`` (paraphrase families), so no family is in both the fit
-    and the test of a fold. The light score is judged the same way (its threshold chosen on the other folds)."""
+def fold_of(groups: Sequence[Hashable], folds: int, seed: int = 0) -> list[int]:
+    """Each answer's fold: whole groups (paraphrase families, or prompts) dealt round-robin in a seeded order."""
     distinct = sorted(set(groups), key=str)
     order = np.random.default_rng(seed).permutation(len(distinct))
     fold_of_group = {distinct[j]: i % folds for i, j in enumerate(order)}
-    fold = [fold_of_group[g] for g in groups]
+    return [fold_of_group[g] for g in groups]
+
+
+def evaluate_rule(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool], groups: Sequence[Hashable],
+                  target_catch: float, folds: int = 5, l2: float = 1.0, seed: int = 0,
+                  names: Sequence[str] = FEATURES) -> RuleReport:
+    """Out-of-fold figures of the rule on ``names``: folds split by ``groups`` (paraphrase families), so no
+    family is in both the fit and the test of a fold. The light score (each row's ``light``) is judged the same
+    way (its threshold chosen on the other folds)."""
+    fold = fold_of(groups, folds, seed)
     light = [-(r["light"] or 0.0) for r in rows]  # a lower reward is more likely bad
     sums = {"light": [0.0, 0, 0, 0, 0], "rule": [0.0, 0, 0, 0, 0]}  # AUC x n, n, caught, bad, escalated
     for k in range(folds):
@@ -263,7 +270,7 @@ def evaluate_rule(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool
         train_bad, test_bad = [bad[i] for i in train], [bad[i] for i in test]
         if not test or not any(train_bad) or all(train_bad):
             continue
-        rule = fit_rule([rows[i] for i in train], train_bad, target_catch, l2=l2)
+        rule = fit_rule([rows[i] for i in train], train_bad, target_catch, names=names, l2=l2)
         probability = [rule.probability(r) or 0.0 for r in rows]
         for name, scores in (("light", light), ("rule", probability)):
             a, caught, n_bad, escalated = _fold_figures([scores[i] for i in train], train_bad,

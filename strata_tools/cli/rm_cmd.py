@@ -223,6 +223,10 @@ def _register_refresh(sub: Any) -> None:
                                 f"(default {shown['min_new_labels']})"),
     ):
         refresh.add_argument(f"--{name}", type=kind, default=None, help=text)
+    refresh.add_argument("--fit-rule", action=argparse.BooleanOptionalAction, default=None,
+                         help="with no escalation rule in service, fit a first one for the candidate on people's "
+                              "labels of held-out Level-1 answers (the light score and the neighbourhood's record; "
+                              "kept only if it ranks them better than the score; default off)")
     refresh.add_argument("--promote", action=argparse.BooleanOptionalAction, default=None,
                          help="promote a candidate that ranks the held-out labels better (default on)")
     _add_run_flags(refresh)

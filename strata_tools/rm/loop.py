@@ -76,9 +76,9 @@ class TurnReport:
     # The candidate's score calibration (docs/tiers.md): "carried" when fitted and stored because the
     # version in service has one, "" when the version in service has none, else why it could not be.
     calibration: str = ""
-    # The candidate's escalation rule (strata_tools.rm.rule_refit): "" when the version in service has none,
-    # "refitted ..." with its figures, or "not refitted: " and why (then a promoted candidate escalates on the
-    # threshold).
+    # The candidate's escalation rule (strata_tools.rm.rule_refit): "" when the version in service has none
+    # (and fit_rule is off), "refitted ..." / "fitted ..." with its figures, or "not refitted: " / "not
+    # fitted: " and why (then a promoted candidate escalates on the threshold).
     rule: str = ""
 
     def to_json(self) -> str:
@@ -317,7 +317,7 @@ def run_turn(options: RefreshOptions, settings: Any, zoo: ZooSource, registry: A
         report.calibration = carry_calibration(light_paths, light, held, registry, progress)
         report.rule = carry_rule(light_paths, light, held, lambda hashes: _kept_signals(settings, hashes, progress),
                                  options.rule_min_answers, options.rule_min_bad, options.rule_bad_below,
-                                 options.seed, progress)
+                                 options.fit_rule, options.seed, progress)
         if decision.promote and report.calibration not in ("", "carried"):
             report.reason += f" (not promoted: {report.calibration}; the escalation threshold's scale would change)"
         elif decision.promote and not options.promote:

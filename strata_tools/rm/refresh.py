@@ -62,6 +62,10 @@ class RefreshOptions(BaseSettings):
     promote: bool = Field(True, description="promote (hot swap) a candidate that ranks the held-out slice better")
     every_s: float = Field(0.0, ge=0, description="run a turn every this many seconds (0: once)")
     min_new_labels: int = Field(50, ge=1, description="with every_s: fresh labels since the last turn to run one")
+    fit_rule: bool = Field(
+        False, description="with no escalation rule in service, fit a first one for the candidate on people's "
+        "labels (the light score and the neighbourhood's record), served if it ranks them better than the score"
+    )
     rule_min_answers: int = Field(
         80, ge=10, description="fewest held-out Level-1 answers people labelled (with their signals kept) to refit "
         "the escalation rule on, when the version in service has one"

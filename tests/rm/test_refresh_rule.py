@@ -5,6 +5,7 @@ signals are given as the reward worker would have stored them."""
 
 from __future__ import annotations
 
+import dataclasses as dc
 import random
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from transformers import PreTrainedTokenizerFast
 
 from strata.contract.checksums import weights_checksum
 from strata.hashing import content_hash
-from strata_tools.rm.rule_refit import RefitRows, carry_rule, refit
+from strata_tools.rm.rule_refit import FIT_FEATURES, RefitRows, RuleSpec, carry_rule, refit
 from strata_tools.rm.train import new_reward_model
 from svc_reward.calibration_store import read_rule, write_rule
 from svc_reward.escalation_rule import EscalationRule
@@ -108,8 +109,44 @@ def test_nothing_is_refitted_when_the_version_in_service_has_no_rule(
 
 
 def test_a_rule_whose_signals_are_constant_on_the_labels_is_not_refitted() -> None:
-    current = EscalationRule(("record_bad",), (0.2,), (0.1,), (1.0,), 0.0, 0.5, 0.9)
-    rows = RefitRows([{"record_bad": 0.2}] * 50, [i % 4 == 0 for i in range(50)], [str(i // 2) for i in range(50)])
-    result = refit(current, rows, min_answers=40, min_bad=8)
+    spec = RuleSpec.of(EscalationRule(("record_bad",), (0.2,), (0.1,), (1.0,), 0.0, 0.5, 0.9))
+    rows = RefitRows([{"record_bad": 0.2, "light": i / 50} for i in range(50)], [i % 4 == 0 for i in range(50)],
+                     [str(i // 2) for i in range(50)])
+    result = refit(spec, rows, min_answers=40, min_bad=8)
     assert isinstance(result, str) and "constant" in result
-    assert isinstance(refit(current, RefitRows(rows.features, [True] * 50, rows.groups), 40, 8), str)  # all bad
+    assert isinstance(refit(spec, RefitRows(rows.features, [True] * 50, rows.groups), 40, 8), str)  # all bad
+
+
+def test_a_rule_that_ranks_no_better_than_the_light_score_is_not_served() -> None:
+    """Out of fold, on the same labels: a rule on the light score alone ranks exactly as the score does, and a
+    rule on a signal that says nothing ranks worse; either way the threshold should decide."""
+    rng = random.Random(3)
+    light = [rng.gauss(3.0, 1.0) for _ in range(120)]
+    bad = [x + rng.gauss(0, 0.8) < 2.3 for x in light]
+    groups = [str(i // 2) for i in range(120)]
+    alone = refit(RuleSpec(("light",), 0.9, 1.0, 1.5), RefitRows([{"light": x} for x in light], bad, groups), 40, 8)
+    assert isinstance(alone, str) and "no better than the light score alone" in alone
+    noise = RefitRows([{"light": x, "repetition": rng.random()} for x in light], bad, groups)
+    assert isinstance(refit(RuleSpec(("repetition",), 0.9, 1.0, 1.5), noise, 40, 8), str)
+    # A signal that carries what the score lacks passes.
+    carried = RefitRows([{"light": x, "logprob_mean": -2.5 if b else -0.6} for x, b in zip(light, bad, strict=True)],
+                        bad, groups)
+    fitted = refit(RuleSpec(("light", "logprob_mean"), 0.9, 1.0, 1.5), carried, 40, 8)
+    assert not isinstance(fitted, str) and fitted[1].combined_auc > fitted[1].light_auc
+
+
+def test_with_fit_rule_a_first_rule_is_fitted_on_the_score_and_the_record(
+        make_rm: Callable[..., Path], tiny_tokenizer: PreTrainedTokenizerFast, tmp_path: Path) -> None:
+    """No rule in service: ``fit_rule`` fits one on the light score and the neighbourhood's record from people's
+    labels; here the bad answers come from neighbourhoods people found bad before."""
+    candidate_dir = varied_rm(tmp_path, tiny_tokenizer)
+    rows, kept = labelled(120, seed=4)
+    kept = {h: dc.replace(k, record_labelled=10.0, record_bad=8.0 if k.logprob_mean < -1.5 else 1.0)
+            for h, k in kept.items()}
+    said: list[str] = []
+    text = carry_rule([make_rm("current", 3.0)], describe("light", [candidate_dir]), rows, reader(kept),
+                      min_answers=40, min_bad=8, fit_new=True, progress=said.append)
+    assert text.startswith("fitted on 120 held-out Level-1 answers") and "bad under 1.5" in text
+    rule = served_rule([str(candidate_dir)])
+    assert rule is not None and rule.features == FIT_FEATURES and rule.fitted["labels"] == "people"
+    assert rule.fitted["combined_auc"] > rule.fitted["light_auc"]
