@@ -259,7 +259,7 @@ def fit_escalation_rule(judged: JudgedLevel1, bad_threshold: float, target_catch
         raise CliError(f"{exc} ({sum(bad)} bad of {len(bad)} answers on {judged.split}): more prompts") from exc
     history = judged.history
     return FittedRule(replace(rule, fitted={
-        "split": judged.split, "answers": len(bad), "bad": sum(bad), "bad_threshold": bad_threshold,
+        "split": judged.split, "answers": len(bad), "bad": sum(bad), "bad_threshold": bad_threshold, "l2": l2,
         **({"record_rounds": history.rounds, "label_share": history.label_share,
             "record_bad_below": history.bad_below} if history else {}),
         "folds": report.folds, "light_auc": report.light_auc, "combined_auc": report.combined_auc,

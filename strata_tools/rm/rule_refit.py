@@ -1,10 +1,12 @@
-"""A refresh turn refits the escalation rule for its candidate light RM (issue 61, item 2).
+"""A refresh turn refits the escalation rule for its candidate light RM, or fits a first one (issue 61, item 2).
 
 A rule is bound to the light RM's weights (its ``light`` and ``spread`` features are that RM's scores), so
 a promoted candidate without one of its own would be served the single threshold. When the version in
-service has a rule, the turn refits it on what production has: people's scores of Level-1 answers (the
-desk's ``annotate_level1_share``, a fair sample of Level-1's answers whatever their route), re-scored by
-the candidate, with the other signals the reward worker kept for each (``svc_reward.signals_store``).
+service has a rule (or ``fit_rule`` asks for a first one), the turn fits it on what production has: people's
+scores of Level-1 answers (the desk's ``annotate_level1_share``, a fair sample of Level-1's answers whatever
+their route), re-scored by the candidate, with the other signals the reward worker kept for each
+(``svc_reward.signals_store``). The rule is kept only if it ranks those labels better than the candidate's
+score alone by more than their noise; else the threshold decides.
 
 Only the turn's held-out slice is used: the candidate was trained on the rest, so its scores there would
 read better than they will live. The rule keeps the features, target catch, penalty and bad-label line of
@@ -43,10 +45,9 @@ DEFAULT_TARGET_CATCH = 0.9  # `strata calibrate rule --target-catch`'s default
 # neighbourhood's record, the pair forward selection kept on the validation split at 20 % and 50 % labelled
 # and that held on the sealed test split (docs/results.md). No selection on a turn's few dozen labels.
 FIT_FEATURES = ("light", "record_bad")
-# A rule is kept only where the lower end of its AUC gain over the light score (out of fold, an interval at
-# this level over prompts: a one-sided 90 % bound) is above zero. Measured (docs/results.md): at 95 % it
-# refused most good rules fitted on 262 labels; on the point estimate alone it kept rules that lost on the
-# sealed test split.
+# A rule is kept only where the lower end of its out-of-fold AUC gain over the light score, an interval at
+# this level over prompts (a one-sided 90 % bound), is above zero: stricter refused most good rules on a few
+# hundred labels, the point estimate alone kept rules that lost on the sealed test split (docs/results.md).
 GAIN_LEVEL = 0.8
 
 
