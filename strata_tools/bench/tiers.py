@@ -305,8 +305,8 @@ def run(args: argparse.Namespace) -> int:
     check_given_rms(args.light_rm, args.strong_rm)
     if args.label_share is not None and not 0 < args.label_share <= 1:
         raise CliError("--label-share must be in (0, 1]")
-    if args.record_rounds < 1:
-        raise CliError("--record-rounds must be >= 1")
+    if args.label_share is not None and args.record_rounds < 1:  # without a desk no record is built
+        raise CliError("--record-rounds must be >= 1 with --label-share")
     run_id = uuid.uuid4().hex[:8]
     settings = StrataSettings()
     # The services' per-event INFO lines would bury the progress; warnings and errors still show.

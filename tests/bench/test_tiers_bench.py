@@ -389,6 +389,16 @@ def test_a_missing_rm_directory_is_refused_before_anything_starts(tmp_path) -> N
             tiers.run(parser.parse_args([flag, str(tmp_path / "none")]))
 
 
+def test_the_desks_flags_are_refused_before_anything_starts() -> None:
+    parser = argparse.ArgumentParser()
+    tiers.add_arguments(parser)
+    for argv, message in ((["--label-share", "1.5"], "--label-share must be in"),
+                          (["--label-share", "0"], "--label-share must be in"),
+                          (["--label-share", "0.2", "--record-rounds", "0"], "--record-rounds must be >= 1 with")):
+        with pytest.raises(CliError, match=message):
+            tiers.run(parser.parse_args(argv))
+
+
 def test_the_headline_carries_intervals_from_resampling_whole_families() -> None:
     def l2(oracle: float) -> Answer:
         return Answer(oracle, 3.0, 10.0, 100.0)
