@@ -216,6 +216,8 @@ def _register_refresh(sub: Any) -> None:
         ("rule-min-answers", int, "fewest held-out Level-1 answers people labelled to refit the escalation rule on, "
                                   f"when the version in service has one (default {shown['rule_min_answers']})"),
         ("rule-min-bad", int, f"...and fewest of them labelled bad (default {shown['rule_min_bad']})"),
+        ("rule-target-catch", float, "share of the answers people labelled bad the fitted rule's threshold "
+                                     "escalates (default: the rule in service's; a first rule 0.9)"),
         ("rule-bad-below", float, "a person's score under this marks an answer bad for the rule (default: the line "
                                   "the rule in service was fitted with)"),
         ("every", float, "run a turn every this many seconds, when --min-new-labels arrived (default: once)"),

@@ -317,7 +317,7 @@ def run_turn(options: RefreshOptions, settings: Any, zoo: ZooSource, registry: A
         report.calibration = carry_calibration(light_paths, light, held, registry, progress)
         report.rule = carry_rule(light_paths, light, held, lambda hashes: _kept_signals(settings, hashes, progress),
                                  options.rule_min_answers, options.rule_min_bad, options.rule_bad_below,
-                                 options.fit_rule, options.seed, progress)
+                                 options.fit_rule, options.seed, progress, options.rule_target_catch)
         if decision.promote and report.calibration not in ("", "carried"):
             report.reason += f" (not promoted: {report.calibration}; the escalation threshold's scale would change)"
         elif decision.promote and not options.promote:

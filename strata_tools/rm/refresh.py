@@ -71,6 +71,11 @@ class RefreshOptions(BaseSettings):
         "the escalation rule on, when the version in service has one"
     )
     rule_min_bad: int = Field(8, ge=2, description="...and fewest of them labelled bad")
+    rule_target_catch: float | None = Field(
+        None, gt=0, le=1, description="share of the labelled-bad answers the fitted rule's threshold escalates; "
+        "unset: the rule in service's (a first rule: 0.9). People's noise near the bad line makes a 0.9 catch "
+        "of their labels dearer than of the oracle's (docs/reward-models.md)"
+    )
     rule_bad_below: float | None = Field(
         None, allow_inf_nan=False, description="a person's score under this marks a Level-1 answer bad for the "
         "rule; unset: the line the rule in service was fitted with (else 1.5)"

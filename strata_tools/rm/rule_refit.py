@@ -61,13 +61,15 @@ class RuleSpec:
     bad_below: float
 
     @classmethod
-    def of(cls, rule: EscalationRule, bad_below: float | None = None) -> RuleSpec:
+    def of(cls, rule: EscalationRule, bad_below: float | None = None, target_catch: float | None = None) -> RuleSpec:
         line = bad_below if bad_below is not None else float(rule.fitted.get("bad_threshold", DEFAULT_BAD_BELOW))
-        return cls(rule.features, rule.target_catch, float(rule.fitted.get("l2", 1.0)), line)
+        catch = rule.target_catch if target_catch is None else target_catch
+        return cls(rule.features, catch, float(rule.fitted.get("l2", 1.0)), line)
 
     @classmethod
-    def first(cls, bad_below: float | None = None) -> RuleSpec:
-        return cls(FIT_FEATURES, DEFAULT_TARGET_CATCH, 1.0, DEFAULT_BAD_BELOW if bad_below is None else bad_below)
+    def first(cls, bad_below: float | None = None, target_catch: float | None = None) -> RuleSpec:
+        return cls(FIT_FEATURES, DEFAULT_TARGET_CATCH if target_catch is None else target_catch, 1.0,
+                   DEFAULT_BAD_BELOW if bad_below is None else bad_below)
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ def auc_gain(rows: RefitRows, spec: RuleSpec, folds: int = 5, seed: int = 0, lev
 def carry_rule(current_paths: Sequence[Any], candidate: Any, held: Sequence[Mapping[str, Any]],
                read_kept: Callable[[Sequence[str]], Mapping[str, StoredSignals]], min_answers: int, min_bad: int,
                bad_below: float | None = None, fit_new: bool = False, seed: int = 0,
-               progress: Callable[[str], None] = print) -> str:
+               progress: Callable[[str], None] = print, target_catch: float | None = None) -> str:
     """Fit and store the candidate light RM's escalation rule: the rule in service refitted, or with
     ``fit_new`` and none in service a first one (``FIT_FEATURES``). ``read_kept`` gives the kept signals of
     the answers by response hash (Redis in a turn). Returns the ``TurnReport.rule`` text: "" (no rule in
@@ -161,7 +163,8 @@ def carry_rule(current_paths: Sequence[Any], candidate: Any, held: Sequence[Mapp
     current = served_rule([str(p) for p in current_paths])
     if current is None and not fit_new:
         return ""
-    spec = RuleSpec.of(current, bad_below) if current is not None else RuleSpec.first(bad_below)
+    spec = (RuleSpec.of(current, bad_below, target_catch) if current is not None
+            else RuleSpec.first(bad_below, target_catch))
     verb = "refitted" if current is not None else "fitted"
     paths = [str(p) for p in candidate.paths]
     rows = _scored_rows(held, read_kept, paths, spec.bad_below)
@@ -179,7 +182,8 @@ def carry_rule(current_paths: Sequence[Any], candidate: Any, held: Sequence[Mapp
     rule = dc.replace(rule, checksum=weights_checksum(paths), fitted=fitted)
     write_rule(paths[0], rule)
     text = (f"{verb} on {len(rows.bad)} held-out Level-1 answers ({sum(rows.bad)} bad under {spec.bad_below:g}) "
-            f"on {', '.join(rule.features)}, escalating at P(bad) >= {rule.threshold:.3f}; out of fold AUC "
+            f"on {', '.join(rule.features)}, escalating at P(bad) >= {rule.threshold:.3f} for a "
+            f"{spec.target_catch:.0%} catch of those labelled bad; out of fold AUC "
             f"{_num(report.combined_auc)} (the light score's {_num(report.light_auc)}; gain {gain.estimate:+.3f}, "
             f"one-sided {(1 + GAIN_LEVEL) / 2:.0%} lower bound {gain.low:+.3f})")
     progress(f"escalation rule of {candidate.version}: {text}")

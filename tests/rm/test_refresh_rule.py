@@ -82,6 +82,12 @@ def test_the_candidate_gets_a_rule_refitted_on_peoples_labels_and_bound_to_its_w
     assert rule.escalates(unsure) and not rule.escalates(sure)
     assert said and candidate.version in said[0]
     assert served_rule([str(current)]) is not None  # the rule in service is left as it was
+    # A lower target catch, given: the threshold rises (fewer escalations), the rest as before.
+    text = carry_rule([current], candidate, rows, reader(kept), min_answers=40, min_bad=8, target_catch=0.6,
+                      progress=lambda line: None)
+    lower = served_rule([str(candidate_dir)])
+    assert lower is not None and lower.target_catch == 0.6 and "for a 60% catch" in text
+    assert lower.threshold >= rule.threshold and lower.features == rule.features
 
 
 def test_too_few_labels_leave_the_candidate_without_a_rule_and_say_so(
