@@ -156,3 +156,14 @@ def test_with_fit_rule_a_first_rule_is_fitted_on_the_score_and_the_record(
     rule = served_rule([str(candidate_dir)])
     assert rule is not None and rule.features == FIT_FEATURES and rule.fitted["labels"] == "people"
     assert rule.fitted["combined_auc"] > rule.fitted["light_auc"]
+
+
+def test_a_turn_that_cannot_read_the_kept_signals_says_so_and_fits_nothing() -> None:
+    from types import SimpleNamespace
+
+    from strata_tools.rm.loop import _kept_signals
+
+    said: list[str] = []
+    settings = SimpleNamespace(redis_address="redis://127.0.0.1:1/0", redis_address_masked="redis://127.0.0.1:1/0")
+    assert _kept_signals(settings, ["a" * 64], said.append) == {}
+    assert said and said[0].startswith("could not read the kept escalation signals from Redis (redis://127.0.0.1:1/0)")
