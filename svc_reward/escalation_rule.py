@@ -255,6 +255,19 @@ def fold_of(groups: Sequence[Hashable], folds: int, seed: int = 0) -> list[int]:
     return [fold_of_group[g] for g in groups]
 
 
+def fold_rules(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool], fold: Sequence[int], folds: int,
+               target_catch: float, names: Sequence[str] = FEATURES, l2: float = 1.0) -> dict[int, EscalationRule]:
+    """Per fold (``fold``: each answer's, from ``fold_of``), the rule fitted on the other folds' answers; a fold
+    that holds no answer, or whose others lack good or bad ones, has none."""
+    rules = {}
+    for k in range(folds):
+        train = [i for i, f in enumerate(fold) if f != k]
+        train_bad = [bad[i] for i in train]
+        if k in fold and any(train_bad) and not all(train_bad):
+            rules[k] = fit_rule([rows[i] for i in train], train_bad, target_catch, names=names, l2=l2)
+    return rules
+
+
 def evaluate_rule(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool], groups: Sequence[Hashable],
                   target_catch: float, folds: int = 5, l2: float = 1.0, seed: int = 0,
                   names: Sequence[str] = FEATURES) -> RuleReport:
@@ -264,13 +277,10 @@ def evaluate_rule(rows: Sequence[Mapping[str, float | None]], bad: Sequence[bool
     fold = fold_of(groups, folds, seed)
     light = [-(r["light"] or 0.0) for r in rows]  # a lower reward is more likely bad
     sums = {"light": [0.0, 0, 0, 0, 0], "rule": [0.0, 0, 0, 0, 0]}  # AUC x n, n, caught, bad, escalated
-    for k in range(folds):
+    for k, rule in fold_rules(rows, bad, fold, folds, target_catch, names, l2).items():
         train = [i for i, f in enumerate(fold) if f != k]
         test = [i for i, f in enumerate(fold) if f == k]
         train_bad, test_bad = [bad[i] for i in train], [bad[i] for i in test]
-        if not test or not any(train_bad) or all(train_bad):
-            continue
-        rule = fit_rule([rows[i] for i in train], train_bad, target_catch, names=names, l2=l2)
         probability = [rule.probability(r) or 0.0 for r in rows]
         for name, scores in (("light", light), ("rule", probability)):
             a, caught, n_bad, escalated = _fold_figures([scores[i] for i in train], train_bad,

@@ -36,6 +36,7 @@ from svc_reward.escalation_rule import (
     features,
     fit_rule,
     fold_of,
+    fold_rules,
 )
 from svc_reward.signals_store import StoredSignals
 
@@ -122,22 +123,14 @@ def auc_gain(rows: RefitRows, spec: RuleSpec, folds: int = 5, seed: int = 0, lev
     ``evaluate_rule`` reads it (within each fold, weighted by its answers), with an interval from a bootstrap
     over prompts: its lower end is a one-sided (1 + ``level``) / 2 bound."""
     fold = fold_of(rows.groups, folds, seed)
-    probability = [0.0] * len(rows.bad)
-    for k in range(folds):
-        train = [i for i, f in enumerate(fold) if f != k]
-        train_bad = [rows.bad[i] for i in train]
-        if not any(train_bad) or all(train_bad):
-            continue
-        rule = fit_rule([rows.features[i] for i in train], train_bad, spec.target_catch, names=spec.features,
-                        l2=spec.l2)
-        for i, f in enumerate(fold):
-            if f == k:
-                probability[i] = rule.probability(rows.features[i]) or 0.0
+    rules = fold_rules(rows.features, rows.bad, fold, folds, spec.target_catch, spec.features, spec.l2)
+    probability = [(rules[f].probability(row) or 0.0) if f in rules else 0.0
+                   for row, f in zip(rows.features, fold, strict=True)]
     light = [-(row.get("light") or 0.0) for row in rows.features]
 
     def gain(idx: Sequence[int]) -> float:
         total = weight = 0.0
-        for k in range(folds):
+        for k in rules:  # as evaluate_rule: a fold without a rule is not read
             members = [i for i in idx if fold[i] == k]
             bad = [rows.bad[i] for i in members]
             ruled, scored = auc([probability[i] for i in members], bad), auc([light[i] for i in members], bad)
