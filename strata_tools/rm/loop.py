@@ -29,6 +29,7 @@ from strata.content_store import ContentNotFoundError, ContentStore
 from strata.errors import CliError
 from strata.models.loading import load_reward_model
 from strata_tools.rm.calibration import fit_isotonic
+from strata_tools.rm.escalation import live_scoring_options
 from strata_tools.rm.human import drifting_annotators, human_labels, label_rows, read_completed
 from strata_tools.rm.lifecycle import mean_rewards, read_pairs
 from strata_tools.rm.light import DistillOptions, run_distill
@@ -208,10 +209,9 @@ def carry_calibration(current_paths: Sequence[str | Path], candidate: Any, held:
     The candidate's scores are computed as svc_reward computes them (its settings' temperature and
     aggregation). Returns the ``TurnReport.calibration`` text: "" (nothing to carry), "carried", or why not.
     """
-    from svc_reward.config import RewardSettings
-    from svc_reward.models import RewardModels, ScoringOptions, served_calibration
+    from svc_reward.models import RewardModels, served_calibration
 
-    options = dc.replace(ScoringOptions.of(RewardSettings()), device="cpu", dtype="auto")
+    options = live_scoring_options()
     current = served_calibration([str(p) for p in current_paths], options)
     if current is None:
         return ""
