@@ -7,6 +7,7 @@ import random
 import uuid
 
 import pytest
+from recording import RecordingPublisher
 
 from strata import ledger
 from strata.audit import (
@@ -52,17 +53,6 @@ class TwoJudges:
                       [ledger.Charge("rm_light", 1, 10, 0.001, 10.0)] * len(responses))
 
 
-class Publisher:
-    def __init__(self) -> None:
-        self.published: list[tuple[str, object]] = []
-
-    def publish(self, topic, message):
-        self.published.append((topic.name, message))
-
-    def wait(self, futures) -> None:
-        pass
-
-
 def rollouts(store: ContentStore, n: int, version: int) -> list[events_pb2.RolloutGenerated]:
     prompt = store.put(f"How do tides work? {uuid.uuid4()}")
     request = f"req-{uuid.uuid4().hex[:8]}"
@@ -82,7 +72,7 @@ def test_audited_answers_are_tallied_once_per_version_and_booked_at_tier_1(infra
     settings = RewardSettings(**infra.model_dump(), audit_level1_share=1.0, escalation_threshold=2.0,
                               escalate_on_caution=False, annotate_level1_share=0.0)
     models = TwoJudges()
-    worker = RewardWorker(settings, models, store, redis_client, Publisher())  # type: ignore[arg-type]
+    worker = RewardWorker(settings, models, store, redis_client, RecordingPublisher())  # type: ignore[arg-type]
     events = rollouts(store, 4, version)
     deliveries = [Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)]
     strong_tier1_before = strong_items_at_tier_1(redis_client)
@@ -119,7 +109,7 @@ def test_no_audit_without_a_share_or_a_strong_rm(infra, redis_client) -> None:
     version = random.randrange(10**6, 10**9)
     models = TwoJudges()
     worker = RewardWorker(RewardSettings(**infra.model_dump(), audit_level1_share=0.0), models, store,
-                          redis_client, Publisher())  # type: ignore[arg-type]
+                          redis_client, RecordingPublisher())  # type: ignore[arg-type]
     events = rollouts(store, 3, version)
     worker.handle_batch([Delivery(topics.ROLLOUTS_GENERATED, e, None, 0, i, 1, 0) for i, e in enumerate(events)])
     assert models.strong_calls == 0 and not redis_client.exists(STRONG_AUDIT.tally_key(version))
@@ -141,7 +131,7 @@ class DriftingJudges:
                       [ledger.Charge("rm_light", 1, 10, 0.001, 10.0)] * len(responses))
 
 
-def defence_worker(infra, redis_client, judges, defence: bool) -> tuple[RewardWorker, ContentStore, Publisher,
+def defence_worker(infra, redis_client, judges, defence: bool) -> tuple[RewardWorker, ContentStore, RecordingPublisher,
                                                                           RewardSettings]:
     """A reward worker auditing every Level-1 answer, alarming on 4 audits a window and defending in steps of 0.5;
     the audits' and the defence's keys cleared first (they are the stack's, not a test's)."""
@@ -152,7 +142,7 @@ def defence_worker(infra, redis_client, judges, defence: bool) -> tuple[RewardWo
     settings = RewardSettings(**infra.model_dump(), audit_level1_share=1.0, hacking_min_audits=4, audit_refresh_s=0,
                               escalation_threshold=1.0, escalate_on_caution=False, annotate_level1_share=0.0,
                               hacking_defence=defence, defence_share_step=0.5, defence_max_share=0.5)
-    publisher = Publisher()
+    publisher = RecordingPublisher()
     return RewardWorker(settings, judges, store, redis_client, publisher), store, publisher, settings
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from recording import RecordingPublisher
 
 from strata import ledger
 from strata.bus import Delivery, topics
@@ -48,14 +49,6 @@ class Versioned:
                       [ledger.Charge("rm_light", 1)] * len(responses), rule=self.rule)
 
 
-class Recorder:
-    def publish(self, topic, message):
-        return None
-
-    def wait(self, futures) -> None:
-        pass
-
-
 @pytest.mark.integration
 def test_the_worker_says_what_escalates_once_per_light_rm_and_status_shows_it(infra, redis_client) -> None:
     store = ContentStore(redis_client, infra.content_ttl_s, infra.content_max_bytes)
@@ -68,7 +61,7 @@ def test_the_worker_says_what_escalates_once_per_light_rm_and_status_shows_it(in
 
     models = Versioned(f"light-{uuid.uuid4().hex[:8]}", RULE)
     worker = RewardWorker(RewardSettings(**infra.model_dump()), models, store, redis_client,  # type: ignore[arg-type]
-                          Recorder())  # type: ignore[arg-type]
+                          RecordingPublisher())  # type: ignore[arg-type]
     worker.handle_batch(batch())
     said = audit_store.read_escalation(redis_client)
     assert said is not None and said["rm_version"] == models.version

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from recording import RecordingPublisher
 
 from strata import ledger
 from strata.bus import Delivery, topics
@@ -29,17 +30,6 @@ class HighScores:
                       [ledger.Charge("rm_light", 1)] * len(responses))
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.published: list[tuple[str, object]] = []
-
-    def publish(self, topic, message):
-        self.published.append((topic.name, message))
-
-    def wait(self, futures) -> None:
-        pass
-
-
 def rollout(store: ContentStore, prompt: str, tier: int, i: int) -> events_pb2.RolloutGenerated:
     event = events_pb2.RolloutGenerated(
         prompt_hash=prompt, response_hash=store.put(f"An answer {i} {uuid.uuid4()}"), tier=tier,
@@ -57,7 +47,7 @@ def test_the_answers_sent_to_people_keep_their_signals_and_no_others(infra, redi
     level1 = [rollout(store, prompt, common_pb2.TIER_LEVEL_1, i) for i in range(40)]
     level2 = [rollout(store, prompt, common_pb2.TIER_LEVEL_2, i) for i in range(4)]
     settings = RewardSettings(**infra.model_dump(), annotate_level1_share=0.5)
-    recorder = Recorder()
+    recorder = RecordingPublisher()
     from svc_reward.worker import RewardWorker
 
     worker = RewardWorker(settings, HighScores(), store, redis_client, recorder)  # type: ignore[arg-type]

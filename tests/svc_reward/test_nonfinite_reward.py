@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from recording import RecordingPublisher
 
 from strata import ledger
 from strata.bus import Delivery, PoisonMessageError, topics
@@ -26,18 +27,6 @@ class NanForOne:
     def score(self, prompts, responses, strong=False) -> Scores:
         rewards = [float("nan") if "broken" in r else 3.0 for r in responses]
         return Scores(rewards, [0.0] * len(responses), "light-test", [ledger.Charge("rm_light", 1)] * len(responses))
-
-
-class RecordingPublisher:
-    def __init__(self) -> None:
-        self.published: list[tuple[str, object]] = []
-
-    def publish(self, topic, message):
-        self.published.append((topic.name, message))
-        return None
-
-    def wait(self, futures) -> None:
-        pass
 
 
 def test_a_nan_reward_is_refused_before_its_batch_mates_are_published(infra, redis_client) -> None:
