@@ -55,6 +55,16 @@ def light_models(path: Path) -> RewardModels:
                                                                 batch_size=8, max_length=64))
 
 
+def catch_up(infra: StrataSettings, models: RewardModels, rm_topic: Topic) -> None:
+    """A fresh watcher reads the promotions to their end: ``models`` then serve the newest."""
+    watcher = RmWatcher(infra.kafka_address, models, topic=rm_topic)
+    watcher.connect()
+    try:
+        assert watcher.catch_up()
+    finally:
+        watcher.close()
+
+
 class ScoredReader:
     """Reads strata.rewards.scored from its end at creation, keeping the events of one request id."""
 
@@ -214,12 +224,7 @@ def test_an_ensemble_version_swaps_in_as_one(
     ensemble = registry.register(describe("light", members)).version
     registry.promote(ensemble, publisher, topic=rm_topic)
     models = light_models(make_rm("single", 1.0))
-    watcher = RmWatcher(infra.kafka_address, models, topic=rm_topic)
-    watcher.connect()
-    try:
-        assert watcher.catch_up()
-    finally:
-        watcher.close()
+    catch_up(infra, models, rm_topic)
     scores = models.score(["p"], ["r"])
     assert scores.version == ensemble
     assert scores.rewards[0] == pytest.approx((3.0 + 3.5 + 4.5) / 3, abs=0.01)  # mean of the members
@@ -279,12 +284,7 @@ def test_the_escalation_rule_swaps_in_with_the_light_rm_it_was_fitted_for(
     for directory, expected in ((with_rule, served), (without, None), (mismatched, None)):
         version = registry.register(describe("light", [directory])).version
         registry.promote(version, publisher, topic=rm_topic)
-        watcher = RmWatcher(infra.kafka_address, models, topic=rm_topic)
-        watcher.connect()
-        try:
-            assert watcher.catch_up()
-        finally:
-            watcher.close()
+        catch_up(infra, models, rm_topic)
         scores = models.score(["p"], ["r"])
         assert scores.version == version
         assert scores.rule == expected
