@@ -69,6 +69,9 @@ class JudgedLevel1:
     features: list[dict[str, float | None]] = field(default_factory=list)
     families: list[str] = field(default_factory=list)
     history: RecordHistory | None = None  # what each answer's record is made of (resolved), when it has one
+    # The answers themselves, for other judges to score the same ones (``scripts/escalation_ceiling.py``).
+    prompt_texts: list[str] = field(default_factory=list)
+    responses: list[str] = field(default_factory=list)
 
     def bad(self, bad_threshold: float) -> list[bool]:
         """Whether the oracle scores each answer under ``bad_threshold`` (a bad case)."""
@@ -173,7 +176,7 @@ def judge_level1(zoo: ZooModels, split: str, prompts: int, seed: int, light_path
     if not report_only:
         check_sealed((r.text for r in records), "the escalation threshold's calibration")
     level1_records = _level1_records(records, zoo)
-    scores, oracle, features = _score_level1(zoo, level1_records, light_paths, options, seed)
+    scores, oracle, features, responses = _score_level1(zoo, level1_records, light_paths, options, seed)
     if history is not None and history.rounds > 0:
         from strata_tools.rm.record import neighbourhood_records
 
@@ -183,7 +186,7 @@ def judge_level1(zoo: ZooModels, split: str, prompts: int, seed: int, light_path
     else:
         history = None
     return JudgedLevel1(split, len(records), scores, oracle, features, [r.family for r, _ in level1_records],
-                        history)
+                        history, [r.text for r, _ in level1_records], responses)
 
 
 
@@ -209,10 +212,11 @@ def _level1_records(records: list[PromptRecord], zoo: ZooModels) -> list[tuple[P
 
 def _score_level1(zoo: ZooModels, level1_records: list[tuple[PromptRecord, ProbeResult]], light_paths: list[str],
                   options: ScoringOptions, seed: int
-                  ) -> tuple[list[float], list[float], list[dict[str, float | None]]]:
+                  ) -> tuple[list[float], list[float], list[dict[str, float | None]], list[str]]:
     """Level-1's answers, prompted and sampled as the live stack does (``strata_tools.level1``): the light
-    RM's raw scores, the oracle's, and each answer's escalation features as the reward service reads them
-    from the rollout event (the generator's log-probabilities, the members' spread, the answer's form)."""
+    RM's raw scores, the oracle's, each answer's escalation features as the reward service reads them
+    from the rollout event (the generator's log-probabilities, the members' spread, the answer's form), and
+    the answers' texts."""
     from svc_generator.backends.hf import HfBackend
     from svc_reward.models import RewardModels
 
@@ -229,7 +233,7 @@ def _score_level1(zoo: ZooModels, level1_records: list[tuple[PromptRecord, Probe
         rows.append(features(Signals(reward, spread, confidence.mean if confidence else None,
                                      confidence.min if confidence else None, len(answer.token_ids),
                                      prompting.sampling.max_new_tokens or 0, answer.text)))
-    return scored.rewards, oracle, rows
+    return scored.rewards, oracle, rows, [a.text for a in answers]
 
 
 @dataclass(frozen=True)
