@@ -34,10 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from strata.hashing import content_hash
+from strata_tools.bench.tiers import expected_scores
 from strata_tools.intervals import Interval, cluster_bootstraps
+from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
 from strata_tools.rm.ceiling import binormal_auc_needed, escalation_apgr, least_share_for_catch
+from strata_tools.rm.escalation import RecordHistory, judge_level1, live_scoring_options
 from strata_tools.rm.onpolicy import BAD_THRESHOLD, detection_auc
+from strata_tools.task.suite import load_suite
+from strata_tools.zoo.build import ZooSettings, ensure_zoo
+from svc_generator.backends.hf import HfBackend
 from svc_reward.escalation_rule import FEATURES, fit_rule, signal_aucs
+from svc_reward.models import RewardModels
 
 Rows = Sequence[dict[str, float | None]]
 
@@ -60,11 +67,6 @@ def rule_suspicion(names: Sequence[str], catch: float) -> Callable[[Rows, Sequen
 def sibling_scores(zoo: Any, prompts: Sequence[str], count: int, seed: int) -> list[list[float]]:
     """``count`` more Level-1 answers to each prompt, prompted and sampled as live (seeds apart from the judged
     answers'), each scored raw by the zoo's light RM as the reward service scores it."""
-    from strata_tools.level1 import LivePrompting, generate_answers, probe_prompts
-    from strata_tools.rm.escalation import live_scoring_options
-    from svc_generator.backends.hf import HfBackend
-    from svc_reward.models import RewardModels
-
     prompting = LivePrompting.live(1)
     directions = [prompting.directions(result) for result in probe_prompts(zoo.probe, prompts)]
     backend = HfBackend(str(zoo.level1), "cpu")
@@ -78,12 +80,6 @@ def sibling_scores(zoo: Any, prompts: Sequence[str], count: int, seed: int) -> l
 
 
 def main() -> int:
-    from strata_tools.bench.tiers import expected_scores
-    from strata_tools.rm.escalation import RecordHistory, judge_level1, live_scoring_options
-    from strata_tools.task.suite import load_suite
-    from strata_tools.zoo.build import ZooSettings, ensure_zoo
-    from svc_reward.models import RewardModels
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", default="test", choices=("test", "fresh"))
     parser.add_argument("--prompts", type=int, default=280, help="prompts sampled from the split")
