@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def sibling_scores(zoo: Any, prompts: Sequence[str], count: int, seed: int) -> l
     return [list(row) for row in zip(*columns, strict=True)]
 
 
-def main() -> int:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", default="test", choices=("test", "fresh"))
     parser.add_argument("--prompts", type=int, default=280, help="prompts sampled from the split")
@@ -94,13 +95,28 @@ def main() -> int:
     parser.add_argument("--share", type=float, default=0.30, help="the Level-2 share the catch is wanted at")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--draws", type=int, default=500)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+@dataclass(frozen=True)
+class Answers:
+    """The judged Level-1 answers: each one's row of signals and scores, its label and both tiers' oracle."""
+
+    rows: list[dict[str, float | None]]   # every served signal, and every score under its detector's name
+    bad: list[bool]
+    level1: list[float]                   # the oracle's score of the answer
+    level2: list[float]                   # Level-2's expected oracle score on its prompt
+    families: list[str]
+    signals: list[str]                    # the served signals every answer has
+    scores: list[str]                     # the scores read as detectors on their own
+    header: str
+
+
+def read_answers(args: argparse.Namespace) -> Answers:
     zoo = ensure_zoo(ZooSettings(), progress=False)
     history = RecordHistory(args.record_rounds, args.label_share) if args.record_rounds > 0 else None
     judged = judge_level1(zoo, args.split, args.prompts, args.seed, [str(zoo.rm_light)], live_scoring_options(),
                           history, progress=print, report_only=True)
-    bad = judged.bad(BAD_THRESHOLD)
     prompts, responses = judged.prompt_texts, judged.responses
 
     def rm_rewards(path: Path) -> list[float]:
@@ -117,27 +133,26 @@ def main() -> int:
         {**features, "strong": scores["strong RM"][i], **{name: column[i] for name, column in scores.items()},
          **({"siblings": scores["siblings' light RM mean"][i]} if args.siblings > 0 else {})}
         for i, features in enumerate(judged.features)]
-    signals = [n for n in FEATURES if all(r.get(n) is not None for r in rows)]
-    detectors = {name: score_suspicion(name) for name in scores}
-    detectors["rule on every served signal"] = rule_suspicion(signals, args.catch)
-    if args.siblings > 0:
-        detectors["rule on the served signals and the siblings"] = rule_suspicion([*signals, "siblings"], args.catch)
-    detectors["rule on the served signals and the strong RM"] = rule_suspicion([*signals, "strong"], args.catch)
-
     by_text = {r.text: r for r in load_suite(args.split)}
-    records = [by_text[p] for p in prompts]
-    level2_of = expected_scores(zoo, records, args.level2_samples, args.seed, progress=print)
+    level2_of = expected_scores(zoo, [by_text[p] for p in prompts], args.level2_samples, args.seed, progress=print)
     level2 = [level2_of[content_hash(p)].level2 for p in prompts]
-    level1 = judged.oracle
-    families = judged.families
-    n_bad, n = sum(bad), len(bad)
-    print(f"\nzoo {zoo.config.config_hash()}; {args.split} split: {n} Level-1 answers to {len(set(families))} "
-          f"families, {n_bad} bad (oracle < {BAD_THRESHOLD:g}); Level-1 mean oracle {sum(level1) / n:.3f}, "
-          f"Level-2 expected {sum(level2) / n:.3f} ({args.level2_samples} samples a prompt); "
-          + (f"record: {args.record_rounds} earlier rounds, {judged.history.label_share:.0%} labelled"
-             if judged.history and judged.history.label_share is not None else "first pass: no record"))
-    print(f"served signals on every answer: {', '.join(signals)}; each alone, AUC either direction: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in signal_aucs(rows, bad).items() if v is not None and k in signals))
+    bad, level1 = judged.bad(BAD_THRESHOLD), judged.oracle
+    n = len(bad)
+    header = (f"zoo {zoo.config.config_hash()}; {args.split} split: {n} Level-1 answers to "
+              f"{len(set(judged.families))} families, {sum(bad)} bad (oracle < {BAD_THRESHOLD:g}); Level-1 mean "
+              f"oracle {sum(level1) / n:.3f}, Level-2 expected {sum(level2) / n:.3f} ({args.level2_samples} samples a "
+              "prompt); " + (f"record: {args.record_rounds} earlier rounds, {judged.history.label_share:.0%} labelled"
+                             if judged.history and judged.history.label_share is not None
+                             else "first pass: no record"))
+    return Answers(rows, bad, level1, level2, judged.families,
+                   [n for n in FEATURES if all(r.get(n) is not None for r in rows)], list(scores), header)
+
+
+def bounds(answers: Answers, detectors: dict[str, Callable[[Rows, Sequence[bool]], list[float]]],
+           args: argparse.Namespace) -> list[Interval]:
+    """Per detector its AUC, least share for the catch and APGR; then a perfect judge's and the gain order's
+    APGR: each with its interval, every draw choosing again."""
+    rows, bad, level1, level2 = answers.rows, answers.bad, answers.level1, answers.level2
 
     def figures(idx: Sequence[int]) -> list[float]:
         drawn_rows = [rows[i] for i in idx]
@@ -159,11 +174,26 @@ def main() -> int:
                                    [level2[i] for i in idx]))
         return out
 
-    intervals = cluster_bootstraps(figures, families, args.seed, args.draws)
+    return cluster_bootstraps(figures, answers.families, args.seed, args.draws)
 
-    def show(interval: Interval) -> str:
-        return f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
 
+def show(interval: Interval) -> str:
+    return f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
+
+
+def main() -> int:
+    args = arguments()
+    answers = read_answers(args)
+    rows, bad, signals = answers.rows, answers.bad, answers.signals
+    detectors = {name: score_suspicion(name) for name in answers.scores}
+    detectors["rule on every served signal"] = rule_suspicion(signals, args.catch)
+    if args.siblings > 0:
+        detectors["rule on the served signals and the siblings"] = rule_suspicion([*signals, "siblings"], args.catch)
+    detectors["rule on the served signals and the strong RM"] = rule_suspicion([*signals, "strong"], args.catch)
+    print(f"\n{answers.header}")
+    print(f"served signals on every answer: {', '.join(signals)}; each alone, AUC either direction: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in signal_aucs(rows, bad).items() if v is not None and k in signals))
+    intervals = bounds(answers, detectors, args)
     print(f"\nin sample (every threshold and rule chosen on these answers): bad-case AUC, least share escalated for a "
           f"{args.catch:.0%} catch, APGR of escalating in that order")
     for k, name in enumerate(detectors):
@@ -173,6 +203,7 @@ def main() -> int:
     print(f"  {'a perfect judge of the Level-1 answer (the oracle)':58s} AUC 1.000  share "
           f"{least_share_for_catch([float(b) for b in bad], bad, args.catch):.3f}  APGR {show(perfect)}")
     print(f"  {'the order of largest oracle gain (the ceiling of any router)':58s} {'':29s}APGR {show(gain)}")
+    n_bad, n = sum(bad), len(bad)
     needed = binormal_auc_needed(args.catch, args.share, n_bad / n)
     best = min(intervals[3 * k + 1].estimate for k in range(len(detectors)))
     best_apgr = max(intervals[3 * k + 2].estimate for k in range(len(detectors)))
