@@ -10,11 +10,12 @@ request's group of samples says of its prompt before any label (GRPO and RLOO sa
 prompt). Level-2's expected score on each prompt is the mean oracle of ``--level2-samples`` answers,
 sampled as ``strata bench tiers`` samples them (the same function).
 
-Everything below is chosen **on the answers it reads** (thresholds, and a logistic rule fitted in sample on
-every signal, the strong RM's score included): no threshold on one of these scores and no logistic rule of
-these signals does better on these answers, so where these figures miss a target, a served rule of them
-misses it too. Intervals: 95 %, whole paraphrase families
-resampled, each draw choosing again.
+Everything below is chosen **on the answers it reads**: each score's threshold, so no threshold on that score
+does better on these answers (a bound), and a logistic rule fitted in sample on every signal, the strong RM's
+score included, by the served rule's own fit (maximum likelihood, L2 1): an optimistic reading of the rule the
+system would fit, not the best of all rules (a fit for share or APGR could do better). APGR is over the
+prompts the probe leaves to Level-1. Intervals: 95 %, whole paraphrase families resampled, each draw choosing
+again.
 
 1. Per detector: bad-case AUC, and the least share escalated for a ``--catch`` catch.
 2. The AUC an equal-variance binormal detector needs for that catch at ``--share`` (at this bad rate).
@@ -154,6 +155,12 @@ def bounds(answers: Answers, detectors: dict[str, Callable[[Rows, Sequence[bool]
     APGR: each with its interval, every draw choosing again."""
     rows, bad, level1, level2 = answers.rows, answers.bad, answers.level1, answers.level2
 
+    def apgr_of(order: Sequence[float], idx: Sequence[int]) -> float:
+        try:
+            return escalation_apgr(order, [level1[i] for i in idx], [level2[i] for i in idx])
+        except ValueError:  # a draw where Level-2 is no better: no gap to recover
+            return math.nan
+
     def figures(idx: Sequence[int]) -> list[float]:
         drawn_rows = [rows[i] for i in idx]
         drawn_bad = [bad[i] for i in idx]
@@ -167,11 +174,9 @@ def bounds(answers: Answers, detectors: dict[str, Callable[[Rows, Sequence[bool]
                 out += [math.nan] * 3
                 continue
             out += [detection_auc([-s for s in suspicion], drawn_bad),
-                    least_share_for_catch(suspicion, drawn_bad, args.catch),
-                    escalation_apgr(suspicion, [level1[i] for i in idx], [level2[i] for i in idx])]
-        out.append(escalation_apgr([-level1[i] for i in idx], [level1[i] for i in idx], [level2[i] for i in idx]))
-        out.append(escalation_apgr([level2[i] - level1[i] for i in idx], [level1[i] for i in idx],
-                                   [level2[i] for i in idx]))
+                    least_share_for_catch(suspicion, drawn_bad, args.catch), apgr_of(suspicion, idx)]
+        out.append(apgr_of([-level1[i] for i in idx], idx))
+        out.append(apgr_of([level2[i] - level1[i] for i in idx], idx))
         return out
 
     return cluster_bootstraps(figures, answers.families, args.seed, args.draws)

@@ -1,8 +1,8 @@
-"""What any escalation rule could reach on a set of judged answers: bounds, not operating points.
+"""What escalation could reach on a set of judged answers: in-sample figures, not operating points.
 
-A router's threshold is chosen on one split and read on another; these figures choose everything on the
-answers they read, so no rule of the same signals does better on them. They say whether a target is out of
-reach of the signals, not how close a served rule comes:
+A router's threshold is chosen on one split and read on another; these figures choose it on the answers they
+read, so no threshold on the same score does better on them. They say whether a target is out of reach of a
+score, not how close a served rule comes:
 
 - :func:`least_share_for_catch`: the smallest share of answers escalated that catches ``target`` of the
   bad ones, with the threshold chosen on those answers (the best any threshold on that score does).
