@@ -130,10 +130,8 @@ def read_answers(args: argparse.Namespace) -> Answers:
         scores["siblings' light RM mean"] = [sum(s) / len(s) for s in
                                              sibling_scores(zoo, prompts, args.siblings, args.seed)]
     # Every score rides on its answer's row, so a bootstrap draw of rows carries its scores with it.
-    rows: list[dict[str, float | None]] = [
-        {**features, "strong": scores["strong RM"][i], **{name: column[i] for name, column in scores.items()},
-         **({"siblings": scores["siblings' light RM mean"][i]} if args.siblings > 0 else {})}
-        for i, features in enumerate(judged.features)]
+    rows: list[dict[str, float | None]] = [{**features, **{name: column[i] for name, column in scores.items()}}
+                                           for i, features in enumerate(judged.features)]
     by_text = {r.text: r for r in load_suite(args.split)}
     level2_of = expected_scores(zoo, [by_text[p] for p in prompts], args.level2_samples, args.seed, progress=print)
     level2 = [level2_of[content_hash(p)].level2 for p in prompts]
@@ -193,8 +191,9 @@ def main() -> int:
     detectors = {name: score_suspicion(name) for name in answers.scores}
     detectors["rule on every served signal"] = rule_suspicion(signals, args.catch)
     if args.siblings > 0:
-        detectors["rule on the served signals and the siblings"] = rule_suspicion([*signals, "siblings"], args.catch)
-    detectors["rule on the served signals and the strong RM"] = rule_suspicion([*signals, "strong"], args.catch)
+        detectors["rule on the served signals and the siblings"] = rule_suspicion([*signals, "siblings' light RM mean"],
+                                                                                      args.catch)
+    detectors["rule on the served signals and the strong RM"] = rule_suspicion([*signals, "strong RM"], args.catch)
     print(f"\n{answers.header}")
     print(f"served signals on every answer: {', '.join(signals)}; each alone, AUC either direction: "
           + ", ".join(f"{k} {v:.3f}" for k, v in signal_aucs(rows, bad).items() if v is not None and k in signals))

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from statistics import NormalDist
 
 from strata_tools.tiering.tier_eval import apgr
+from svc_reward.escalation_rule import threshold_for_catch
 
 _NORMAL = NormalDist()
 
@@ -31,11 +32,7 @@ def least_share_for_catch(suspicion: Sequence[float], bad: Sequence[bool], targe
         raise ValueError("one suspicion per answer, and at least one answer")
     if not 0 < target <= 1:
         raise ValueError(f"target catch must be in (0, 1], got {target}")
-    bad_suspicion = sorted((s for s, b in zip(suspicion, bad, strict=True) if b), reverse=True)
-    if not bad_suspicion:
-        raise ValueError("no bad answer to catch")
-    needed = math.ceil(target * len(bad_suspicion) - 1e-9)
-    cut = bad_suspicion[needed - 1]
+    cut = threshold_for_catch(suspicion, bad, target)  # the served rule's: escalate at P(bad) >= it
     return sum(s >= cut for s in suspicion) / len(suspicion)
 
 
